@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv in the repo root if it is missing and install simattn into it.
+# Usage: scripts/setup_venv.sh [extras]   e.g. scripts/setup_venv.sh test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+if [ ! -x .venv/bin/python ]; then
+    python3 -m venv .venv
+fi
+spec="."
+[ -n "$extras" ] && spec=".[${extras}]"
+# Quiet unless it fails; the editable install is fast when everything is already there.
+.venv/bin/python -m pip install -q -e "$spec"

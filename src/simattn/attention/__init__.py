@@ -1,0 +1,26 @@
+"""Attention kinds: one file each, a functional op, a reference implementation and a timm-compatible module.
+
+>>> from simattn.attention import create_attention, list_attentions
+>>> attn = create_attention("sima", dim=384, num_heads=6)
+"""
+from ._common import HookPoint
+from ._registry import create_attention, get_attention_class, list_attentions, register_attention
+from .base import TokenAttention
+from .elu import ELUAttention, elu_attention, elu_attention_reference
+from .relu import ReLUAttention, relu_attention, relu_attention_reference
+from .sima import SimAAttention, sima_attention, sima_attention_reference, sima_normalize
+from .soft import SoftAttention, pinv_residual, soft_attention, soft_attention_reference
+from .softmax import SoftmaxAttention, softmax_attention, softmax_attention_reference
+from .xca import XCAttention, xca_attention, xca_attention_reference
+from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
+
+__all__ = [
+    "HookPoint", "TokenAttention", "create_attention", "get_attention_class", "list_attentions", "register_attention",
+    "SimAAttention", "sima_attention", "sima_attention_reference", "sima_normalize",
+    "SoftmaxAttention", "softmax_attention", "softmax_attention_reference",
+    "XCAttention", "xca_attention", "xca_attention_reference",
+    "ELUAttention", "elu_attention", "elu_attention_reference",
+    "ReLUAttention", "relu_attention", "relu_attention_reference",
+    "XNormAttention", "xnorm_attention", "xnorm_attention_reference",
+    "SoftAttention", "soft_attention", "soft_attention_reference", "pinv_residual",
+]

@@ -1,0 +1,90 @@
+"""Pieces every attention kind shares: input checks, token masks, fp32 helpers and the hook point."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+__all__ = [
+    "HookPoint",
+    "check_qkv",
+    "check_token_mask",
+    "apply_token_mask",
+    "matmul_dtype",
+    "no_autocast",
+    "resolve_masks",
+]
+
+
+class HookPoint(nn.Identity):
+    """A named identity submodule where an attention exposes an intermediate (e.g. SimA's q̂, k̂).
+
+    Fast paths never materialize the intermediate; they call the hook point only when a forward hook is registered
+    on it (``has_hooks``), so observing costs nothing when no one is watching.
+    """
+
+    @property
+    def has_hooks(self) -> bool:
+        return bool(self._forward_hooks) or bool(self._forward_pre_hooks)
+
+    def forward(self, *args):  # noqa: D401 - identity on any number of tensors
+        return args[0] if len(args) == 1 else args
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same_length: bool = False) -> None:
+    """Validate (B, H, N, d) query/key/value shapes with one-line errors."""
+    for t, tn in ((q, "q"), (k, "k"), (v, "v")):
+        if t.dim() != 4:
+            raise ValueError(f"{name}: {tn} must have shape (B, H, N, d), got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"{name}: batch and head dims must match, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"{name}: q and k head dims differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{name}: k and v token counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
+    if same_length and q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{name}: this attention needs equal query and key lengths, got {q.shape[-2]} and {k.shape[-2]}")
+    if q.shape[-2] == 0 or k.shape[-2] == 0:
+        raise ValueError(f"{name}: empty token axis: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name: str) -> Optional[torch.Tensor]:
+    """Validate a boolean keep-mask of shape (B, N) (True = token takes part). Returns it as bool or None."""
+    if mask is None:
+        return None
+    if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != length:
+        raise ValueError(f"{name}: token mask must have shape (B, N) = ({batch}, {length}), got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name}: token mask must be boolean (True = keep), got dtype {mask.dtype}")
+    return mask
+
+
+def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], q_mask: Optional[torch.Tensor],
+                  name: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Validate key and query keep-masks. With equal lengths (self-attention) the key mask also masks queries."""
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], name)
+    if q_mask is None and mask is not None and q.shape[-2] == k.shape[-2]:
+        q_mask = mask
+    q_mask = check_token_mask(q_mask, q.shape[0], q.shape[-2], name)
+    return mask, q_mask
+
+
+def matmul_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype a matmul on ``t`` runs in: autocast's dtype when autocast is on for t's device, else t's own."""
+    return torch.get_autocast_dtype(t.device.type) if torch.is_autocast_enabled(t.device.type) else t.dtype
+
+
+@contextmanager
+def no_autocast(t: torch.Tensor):
+    """Disable autocast on t's device, so the code inside picks its dtypes explicitly."""
+    with torch.autocast(device_type=t.device.type, enabled=False):
+        yield
+
+
+def apply_token_mask(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Zero the tokens of t (B, H, N, d) where the keep-mask (B, N) is False."""
+    return t if mask is None else t * mask[:, None, :, None].to(t.dtype)

@@ -1,0 +1,41 @@
+"""Name → attention module registry."""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Type
+
+from torch import nn
+
+_ATTENTIONS: Dict[str, Type[nn.Module]] = {}
+
+
+def register_attention(name: str) -> Callable[[Type[nn.Module]], Type[nn.Module]]:
+    """Class decorator that registers an attention module under ``name``."""
+
+    def wrap(cls: Type[nn.Module]) -> Type[nn.Module]:
+        if name in _ATTENTIONS and _ATTENTIONS[name] is not cls:
+            raise ValueError(f"attention name {name!r} is already registered to {_ATTENTIONS[name].__name__}")
+        _ATTENTIONS[name] = cls
+        cls.attn_name = name
+        return cls
+
+    return wrap
+
+
+def list_attentions() -> List[str]:
+    """Sorted names of all registered attention kinds."""
+    return sorted(_ATTENTIONS)
+
+
+def get_attention_class(name: str) -> Type[nn.Module]:
+    """The module class registered under ``name``; ValueError naming the known kinds otherwise."""
+    if isinstance(name, type) and issubclass(name, nn.Module):
+        return name
+    try:
+        return _ATTENTIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown attention {name!r}; known: {', '.join(list_attentions())}") from None
+
+
+def create_attention(name: str, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
+    """Build the attention module ``name`` with timm's Attention constructor signature."""
+    return get_attention_class(name)(dim, num_heads=num_heads, **kwargs)

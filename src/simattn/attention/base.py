@@ -1,0 +1,105 @@
+"""The module skeleton shared by every attention kind: timm's ``Attention`` layout with a pluggable weighting step.
+
+Parameter names (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj``) and the constructor signature follow
+``timm.models.vision_transformer.Attention``, so ``VisionTransformer(attn_layer=SomeKind)`` builds and timm
+checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tensors.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Type
+
+import torch
+from torch import nn
+
+__all__ = ["TokenAttention"]
+
+
+class TokenAttention(nn.Module):
+    """Multi-head self-attention over tokens; subclasses define how q, k, v are combined.
+
+    ``forward(x, attn_mask=None)`` takes ``x`` of shape (B, N, C). ``attn_mask`` is a boolean keep-mask of shape
+    (B, N) (True = the token takes part); kinds that cannot honour a mask raise a ValueError.
+    """
+
+    attn_name: str = "base"
+    #: Whether ``attend`` can take a (B, N) token mask.
+    supports_mask: bool = True
+    #: Whether ``is_causal=True`` is honoured (timm's blocks pass the flag).
+    supports_causal: bool = False
+    #: Whether q and k come out of the projection (False for SOFT, whose q = k).
+    separate_qk: bool = True
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int = 8,
+            qkv_bias: bool = False,
+            qk_norm: bool = False,
+            scale_norm: bool = False,
+            proj_bias: bool = True,
+            gated: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+            norm_layer: Optional[Type[nn.Module]] = None,
+            device=None,
+            dtype=None,
+    ) -> None:
+        super().__init__()
+        if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
+            raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        norm_layer = norm_layer or nn.LayerNorm
+        dd = {"device": device, "dtype": dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        n_proj = 3 if self.separate_qk else 2
+        self.qkv = nn.Linear(dim, dim * n_proj, bias=qkv_bias, **dd)
+        self.q_norm = norm_layer(self.head_dim, **dd) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(self.head_dim, **dd) if qk_norm and self.separate_qk else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.norm = norm_layer(dim, **dd) if scale_norm else nn.Identity()
+        self.gate = nn.Linear(dim, dim, bias=qkv_bias, **dd) if gated else None
+        self.proj = nn.Linear(dim, dim, bias=proj_bias, **dd)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def project(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, N, C) → q, k, v each (B, H, N, d)."""
+        B, N, _ = x.shape
+        n_proj = 3 if self.separate_qk else 2
+        qkv = self.qkv(x).reshape(B, N, n_proj, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if self.separate_qk:
+            q, k, v = qkv.unbind(0)
+            return self.q_norm(q), self.k_norm(k), v
+        q, v = qkv.unbind(0)
+        q = self.q_norm(q)
+        return q, q, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: Optional[torch.Tensor]) -> torch.Tensor:  # pragma: no cover - abstract
+        """Combine q, k, v (B, H, N, d) into the (B, H, N, d) output; ``mask`` is a (B, N) keep-mask or None."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                **attend_kwargs) -> torch.Tensor:
+        """x (B, N, C) → (B, N, C). Extra keyword arguments go to :meth:`attend` (e.g. SOFT's ``grid_size``)."""
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"{type(self).__name__}: expected x of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+        B, N, C = x.shape
+        if attn_mask is not None and not self.supports_mask:
+            raise ValueError(f"{type(self).__name__} does not support attention masks")
+        if is_causal:
+            if not self.supports_causal:
+                raise ValueError(f"{type(self).__name__} does not support causal attention")
+            attend_kwargs["is_causal"] = True
+        q, k, v = self.project(x)
+        out = self.attend(q, k, v, attn_mask, **attend_kwargs)
+        out = out.transpose(1, 2).reshape(B, N, C)
+        out = self.norm(out)
+        if self.gate is not None:
+            out = out * self.gate(x).sigmoid()
+        out = self.proj(out)
+        return self.proj_drop(out)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.num_heads}"

@@ -1,0 +1,57 @@
+"""ELU linear attention (Katharopoulos et al.): φ(x) = elu(x) + 1, out = φ(q)(φ(k)ᵀv) / (φ(q) Σ φ(k))."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._common import apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["elu_attention", "elu_attention_reference", "elu_feature_map", "ELUAttention"]
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """φ(x) = elu(x) + 1 > 0."""
+    return F.elu(x) + 1
+
+
+def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
+                  eps: float = 1e-6) -> torch.Tensor:
+    """Linear-cost ELU attention on q (B, H, Nq, d), k, v (B, H, Nk, ·). ``mask`` (B, Nk) removes keys.
+
+    The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32.
+    """
+    check_qkv(q, k, v, "elu")
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
+    dt = matmul_dtype(q)
+    with no_autocast(q):
+        phi_q = elu_feature_map(q.float())
+        phi_k = apply_token_mask(elu_feature_map(k.float()), mask)
+        kv = phi_k.transpose(-2, -1) @ v.float()  # (B, H, d, dv)
+        denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, Nq, 1)
+        out = (phi_q @ kv) / (denom + eps)
+    return out.to(dt)
+
+
+def elu_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                            mask: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """Quadratic form: A = φ(q)φ(k)ᵀ (masked keys zeroed), out = A v / rowsum(A)."""
+    check_qkv(q, k, v, "elu")
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
+    attn = elu_feature_map(q) @ apply_token_mask(elu_feature_map(k), mask).transpose(-2, -1)
+    return (attn @ v) / (attn.sum(dim=-1, keepdim=True) + eps)
+
+
+@register_attention("elu")
+class ELUAttention(TokenAttention):
+    """ELU linear attention module with timm's ``Attention`` signature; extra option ``eps``."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.eps = eps
+
+    def attend(self, q, k, v, mask):
+        return elu_attention(q, k, v, mask=mask, eps=self.eps)

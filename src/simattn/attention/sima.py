@@ -1,0 +1,132 @@
+"""SimA: softmax-free attention with l1-normalized queries and keys (Koohpayegani & Pirsiavash).
+
+Each channel of q and of k is divided by its l1 norm over the token axis; then out = q̂ (k̂ᵀ v) (cost linear in
+tokens) or (q̂ k̂ᵀ) v (cost linear in channels). No softmax, no exp, no scale.
+
+The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 norms,
+``q̂ (k̂ᵀ v) = q · (kᵀv / (s_q s_k)[:, None])`` so the whole normalization lands on the d×d matrix, and
+``(q̂ k̂ᵀ) v = (q / (s_q s_k)) kᵀ v`` in the other order.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ._common import HookPoint, apply_token_mask, check_qkv, matmul_dtype, resolve_masks, no_autocast
+from ._registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order", "SimAAttention"]
+
+_ORDERS = ("auto", "kv_first", "qk_first")
+
+
+def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
+    """The matmul order SimA uses. ``'auto'`` picks the cheaper one; for equal lengths this is the official rule
+    (``qk_first`` when N < d)."""
+    if order not in _ORDERS:
+        raise ValueError(f"sima: unknown order {order!r}; expected one of {', '.join(_ORDERS)}")
+    if order != "auto":
+        return order
+    # multiply-adds: kv_first ~ (n_q + n_k) d², qk_first ~ 2 n_q n_k d.
+    return "qk_first" if 2 * n_q * n_k < (n_q + n_k) * head_dim else "kv_first"
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """dtype for SimA's big matmuls: fp16 has too little range for the folded scale, so it is lifted to fp32."""
+    dt = matmul_dtype(t)
+    return torch.float32 if dt == torch.float16 else dt
+
+
+def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
+                   mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
+                   eps: float = 1e-12) -> torch.Tensor:
+    """SimA attention on q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv) → (B, H, Nq, dv).
+
+    Args:
+        order: ``'auto'`` (cheaper order from the lengths and d), ``'kv_first'`` = q̂(k̂ᵀv), ``'qk_first'`` = (q̂k̂ᵀ)v.
+        mask: boolean keep-mask (B, Nk) over key tokens; masked tokens leave the norms and the sums. When Nq == Nk
+            it also masks the queries (self-attention), so kept outputs equal running on the kept tokens alone;
+            masked query rows are zero.
+        q_mask: explicit keep-mask (B, Nq) over queries (cross-attention).
+        eps: lower bound of the l1 norms (``F.normalize`` semantics).
+
+    Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
+    """
+    check_qkv(q, k, v, "sima")
+    mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
+    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
+    out_dtype = q.dtype
+    autocast = torch.is_autocast_enabled(q.device.type)
+    dt = _compute_dtype(q)
+    with no_autocast(q):
+        q, k, v = apply_token_mask(q, q_mask), apply_token_mask(k, mask), v
+        s_q = torch.linalg.vector_norm(q, 1, dim=-2, dtype=torch.float32).clamp_min_(eps)  # (B, H, d)
+        s_k = torch.linalg.vector_norm(k, 1, dim=-2, dtype=torch.float32).clamp_min_(eps)
+        inv_scale = (s_q * s_k).reciprocal_()
+        if order == "kv_first":
+            kv = k.transpose(-2, -1).float() @ v.float()  # (B, H, d, dv), fp32: sums over all tokens
+            out = q.to(dt) @ (kv * inv_scale.unsqueeze(-1)).to(dt)
+        else:
+            # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
+            if q.shape[-2] <= k.shape[-2]:
+                attn = (q.float() * inv_scale.unsqueeze(-2)).to(dt) @ k.transpose(-2, -1).to(dt)
+            else:
+                attn = q.to(dt) @ (k.float() * inv_scale.unsqueeze(-2)).transpose(-2, -1).to(dt)
+            out = attn @ v.to(dt)
+    return out if autocast else out.to(out_dtype)
+
+
+def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                   eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Materialize q̂ and k̂ (for visualization and the reference), l1 over tokens in fp32."""
+    mask, q_mask = resolve_masks(q, k, mask, None, "sima")
+    q_hat = F.normalize(apply_token_mask(q.float(), q_mask), p=1.0, dim=-2, eps=eps)
+    k_hat = F.normalize(apply_token_mask(k.float(), mask), p=1.0, dim=-2, eps=eps)
+    return q_hat, k_hat
+
+
+def sima_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
+                             mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
+                             eps: float = 1e-12) -> torch.Tensor:
+    """The official formulation, written for clarity: ``normalize(p=1, dim=-2)`` on q and k, then the two matmuls.
+
+    With ``order='auto'`` and equal lengths it is exactly the official code (quadratic order when N < d).
+    Masks zero the removed tokens before the normalization (the authors' advice). Used as the test oracle and as
+    the "official" column of ``simattn bench attention``.
+    """
+    check_qkv(q, k, v, "sima")
+    mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
+    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
+    q = F.normalize(apply_token_mask(q, q_mask), p=1.0, dim=-2, eps=eps)
+    k = F.normalize(apply_token_mask(k, mask), p=1.0, dim=-2, eps=eps)
+    if order == "qk_first":
+        return (q @ k.transpose(-2, -1)) @ v
+    return q @ (k.transpose(-2, -1) @ v)
+
+
+@register_attention("sima")
+class SimAAttention(TokenAttention):
+    """SimA multi-head attention with timm's ``Attention`` constructor signature.
+
+    Extra options: ``order`` ('auto' | 'kv_first' | 'qk_first'), ``eps`` (l1 norm floor).
+    ``attn_drop`` is accepted for signature compatibility and, as in the official code, never applied.
+    ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, order: str = "auto", eps: float = 1e-12, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        resolve_sima_order(order, 1, 1, 1)  # validate early
+        self.order = order
+        self.eps = eps
+        self.qk_hook = HookPoint()
+
+    def attend(self, q, k, v, mask):
+        if self.qk_hook.has_hooks:
+            self.qk_hook(*sima_normalize(q, k, mask, self.eps))
+        return sima_attention(q, k, v, order=self.order, mask=mask, eps=self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, order={self.order!r}"

@@ -1,0 +1,78 @@
+"""Softmax multi-head attention (ViT/DeiT), the baseline every softmax-free kind is measured against."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from ._common import HookPoint, check_qkv, matmul_dtype
+from ._registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["softmax_attention", "softmax_attention_reference", "softmax_weights", "SoftmaxAttention"]
+
+
+def _sdpa_mask(mask: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
+    """A (B, Nk) keep-mask becomes SDPA's (B, 1, 1, Nk) boolean mask; 4-D masks pass through."""
+    if mask is None or mask.dim() == 4:
+        return mask
+    if mask.dim() != 2 or mask.shape != (k.shape[0], k.shape[-2]):
+        raise ValueError(f"softmax: mask must be (B, Nk) = ({k.shape[0]}, {k.shape[-2]}) or 4-D, got {tuple(mask.shape)}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"softmax: token mask must be boolean (True = keep), got dtype {mask.dtype}")
+    return mask[:, None, None, :]
+
+
+def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
+                      scale: Optional[float] = None, dropout_p: float = 0., is_causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v through ``F.scaled_dot_product_attention`` (fused kernels where available).
+
+    ``mask``: boolean keep-mask (B, Nk) over keys, or any mask SDPA accepts (4-D bool or additive float).
+    """
+    check_qkv(q, k, v, "softmax")
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=_sdpa_mask(mask, q, k), dropout_p=dropout_p, scale=scale,
+                                          is_causal=is_causal)
+
+
+def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                                mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
+    """The explicit formulation: weights = softmax(q kᵀ · scale) (masked keys at -inf), then weights @ v."""
+    check_qkv(q, k, v, "softmax")
+    return softmax_weights(q, k, _sdpa_mask(mask, q, k), scale) @ v
+
+
+def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                    scale: Optional[float] = None) -> torch.Tensor:
+    """The (B, H, Nq, Nk) weights softmax(q kᵀ · scale); ``mask`` is SDPA-style (bool keep or additive)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = (q * scale) @ k.transpose(-2, -1)
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
+    return logits.float().softmax(dim=-1).to(matmul_dtype(q))  # fp32 reduction, safe under autocast
+
+
+@register_attention("softmax")
+class SoftmaxAttention(TokenAttention):
+    """Softmax attention with timm's ``Attention`` signature and parameter names.
+
+    ``fused=True`` (default) runs SDPA; ``fused=False`` runs the explicit path, which materializes the weights and
+    passes them through the ``attn_weights`` hook point (export- and inspection-friendly).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, fused: bool = True, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.fused = fused
+        self.attn_weights = HookPoint()
+
+    supports_causal = True
+
+    def attend(self, q, k, v, mask, is_causal=False):
+        if self.fused and not self.attn_weights.has_hooks:
+            return softmax_attention(q, k, v, mask=mask, dropout_p=self.attn_drop.p if self.training else 0.,
+                                     is_causal=is_causal)
+        if is_causal:
+            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            mask = causal if mask is None else _sdpa_mask(mask, q, k) & causal
+        weights = self.attn_weights(softmax_weights(q, k, _sdpa_mask(mask, q, k), self.scale))
+        return self.attn_drop(weights) @ v

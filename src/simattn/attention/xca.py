@@ -1,0 +1,82 @@
+"""XCA: XCiT's cross-covariance attention, a softmax over the d×d channel-channel matrix."""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._common import HookPoint, apply_token_mask, check_qkv, matmul_dtype, no_autocast, resolve_masks
+from ._registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["xca_attention", "xca_attention_reference", "xca_weights", "XCAttention"]
+
+
+def _temperature(temperature, q):
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=q.device)
+    return t.reshape(1, -1, 1, 1) if t.dim() >= 1 and t.numel() > 1 else t
+
+
+def xca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                  temperature: Union[float, torch.Tensor] = 1.0, mask: Optional[torch.Tensor] = None,
+                  eps: float = 1e-12) -> torch.Tensor:
+    """XCA on q, k, v (B, H, N, d) (equal lengths: the channel covariance sums over shared tokens).
+
+    q and k are l2-normalized along tokens; weights = softmax(q̂ᵀ k̂ · temperature) over key channels (d×d,
+    computed in fp32); out = v · weightsᵀ. ``temperature``: a float or a per-head tensor (H,) / (H, 1, 1).
+    ``mask`` (B, N) removes tokens from the norms and the covariance; masked output rows are zero.
+    """
+    check_qkv(q, k, v, "xca", same_length=True)
+    mask, _ = resolve_masks(q, k, mask, None, "xca")
+    return _apply_weights(v, xca_weights(q, k, temperature, mask, eps), mask)
+
+
+def xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
+                mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
+    """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32 ."""
+    with no_autocast(q):
+        q_hat = F.normalize(apply_token_mask(q.float(), mask), dim=-2, eps=eps)
+        k_hat = F.normalize(apply_token_mask(k.float(), mask), dim=-2, eps=eps)
+        return ((q_hat.transpose(-2, -1) @ k_hat) * _temperature(temperature, q)).softmax(dim=-1)
+
+
+def _apply_weights(v: torch.Tensor, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return apply_token_mask(v, mask) @ weights.to(matmul_dtype(v)).transpose(-2, -1)
+
+
+def xca_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                            temperature: Union[float, torch.Tensor] = 1.0, mask: Optional[torch.Tensor] = None,
+                            eps: float = 1e-12) -> torch.Tensor:
+    """XCiT's own formulation: transpose to (B, H, d, N), normalize over tokens, (d×d) softmax, apply to v."""
+    check_qkv(q, k, v, "xca", same_length=True)
+    mask, _ = resolve_masks(q, k, mask, None, "xca")
+    q, k, v = (apply_token_mask(t, mask).transpose(-2, -1) for t in (q, k, v))
+    q = F.normalize(q, dim=-1, eps=eps)
+    k = F.normalize(k, dim=-1, eps=eps)
+    attn = (q @ k.transpose(-2, -1)) * _temperature(temperature, q)
+    return (attn.softmax(dim=-1) @ v).transpose(-2, -1)
+
+
+@register_attention("xca")
+class XCAttention(TokenAttention):
+    """XCiT cross-covariance attention with a learnable per-head ``temperature`` (initialised to 1).
+
+    ``attn_weights`` is a hook point on the (B, H, d, d) channel weights. Parameter names follow timm's XCiT
+    (``qkv``, ``temperature``, ``proj``).
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-12, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.eps = eps
+        self.attn_weights = HookPoint()
+
+    def attend(self, q, k, v, mask):
+        mask, _ = resolve_masks(q, k, mask, None, "xca")
+        weights = self.attn_weights(xca_weights(q, k, self.temperature, mask, self.eps))
+        return _apply_weights(v, weights, mask)
+
+    def no_weight_decay(self):
+        return {"temperature"}

@@ -1,0 +1,74 @@
+"""UFO-ViT's XNorm attention: A(x) = XN(Q) · XN(Kᵀ V) with XN(a) = γ · a / ‖a‖₂.
+
+Axes (our reading of the slides' equations (7)-(8)): each query token is normalized over its channels, and each
+column j of the d×dv matrix KᵀV is normalized over the key-channel axis i, so out[n, j] = γ_q γ_kv ·
+cos(q_n, (KᵀV)[:, j]): a cosine similarity between a token's query and a column of KᵀV. Each XN has its own
+learnable per-head γ (initialised to 1) and the norms have an eps, unlike a widely copied third-party version.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+from torch import nn
+
+from ._common import apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._registry import register_attention
+from .base import TokenAttention
+
+__all__ = ["xnorm_attention", "xnorm_attention_reference", "xnorm", "XNormAttention"]
+
+Gamma = Union[float, torch.Tensor]
+
+
+def xnorm(a: torch.Tensor, dim: int, gamma: Gamma = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """XN(a) = γ · a / (‖a‖₂ + eps) along ``dim``."""
+    return gamma * a / (torch.linalg.vector_norm(a, 2, dim=dim, keepdim=True) + eps)
+
+
+def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_q: Gamma = 1.0,
+                    gamma_kv: Gamma = 1.0, mask: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """XNorm attention on q (B, H, Nq, d), k, v (B, H, Nk, ·); ``mask`` (B, Nk) removes keys.
+
+    Fast path: KᵀV and its column norms in fp32; the per-token query norm is applied to the output rows, so the
+    normalized query is never materialized. γ may be floats or per-head tensors broadcastable to (B, H, 1, 1).
+    """
+    check_qkv(q, k, v, "xnorm")
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm")
+    dt = matmul_dtype(q)
+    with no_autocast(q):
+        kv = apply_token_mask(k.float(), mask).transpose(-2, -1) @ v.float()  # (B, H, d, dv)
+        kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
+        q_norm = torch.linalg.vector_norm(q, 2, dim=-1, keepdim=True, dtype=torch.float32) + eps
+        out = (q.float() @ kv) / q_norm
+    return out.to(dt)
+
+
+def xnorm_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_q: Gamma = 1.0,
+                              gamma_kv: Gamma = 1.0, mask: Optional[torch.Tensor] = None,
+                              eps: float = 1e-6) -> torch.Tensor:
+    """Literal form: XN(Q) over channels per token, XN(KᵀV) over key channels per column, then the product."""
+    check_qkv(q, k, v, "xnorm")
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm")
+    kv = apply_token_mask(k, mask).transpose(-2, -1) @ v
+    return xnorm(q, dim=-1, gamma=gamma_q, eps=eps) @ xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps)
+
+
+@register_attention("xnorm")
+class XNormAttention(TokenAttention):
+    """UFO-ViT multi-head XNorm attention with timm's ``Attention`` signature.
+
+    Parameters ``gamma_q`` and ``gamma_kv`` (per head, init 1) are the two XN scales; extra option ``eps``.
+    """
+
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.gamma_q = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.gamma_kv = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.eps = eps
+
+    def attend(self, q, k, v, mask):
+        return xnorm_attention(q, k, v, gamma_q=self.gamma_q, gamma_kv=self.gamma_kv, mask=mask, eps=self.eps)
+
+    def no_weight_decay(self):
+        return {"gamma_q", "gamma_kv"}
