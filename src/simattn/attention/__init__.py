@@ -4,7 +4,7 @@
 >>> attn = create_attention("sima", dim=384, num_heads=6)
 """
 from ._common import HookPoint
-from ._registry import create_attention, get_attention_class, list_attentions, register_attention
+from ._registry import attention_class, create_attention, get_attention_class, list_attentions, register_attention
 from .base import TokenAttention
 from .elu import ELUAttention, elu_attention, elu_attention_reference
 from .relu import ReLUAttention, relu_attention, relu_attention_reference
@@ -15,7 +15,7 @@ from .xca import XCAttention, xca_attention, xca_attention_reference
 from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
 
 __all__ = [
-    "HookPoint", "TokenAttention", "create_attention", "get_attention_class", "list_attentions", "register_attention",
+    "HookPoint", "TokenAttention", "attention_class", "create_attention", "get_attention_class", "list_attentions", "register_attention",
     "SimAAttention", "sima_attention", "sima_attention_reference", "sima_normalize",
     "SoftmaxAttention", "softmax_attention", "softmax_attention_reference",
     "XCAttention", "xca_attention", "xca_attention_reference",

@@ -39,3 +39,21 @@ def get_attention_class(name: str) -> Type[nn.Module]:
 def create_attention(name: str, dim: int, num_heads: int = 8, **kwargs) -> nn.Module:
     """Build the attention module ``name`` with timm's Attention constructor signature."""
     return get_attention_class(name)(dim, num_heads=num_heads, **kwargs)
+
+
+def attention_class(name, **options) -> Type[nn.Module]:
+    """The class for ``name`` with ``options`` bound as constructor defaults, as a named subclass.
+
+    timm's ``VisionTransformer(attn_layer=...)`` rejects ``functools.partial``; this gives it a real class, e.g.
+    ``attention_class('sima', order='qk_first')`` or ``attention_class('relu', activation='relu2')``.
+    """
+    cls = get_attention_class(name)
+    if not options:
+        return cls
+
+    def __init__(self, dim, num_heads=8, **kwargs):
+        cls.__init__(self, dim, num_heads, **{**options, **kwargs})
+
+    suffix = "_".join(f"{k}-{v}" for k, v in sorted(options.items()))
+    return type(f"{cls.__name__}[{suffix}]", (cls,), {"__init__": __init__, "__module__": cls.__module__,
+                                                        "preset_options": dict(options)})

@@ -63,9 +63,9 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     dt = _compute_dtype(q)
     with no_autocast(q):
         q, k, v = apply_token_mask(q, q_mask), apply_token_mask(k, mask), v
-        s_q = torch.linalg.vector_norm(q, 1, dim=-2, dtype=torch.float32).clamp_min_(eps)  # (B, H, d)
-        s_k = torch.linalg.vector_norm(k, 1, dim=-2, dtype=torch.float32).clamp_min_(eps)
-        inv_scale = (s_q * s_k).reciprocal_()
+        s_q = torch.linalg.vector_norm(q, 1, dim=-2, dtype=torch.float32).clamp_min(eps)  # (B, H, d)
+        s_k = torch.linalg.vector_norm(k, 1, dim=-2, dtype=torch.float32).clamp_min(eps)
+        inv_scale = (s_q * s_k).reciprocal()
         if order == "kv_first":
             kv = k.transpose(-2, -1).float() @ v.float()  # (B, H, d, dv), fp32: sums over all tokens
             out = q.to(dt) @ (kv * inv_scale.unsqueeze(-1)).to(dt)

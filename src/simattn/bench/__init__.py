@@ -1,0 +1,1 @@
+"""Benchmarks: attention kernels (``attention``), whole models (``model``) and the paper's figures (``paper``)."""

@@ -1,0 +1,23 @@
+"""``simattn bench <what>``: dispatch to the benchmark modules."""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import List
+
+BENCHES = {
+    "attention": ("simattn.bench.attention", "attention kinds vs softmax SDPA and the official SimA, by token count"),
+    "model": ("simattn.bench.model", "latency, throughput, exp/FLOP counts and memory of registered models"),
+    "paper": ("simattn.bench.paper", "regenerate the SimA paper's Table 3 and Figure A1 on this machine"),
+}
+
+
+def main(argv: List[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"simattn bench: unknown benchmark {argv[0]!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
+        print("usage: simattn bench {" + ",".join(BENCHES) + "} [options]")
+        for name, (_, help_) in BENCHES.items():
+            print(f"  {name:<10} {help_}")
+        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]) or 0)

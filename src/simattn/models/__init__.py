@@ -1,0 +1,21 @@
+"""Backbones registered with timm: importing this package makes ``timm.create_model`` know every model below.
+
+One file per family (names distinct from timm's own module names, which are registry keys):
+``sima_vit`` (DeiT/ViT with SimA, ReLU-attention ViTs), ``sima_xcit`` (XCiT with SimA), ``ufo_vit`` (UFO-ViT),
+``sima_cvt`` (CvT with SimA), ``soft_vit`` (SOFT pyramids).
+"""
+from typing import List
+
+import timm
+
+from . import sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
+
+FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit")
+
+
+def list_models() -> List[str]:
+    """Names of all models this package registers with timm."""
+    return sorted(name for family in FAMILIES for name in timm.list_models(module=family))
+
+
+__all__ = ["FAMILIES", "list_models"]

@@ -1,0 +1,1 @@
+"""Small shared helpers: safe file writing, checkpoint/weights loading, timing."""
