@@ -11,9 +11,11 @@ __all__ = [
     "HookPoint",
     "check_qkv",
     "check_token_mask",
+    "acc_dtype",
     "apply_token_mask",
     "matmul_dtype",
     "no_autocast",
+    "range_safe_dtype",
     "resolve_masks",
 ]
 
@@ -76,6 +78,17 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype a matmul on ``t`` runs in: autocast's dtype when autocast is on for t's device, else t's own."""
     return torch.get_autocast_dtype(t.device.type) if torch.is_autocast_enabled(t.device.type) else t.dtype
+
+
+def acc_dtype(t: torch.Tensor) -> torch.dtype:
+    """Accumulation dtype for norms and small reductions: fp32, or the input's own if wider (fp64)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def range_safe_dtype(t: torch.Tensor) -> torch.dtype:
+    """``matmul_dtype`` with fp16 lifted to fp32: for products whose values can exceed fp16's range (65504)."""
+    dt = matmul_dtype(t)
+    return torch.float32 if dt == torch.float16 else dt
 
 
 @contextmanager

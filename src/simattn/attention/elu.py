@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -28,9 +28,9 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
     dt = matmul_dtype(q)
     with no_autocast(q):
-        phi_q = elu_feature_map(q.float())
-        phi_k = apply_token_mask(elu_feature_map(k.float()), mask)
-        kv = phi_k.transpose(-2, -1) @ v.float()  # (B, H, d, dv)
+        phi_q = elu_feature_map(q.to(acc_dtype(q)))
+        phi_k = apply_token_mask(elu_feature_map(k.to(acc_dtype(k))), mask)
+        kv = phi_k.transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
         denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, Nq, 1)
         out = (phi_q @ kv) / (denom + eps)
     return out.to(dt)

@@ -6,7 +6,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, apply_token_mask, check_qkv, check_token_mask
+from ._common import HookPoint, apply_token_mask, check_qkv, check_token_mask, no_autocast, range_safe_dtype
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -35,18 +35,24 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def _length(k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Per-example key length L (B, 1, 1, 1): the kept tokens when masked."""
+    dtype = torch.promote_types(k.dtype, torch.float32)
     if mask is None:
-        return torch.full((1, 1, 1, 1), float(k.shape[-2]), device=k.device)
-    return mask.sum(-1).clamp_min(1).float().reshape(-1, 1, 1, 1)
+        return torch.full((1, 1, 1, 1), float(k.shape[-2]), device=k.device, dtype=dtype)
+    return mask.sum(-1).clamp_min(1).to(dtype).reshape(-1, 1, 1, 1)
 
 
 def relu_weights(q: torch.Tensor, k: torch.Tensor, *, activation: str = "relu", alpha: float = 1.0,
                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The explicit (B, H, Nq, Nk) weights L^(-alpha) · h(q kᵀ/√d); masked keys get weight 0."""
+    """The explicit (B, H, Nq, Nk) weights L^(-alpha) · h(q kᵀ/√d); masked keys get weight 0.
+
+    Under fp16 the logits are computed in fp32 (q·k overflows fp16 for large activations)."""
     h = _activation(activation)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
-    w = h((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5) * _length(k, mask).pow(-alpha).to(q.dtype)
-    return w if mask is None else w * mask[:, None, None, :].to(w.dtype)
+    dt = range_safe_dtype(q)
+    with no_autocast(q):
+        q, k = q.to(dt), k.to(dt)
+        w = h((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5) * _length(k, mask).pow(-alpha).to(dt)
+        return w if mask is None else w * mask[:, None, None, :].to(dt)
 
 
 def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
@@ -55,30 +61,34 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
 
     Fast path: for positively homogeneous h (relu, relu2, identity) the scalars √d⁻¹ and L^(-alpha) are folded into
     q (Nq×d work instead of Nq×Nk); masked keys are zeroed in k and v (h(0) = 0 for those h), and h runs in place.
+    Under fp16 the work runs in fp32.
     """
     check_qkv(q, k, v, "relu")
-    h = _activation(activation)
+    _activation(activation)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
-    scale = _length(k, mask).pow(-alpha)
     degree = _HOMOGENEOUS_DEGREE.get(activation)
+    dt = range_safe_dtype(q)
     if degree is None:
-        return relu_weights(q, k, activation=activation, alpha=alpha, mask=mask) @ v
-    q = q * (q.shape[-1] ** -0.5 * scale.pow(1.0 / degree)).to(q.dtype)
-    logits = q @ apply_token_mask(k, mask).transpose(-2, -1)
-    if activation == "relu":
-        weights = logits.relu_()
-    elif activation == "relu2":
-        weights = logits.relu_().square_()
-    else:
-        weights = logits
-    return weights @ apply_token_mask(v, mask)
+        weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
+        with no_autocast(q):
+            return weights @ v.to(dt)
+    with no_autocast(q):
+        q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        q = q * (q.shape[-1] ** -0.5 * _length(k, mask).pow(-alpha / degree)).to(dt)
+        logits = q @ apply_token_mask(k, mask).transpose(-2, -1)
+        if activation == "relu":
+            logits = logits.relu_()
+        elif activation == "relu2":
+            logits = logits.relu_().square()
+        return logits @ apply_token_mask(v, mask)
 
 
 def relu_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
                              alpha: float = 1.0, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Written as the paper states it: explicit weights, then weights @ v."""
     check_qkv(q, k, v, "relu")
-    return relu_weights(q, k, activation=activation, alpha=alpha, mask=mask) @ v
+    weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
+    return weights @ v.to(weights.dtype)
 
 
 @register_attention("relu")

@@ -29,8 +29,9 @@ _BACKWARDS = ("exact", "iterative")
 
 
 def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32."""
-    a, b = a.float(), b.float()
+    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32 (or fp64 for fp64 inputs)."""
+    acc = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    a, b = a.to(acc), b.to(acc)
     sq = a.square().sum(-1, keepdim=True) + b.square().sum(-1).unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
     return torch.exp(sq.clamp_min(0) * (-0.5 / math.sqrt(a.shape[-1])))
 
@@ -74,7 +75,7 @@ def newton_pinv(m: torch.Tensor, num_iters: int = 20, backward: str = "exact") -
 def pinv_residual(m: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
     """Convergence residual ‖M X M − M‖_F / ‖M‖_F per (batch, head) after ``num_iters`` iterations."""
     with torch.no_grad():
-        m = m.float()
+        m = m.to(torch.promote_types(m.dtype, torch.float32))
         x = _nr_iterate(m, num_iters)
         return torch.linalg.matrix_norm(m @ x @ m - m) / torch.linalg.matrix_norm(m).clamp_min(1e-30)
 
@@ -132,7 +133,7 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         left = gaussian_kernel(q, k_landmarks)  # (B, H, Nq, m)
         core = gaussian_kernel(q_landmarks, k_landmarks)  # (B, H, m, m)
         right = gaussian_kernel(q_landmarks, k)  # (B, H, m, Nk)
-        out = left @ (newton_pinv(core, num_iters, backward) @ (right @ v.float()))
+        out = left @ (newton_pinv(core, num_iters, backward) @ (right @ v.to(left.dtype)))
     return out.to(dt)
 
 
@@ -145,7 +146,7 @@ def soft_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     k_l = pool_landmarks(k, grid, ratio, prefix)
     q_l = pool_landmarks(q, grid, ratio, prefix)
     s_hat = gaussian_kernel(q, k_l) @ torch.linalg.pinv(gaussian_kernel(q_l, k_l)) @ gaussian_kernel(q_l, k)
-    return s_hat @ v.float()
+    return s_hat @ v.to(s_hat.dtype)
 
 
 @register_attention("soft")

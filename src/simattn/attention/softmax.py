@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, check_qkv, matmul_dtype
+from ._common import HookPoint, acc_dtype, check_qkv, matmul_dtype
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -49,7 +49,7 @@ def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tenso
     logits = (q * scale) @ k.transpose(-2, -1)
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    return logits.float().softmax(dim=-1).to(matmul_dtype(q))  # fp32 reduction, safe under autocast
+    return logits.to(acc_dtype(logits)).softmax(dim=-1).to(matmul_dtype(q))  # fp32 reduction, safe under autocast
 
 
 @register_attention("softmax")

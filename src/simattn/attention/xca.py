@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import HookPoint, apply_token_mask, check_qkv, matmul_dtype, no_autocast, resolve_masks
+from ._common import HookPoint, acc_dtype, apply_token_mask, check_qkv, matmul_dtype, no_autocast, resolve_masks
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -37,8 +37,8 @@ def xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: Union[float, torc
                 mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
     """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32 ."""
     with no_autocast(q):
-        q_hat = F.normalize(apply_token_mask(q.float(), mask), dim=-2, eps=eps)
-        k_hat = F.normalize(apply_token_mask(k.float(), mask), dim=-2, eps=eps)
+        q_hat = F.normalize(apply_token_mask(q.to(acc_dtype(q)), mask), dim=-2, eps=eps)
+        k_hat = F.normalize(apply_token_mask(k.to(acc_dtype(k)), mask), dim=-2, eps=eps)
         return ((q_hat.transpose(-2, -1) @ k_hat) * _temperature(temperature, q)).softmax(dim=-1)
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ._common import apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -37,10 +37,10 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm")
     dt = matmul_dtype(q)
     with no_autocast(q):
-        kv = apply_token_mask(k.float(), mask).transpose(-2, -1) @ v.float()  # (B, H, d, dv)
+        kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
         kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
-        q_norm = torch.linalg.vector_norm(q, 2, dim=-1, keepdim=True, dtype=torch.float32) + eps
-        out = (q.float() @ kv) / q_norm
+        q_norm = torch.linalg.vector_norm(q, 2, dim=-1, keepdim=True, dtype=acc_dtype(q)) + eps
+        out = (q.to(acc_dtype(q)) @ kv) / q_norm
     return out.to(dt)
 
 

@@ -1,0 +1,137 @@
+"""``simattn bench attention``: every attention kind's forward latency against softmax SDPA and the official SimA.
+
+All kinds run in one process, interleaved per token count, on the same inputs and a fixed thread count, so the
+printed ratios compare like with like. q, k, v are contiguous (B, H, N, d) tensors; the functional ops are timed
+(no projections), which is exactly where the kinds differ.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import sys
+from typing import Callable, Dict, List
+
+import torch
+
+from ..attention import (elu_attention, relu_attention, sima_attention, sima_attention_reference, soft_attention,
+                         softmax_attention, xca_attention, xnorm_attention)
+from ..utils.io import atomic_write_json
+from ..utils.timing import set_threads, sync, time_fn
+
+DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
+#: (label, fn). 'sima_official' is the official normalize-then-multiply formulation, the baseline for SimA's fold.
+KINDS: Dict[str, Callable] = {
+    "softmax": softmax_attention,
+    "sima": sima_attention,
+    "sima_official": sima_attention_reference,
+    "elu": elu_attention,
+    "relu": relu_attention,
+    "xca": xca_attention,
+    "xnorm": xnorm_attention,
+    "soft": None,  # needs a landmark ratio per N, see _soft
+}
+#: Issue targets: SimA vs SDPA at N=197 (B=8) and N=9217, SimA vs official at every N >= 197.
+TARGETS = {"sdpa_197": 5.0, "sdpa_9217": 150.0, "official": 2.0}
+
+
+def _soft(n: int) -> Callable:
+    side = math.isqrt(n - 1) if math.isqrt(n) ** 2 != n else math.isqrt(n)
+    ratio = max(1, math.ceil(side / 7))  # ~49 landmarks, as SOFT uses at 224 px
+
+    def fn(q, k, v):
+        return soft_attention(q, q, v, ratio=ratio)
+
+    return fn
+
+
+def batch_for(n: int) -> int:
+    """The issue's sweep: batch 8 at N = 197 (DeiT at 224 px), batch 1 elsewhere."""
+    return 8 if n == 197 else 1
+
+
+def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads: int, repeats: int,
+        device: str, dtype: torch.dtype, max_seconds: float) -> List[dict]:
+    rows = []
+    for n in tokens:
+        b = batch_for(n)
+        gen = torch.Generator().manual_seed(n)
+        q, k, v = (torch.randn(b, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(3))
+        times = {}
+        for kind in kinds:
+            fn = _soft(n) if kind == "soft" else KINDS[kind]
+            with torch.inference_mode():
+                t = time_fn(lambda: fn(q, k, v), warmup=2, repeats=repeats, device=device, max_time=max_seconds)
+            times[kind] = t["median_ms"]
+            print(f"  N={n:5d} B={b} {kind:<14} {t['median_ms']:10.3f} ms  ({t['runs']} runs)", file=sys.stderr,
+                  flush=True)
+        for kind in kinds:
+            rows.append({
+                "kind": kind, "tokens": n, "batch": b, "heads": heads, "head_dim": head_dim,
+                "median_ms": times[kind],
+                "speedup_vs_sdpa": times["softmax"] / times[kind] if "softmax" in times else None,
+                "speedup_vs_official_sima": times["sima_official"] / times[kind] if "sima_official" in times else None,
+            })
+        del q, k, v
+        sync(device)
+    return rows
+
+
+def format_table(rows: List[dict]) -> str:
+    head = f"{'kind':<14} {'N':>6} {'B':>3} {'median ms':>11} {'x vs SDPA':>10} {'x vs official SimA':>19}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        sdpa = f"{r['speedup_vs_sdpa']:.2f}" if r["speedup_vs_sdpa"] else "-"
+        off = f"{r['speedup_vs_official_sima']:.2f}" if r["speedup_vs_official_sima"] else "-"
+        lines.append(f"{r['kind']:<14} {r['tokens']:>6} {r['batch']:>3} {r['median_ms']:>11.3f} {sdpa:>10} {off:>19}")
+    return "\n".join(lines)
+
+
+def check_targets(rows: List[dict]) -> List[str]:
+    """One line per issue target that this run could check: PASS/MISS with the measured ratio."""
+    sima = {r["tokens"]: r for r in rows if r["kind"] == "sima"}
+    out = []
+    for n, key in ((197, "sdpa_197"), (9217, "sdpa_9217")):
+        if n in sima and sima[n]["speedup_vs_sdpa"]:
+            x = sima[n]["speedup_vs_sdpa"]
+            out.append(f"{'PASS' if x >= TARGETS[key] else 'MISS'}  SimA vs SDPA at N={n}: {x:.1f}x (target >= {TARGETS[key]:g}x)")
+    for n, r in sorted(sima.items()):
+        if n >= 197 and r["speedup_vs_official_sima"]:
+            x = r["speedup_vs_official_sima"]
+            out.append(f"{'PASS' if x >= TARGETS['official'] else 'MISS'}  SimA vs official SimA at N={n}: {x:.2f}x "
+                       f"(target >= {TARGETS['official']:g}x)")
+    return out
+
+
+def main(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="simattn bench attention", description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS), help="token counts N")
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), help="attention kinds")
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (fixed for the whole run)")
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median reported)")
+    p.add_argument("--max-seconds", type=float, default=20.0, help="stop repeating a measurement after this long")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
+    args = p.parse_args(argv)
+    for required in ("softmax", "sima_official"):
+        if required not in args.kinds:
+            args.kinds.insert(0, required)  # the ratios are against these two
+    threads = set_threads(args.threads)
+    print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads, "
+          f"H={args.heads} d={args.head_dim} {args.dtype}", flush=True)
+    rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
+               getattr(torch, args.dtype), args.max_seconds)
+    print(format_table(rows))
+    targets = check_targets(rows)
+    print("\n".join(targets))
+    atomic_write_json({
+        "config": {**vars(args), "threads": threads, "torch": torch.__version__, "machine": platform.machine(),
+                   "processor": platform.processor()},
+        "results": rows, "targets": targets,
+    }, args.out)
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,532 @@
+"""``simattn bench model``: what SimA saves in whole models.
+
+For every combination of registered model × attention kind × input size × precision it measures, in a fresh
+subprocess per combination (``python -m simattn.bench.model --worker SPEC``, one JSON line back on stdout) so that
+one model's allocations, caches and thread pools do not disturb the next:
+
+* inference: batch-1 latency (p50, p90) and batched throughput;
+* training step (forward + backward + AdamW step): batch-1 latency and batched throughput;
+* exp-like evaluations and op calls per forward, FLOPs (total and attention core) — :mod:`simattn.bench.counters`;
+* peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting).
+
+Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
+isolating the cost of exp. Example::
+
+    simattn bench model --models sima_deit_small_patch16_224 --attn sima softmax --img-size 224 512 1024
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..utils.timing import set_threads, sync, time_fn
+from .report import fmt, machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
+    write_text
+
+__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "measure", "run_specs", "speedups", "plot_results", "main"]
+
+#: precision name → autocast dtype (None = plain fp32, no autocast)
+PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+MEASURES = ("latency", "throughput", "train-latency", "train-throughput", "counts", "memory")
+SIMA_ORDERS = ("auto", "kv_first", "qk_first")
+DEFAULT_ATTN = "default"  # keep the model's own attention kind
+_RESULT_TAG = "SIMATTN_BENCH_RESULT "
+MB = 2 ** 20
+
+
+@dataclass
+class BenchSpec:
+    """One model configuration, measured by one worker.
+
+    ``attn``: attention kind passed as ``attn_type`` (``'default'`` keeps the model's own). ``sima_order`` forces
+    every SimA module's matmul order. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``, ``act_layer``,
+    ``attn_kwargs``). ``latency_batch`` is the batch of the latency timings (1 unless a caller needs otherwise).
+    """
+
+    model: str
+    attn: str = DEFAULT_ATTN
+    img_size: int = 224
+    precision: str = "fp32"
+    device: str = "cpu"
+    threads: int = 1
+    batch_size: int = 8
+    latency_batch: int = 1
+    sima_order: Optional[str] = None
+    model_kwargs: Dict[str, Any] = field(default_factory=dict)
+    measures: Tuple[str, ...] = MEASURES
+    warmup: int = 2
+    repeats: int = 10
+    max_time: float = 30.0
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        self.measures = tuple(self.measures)
+        self.label = self.label or _default_label(self)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "BenchSpec":
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"bench spec has unknown fields: {', '.join(sorted(unknown))}")
+        return cls(**data)
+
+
+def _default_label(spec: BenchSpec) -> str:
+    label = spec.attn if spec.attn != DEFAULT_ATTN else spec.model
+    if spec.sima_order and spec.sima_order != "auto":
+        label += f" ({spec.sima_order})"
+    return label
+
+
+def validate_spec(spec: BenchSpec) -> None:
+    """One-line ValueErrors for what would otherwise fail deep inside a worker."""
+    import timm
+
+    from ..attention import list_attentions
+    from ..models import list_models
+
+    if not timm.is_model(spec.model):
+        raise ValueError(f"unknown model {spec.model!r} (not registered with timm; simattn models: "
+                         f"{', '.join(list_models())})")
+    if spec.attn != DEFAULT_ATTN and spec.attn not in list_attentions():
+        raise ValueError(f"unknown attention {spec.attn!r}; known: {DEFAULT_ATTN}, {', '.join(list_attentions())}")
+    if spec.precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {spec.precision!r}; expected one of {', '.join(PRECISIONS)}")
+    if spec.sima_order is not None and spec.sima_order not in SIMA_ORDERS:
+        raise ValueError(f"unknown SimA order {spec.sima_order!r}; expected one of {', '.join(SIMA_ORDERS)}")
+    bad = set(spec.measures) - set(MEASURES)
+    if bad:
+        raise ValueError(f"unknown measure(s) {', '.join(sorted(bad))}; expected some of {', '.join(MEASURES)}")
+    if spec.img_size <= 0 or spec.batch_size <= 0 or spec.latency_batch <= 0 or spec.repeats <= 0:
+        raise ValueError(f"image size, batch sizes and repeats must be positive, got img_size={spec.img_size}, "
+                         f"batch_size={spec.batch_size}, latency_batch={spec.latency_batch}, repeats={spec.repeats}")
+    device = torch.device(spec.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {spec.device!r} requested but CUDA is not available")
+
+
+# ------------------------------------------------------------------------------------------------ the worker
+
+
+def build_model(spec: BenchSpec) -> nn.Module:
+    """``timm.create_model`` for ``spec`` (built for ``img_size`` when the model takes it, so position embeddings
+    are not resampled on every forward), with the SimA order forced when asked."""
+    import timm
+
+    from ..attention import SimAAttention
+
+    kwargs = dict(spec.model_kwargs)
+    if spec.attn != DEFAULT_ATTN:
+        kwargs["attn_type"] = spec.attn
+        if spec.attn == "sima" and spec.sima_order:
+            kwargs["attn_kwargs"] = {**kwargs.get("attn_kwargs", {}), "order": spec.sima_order}
+    try:
+        model = timm.create_model(spec.model, pretrained=False, img_size=spec.img_size, **kwargs)
+    except TypeError as e:
+        if "img_size" not in str(e):
+            raise
+        model = timm.create_model(spec.model, pretrained=False, **kwargs)
+    if spec.sima_order:
+        # Models whose default attention is SimA (or that mix kinds) get the order on every SimA module too.
+        for module in model.modules():
+            if isinstance(module, SimAAttention):
+                module.order = spec.sima_order
+    return model
+
+
+def _token_count(model: nn.Module, img_size: int) -> Optional[int]:
+    """Tokens per image for patch models (grid + prefix tokens), None when the model does not say."""
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        return None
+    ph, pw = (patch, patch) if isinstance(patch, int) else patch
+    return (img_size // ph) * (img_size // pw) + int(getattr(model, "num_prefix_tokens", 0) or 0)
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    while not isinstance(out, torch.Tensor):
+        out = out[0]
+    return out
+
+
+class _Runner:
+    """The model, its inputs and the two callables that are timed: inference and one training step."""
+
+    def __init__(self, spec: BenchSpec) -> None:
+        self.spec = spec
+        self.device = torch.device(spec.device)
+        self.dtype = PRECISIONS[spec.precision]
+        self.model = build_model(spec).to(self.device)
+        in_chans = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
+        self.shape = (in_chans, spec.img_size, spec.img_size)
+        self.optimizer = None
+        self.scaler = None
+
+    def autocast(self):
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def inputs(self, batch: int) -> torch.Tensor:
+        return torch.randn(batch, *self.shape, device=self.device)
+
+    def infer_fn(self, batch: int):
+        self.model.eval()
+        x = self.inputs(batch)
+
+        def infer():
+            with torch.inference_mode(), self.autocast():
+                return self.model(x)
+
+        return infer
+
+    def train_fn(self, batch: int):
+        from timm.optim import create_optimizer_v2
+
+        self.model.train()
+        if self.optimizer is None:
+            self.optimizer = create_optimizer_v2(self.model, "adamw", lr=1e-4, weight_decay=0.05)
+            # fp16 training needs loss scaling; the scaler's checks are part of the real step's cost.
+            self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+        x = self.inputs(batch)
+        with torch.no_grad(), self.autocast():
+            num_classes = _first_tensor(self.model(x[:1])).shape[-1]
+        target = torch.randint(num_classes, (batch,), device=self.device)
+
+        def step():
+            self.optimizer.zero_grad(set_to_none=True)
+            with self.autocast():
+                loss = F.cross_entropy(_first_tensor(self.model(x)).float(), target)
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                loss.backward()
+                self.optimizer.step()
+
+        return step
+
+    def time(self, fn) -> Dict[str, float]:
+        s = self.spec
+        return time_fn(fn, warmup=s.warmup, repeats=s.repeats, device=self.device, max_time=s.max_time)
+
+
+def measure(spec: BenchSpec) -> Dict[str, Any]:
+    """Measure one configuration in this process and return its result row (what a worker sends back)."""
+    from .counters import count_flops, peak_memory, trace_ops
+
+    validate_spec(spec)
+    threads = set_threads(spec.threads)
+    torch.manual_seed(0)
+    run = _Runner(spec)
+    model = run.model
+    row: Dict[str, Any] = {
+        "model": spec.model, "label": spec.label, "attn": spec.attn,
+        "attn_type": getattr(model, "attn_type", spec.attn), "sima_order": spec.sima_order or "",
+        "img_size": spec.img_size, "tokens": _token_count(model, spec.img_size), "precision": spec.precision,
+        "device": spec.device, "threads": threads, "batch_size": spec.batch_size,
+        "latency_batch": spec.latency_batch, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+    }
+    b1 = spec.latency_batch
+    if "counts" in spec.measures:
+        infer = run.infer_fn(b1)
+        trace = trace_ops(infer)
+        row.update({k: v for k, v in trace.summary().items()})
+        flops = count_flops(infer, model)
+        row["gflops"] = flops.total / 1e9 / b1
+        row["attn_gflops"] = flops.attention / 1e9 / b1
+    if "memory" in spec.measures:
+        row["peak_fwd_mb"] = peak_memory(run.infer_fn(b1), run.device) / MB
+        step = run.train_fn(b1)
+        step()  # optimizer state exists from here on: measure a steady-state step
+        row["peak_train_mb"] = peak_memory(step, run.device) / MB
+    if "latency" in spec.measures:
+        t = run.time(run.infer_fn(b1))
+        row.update(infer_p50_ms=t["median_ms"], infer_p90_ms=t["p90_ms"], infer_runs=t["runs"])
+    if "throughput" in spec.measures:
+        t = run.time(run.infer_fn(spec.batch_size))
+        row["infer_ips"] = spec.batch_size * 1e3 / t["median_ms"]
+    if "train-latency" in spec.measures:
+        t = run.time(run.train_fn(b1))
+        row.update(train_p50_ms=t["median_ms"], train_p90_ms=t["p90_ms"], train_runs=t["runs"])
+    if "train-throughput" in spec.measures:
+        t = run.time(run.train_fn(spec.batch_size))
+        row["train_ips"] = spec.batch_size * 1e3 / t["median_ms"]
+    sync(run.device)
+    return row
+
+
+def _worker_main(spec_json: str) -> int:
+    row = measure(BenchSpec.from_json(spec_json))
+    print(_RESULT_TAG + json.dumps(row), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ the parent
+
+
+def _run_worker(spec: BenchSpec, timeout: Optional[float]) -> Dict[str, Any]:
+    """Measure ``spec`` in a fresh interpreter; a failed worker gives a row with ``error`` set."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), MKL_NUM_THREADS=str(spec.threads))
+    cmd = [sys.executable, "-m", "simattn.bench.model", "--worker", spec.to_json()]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return _error_row(spec, f"worker timed out after {timeout:g} s")
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_TAG):
+            return json.loads(line[len(_RESULT_TAG):])
+    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    return _error_row(spec, tail[-1] if tail else f"worker exited with code {proc.returncode} and no result")
+
+
+def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
+    return {"model": spec.model, "label": spec.label, "attn": spec.attn, "sima_order": spec.sima_order or "",
+            "img_size": spec.img_size, "precision": spec.precision, "device": spec.device, "threads": spec.threads,
+            "error": message}
+
+
+_TIMING_KEYS = ("infer_p50_ms", "infer_p90_ms", "infer_ips", "train_p50_ms", "train_p90_ms", "train_ips")
+
+
+def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
+              timeout: Optional[float] = None, desc: str = "bench model") -> List[Dict[str, Any]]:
+    """Measure every spec (each in its own subprocess unless ``in_process``) and return one row per spec.
+
+    With ``rounds`` > 1 the whole list is timed again (interleaved, so slow phases of a shared machine hit all
+    configurations alike) and each timing is the median over rounds; counts and memory are measured once.
+    """
+    for spec in specs:
+        validate_spec(spec)
+    jobs = [(r, i) for r in range(rounds) for i in range(len(specs))]
+    results: List[List[Dict[str, Any]]] = [[] for _ in specs]
+
+    def describe(job):
+        s = specs[job[1]]
+        return f"{s.model} {s.label} {s.img_size}px {s.precision}" + (f" (round {job[0] + 1})" if rounds > 1 else "")
+
+    for r, i in progress(jobs, desc, describe):
+        spec = specs[i]
+        if r > 0:
+            timed = tuple(m for m in spec.measures if m not in ("counts", "memory"))
+            spec = BenchSpec(**{**asdict(spec), "measures": timed})
+        row = measure(spec) if in_process else _run_worker(spec, timeout)
+        if "error" in row:
+            print(f"  failed: {describe((r, i))}: {row['error']}", file=sys.stderr, flush=True)
+        results[i].append(row)
+    rows = []
+    for per_round in results:
+        row = dict(per_round[0])
+        for key in _TIMING_KEYS:
+            values = [r[key] for r in per_round if r.get(key) is not None]
+            if values:
+                row[key] = statistics.median(values)
+        row["rounds"] = len(per_round)
+        rows.append(row)
+    return rows
+
+
+def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[Dict[str, Any]]:
+    """Baseline time / row time for every row that has a baseline row with the same model, size, precision
+    and device (inference and training p50; >1 means faster than the baseline)."""
+    def key(r):
+        return r["model"], r["img_size"], r["precision"], r["device"]
+
+    base = {key(r): r for r in rows if r.get("attn") == baseline and "error" not in r}
+    out = []
+    for r in rows:
+        b = base.get(key(r))
+        if b is None or r is b or "error" in r:
+            continue
+        entry = {"model": r["model"], "label": r["label"], "baseline": b["label"], "img_size": r["img_size"],
+                 "precision": r["precision"], "device": r["device"]}
+        for metric, name in (("infer_p50_ms", "infer_speedup"), ("train_p50_ms", "train_speedup")):
+            if r.get(metric) and b.get(metric):
+                entry[name] = b[metric] / r[metric]
+        for metric, name in (("infer_ips", "infer_ips_ratio"), ("train_ips", "train_ips_ratio")):
+            if r.get(metric) and b.get(metric):
+                entry[name] = r[metric] / b[metric]
+        out.append(entry)
+    return out
+
+
+def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    series: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        if "error" in r:
+            continue
+        name = r["label"] if r["attn"] != DEFAULT_ATTN else r["model"]
+        if len({x["model"] for x in rows}) > 1 and r["attn"] != DEFAULT_ATTN:
+            name = f"{r['model']} {name}"
+        if len({x["precision"] for x in rows}) > 1:
+            name += f" {r['precision']}"
+        series.setdefault(name, []).append(r)
+    return {k: sorted(v, key=lambda r: r["img_size"]) for k, v in series.items()}
+
+
+def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
+    """Latency, training step, peak memory and exp-like evaluations against input size, one line per series."""
+    panels = [
+        ("infer_p50_ms", "inference latency p50 (ms)", "log"),
+        ("train_p50_ms", "training step p50 (ms)", "log"),
+        ("peak_fwd_mb", "peak memory (MB): forward ─, train step ┄", "log"),
+        ("exp_total", "exp-like evaluations per forward", "symlog"),
+    ]
+    fig, axes = new_figure(2, 2, size=5.2)
+    for ax, (key, ylabel, scale) in zip(axes, panels):
+        for name, series in _series(rows).items():
+            pts = [(r["img_size"], r[key]) for r in series if r.get(key) is not None]
+            if not pts:
+                continue
+            line, = ax.plot(*zip(*pts), marker="o", label=name)
+            if key == "peak_fwd_mb":
+                train = [(r["img_size"], r["peak_train_mb"]) for r in series if r.get("peak_train_mb") is not None]
+                if train:
+                    ax.plot(*zip(*train), marker="s", linestyle="--", color=line.get_color())
+        ax.set_xlabel("input size (px)")
+        ax.set_ylabel(ylabel)
+        ax.set_yscale(scale)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
+RESULT_COLUMNS = ["model", "label", "attn", "sima_order", "img_size", "tokens", "precision", "device", "threads",
+                  "params_m", "infer_p50_ms", "infer_p90_ms", "infer_ips", "train_p50_ms", "train_p90_ms",
+                  "train_ips", "batch_size", "gflops", "attn_gflops", "exp_total", "exp_softmax", "exp_activation",
+                  "exp_calls", "op_calls", "peak_fwd_mb", "peak_train_mb", "rounds", "error"]
+
+
+def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str, Any],
+                  baseline: str = "softmax", stem: str = "bench_model") -> Dict[str, Path]:
+    """``<stem>.json`` (meta, rows, speedups), ``.csv``, ``.md`` and ``.png`` in ``out_dir``; returns the paths."""
+    out_dir = Path(out_dir)
+    ups = speedups(rows, baseline)
+    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
+    write_json({"meta": meta, "rows": list(rows), "speedups": ups}, paths["json"])
+    write_csv(rows, paths["csv"], RESULT_COLUMNS + [c for r in rows for c in r if c not in RESULT_COLUMNS])
+    write_text(summary_markdown(rows, ups, meta) + "\n", paths["md"])
+    plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
+                                          f"torch {meta.get('torch')}")
+    return paths
+
+
+def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+    """Results and speedups as markdown tables."""
+    cols = ["model", "label", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p90_ms", "infer_ips",
+            "train_p50_ms", "train_ips", "gflops", "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb",
+            "peak_train_mb", "error"]
+    present = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    parts = [f"Device {meta.get('device')}, {meta.get('threads')} threads, torch {meta.get('torch')}.", "",
+             markdown_table(rows, present)]
+    if ups:
+        ucols = [c for c in ("model", "label", "baseline", "img_size", "precision", "infer_speedup",
+                             "train_speedup", "infer_ips_ratio", "train_ips_ratio") if any(u.get(c) for u in ups)]
+        parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster):", "",
+                  markdown_table(ups, ucols)]
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def _parse_json_kwargs(text: str) -> Dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--model-kwargs is not valid JSON ({e.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"--model-kwargs must be a JSON object, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simattn bench model", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--models", nargs="+", default=["sima_deit_small_patch16_224"], help="registered model names")
+    p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN],
+                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own)")
+    p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
+    p.add_argument("--precision", nargs="+", default=["fp32"], choices=list(PRECISIONS),
+                   help="fp32, or bf16/fp16 autocast")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads in every worker (default: this process's torch.get_num_threads())")
+    p.add_argument("--batch-size", type=int, default=8, help="batch of the throughput measurements")
+    p.add_argument("--measure", nargs="+", default=list(MEASURES), choices=MEASURES, help="what to measure")
+    order = p.add_mutually_exclusive_group()
+    order.add_argument("--fixed-order", action="store_true",
+                       help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
+                            "difference is the cost of exp alone (the paper's comparison)")
+    order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
+    p.add_argument("--model-kwargs", default="{}", help="JSON object of extra timm.create_model kwargs, "
+                                                        "e.g. '{\"act_layer\": \"relu\", \"depth\": 6}'")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (at least)")
+    p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
+    p.add_argument("--rounds", type=int, default=1, help="time the whole sweep this often, interleaved; "
+                                                         "report the median (steadier on a shared machine)")
+    p.add_argument("--baseline", default="softmax", help="attention kind the speed-ups are relative to")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a worker is abandoned")
+    p.add_argument("--in-process", action="store_true", help="measure in this process (debugging)")
+    p.add_argument("--out", type=Path, default=Path("results/bench_model"), help="output folder")
+    p.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``simattn bench model``."""
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return _worker_main(args.worker)
+    threads = set_threads(args.threads)
+    order = "qk_first" if args.fixed_order else args.sima_order
+    try:
+        if args.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+        kwargs = _parse_json_kwargs(args.model_kwargs)
+        specs = [BenchSpec(model=m, attn=a, img_size=s, precision=p, device=args.device, threads=threads,
+                           batch_size=args.batch_size, sima_order=order, model_kwargs=kwargs,
+                           measures=tuple(args.measure), warmup=args.warmup, repeats=args.repeats,
+                           max_time=args.max_time)
+                 for m in args.models for a in args.attn for s in args.img_size for p in args.precision]
+        for spec in specs:
+            validate_spec(spec)
+    except ValueError as e:
+        print(f"simattn bench model: error: {e}", file=sys.stderr)
+        return 2
+    meta = {**machine_info(args.device, threads), "sima_order": order or "model default",
+            "model_kwargs": kwargs, "batch_size": args.batch_size, "rounds": args.rounds,
+            "command": "simattn bench model " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(f"simattn bench model: {len(specs)} configuration(s) on {args.device}, {threads} CPU threads "
+          f"(fixed in every worker), SimA order: {meta['sima_order']}", flush=True)
+    rows = run_specs(specs, rounds=args.rounds, in_process=args.in_process, timeout=args.timeout)
+    paths = write_results(rows, args.out, meta, baseline=args.baseline)
+    print(summary_markdown(rows, speedups(rows, args.baseline), meta))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

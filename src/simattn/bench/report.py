@@ -1,0 +1,121 @@
+"""Output pieces the benchmarks share: progress, machine description, CSV/JSON/markdown writers, figure saving."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TypeVar
+
+import torch
+
+from ..utils.io import atomic_path, atomic_write_json, atomic_write_text
+
+__all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
+           "new_figure", "save_figure"]
+
+T = TypeVar("T")
+
+
+def progress(items: Sequence[T], desc: str, describe: Callable[[T], str] = str) -> Iterator[T]:
+    """Iterate ``items`` with a tqdm bar on a terminal, or one plain ``[i/n] desc: item`` line each otherwise."""
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(items, desc=desc, file=sys.stderr, leave=False)
+        for item in bar:
+            bar.set_postfix_str(describe(item), refresh=True)
+            yield item
+        return
+    for i, item in enumerate(items, 1):
+        print(f"[{i}/{len(items)}] {desc}: {describe(item)}", file=sys.stderr, flush=True)
+        yield item
+
+
+def machine_info(device: str, threads: int) -> Dict[str, Any]:
+    """What the numbers were measured on."""
+    info: Dict[str, Any] = {
+        "device": device,
+        "threads": threads,
+        "cpu": platform.processor() or platform.machine(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import timm
+
+        info["timm"] = timm.__version__
+    except ImportError:  # pragma: no cover - timm is a dependency
+        pass
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+    return info
+
+
+def _columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
+    columns: List[str] = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    return columns
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[Sequence[str]] = None) -> None:
+    """Rows (dicts) as CSV, columns in first-seen order unless given; nested values are skipped."""
+    columns = [c for c in (columns or _columns(rows)) if not any(isinstance(r.get(c), (dict, list)) for r in rows)]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(buf.getvalue(), path)
+
+
+def write_json(obj: Any, path: Path) -> None:
+    atomic_write_json(obj, path)
+
+
+def write_text(text: str, path: Path) -> None:
+    atomic_write_text(text, path)
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Compact human formatting: ints with thousands separators, floats to ``digits`` significant digits."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:,.0f}"
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str],
+                   headers: Optional[Sequence[str]] = None) -> str:
+    """A GitHub markdown table of ``columns`` of ``rows`` (values through :func:`fmt`)."""
+    headers = list(headers or columns)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(fmt(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def new_figure(ncols: int, nrows: int = 1, size: float = 4.8):
+    """A matplotlib (Agg) figure and its axes as a flat list."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * 0.8 * nrows), squeeze=False)
+    return fig, [ax for row in axes for ax in row]
+
+
+def save_figure(fig, path: Path) -> None:
+    """Save a PNG atomically and close the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,14 @@
+"""Deployment: ONNX export with onnxruntime parity checks, an exp-op graph audit, latency and int8 quantization.
+
+onnx/onnxruntime are imported inside the functions that need them (the ``export`` extra), so importing this
+package stays cheap.
+"""
+from .audit import EXP_LIKE_OPS, ExpFreeError, GraphAudit, audit_onnx
+from .loading import build_model, parse_model_kwargs, resolve_data_config, softmax_twin
+from .onnx_export import ExportError, ExportResult, check_parity, export_and_verify, export_onnx, ort_session
+
+__all__ = [
+    "EXP_LIKE_OPS", "ExpFreeError", "GraphAudit", "audit_onnx",
+    "build_model", "parse_model_kwargs", "resolve_data_config", "softmax_twin",
+    "ExportError", "ExportResult", "check_parity", "export_and_verify", "export_onnx", "ort_session",
+]

@@ -1,0 +1,141 @@
+"""Build a registered model with its weights and the preprocessing it expects (shared by ``export`` and ``viz``).
+
+The model name and ``timm.create_model`` kwargs can come from the weights file itself (safetensors metadata
+``model`` / ``config`` / ``data_config`` as written by ``simattn train``); command-line values override them.
+"""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+import torch
+import yaml
+from torch import nn
+
+__all__ = ["parse_model_kwargs", "build_model", "softmax_twin", "resolve_data_config", "model_stride", "attention_kind",
+           "normalize_images"]
+
+
+def parse_model_kwargs(items: Optional[Iterable[str]]) -> Dict[str, Any]:
+    """``['img_size=32', 'act_layer=relu', 'attn_kwargs={order: kv_first}']`` → a kwargs dict.
+
+    Values are parsed as YAML, so numbers, booleans, lists and dicts work and plain words stay strings.
+    """
+    kwargs: Dict[str, Any] = {}
+    for item in items or ():
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"model kwarg {item!r} is not KEY=VALUE")
+        try:
+            kwargs[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            kwargs[key.strip()] = text
+    return kwargs
+
+
+def _spec_from_weights(path: Path) -> Optional[Dict[str, Any]]:
+    # The training package owns the metadata layout it writes; read it through its helper.
+    from ..train.checkpoint import model_spec_from_weights
+    return model_spec_from_weights(path)
+
+
+def build_model(model_name: Optional[str] = None, weights: Optional[str] = None,
+                model_kwargs: Optional[Mapping[str, Any]] = None, use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
+    """Create a registered model in eval mode, optionally with weights.
+
+    Args:
+        model_name: a name from ``simattn.models.list_models()`` (or any timm name); taken from the weights'
+            metadata when None.
+        weights: a checkpoint (``.pth``) or ``.safetensors`` file, loaded with ``simattn.utils.io.load_weights``
+            (``weights_only=True``, strict, keys reported by name), through the family's ``checkpoint_filter_fn``.
+        model_kwargs: ``timm.create_model`` kwargs; they override the ones stored with the weights.
+
+    Returns:
+        (model, spec) with spec = ``{'model', 'config', 'data_config', 'weights'}`` (``data_config`` may be None).
+    """
+    import timm
+
+    import simattn  # noqa: F401  (registers the models with timm)
+    from ..utils.io import load_weights
+
+    spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "weights": None}
+    if weights is not None:
+        path = Path(weights)
+        if not path.is_file():
+            raise FileNotFoundError(f"weights file not found: {path}")
+        stored = _spec_from_weights(path)
+        if stored:
+            if model_name is not None and stored["model"] != model_name:
+                raise ValueError(f"weights {path} were saved for model {stored['model']!r}, not {model_name!r}")
+            spec.update(model=stored["model"], config=dict(stored.get("config") or {}),
+                        data_config=stored.get("data_config"))
+        spec["weights"] = str(path)
+    if spec["model"] is None:
+        raise ValueError("no model name: pass --model (the weights file does not name its model)"
+                         if weights else "no model name: pass --model NAME")
+    if not timm.is_model(spec["model"]):
+        raise ValueError(f"unknown model {spec['model']!r}; simattn models: {', '.join(simattn.list_models())}")
+    spec["config"].update(model_kwargs or {})
+    try:
+        model = timm.create_model(spec["model"], **spec["config"])
+    except TypeError as e:
+        raise ValueError(f"cannot build {spec['model']} with {spec['config']}: {e}") from None
+    if weights is not None:
+        entry_module = importlib.import_module(timm.models.model_entrypoint(spec["model"]).__module__)
+        load_weights(model, weights, use_ema=use_ema, filter_fn=getattr(entry_module, "checkpoint_filter_fn", None))
+    return model.eval(), spec
+
+
+def resolve_data_config(model: nn.Module, spec: Optional[Mapping[str, Any]] = None,
+                        img_size: Optional[int] = None) -> Dict[str, Any]:
+    """Preprocessing for ``model``: timm's resolved config, updated by what was stored with the weights; the input
+    size is ``img_size`` if given, else the ``img_size`` the model was built with (a model built at 32 px is fed
+    32 px images), else the stored or default one."""
+    from timm.data import resolve_model_data_config
+
+    cfg = dict(resolve_model_data_config(model))
+    spec = spec or {}
+    cfg.update(spec.get("data_config") or {})
+    size = img_size or (spec.get("config") or {}).get("img_size")
+    if size:
+        size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+        cfg["input_size"] = (3, *size)
+    cfg["input_size"] = tuple(cfg["input_size"])
+    return cfg
+
+
+def model_stride(model: nn.Module) -> int:
+    """The model's total downsampling (largest feature reduction, else the patch size, else 32)."""
+    info = getattr(model, "feature_info", None)
+    if isinstance(info, (list, tuple)) and info and isinstance(info[-1], dict) and "reduction" in info[-1]:
+        return int(max(f.get("reduction", 1) for f in info))
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is not None:
+        return int(max(patch) if isinstance(patch, (list, tuple)) else patch)
+    return 32
+
+
+def attention_kind(model: nn.Module) -> Optional[str]:
+    """The registered attention kind the model uses (``model.attn_type`` or its attention modules), if one."""
+    kind = getattr(model, "attn_type", None)
+    if kind:
+        return kind
+    from ..attention import TokenAttention
+    kinds = {m.attn_name for m in model.modules() if isinstance(m, TokenAttention)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def normalize_images(x: torch.Tensor, data_config: Mapping[str, Any]) -> torch.Tensor:
+    """(N, 3, H, W) images in [0, 1] → normalized with the config's mean and std."""
+    mean = torch.tensor(data_config["mean"], dtype=x.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(data_config["std"], dtype=x.dtype).view(1, -1, 1, 1)
+    return (x - mean) / std
+
+
+def softmax_twin(spec: Mapping[str, Any]) -> nn.Module:
+    """The same architecture as ``spec`` (from :func:`build_model`) with softmax attention and random weights,
+    for latency comparisons (weights do not change the cost). Needs a family that takes ``attn_type=``."""
+    kwargs = {k: v for k, v in (spec.get("config") or {}).items() if k != "attn_kwargs"}
+    model, _ = build_model(spec["model"], None, {**kwargs, "attn_type": "softmax"})
+    return model

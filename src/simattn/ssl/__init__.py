@@ -1,0 +1,11 @@
+"""Self-supervised pretraining (DINO) of any registered backbone, with k-NN and linear-probe evaluation.
+
+``simattn ssl train|eval`` is the command line (:mod:`simattn.ssl.cli`); :func:`pretrain` and
+:func:`evaluate_backbone` are the library entry points. lightly is imported only when pretraining runs.
+"""
+from .dino import DEFAULTS, pretrain
+from .evaluate import evaluate_backbone, extract_features, knn_classify, linear_probe
+from .recipe import load_recipe
+
+__all__ = ["DEFAULTS", "pretrain", "evaluate_backbone", "extract_features", "knn_classify", "linear_probe",
+           "load_recipe"]

@@ -1,0 +1,322 @@
+"""DINO self-distillation (Caron et al. 2021) for any registered backbone, as in the SimA paper's Table 5.
+
+A student (backbone + DINO head) learns to match a teacher on multi-crop views; the teacher is an exponential
+moving average of the student whose momentum follows a cosine schedule to 1; the teacher's outputs are centered
+(a running mean) and sharpened (a low temperature) so that neither collapse mode wins. Weight decay follows a cosine
+schedule 0.04 → 0.4, the learning rate a warm-up then cosine decay (timm's scheduler).
+
+Library pieces: lightly's ``DINOProjectionHead``, ``DINOLoss`` (centering with a DDP all-reduce, sharpening,
+cross-view cross-entropy), ``DINOTransform`` (multi-crop), ``cosine_schedule`` and ``update_momentum``; timm's
+``create_model``, ``create_optimizer_v2`` and ``CosineLRScheduler``. DDP comes from torchrun via
+:mod:`simattn.utils.distributed`.
+
+Outputs in ``output``: ``checkpoint.pth`` (atomically rewritten; ``model`` holds the teacher backbone, so
+``simattn.utils.io.load_weights(backbone, path)`` loads it), ``backbone.safetensors`` (the teacher backbone, with
+model name and kwargs as metadata), ``results.json`` (per-epoch history, k-NN / linear top-1) and ``curves.png``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from torch import nn
+
+from ..utils.distributed import DistInfo, barrier, cleanup_distributed, init_distributed
+from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, save_safetensors
+from .data import build_image_dataset
+from .evaluate import evaluate_backbone
+from .runlog import RunLog, progress
+
+__all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "build_dino_networks", "build_multicrop_transform",
+           "pretrain"]
+
+#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5).
+DEFAULTS: Dict[str, Any] = {
+    "model": {
+        "name": "sima_small_12_p16",  # any model timm.create_model knows (import simattn registers ours)
+        "drop_path_rate": 0.1,  # student only; the teacher has none
+        "kwargs": {},  # extra timm.create_model arguments (img_size, depth, attn_type, ...)
+    },
+    "head": {
+        "hidden_dim": 2048,
+        "bottleneck_dim": 256,
+        "output_dim": 65536,  # prototypes K
+        "norm_last_layer": True,  # weight-normalized last layer with fixed norm (stabler for ViTs)
+        "freeze_last_layer_epochs": 1,
+    },
+    "data": {
+        "name": "folder",  # 'digits' (embedded) or 'folder' (root/train, root/val ImageFolder)
+        "root": None,
+        "workers": 8,
+        "global_crop_size": 224,
+        "global_crop_scale": [0.25, 1.0],
+        "local_crop_size": 96,
+        "local_crop_scale": [0.05, 0.25],
+        "n_local_views": 10,
+        "augment": {},  # extra lightly DINOTransform arguments (hf_prob, cj_prob, sigmas, solarization_prob, ...)
+    },
+    "train": {
+        "epochs": 100,
+        "batch_size": 256,  # total over all processes
+        "lr": 2.5e-4,  # peak learning rate for this batch size
+        "min_lr": 1e-6,
+        "warmup_epochs": 10,
+        "optimizer": "adamw",
+        "weight_decay": 0.04,
+        "weight_decay_end": 0.4,
+        "momentum_teacher": 0.996,  # cosine schedule to 1.0
+        "teacher_temp": 0.04,  # sharpening
+        "warmup_teacher_temp": 0.04,
+        "warmup_teacher_temp_epochs": 0,
+        "student_temp": 0.1,
+        "center_momentum": 0.9,  # centering
+        "clip_grad": 3.0,  # max total grad norm; null disables
+        "amp": True,  # fp16 autocast + loss scaling on CUDA (ignored on CPU)
+        "seed": 0,
+        "save_every": 1,  # epochs between checkpoints (the last epoch is always saved)
+        "device": None,  # 'cpu', 'cuda' or null (CUDA when available)
+    },
+    "eval": {
+        "every": 0,  # evaluate every N epochs (0: only at the end)
+        "compare_random_init": False,  # also evaluate the backbone before training
+        "img_size": 224,
+        "crop_pct": 0.875,
+        "batch_size": 256,
+        "knn_k": 20,
+        "knn_temperature": 0.07,
+        "linear_epochs": 100,  # 0 disables the linear probe
+        "linear_lr": 1e-3,
+        "linear_batch_size": 256,
+    },
+    "output": "runs/ssl",
+}
+
+
+def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0) -> nn.Module:
+    """A registered model without classifier (``num_classes=0``): ``backbone(x)`` gives the CLS/pooled features."""
+    import timm
+
+    import simattn  # noqa: F401  (registers this package's models with timm)
+    name = model["name"]
+    if not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(simattn.list_models())}")
+    return timm.create_model(name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate,
+                             **model["kwargs"])
+
+
+class DinoNetwork(nn.Module):
+    """Backbone + DINO head over a list of views; views of one resolution go through the backbone as one batch."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    def forward(self, views: List[torch.Tensor]) -> List[torch.Tensor]:
+        feats = [self.backbone(torch.cat(list(group)))
+                 for _, group in itertools.groupby(views, key=lambda v: tuple(v.shape[-2:]))]
+        return list(self.head(torch.cat(feats)).chunk(len(views)))
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        """The backbone's no-decay parameters (position embeddings, tokens) for timm's optimizer factory."""
+        inner = getattr(self.backbone, "no_weight_decay", lambda: set())()
+        return {f"backbone.{name}" for name in inner}
+
+
+def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNetwork]:
+    """Student and teacher; the teacher starts as an exact copy and never receives gradients.
+
+    The teacher is built, not deep-copied: lightly's head uses ``weight_norm``, which ``copy.deepcopy`` rejects.
+    """
+    from lightly.models.modules import DINOProjectionHead
+    from lightly.models.utils import deactivate_requires_grad
+
+    def make(drop_path: float) -> DinoNetwork:
+        backbone = build_backbone(recipe["model"], drop_path)
+        h = recipe["head"]
+        head = DINOProjectionHead(backbone.num_features, h["hidden_dim"], h["bottleneck_dim"], h["output_dim"],
+                                  batch_norm=False, freeze_last_layer=h["freeze_last_layer_epochs"],
+                                  norm_last_layer=h["norm_last_layer"])
+        return DinoNetwork(backbone, head)
+
+    student = make(recipe["model"]["drop_path_rate"])
+    teacher = make(0.0)
+    teacher.load_state_dict(student.state_dict())
+    deactivate_requires_grad(teacher)
+    return student, teacher
+
+
+def build_multicrop_transform(data: Mapping[str, Any], backbone: nn.Module):
+    """lightly's DINO multi-crop transform (2 global + n local views), normalized with the backbone's mean/std."""
+    from lightly.transforms import DINOTransform
+    from timm.data import resolve_data_config
+    cfg = resolve_data_config({}, model=backbone)
+    return DINOTransform(global_crop_size=data["global_crop_size"], global_crop_scale=tuple(data["global_crop_scale"]),
+                         local_crop_size=data["local_crop_size"], local_crop_scale=tuple(data["local_crop_scale"]),
+                         n_local_views=data["n_local_views"],
+                         normalize={"mean": list(cfg["mean"]), "std": list(cfg["std"])}, **data["augment"])
+
+
+def _check(recipe: Mapping[str, Any], world_size: int) -> None:
+    t = recipe["train"]
+    if t["epochs"] < 1:
+        raise ValueError(f"train.epochs must be >= 1, got {t['epochs']}")
+    if t["batch_size"] % world_size:
+        raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {world_size} processes")
+    if recipe["data"]["n_local_views"] < 0:
+        raise ValueError("data.n_local_views must be >= 0")
+
+
+def _teacher_temp(train: Mapping[str, Any], epoch: int) -> float:
+    """Linear warm-up of the teacher temperature over the first epochs, then constant."""
+    warm = train["warmup_teacher_temp_epochs"]
+    if epoch >= warm:
+        return train["teacher_temp"]
+    return train["warmup_teacher_temp"] + (train["teacher_temp"] - train["warmup_teacher_temp"]) * epoch / warm
+
+
+def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo) -> Dict[str, Any]:
+    return evaluate_backbone(teacher.backbone, recipe["data"], recipe["eval"], device=dist.device,
+                             seed=recipe["train"]["seed"])
+
+
+def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
+    """Run DINO pretraining described by a full recipe (see :data:`DEFAULTS`) and evaluate the teacher.
+
+    Returns the results written to ``results.json`` (on the main process; other processes get ``{}``).
+    ``resume`` continues from ``output/checkpoint.pth`` when it exists.
+    """
+    from lightly.loss import DINOLoss
+    from lightly.models.utils import update_momentum
+    from lightly.utils.scheduler import cosine_schedule
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import CosineLRScheduler
+    from timm.utils import random_seed
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader, DistributedSampler
+
+    dist = init_distributed(recipe["train"]["device"])
+    try:
+        _check(recipe, dist.world_size)
+        t = recipe["train"]
+        out_dir = Path(recipe["output"])
+        random_seed(t["seed"], dist.rank)
+
+        student, teacher = build_dino_networks(recipe)
+        student.to(dist.device)
+        teacher.to(dist.device)
+        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": dict(recipe), "world_size": dist.world_size})
+        if recipe["eval"]["compare_random_init"] and dist.is_main and not resume:
+            log.results["random_init"] = _evaluate(teacher, recipe, dist)
+            print(f"random init: {log.results['random_init']}", flush=True)
+
+        dataset = build_image_dataset(recipe["data"], "train", build_multicrop_transform(recipe["data"],
+                                                                                        student.backbone))
+        per_process = t["batch_size"] // dist.world_size
+        if len(dataset) < t["batch_size"]:
+            raise ValueError(f"train.batch_size {t['batch_size']} exceeds the {len(dataset)} training images")
+        sampler = DistributedSampler(dataset, dist.world_size, dist.rank, shuffle=True, seed=t["seed"],
+                                     drop_last=True) if dist.distributed else None
+        loader = DataLoader(dataset, batch_size=per_process, shuffle=sampler is None, sampler=sampler,
+                            num_workers=recipe["data"]["workers"], drop_last=True,
+                            pin_memory=dist.device.type == "cuda", persistent_workers=recipe["data"]["workers"] > 0)
+        steps_per_epoch = len(loader)
+        total_steps = t["epochs"] * steps_per_epoch
+
+        model = DistributedDataParallel(student) if dist.distributed else student
+        optimizer = create_optimizer_v2(student, opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"])
+        decay_groups = [g for g in optimizer.param_groups if g["weight_decay"] > 0]
+        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps, lr_min=t["min_lr"],
+                                      warmup_t=t["warmup_epochs"] * steps_per_epoch, warmup_lr_init=t["min_lr"],
+                                      t_in_epochs=False)
+        criterion = DINOLoss(recipe["head"]["output_dim"], student_temp=t["student_temp"],
+                             teacher_temp=t["teacher_temp"], center_momentum=t["center_momentum"]).to(dist.device)
+        use_amp = bool(t["amp"]) and dist.device.type == "cuda"
+        scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
+
+        start_epoch = 0
+        ckpt_path = out_dir / "checkpoint.pth"
+        if resume and ckpt_path.is_file():
+            ckpt = load_checkpoint(ckpt_path, map_location=dist.device)
+            student.load_state_dict(extract_state_dict(ckpt["student"]))
+            teacher.backbone.load_state_dict(ckpt["model"])
+            teacher.head.load_state_dict(ckpt["teacher_head"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            scaler.load_state_dict(ckpt["scaler"])
+            criterion.load_state_dict(ckpt["dino_loss"])
+            start_epoch = int(ckpt["epoch"]) + 1
+            log.history = [dict(r) for r in ckpt.get("history", [])]
+            log.results.update({k: v for k, v in ckpt.get("results", {}).items() if k != "recipe"})
+            if dist.is_main:
+                print(f"resumed from {ckpt_path} at epoch {start_epoch}", flush=True)
+
+        for epoch in range(start_epoch, t["epochs"]):
+            if sampler is not None:
+                sampler.set_epoch(epoch)
+            student.train()
+            teacher.train()  # as in DINO: BatchNorm layers (XCiT stem, LPI) of the teacher use batch statistics
+            teacher_temp = _teacher_temp(t, epoch)
+            loss_sum, loss_count = torch.zeros((), device=dist.device), 0
+            for i, (views, _) in enumerate(progress(loader, f"epoch {epoch}", steps_per_epoch, dist.is_main)):
+                step = epoch * steps_per_epoch + i
+                scheduler.step_update(step)
+                wd = cosine_schedule(step, total_steps, t["weight_decay"], t["weight_decay_end"])
+                for group in decay_groups:
+                    group["weight_decay"] = wd
+                views = [v.to(dist.device, non_blocking=True) for v in views]
+
+                with torch.autocast(dist.device.type, dtype=torch.float16, enabled=use_amp):
+                    with torch.no_grad():
+                        teacher_out = teacher(views[:2])  # the teacher sees only the global views
+                    student_out = model(views)
+                    loss = criterion(teacher_out, student_out, teacher_temp=teacher_temp)
+                if not math.isfinite(loss.item()):
+                    raise FloatingPointError(f"DINO loss is {loss.item()} at epoch {epoch} step {i}; stopping")
+
+                optimizer.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                if t["clip_grad"]:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(student.parameters(), t["clip_grad"])
+                student.head.cancel_last_layer_gradients(epoch)  # frozen prototypes early on
+                scaler.step(optimizer)
+                scaler.update()
+
+                momentum = cosine_schedule(step, total_steps, t["momentum_teacher"], 1.0)
+                update_momentum(student, teacher, m=momentum)
+                loss_sum += loss.detach()
+                loss_count += 1
+
+            record = {"epoch": epoch, "loss": (loss_sum / max(loss_count, 1)).item(),
+                      "lr": optimizer.param_groups[0]["lr"], "weight_decay": wd, "momentum": momentum,
+                      "teacher_temp": teacher_temp}
+            last = epoch == t["epochs"] - 1
+            every = recipe["eval"]["every"]
+            if dist.is_main and (last or (every and (epoch + 1) % every == 0)):
+                record.update(_evaluate(teacher, recipe, dist))
+            log.log_epoch(record)
+            if dist.is_main and (last or (epoch + 1) % max(1, t["save_every"]) == 0):
+                atomic_torch_save({
+                    "model": teacher.backbone.state_dict(), "teacher_head": teacher.head.state_dict(),
+                    "student": student.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scaler": scaler.state_dict(), "dino_loss": criterion.state_dict(), "epoch": epoch,
+                    "history": log.history, "results": log.results,
+                }, ckpt_path)
+            barrier()
+
+        if dist.is_main:
+            final = {k: v for k, v in log.history[-1].items() if k.startswith(("knn", "linear", "feature"))}
+            log.results["final"] = final
+            log.save()
+            log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}")
+            save_safetensors(teacher.backbone, out_dir / "backbone.safetensors",
+                             metadata={"model": recipe["model"]["name"], "kwargs": recipe["model"]["kwargs"],
+                                       "source": "DINO teacher"})
+            return {**log.results, "history": log.history}
+        return {}
+    finally:
+        cleanup_distributed()

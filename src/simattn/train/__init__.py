@@ -1,0 +1,14 @@
+"""Training and evaluation: ``simattn train`` (YAML recipes, DDP, AMP, exact resume) and ``simattn validate``.
+
+Python use::
+
+    from simattn.train import load_config, train
+    result = train(load_config("digits_cpu", {"epochs": 2, "output": "runs/try"}))
+    result.summary["final"]["top1"]
+"""
+from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
+from .engine import TrainResult, train
+from .validate import validate
+
+__all__ = ["TrainConfig", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train",
+           "validate"]

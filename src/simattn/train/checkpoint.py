@@ -1,0 +1,106 @@
+"""Training state on disk: a full, resumable ``last.pth`` and plain weights as safetensors.
+
+``last.pth`` must load with ``torch.load(weights_only=True)``, so everything in it is a tensor or a plain Python
+value: RNG states are stored as tensors and lists, not as the tuples/arrays Python and NumPy hand out.
+Files are written atomically (simattn.utils.io), so a crash mid-write leaves the previous checkpoint intact.
+"""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..utils.io import CheckpointError, atomic_torch_save, load_checkpoint, read_safetensors_metadata, save_safetensors
+
+__all__ = ["TRAIN_STATE_FORMAT", "capture_rng_state", "restore_rng_state", "save_train_state", "load_train_state",
+           "export_weights", "weights_metadata", "model_spec_from_weights"]
+
+TRAIN_STATE_FORMAT = "simattn-train-state-v1"
+
+
+def capture_rng_state() -> Dict[str, Any]:
+    """This process's torch (CPU and CUDA), NumPy and Python RNG states as tensors and plain values."""
+    _, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state()
+    py_version, py_internal, py_gauss = random.getstate()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else [],
+        "numpy": {"keys": torch.from_numpy(np_keys.astype(np.int64)), "pos": int(np_pos),
+                  "has_gauss": int(np_has_gauss), "cached_gaussian": float(np_gauss)},
+        "python": {"version": int(py_version), "internal": torch.tensor(py_internal, dtype=torch.int64),
+                   "gauss_next": py_gauss},
+    }
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    npst = state["numpy"]
+    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
+                         npst["cached_gaussian"]))
+    py = state["python"]
+    random.setstate((py["version"], tuple(int(v) for v in py["internal"].tolist()), py["gauss_next"]))
+
+
+def save_train_state(path: str | Path, state: Dict[str, Any]) -> None:
+    """Write a train state (see :func:`load_train_state` for its keys) atomically."""
+    atomic_torch_save({"format": TRAIN_STATE_FORMAT, **state}, path)
+
+
+def load_train_state(path: str | Path, model_name: str) -> Dict[str, Any]:
+    """Read a train state written by :func:`save_train_state` for ``model_name``.
+
+    Raises :class:`CheckpointError` (one line) for unreadable files, files that are not simattn train states (e.g.
+    a bare state dict: use it as weights instead), and states of another model.
+    """
+    state = load_checkpoint(path)
+    if state.get("format") != TRAIN_STATE_FORMAT:
+        raise CheckpointError(f"{path} is not a simattn training checkpoint (no '{TRAIN_STATE_FORMAT}' format tag); "
+                              "it cannot be resumed")
+    if state.get("model_name") != model_name:
+        raise CheckpointError(f"{path} was written for model {state.get('model_name')!r}, but this run builds "
+                              f"{model_name!r}")
+    for key in ("model", "optimizer", "epoch", "step_in_epoch", "global_step"):
+        if key not in state:
+            raise CheckpointError(f"{path} is incomplete: no {key!r} entry")
+    return state
+
+
+def weights_metadata(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any],
+                     **extra: Any) -> Dict[str, Any]:
+    """safetensors metadata: ``model`` (registered name) and ``config`` (``timm.create_model`` kwargs, JSON), so
+    ``timm.create_model(meta['model'], **json.loads(meta['config']))`` rebuilds the model; ``data_config`` is the
+    preprocessing the weights were evaluated with; anything in ``extra`` (metrics, recipe) is JSON-encoded."""
+    return {"model": model_name, "config": dict(model_kwargs), "data_config": dict(data_config), **extra}
+
+
+def export_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, Any]) -> None:
+    """Save ``model``'s weights as safetensors (atomically) with :func:`weights_metadata`."""
+    save_safetensors(model, path, metadata=metadata)
+
+
+def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
+    """``{'model', 'config', 'data_config'}`` stored with weights (safetensors metadata or a train state), or None."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        try:
+            meta = read_safetensors_metadata(path)
+        except Exception as e:
+            raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
+        if "model" not in meta:
+            return None
+        return {"model": meta["model"], "config": json.loads(meta.get("config", "{}")),
+                "data_config": json.loads(meta["data_config"]) if "data_config" in meta else None}
+    state = load_checkpoint(path)
+    if "model_name" not in state:
+        return None
+    return {"model": state["model_name"], "config": dict(state.get("model_kwargs", {})),
+            "data_config": state.get("data_config")}
+

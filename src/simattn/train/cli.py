@@ -1,0 +1,35 @@
+"""``simattn train -c RECIPE [--option value ...]`` (``torchrun --nproc_per_node=N -m simattn train ...`` for DDP)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from ..utils.io import CheckpointError
+from .config import add_config_arguments, list_recipes, load_config, overrides_from_args
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="simattn train",
+        description="Train a model from a YAML recipe; every recipe option can be overridden on the command line. "
+                    "Under torchrun each process trains a shard (DDP); the learning rate follows the global batch.",
+        epilog="shipped recipes: " + ", ".join(list_recipes()))
+    parser.add_argument("-c", "--config", metavar="RECIPE",
+                        help="recipe: a YAML file or a shipped recipe name (default: built-in defaults)")
+    add_config_arguments(parser)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config, overrides_from_args(args))
+        from .engine import train
+        train(cfg)
+    except (ValueError, FileNotFoundError, CheckpointError) as e:
+        print(f"simattn train: error: {e}", file=sys.stderr)
+        return 2
+    return 0

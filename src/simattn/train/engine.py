@@ -1,0 +1,434 @@
+"""The training run: timm's model, optimizer, scheduler, loss, EMA and scaler around a resumable loop.
+
+One process or many (``torchrun``: DDP, each rank a shard of the data, rank 0 writes). Checkpoints hold the full
+state, per-rank RNG states and the position in the epoch, so a run killed at any point and resumed from its last
+checkpoint ends with the same weights and metrics as one that was never interrupted.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as torch_dist
+import yaml
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, NativeScaler, dispatch_clip_grad, random_seed
+from torch import nn
+
+from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
+from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, load_weights
+from ..utils.timing import set_threads
+from .checkpoint import (capture_rng_state, export_weights, load_train_state, restore_rng_state, save_train_state,
+                         weights_metadata)
+from .config import TrainConfig, scaled_lr
+from .logs import RunLog, format_table
+from .loader import build_eval_loader, build_mixup, build_train_loader, build_transform, data_config_for
+from .loop import autocast, evaluate, progress, use_tqdm
+
+__all__ = ["train", "TrainResult", "create_model_checked", "open_datasets"]
+
+
+@dataclass
+class TrainResult:
+    """What :func:`train` returns: the summary written to ``summary.json`` and the trained modules."""
+    summary: Dict[str, Any]
+    model: nn.Module
+    ema: Optional[nn.Module]
+    output: Path
+
+
+def create_model_checked(name: str, **kwargs: Any) -> nn.Module:
+    """``timm.create_model`` with a one-line error for an unknown name (after ``import simattn`` registered ours)."""
+    import timm
+    import simattn  # noqa: F401  (registers the simattn models with timm)
+    if not timm.is_model(name):
+        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(simattn.list_models())}")
+    return timm.create_model(name, **kwargs)
+
+
+def open_datasets(cfg: TrainConfig):
+    """The train and val datasets (transforms set later) and their class count, with one-line errors."""
+    from ..data.factory import create_dataset, dataset_classes
+    train_set = create_dataset(cfg.dataset, cfg.data_dir, cfg.train_split)
+    val_set = create_dataset(cfg.dataset, cfg.data_dir, cfg.val_split)
+    classes, val_classes = dataset_classes(train_set), dataset_classes(val_set)
+    if classes != val_classes:
+        raise ValueError(f"the {cfg.train_split!r} and {cfg.val_split!r} splits of {cfg.dataset} have different "
+                         f"classes ({len(classes)} vs {len(val_classes)})")
+    if cfg.num_classes is not None and cfg.num_classes != len(classes):
+        raise ValueError(f"num_classes={cfg.num_classes} does not match dataset {cfg.dataset!r}, which has "
+                         f"{len(classes)} classes")
+    return train_set, val_set, len(classes)
+
+
+class _Trainer:
+    def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:
+        self.cfg, self.dist, self.device = cfg, dist, dist.device
+        self.out = Path(cfg.output)
+        set_threads(cfg.threads)
+        self.show_bars = use_tqdm(dist.is_main)
+
+        train_set, val_set, self.num_classes = open_datasets(cfg)
+        # identical initial weights on every rank; the per-rank seed for training randomness comes after
+        torch.manual_seed(cfg.seed)
+        self.model_kwargs = {**cfg.model_kwargs, "num_classes": self.num_classes}
+        if cfg.drop_path:
+            self.model_kwargs.setdefault("drop_path_rate", cfg.drop_path)
+        if cfg.drop:
+            self.model_kwargs.setdefault("drop_rate", cfg.drop)
+        self.model = create_model_checked(cfg.model, **self.model_kwargs)
+        random_seed(cfg.seed, dist.rank)
+
+        self.data_config = data_config_for(self.model, cfg)
+        train_set.transform = build_transform(self.data_config, cfg, is_training=True)
+        val_set.transform = build_transform(self.data_config)
+        self.train_loader, self.sampler = build_train_loader(train_set, cfg, dist)
+        self.val_loader = build_eval_loader(val_set, cfg.batch_size, cfg.workers, dist, cfg.pin_memory)
+        self.updates_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
+        if cfg.steps_per_epoch:
+            self.updates_per_epoch = min(self.updates_per_epoch, cfg.steps_per_epoch)
+        if self.updates_per_epoch < 1:
+            raise ValueError(f"an epoch has {len(self.train_loader)} batches, fewer than grad_accum_steps="
+                             f"{cfg.grad_accum_steps}: lower batch_size or grad_accum_steps")
+
+        self.model.to(self.device)
+        if cfg.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        if cfg.grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
+        if cfg.sync_bn and dist.distributed:
+            if self.device.type != "cuda":
+                raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
+            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        self.ema = None
+        if cfg.model_ema:
+            self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
+
+        opt_kwargs = {}
+        if cfg.opt_eps is not None:
+            opt_kwargs["eps"] = cfg.opt_eps
+        if cfg.opt_betas is not None:
+            opt_kwargs["betas"] = tuple(cfg.opt_betas)
+        self.lr = scaled_lr(cfg, dist.world_size)
+        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=self.lr, weight_decay=cfg.weight_decay,
+                                             momentum=cfg.momentum, **opt_kwargs)
+        self.scheduler, self.num_epochs = create_scheduler_v2(
+            self.optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs,
+            step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=self.updates_per_epoch)
+        self.scaler = None
+        if cfg.amp and cfg.amp_dtype == "float16":
+            self.scaler = NativeScaler(device=self.device.type)
+
+        self.mixup = build_mixup(cfg, self.num_classes)
+        if self.mixup is not None:
+            self.criterion = SoftTargetCrossEntropy()  # Mixup already smoothed the targets
+        elif cfg.smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+        else:
+            self.criterion = nn.CrossEntropyLoss()
+
+        # run state (a fresh run; _resume overwrites it)
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.loss_sum, self.samples, self.train_skipped = 0.0, 0, 0
+        self.best: Dict[str, Any] = {"top1": -1.0, "epoch": -1}
+        self.last_eval: Optional[Dict[str, Any]] = None
+        self.history: List[Dict[str, Any]] = []
+        keep_records = self._resume() if cfg.resume else None
+        if keep_records is None:
+            self._check_fresh_output()
+
+        # only now (the resume checkpoint was valid) may files in the run folder change
+        self.log = RunLog(self.out, dist.is_main, keep_records)
+        if dist.is_main:
+            atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), self.out / "config.yaml")
+
+        self.forward_model = torch.compile(self.model) if cfg.compile else self.model
+        if dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+            self.forward_model = DistributedDataParallel(
+                self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    # ----- checkpoints
+    def _check_fresh_output(self) -> None:
+        if (self.out / "last.pth").exists() and not self.cfg.overwrite:
+            raise ValueError(f"{self.out} already holds a run (last.pth): pass --resume to continue it, "
+                             "--overwrite to replace it, or another --output")
+
+    def _resume(self) -> Optional[int]:
+        path = self.out / "last.pth" if self.cfg.resume == "auto" else Path(self.cfg.resume)
+        state = load_train_state(path, self.cfg.model)
+        load_weights(self.model, path)
+        if self.ema is not None:
+            if "model_ema" not in state:
+                raise CheckpointError(f"{path} has no EMA weights but this run keeps an EMA (model_ema)")
+            load_weights(self.ema.module, path, use_ema=True)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state.get("scheduler"):
+                self.scheduler.load_state_dict(state["scheduler"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: optimizer/scheduler state does not fit this run: {e}") from None
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        self.global_step = int(state["global_step"])
+        self.best = dict(state.get("best", self.best))
+        self.last_eval = state.get("last_eval")
+        self.history = list(state.get("history", []))
+        self.train_skipped = int(state.get("train_skipped", 0))
+        ranks = state.get("ranks", [])
+        saved_world = int(state.get("world_size", 1))
+        saved_batch = (state.get("config") or {}).get("batch_size")
+        if saved_world != self.dist.world_size or saved_batch != self.cfg.batch_size:
+            if self.dist.is_main:
+                print(f"warning: {path} was written with {saved_world} process(es) × batch {saved_batch}; this run "
+                      f"uses {self.dist.world_size} × {self.cfg.batch_size}: the data order cannot continue exactly",
+                      flush=True)
+        if self.dist.rank < len(ranks):
+            mine = ranks[self.dist.rank]
+            restore_rng_state(mine["rng"])
+            self.loss_sum, self.samples = float(mine["loss_sum"]), int(mine["samples"])
+        if self.scheduler is not None:
+            self.scheduler.step(self.epoch)
+            self.scheduler.step_update(self.global_step)
+        if self.dist.is_main:
+            print(f"resumed from {path}: epoch {self.epoch + 1}, update {self.step_in_epoch}/{self.updates_per_epoch}"
+                  f" (global update {self.global_step})", flush=True)
+        return int(state.get("metrics_records", 0))
+
+    def _save_state(self) -> None:
+        """Write last.pth (rank 0) from every rank's RNG state and partial-epoch sums (a collective call)."""
+        mine = {"rng": capture_rng_state(), "loss_sum": float(self.loss_sum), "samples": int(self.samples)}
+        if self.dist.distributed:
+            ranks: List[Any] = [None] * self.dist.world_size
+            torch_dist.all_gather_object(ranks, mine)
+        else:
+            ranks = [mine]
+        if not self.dist.is_main:
+            return
+        state = {
+            "model_name": self.cfg.model, "model_kwargs": self.model_kwargs, "config": self.cfg.to_dict(),
+            "data_config": self.data_config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "updates_per_epoch": self.updates_per_epoch, "world_size": self.dist.world_size, "ranks": ranks,
+            "best": self.best, "last_eval": self.last_eval, "history": self.history,
+            "train_skipped": self.train_skipped, "metrics_records": self.log.records,
+        }
+        if self.ema is not None:
+            state["model_ema"] = self.ema.module.state_dict()
+        save_train_state(self.out / "last.pth", state)
+
+    def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
+        meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, recipe=self.cfg.recipe or "",
+                                **extra)
+        export_weights(module, self.out / name, meta)
+
+    # ----- training
+    def _train_epoch(self) -> None:
+        cfg, accum = self.cfg, self.cfg.grad_accum_steps
+        self.forward_model.train()
+        first_batch = self.step_in_epoch * accum
+        self.sampler.set_epoch(self.epoch, start=first_batch * cfg.batch_size)
+        n_batches = self.updates_per_epoch * accum
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # running loss sum kept on the device between log lines/checkpoints (no host sync per step)
+        self._pending_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._pending_samples = 0
+        self._t0, self._epoch_seen = time.perf_counter(), 0
+        batches = progress(self.train_loader, n_batches - first_batch, f"epoch {self.epoch + 1}", self.show_bars)
+        for i, (images, target, skipped) in enumerate(batches, start=first_batch):
+            if i >= n_batches:
+                break
+            self.train_skipped += skipped
+            if self.mixup is not None and len(target) % 2:  # Mixup pairs samples: drop one after a skipped image
+                images, target = images[:-1], target[:-1]
+            update = (i + 1) % accum == 0
+            if len(target):
+                self._forward_backward(images, target, params, update)
+            elif self.dist.distributed:  # this rank has nothing to all-reduce: the others would wait forever
+                raise ValueError("every image of a training batch was unreadable; clean the dataset folder")
+            # (single process: an all-unreadable batch contributes nothing; its update step still counts)
+            if update:
+                self._after_update()
+        self._flush_pending()
+
+    def _forward_backward(self, images: torch.Tensor, target: torch.Tensor, params, update: bool) -> None:
+        cfg = self.cfg
+        images = images.to(self.device, non_blocking=True)
+        target = target.to(self.device, non_blocking=True)
+        if cfg.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        n = len(target)
+        if self.mixup is not None:
+            images, target = self.mixup(images, target)
+        # DDP: all-reduce gradients only on the micro-batch that completes an update
+        no_sync = self.dist.distributed and not update
+        with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
+            with autocast(self.device, cfg.amp, cfg.amp_dtype):
+                loss = self.criterion(self.forward_model(images), target)
+            scaled = loss / cfg.grad_accum_steps
+            if self.scaler is not None:  # timm NativeScaler: scaled backward, unscale + clip + step on updates
+                self.scaler(scaled, self.optimizer, clip_grad=cfg.clip_grad, clip_mode=cfg.clip_mode,
+                            parameters=params, need_update=update)
+            else:
+                scaled.backward()
+                if update:
+                    if cfg.clip_grad is not None:
+                        dispatch_clip_grad(params, cfg.clip_grad, mode=cfg.clip_mode)
+                    self.optimizer.step()
+        self._pending_loss += loss.detach().double() * n
+        self._pending_samples += n
+        self._epoch_seen += n
+
+    def _after_update(self) -> None:
+        cfg = self.cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_step += 1
+        self.step_in_epoch += 1
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=self.global_step)
+        if self.step_in_epoch % cfg.log_interval == 0 or self.step_in_epoch == self.updates_per_epoch:
+            self._log_step()
+        if (cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0
+                and self.step_in_epoch < self.updates_per_epoch):  # at the epoch end, the epoch checkpoint follows
+            self._flush_pending()
+            self._save_state()
+            self.log.info(f"checkpoint: {self.out / 'last.pth'} (epoch {self.epoch + 1}, update "
+                          f"{self.step_in_epoch}/{self.updates_per_epoch})")
+
+    def _flush_pending(self) -> None:
+        self.loss_sum += float(self._pending_loss)
+        self.samples += self._pending_samples
+        self._pending_loss.zero_()
+        self._pending_samples = 0
+
+    def _log_step(self) -> None:
+        self._flush_pending()
+        loss = self.loss_sum / max(self.samples, 1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.log.record("step", epoch=self.epoch + 1, step=self.step_in_epoch, global_step=self.global_step,
+                        loss=loss, lr=lr)
+        if not self.show_bars:
+            elapsed = max(time.perf_counter() - self._t0, 1e-9)
+            rate = self._epoch_seen * self.dist.world_size / elapsed
+            self.log.info(f"epoch {self.epoch + 1}/{self.num_epochs} update {self.step_in_epoch}/"
+                          f"{self.updates_per_epoch}  loss {loss:.4f}  lr {lr:.3g}  {rate:.0f} img/s")
+
+    def run(self) -> TrainResult:
+        cfg, log = self.cfg, self.log
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info(f"model {cfg.model} ({n_params / 1e6:.2f}M params, {self.num_classes} classes), dataset "
+                 f"{cfg.dataset}, {self.dist.world_size} process(es) × batch {cfg.batch_size} × accum "
+                 f"{cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} epochs × {self.updates_per_epoch} updates,"
+                 f" device {self.device}, output {self.out}")
+        start = time.perf_counter()
+        while self.epoch < self.num_epochs:
+            epoch_start = time.perf_counter()
+            self._train_epoch()
+            totals = all_reduce_mean(torch.tensor([self.loss_sum, self.samples], dtype=torch.float64,
+                                                  device=self.device))
+            train_loss = float(totals[0] / max(float(totals[1]), 1.0))
+            record: Dict[str, Any] = {"epoch": self.epoch + 1, "global_step": self.global_step,
+                                      "train_loss": train_loss, "lr": self.optimizer.param_groups[0]["lr"]}
+            last = self.epoch + 1 == self.num_epochs
+            if last or (self.epoch + 1) % cfg.eval_every_epochs == 0:
+                metrics = evaluate(self.model, self.val_loader, self.device, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
+                                   channels_last=cfg.channels_last, show_progress=self.show_bars)
+                record.update({f"val_{k}": v for k, v in metrics.items()})
+                if self.ema is not None:
+                    ema_metrics = evaluate(self.ema.module, self.val_loader, self.device, amp=cfg.amp,
+                                           amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
+                    record.update({f"ema_val_{k}": v for k, v in ema_metrics.items() if k in ("top1", "top5", "loss")})
+                self.last_eval = {k: v for k, v in record.items()}
+                if metrics["top1"] > self.best["top1"] and self.dist.is_main:
+                    self.best = {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
+                                 "epoch": self.epoch + 1}
+                    self._export(self.model, "best.safetensors", epoch=self.epoch + 1, metrics=metrics)
+            record["epoch_time_s"] = time.perf_counter() - epoch_start
+            record["train_skipped"] = self.train_skipped
+            self.history.append({k: record[k] for k in ("epoch", "train_loss") if k in record}
+                                | {k: record[k] for k in ("val_top1", "val_loss") if k in record})
+            log.record("epoch", **record)
+            log.info("epoch {epoch}/{n}: train loss {train_loss:.4f}".format(n=self.num_epochs, **record)
+                     + (f", val top-1 {record['val_top1']:.2f}% top-5 {record['val_top5']:.2f}% loss "
+                        f"{record['val_loss']:.4f}" if "val_top1" in record else "")
+                     + (f", EMA top-1 {record['ema_val_top1']:.2f}%" if "ema_val_top1" in record else "")
+                     + f" ({record['epoch_time_s']:.1f}s)")
+            if self.scheduler is not None:
+                self.scheduler.step(self.epoch + 1, record.get("val_top1"))
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self.loss_sum, self.samples = 0.0, 0
+            self._save_state()
+        train_time = time.perf_counter() - start
+        return self._finish(train_time)
+
+    def _finish(self, train_time: float) -> TrainResult:
+        final = self.last_eval or {}
+        summary = {
+            "model": self.cfg.model, "model_kwargs": self.model_kwargs, "recipe": self.cfg.recipe,
+            "params": sum(p.numel() for p in self.model.parameters()), "epochs": self.num_epochs,
+            "updates": self.global_step, "world_size": self.dist.world_size, "lr": self.lr,
+            "final": {k[4:]: final[k] for k in ("val_top1", "val_top5", "val_loss") if k in final},
+            "final_train_loss": final.get("train_loss"),
+            "ema": {k[8:]: final[k] for k in ("ema_val_top1", "ema_val_top5", "ema_val_loss") if k in final} or None,
+            "best": self.best, "history": self.history,
+            "skipped_unreadable": {"train": self.train_skipped, "val": final.get("val_skipped", 0)},
+            "train_time_s": train_time, "data_config": self.data_config,
+            "files": {name: str(self.out / name) for name in
+                      ["last.pth", "best.safetensors", "final.safetensors", "metrics.jsonl", "config.yaml"]
+                      + (["final_ema.safetensors"] if self.ema is not None else [])},
+        }
+        if self.dist.is_main:
+            self._export(self.model, "final.safetensors", epoch=self.num_epochs, metrics=summary["final"])
+            if self.ema is not None:
+                self._export(self.ema.module, "final_ema.safetensors", epoch=self.num_epochs, metrics=summary["ema"])
+            atomic_write_json(summary, self.out / "summary.json")
+            self.log.info(summary_table(summary))
+        barrier()
+        return TrainResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out)
+
+
+def summary_table(summary: Dict[str, Any]) -> str:
+    """The end-of-run table: final and best accuracy, loss, time, skipped images, output files."""
+    final, best = summary["final"], summary["best"]
+    rows = [
+        ["model", f"{summary['model']} ({summary['params'] / 1e6:.2f}M params)"],
+        ["epochs / updates", f"{summary['epochs']} / {summary['updates']}"],
+        ["final val top-1 / top-5", f"{final.get('top1', float('nan')):.2f}% / {final.get('top5', float('nan')):.2f}%"],
+        ["final val loss", f"{final.get('loss', float('nan')):.4f}"],
+        ["best val top-1", f"{best.get('top1', float('nan')):.2f}% (epoch {best.get('epoch')})"],
+    ]
+    if summary.get("ema"):
+        rows.append(["EMA val top-1", f"{summary['ema'].get('top1', float('nan')):.2f}%"])
+    skipped = summary["skipped_unreadable"]
+    rows += [
+        ["unreadable images skipped", f"train {skipped['train']}, val {skipped['val']}"],
+        ["train time", f"{summary['train_time_s']:.1f}s"],
+        ["weights", f"{summary['files']['final.safetensors']} (best: {summary['files']['best.safetensors']})"],
+    ]
+    return format_table(["summary", ""], rows)
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Train ``cfg`` (single process, or DDP under torchrun) and return the summary and trained model."""
+    cfg.validate()
+    created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
+    dist = init_distributed(cfg.device)
+    try:
+        return _Trainer(cfg, dist).run()
+    finally:
+        if created_group:
+            cleanup_distributed()

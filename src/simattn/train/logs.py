@@ -1,0 +1,52 @@
+"""What a run tells people: progress lines (rank 0 only), ``metrics.jsonl`` records, and plain-text tables."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+from ..utils.io import atomic_write_text
+
+__all__ = ["RunLog", "format_table"]
+
+
+class RunLog:
+    """Prints (main process only) and appends JSON records to ``<output>/metrics.jsonl``.
+
+    ``keep_records``: when resuming, the file is cut back to the records the checkpoint had seen, so records of
+    steps that are about to be redone are not duplicated.
+    """
+
+    def __init__(self, output: Path, enabled: bool, keep_records: Optional[int] = None) -> None:
+        self.enabled = enabled
+        self.path = Path(output) / "metrics.jsonl"
+        self.records = 0
+        if not enabled:
+            return
+        kept: List[str] = []
+        if keep_records and self.path.is_file():
+            kept = self.path.read_text().splitlines()[:keep_records]
+        atomic_write_text("".join(line + "\n" for line in kept), self.path)
+        self.records = len(kept)
+
+    def info(self, message: str) -> None:
+        if self.enabled:
+            print(message, flush=True)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Append one ``{"type": kind, ...}`` JSON line (with a wall-clock ``time``)."""
+        if not self.enabled:
+            return
+        with self.path.open("a") as f:
+            f.write(json.dumps({"type": kind, **fields, "time": round(time.time(), 3)}) + "\n")
+        self.records += 1
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A left-aligned plain-text table (numbers as given: format them before)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

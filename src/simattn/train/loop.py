@@ -1,0 +1,74 @@
+"""Pieces shared by training and validation: autocast, progress display, and the evaluation pass."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Dict, Iterable, Optional
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from ..utils.distributed import all_reduce_mean
+
+__all__ = ["autocast", "progress", "evaluate", "use_tqdm"]
+
+
+def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
+    """``torch.autocast`` for ``device`` in ``dtype`` ('float16' | 'bfloat16'), or a no-op when not ``enabled``."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def use_tqdm(enabled: bool = True) -> bool:
+    """tqdm bars only when asked and stderr is a terminal; logs and pipes get plain lines instead."""
+    return enabled and sys.stderr.isatty()
+
+
+def progress(iterable: Iterable, total: Optional[int], desc: str, enabled: bool) -> Iterable:
+    """``iterable`` wrapped in a tqdm bar when :func:`use_tqdm` says so."""
+    if not use_tqdm(enabled):
+        return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True)
+
+
+def _topk_correct(logits: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
+    top = logits.topk(min(k, logits.shape[-1]), dim=-1).indices
+    return (top == target[:, None]).any(dim=-1).sum()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, amp: bool = False,
+             amp_dtype: str = "float16", channels_last: bool = False, show_progress: bool = False,
+             desc: str = "eval") -> Dict[str, float]:
+    """Top-1/top-5 accuracy (%) and mean cross-entropy over every readable image of ``loader`` (summed exactly over
+    ranks when distributed), plus ``samples`` and ``skipped`` (unreadable images) counts."""
+    was_training = model.training
+    model.eval()
+    # sums: correct@1, correct@5, loss, samples, skipped (float64 so large counts stay exact)
+    sums = torch.zeros(5, dtype=torch.float64, device=device)
+    for images, target, skipped in progress(loader, len(loader), desc, show_progress):
+        sums[4] += skipped
+        if len(target) == 0:
+            continue
+        images = images.to(device, non_blocking=True)
+        target = target.to(device, non_blocking=True)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with autocast(device, amp, amp_dtype):
+            logits = model(images)
+        logits = logits.float()
+        sums[0] += _topk_correct(logits, target, 1)
+        sums[1] += _topk_correct(logits, target, 5)
+        sums[2] += nn.functional.cross_entropy(logits, target, reduction="sum").double()
+        sums[3] += len(target)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        sums = all_reduce_mean(sums) * torch.distributed.get_world_size()
+    model.train(was_training)
+    correct1, correct5, loss, n, skipped = sums.tolist()
+    if n == 0:
+        raise ValueError("evaluation saw no readable images")
+    return {"top1": 100.0 * correct1 / n, "top5": 100.0 * correct5 / n, "loss": loss / n, "samples": int(n),
+            "skipped": int(skipped)}

@@ -1,0 +1,89 @@
+"""Images to look at: any image file, or the real photos that scikit-image and scikit-learn ship (no download).
+
+Sources are strings: a file path, ``skimage:NAME`` (e.g. ``skimage:astronaut``) or ``sklearn:NAME``
+(``sklearn:china.jpg`` / ``sklearn:flower.jpg``, the ``.jpg`` may be left out).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Tuple
+
+import numpy as np
+import torch
+
+__all__ = ["SKIMAGE_PHOTOS", "SKLEARN_PHOTOS", "load_image", "image_tensor", "image_label"]
+
+#: skimage.data images whose files ship inside the scikit-image package (others would need a download).
+SKIMAGE_PHOTOS = (
+    "astronaut", "brick", "camera", "cat", "cell", "checkerboard", "chelsea", "clock", "coffee", "coins",
+    "colorwheel", "grass", "gravel", "horse", "hubble_deep_field", "immunohistochemistry", "logo",
+    "microaneurysms", "moon", "page", "retina", "rocket", "text",
+)
+SKLEARN_PHOTOS = ("china.jpg", "flower.jpg")
+
+
+def _from_array(arr: np.ndarray):
+    from PIL import Image
+    if arr.dtype == bool:
+        arr = arr.astype(np.uint8) * 255
+    if arr.dtype != np.uint8:
+        arr = np.clip(arr, 0, 255).astype(np.uint8)
+    return Image.fromarray(arr).convert("RGB")
+
+
+def load_image(source: str):
+    """Load ``source`` (path, ``skimage:NAME`` or ``sklearn:NAME``) as an RGB PIL image.
+
+    Raises FileNotFoundError for a missing file and ValueError for a file that is not a readable image or an
+    unknown bundled photo name.
+    """
+    source = str(source)
+    kind, sep, name = source.partition(":")
+    if sep and kind == "skimage":
+        if name not in SKIMAGE_PHOTOS:
+            raise ValueError(f"unknown scikit-image photo {name!r}; bundled: {', '.join(SKIMAGE_PHOTOS)}")
+        import skimage.data
+        return _from_array(getattr(skimage.data, name)())
+    if sep and kind == "sklearn":
+        name = name if name.endswith(".jpg") else name + ".jpg"
+        if name not in SKLEARN_PHOTOS:
+            raise ValueError(f"unknown scikit-learn photo {name!r}; bundled: {', '.join(SKLEARN_PHOTOS)}")
+        from sklearn.datasets import load_sample_image
+        return _from_array(load_sample_image(name))
+    from PIL import Image, UnidentifiedImageError
+    path = Path(source)
+    if not path.is_file():
+        raise FileNotFoundError(f"image not found: {path}")
+    try:
+        with Image.open(path) as img:
+            img.load()  # decode now: a truncated file fails here, not later
+            return img.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
+        raise ValueError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
+
+
+def image_label(source: str) -> str:
+    """A short file-name-safe label for a source (``astronaut``, ``china``, the file stem)."""
+    kind, sep, name = str(source).partition(":")
+    if sep and kind in ("skimage", "sklearn"):
+        return Path(name).stem
+    return Path(source).stem
+
+
+def image_tensor(img, data_config: Mapping[str, Any]) -> Tuple[torch.Tensor, np.ndarray]:
+    """Resize and crop ``img`` as the model's eval transform does (timm's ``create_transform``).
+
+    Returns the normalized model input (1, 3, H, W) and the same crop as an (H, W, 3) float array in [0, 1], for
+    display under the heatmaps.
+    """
+    from timm.data import create_transform
+
+    from ..export.loading import normalize_images
+
+    keys = ("input_size", "interpolation", "crop_pct", "crop_mode")
+    # Unit mean/std: the transform only resizes and crops; normalization is applied separately so the raw crop
+    # stays available for display.
+    transform = create_transform(**{k: data_config[k] for k in keys if k in data_config}, mean=(0., 0., 0.),
+                                 std=(1., 1., 1.), is_training=False)
+    raw = transform(img).unsqueeze(0)
+    return normalize_images(raw, data_config), raw[0].permute(1, 2, 0).clamp(0, 1).numpy()
