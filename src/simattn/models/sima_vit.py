@@ -1,6 +1,6 @@
 """DeiT/ViT backbones with softmax-free attention: SimA DeiT (paper Table 1) and the ReLU-attention ViTs.
 
-Built on timm's ``VisionTransformer`` with ``attn_layer``; every model takes ``attn_type=`` (any registered attention
+Built on timm's ``VisionTransformer`` (with a clear error for bad input sizes) and ``attn_layer``; every model takes ``attn_type=`` (any registered attention
 kind) and ``attn_kwargs=`` (that kind's options), so ``attn_type='softmax'`` is DeiT itself. ``num_heads=1`` gives
 the single-head variant and ``act_layer='relu'`` the variant with no exp at inference. Any input size divisible by
 the patch size works: the learned position embedding is resampled on the fly (``dynamic_img_size``).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.vision_transformer import VisionTransformer
@@ -16,7 +17,29 @@ from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_fil
 
 from ..attention import attention_class
 
-__all__ = ["checkpoint_filter_fn"]
+__all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
+
+
+class SoftmaxFreeViT(VisionTransformer):
+    """timm's ``VisionTransformer`` with a clear ValueError for inputs the patching cannot take.
+
+    Everything else (blocks, heads, intermediates, features) is timm's; the attention comes from ``attn_layer``.
+    """
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 4:
+            raise ValueError(f"{type(self).__name__}: expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
+        ph, pw = self.patch_embed.patch_size
+        if x.shape[-2] % ph or x.shape[-1] % pw:
+            raise ValueError(f"input size {tuple(x.shape[-2:])} is not divisible by patch size {(ph, pw)}")
+
+    def forward_features(self, x, *args, **kwargs):
+        self._check_input(x)
+        return super().forward_features(x, *args, **kwargs)
+
+    def forward_intermediates(self, x, *args, **kwargs):
+        self._check_input(x)
+        return super().forward_intermediates(x, *args, **kwargs)
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -> Dict[str, Any]:
@@ -36,7 +59,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     kwargs.setdefault("dynamic_img_size", True)
     out_indices = kwargs.pop("out_indices", 3)
     model = build_model_with_cfg(
-        VisionTransformer, variant, pretrained,
+        SoftmaxFreeViT, variant, pretrained,
         attn_layer=attention_class(attn_type, **(attn_kwargs or {})),
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
