@@ -24,6 +24,8 @@ class TokenAttention(nn.Module):
     attn_name: str = "base"
     #: Whether ``attend`` can take a (B, N) token mask.
     supports_mask: bool = True
+    #: Whether ``attend`` takes keys/values of another length than the queries (e.g. CvT's strided keys).
+    supports_cross_length: bool = True
     #: Whether ``is_causal=True`` is honoured (timm's blocks pass the flag).
     supports_causal: bool = False
     #: Whether q and k come out of the projection (False for SOFT, whose q = k).

@@ -160,6 +160,7 @@ class SoftAttention(TokenAttention):
     """
 
     supports_mask = False
+    supports_cross_length = False
     separate_qk = False
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",

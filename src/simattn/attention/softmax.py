@@ -69,8 +69,8 @@ class SoftmaxAttention(TokenAttention):
 
     def attend(self, q, k, v, mask, is_causal=False):
         if self.fused and not self.attn_weights.has_hooks:
-            return softmax_attention(q, k, v, mask=mask, dropout_p=self.attn_drop.p if self.training else 0.,
-                                     is_causal=is_causal)
+            return softmax_attention(q, k, v, mask=mask, scale=self.scale,
+                                     dropout_p=self.attn_drop.p if self.training else 0., is_causal=is_causal)
         if is_causal:
             causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
             mask = causal if mask is None else _sdpa_mask(mask, q, k) & causal

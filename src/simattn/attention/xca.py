@@ -67,6 +67,8 @@ class XCAttention(TokenAttention):
     (``qkv``, ``temperature``, ``proj``).
     """
 
+    supports_cross_length = False
+
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-12, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
@@ -74,6 +76,7 @@ class XCAttention(TokenAttention):
         self.attn_weights = HookPoint()
 
     def attend(self, q, k, v, mask):
+        check_qkv(q, k, v, "xca", same_length=True)
         mask, _ = resolve_masks(q, k, mask, None, "xca")
         weights = self.attn_weights(xca_weights(q, k, self.temperature, mask, self.eps))
         return _apply_weights(v, weights, mask)

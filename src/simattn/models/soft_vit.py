@@ -3,9 +3,9 @@ approximation in stages 1-3 and ordinary softmax attention with a CLS token in s
 
 Architecture (paper): head dim 32, MLP ratio 4, m = 49 landmarks (bottleneck tokens) per SOFT layer, i.e. pooling
 ratios 8/4/2 in stages 1-3 at 224 px (ratio 1 = full attention in stage 4); the stem is three 3×3 conv-BN-ReLU
-units with strides 2, 1, 2 (64 channels out, 32 inside, as in the released code) and every later stage opens
-with one 3×3 stride-2 conv-BN-ReLU. Each stage adds a learned position embedding (CLS slot included in stage 4),
-resampled to the input's grid. Blocks are pre-norm (LayerNorm eps 1e-6).
+units with strides 2, 1, 2 (64 channels out, 32 inside, as in the released code; convs without bias since BN
+follows) and every later stage opens with one 3×3 stride-2 conv-BN-ReLU. Each stage adds a learned position
+embedding (CLS slot included in stage 4), resampled to the input's grid. Blocks are pre-norm (LayerNorm eps 1e-6).
 
 ==========  ==============  =========  ===========  ========  ================================
 model       dims            heads      depths       params    params without the V conv
@@ -19,9 +19,8 @@ soft_huge   64,128,352,512  2,4,11,16  1,5,49,5     86.94M    86.75M   (paper: 8
 
 Choices where the paper and the released code differ, and why:
 
-- Depths follow the paper's Table 2; the released code's ``soft_small`` has 20 blocks in stage 3 (not 7) and
-  MLP ratio 8 in stages 1-2 (the paper says 4 everywhere). Both would still land near the published sizes for
-  Tiny, but only the paper's Small gives 24M (20 blocks in stage 3 give 38.7M).
+- Depths follow the paper's Table 2. The released code's ``soft_small`` has 20 blocks in stage 3, not 7, which
+  gives 38.7M parameters instead of the published 24M.
 - The released code adds a depthwise k×k conv on V (k = 9/5/3 in stages 1-3) to the attention output. It costs
   under 0.2% of the parameters (table above), so both choices are within 5% of the published sizes; it is on by
   default (``v_conv_kernels=(9, 5, 3)``, as in the code that produced the published accuracies) and
@@ -41,18 +40,18 @@ every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'so
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Optional, Sequence, Tuple, Type, Union
 
 import torch
 from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import ConvNormAct, resample_abs_pos_embed
+from timm.layers import ConvNormAct, get_act_layer, resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..attention import SoftAttention, attention_class, get_attention_class
 from ..utils.io import extract_state_dict
-from .sima_cvt import GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
+from ._pyramid import GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
 
 __all__ = ["ConvStemEmbed", "SoftViT", "checkpoint_filter_fn"]
 
@@ -75,9 +74,10 @@ class ConvStemEmbed(nn.Module):
 
 def landmark_ratios(grids: Sequence[Tuple[int, int]], num_landmarks: int) -> Tuple[int, ...]:
     """Pooling ratio per grid so that a √m × √m landmark grid covers it (ratio = ⌈side / √m⌉)."""
-    side = math.isqrt(num_landmarks)
+    side = math.isqrt(max(num_landmarks, 0))
     if num_landmarks < 1 or side * side != num_landmarks:
-        raise ValueError(f"SoftViT: num_landmarks must be a perfect square (landmarks form a grid), got {num_landmarks}")
+        raise ValueError(f"SoftViT: num_landmarks must be a perfect square (the landmarks form a grid), "
+                         f"got {num_landmarks}")
     return tuple(max(1, math.ceil(max(grid) / side)) for grid in grids)
 
 
@@ -94,6 +94,7 @@ class SoftViT(PyramidTransformer):
         stem_chans: channels inside the stem.
         attn_type, attn_kwargs: attention of stages 1-3 and its options (SOFT's ratio / V conv are filled in).
         last_attn_type, last_attn_kwargs: attention of stage 4.
+        act_layer: MLP activation (name or class).
     """
 
     def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, in_chans: int = 3, num_classes: int = 1000,
@@ -103,8 +104,8 @@ class SoftViT(PyramidTransformer):
                  v_conv_kernels: Sequence[int] = (9, 5, 3), stem_chans: int = 32, qkv_bias: bool = True,
                  attn_type: str = "soft", attn_kwargs: Optional[Dict[str, Any]] = None,
                  last_attn_type: str = "softmax", last_attn_kwargs: Optional[Dict[str, Any]] = None,
-                 drop_rate: float = 0., pos_drop_rate: float = 0., proj_drop_rate: float = 0.,
-                 attn_drop_rate: float = 0., drop_path_rate: float = 0.) -> None:
+                 act_layer: Union[str, Type[nn.Module]] = "gelu", drop_rate: float = 0., pos_drop_rate: float = 0.,
+                 proj_drop_rate: float = 0., attn_drop_rate: float = 0., drop_path_rate: float = 0.) -> None:
         num_stages = len(embed_dims)
         if num_stages < 2 or len(depths) != num_stages or len(num_heads) != num_stages:
             raise ValueError(f"SoftViT: embed_dims, depths and num_heads need one entry per stage (at least 2), got "
@@ -115,13 +116,11 @@ class SoftViT(PyramidTransformer):
                              f"{None if sr_ratios is None else len(sr_ratios)}")
         img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         reductions = [math.prod(STEM_STRIDES) * 2 ** i for i in range(num_stages)]
-        if img_size[0] % reductions[-1] or img_size[1] % reductions[-1] or min(img_size) <= 0:
-            raise ValueError(f"SoftViT: img_size {img_size[0]}x{img_size[1]} must be positive multiples of "
-                             f"{reductions[-1]} (the total stride)")
+        check_size_fits("SoftViT", *img_size, reductions[-1])  # the position embeddings are laid out for it
         grids = [(img_size[0] // r, img_size[1] // r) for r in reductions]
         sr_ratios = tuple(sr_ratios) if sr_ratios is not None else landmark_ratios(grids[:-1], num_landmarks)
         is_soft = issubclass(get_attention_class(attn_type), SoftAttention)
-        norm_layer = _layer_norm
+        norm_layer, act_layer = _layer_norm, get_act_layer(act_layer)
 
         stages, in_dim = [], in_chans
         for i, (dim, rates) in enumerate(zip(embed_dims, drop_path_rates(depths, drop_path_rate))):
@@ -135,7 +134,7 @@ class SoftViT(PyramidTransformer):
                 attn_layer = attention_class(attn_type, **{**stage_options, **(attn_kwargs or {})})
             blocks = [GridBlock(dim, num_heads[i], attn_layer, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=rate,
-                                norm_layer=norm_layer) for rate in rates]
+                                act_layer=act_layer, norm_layer=norm_layer) for rate in rates]
             embed = ConvStemEmbed(in_dim, dim, STEM_STRIDES if i == 0 else (2,), mid_chans=stem_chans)
             stages.append(PyramidStage(embed, blocks, dim, class_token=last, pos_embed_grid=grids[i],
                                        pos_drop=pos_drop_rate))
@@ -181,7 +180,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
         "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
         "interpolation": "bicubic", "fixed_input_size": False, "mean": IMAGENET_DEFAULT_MEAN,
         "std": IMAGENET_DEFAULT_STD, "first_conv": "stages.0.patch_embed.proj.0.conv", "classifier": "head",
-        "license": "mit", **kwargs,
+        "license": "apache-2.0", **kwargs,
     }
 
 

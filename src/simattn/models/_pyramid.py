@@ -1,0 +1,272 @@
+"""The pyramid skeleton shared by the CvT and SOFT families: stages of (token embedding → optional CLS / position
+embedding → blocks of attention + MLP on a token grid), with timm's model API (features, intermediates, heads)."""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
+
+import torch
+from torch import nn
+
+from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.models._features import feature_take_indices
+from timm.models._manipulate import checkpoint
+
+__all__ = ["Grid", "GridBlock", "PyramidStage", "PyramidTransformer", "tokens_to_nchw", "check_size_fits",
+           "drop_path_rates"]
+
+Grid = Tuple[int, int]
+
+
+
+def tokens_to_nchw(tokens: torch.Tensor, grid: Grid, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """(B, P + H·W, C) tokens → the (B, C, H, W) map of the grid tokens (prefix tokens such as CLS dropped)."""
+    grid_tokens = tokens[:, num_prefix_tokens:]
+    return grid_tokens.transpose(1, 2).reshape(tokens.shape[0], tokens.shape[-1], grid[0], grid[1])
+
+
+def check_size_fits(owner: str, height: int, width: int, divisor: int) -> None:
+    """ValueError naming ``owner`` unless height and width are positive multiples of ``divisor`` (a total stride)."""
+    if height <= 0 or width <= 0 or height % divisor or width % divisor:
+        raise ValueError(f"{owner}: input size {height}x{width} does not fit: height and width must be positive "
+                         f"multiples of {divisor} (the total stride)")
+
+
+def _takes_kwarg(fn: Optional[Callable], name: str) -> bool:
+    """Whether ``fn`` names ``name`` as a parameter (``**kwargs`` does not count)."""
+    return fn is not None and name in inspect.signature(fn).parameters
+
+
+class GridBlock(nn.Module):
+    """Pre-norm transformer block on the tokens of a 2-D grid: ``x + attn(norm1 x)``, ``x + mlp(norm2 x)``.
+
+    Attention modules that need the grid (CvT's convolutional projection, SOFT's landmark pooling) receive
+    ``grid_size=(H, W)``; the others are called as plain token attention.
+    """
+
+    def __init__(self, dim: int, num_heads: int, attn_layer: Type[nn.Module], mlp_ratio: float = 4.,
+                 qkv_bias: bool = True, proj_drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
+                 act_layer: Type[nn.Module] = nn.GELU, norm_layer: Callable[[int], nn.Module] = nn.LayerNorm) -> None:
+        super().__init__()
+        self.norm1 = norm_layer(dim)
+        self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = norm_layer(dim)
+        self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        # Decided once here, not per call: which attentions want the grid.
+        self.attn_takes_grid = _takes_kwarg(self.attn.forward, "grid_size") or \
+            _takes_kwarg(getattr(self.attn, "attend", None), "grid_size")
+
+    def forward(self, x: torch.Tensor, grid_size: Grid) -> torch.Tensor:
+        attn_kwargs = {"grid_size": grid_size} if self.attn_takes_grid else {}
+        x = x + self.drop_path1(self.attn(self.norm1(x), **attn_kwargs))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class PyramidStage(nn.Module):
+    """One stage: ``patch_embed`` (NCHW → tokens, grid), then an optional CLS token and learned position embedding
+    (resampled to the input's grid), then the blocks.
+
+    Args:
+        patch_embed: module mapping a (B, C_in, H, W) map to ((B, N, C) tokens, (H', W')).
+        blocks: :class:`GridBlock` list.
+        class_token: prepend a learned CLS token (it takes part in attention but not in the grid).
+        pos_embed_grid: grid size (H', W') at the model's ``img_size`` for a learned position embedding
+            (CLS slot included); None for no position embedding.
+    """
+
+    def __init__(self, patch_embed: nn.Module, blocks: Sequence[nn.Module], dim: int, *, class_token: bool = False,
+                 pos_embed_grid: Optional[Grid] = None, pos_drop: float = 0.) -> None:
+        super().__init__()
+        self.patch_embed = patch_embed
+        self.num_prefix_tokens = int(class_token)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
+        self.pos_embed_grid = tuple(pos_embed_grid) if pos_embed_grid is not None else None
+        self.pos_embed = nn.Parameter(torch.zeros(
+            1, self.num_prefix_tokens + pos_embed_grid[0] * pos_embed_grid[1], dim)) if pos_embed_grid else None
+        self.pos_drop = nn.Dropout(pos_drop)
+        self.blocks = nn.ModuleList(blocks)
+        self.grad_checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        """(B, C_in, H, W) → ((B, P + H'·W', C) tokens, (H', W'))."""
+        x, grid = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        if self.pos_embed is not None:
+            x = x + resample_abs_pos_embed(self.pos_embed, list(grid), list(self.pos_embed_grid),
+                                           num_prefix_tokens=self.num_prefix_tokens)
+        x = self.pos_drop(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, grid) if self.grad_checkpointing and self.training else block(x, grid)
+        return x, grid
+
+
+class PyramidTransformer(nn.Module):
+    """timm's model API for a stack of :class:`PyramidStage`: the last stage's tokens are normalized
+    (``forward_features``) and pooled (CLS token or grid average) into the classifier (``forward_head``).
+
+    ``forward_intermediates`` / ``features_only=True`` give each stage's grid as a (B, C, H, W) map (CLS dropped).
+    Inputs must have ``in_chans`` channels and sides that are positive multiples of ``size_divisor`` (the total
+    stride), so every stage's map has exactly 1/4, 1/8, … of the input size.
+    """
+
+    def __init__(self, stages: Sequence[PyramidStage], dims: Sequence[int], reductions: Sequence[int], *,
+                 in_chans: int, num_classes: int, global_pool: str, drop_rate: float,
+                 norm_layer: Callable[[int], nn.Module]) -> None:
+        super().__init__()
+        self.in_chans = in_chans
+        self.num_classes = num_classes
+        self.size_divisor = reductions[-1]
+        self.stages = nn.ModuleList(stages)
+        self.num_prefix_tokens = self.stages[-1].num_prefix_tokens
+        self.num_features = self.head_hidden_size = self.embed_dim = dims[-1]
+        self.global_pool = self._check_pool(global_pool)
+        self.norm = norm_layer(dims[-1])
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.feature_info = [dict(num_chs=d, reduction=r, module=f"stages.{i}")
+                             for i, (d, r) in enumerate(zip(dims, reductions))]
+
+    def init_weights(self) -> None:
+        """Truncated-normal (std 0.02) linear weights, zero biases; CLS and position embeddings likewise."""
+        for name, param in self.named_parameters():
+            if name.endswith(("cls_token", "pos_embed")):
+                trunc_normal_(param, std=.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def check_img_size(self, height: int, width: int) -> None:
+        """ValueError unless both sides are positive multiples of the total stride."""
+        check_size_fits(type(self).__name__, height, width, self.size_divisor)
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise ValueError(f"{type(self).__name__}: expected input of shape (B, {self.in_chans}, H, W), "
+                             f"got {tuple(x.shape)}")
+        self.check_img_size(x.shape[-2], x.shape[-1])
+
+    def _check_pool(self, global_pool: str) -> str:
+        if global_pool not in ("token", "avg", ""):
+            raise ValueError(f"{type(self).__name__}: global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        if global_pool == "token" and self.num_prefix_tokens == 0:
+            raise ValueError(f"{type(self).__name__}: global_pool='token' needs a CLS token in the last stage")
+        return global_pool
+
+    # --- timm API ----------------------------------------------------------------------------------------------------
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set:
+        return {name for name, _ in self.named_parameters() if name.endswith(("cls_token", "pos_embed"))}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict[str, Any]:
+        return dict(
+            stem=r"^stages\.0\.(?:patch_embed|pos_embed|cls_token)",
+            blocks=r"^stages\.(\d+)" if coarse else [
+                (r"^stages\.(\d+)\.(?:patch_embed|pos_embed|cls_token)", (0,)),
+                (r"^stages\.(\d+)\.blocks\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
+        )
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.stages:
+            stage.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            self.global_pool = self._check_pool(global_pool)
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) → normalized last-stage tokens (B, P + N, C), CLS first when the model has one."""
+        self._check_input(x)
+        for stage in self.stages:
+            tokens, grid = stage(x)
+            x = tokens_to_nchw(tokens, grid, stage.num_prefix_tokens)
+        return self.norm(tokens)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(
+            self,
+            x: torch.Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = "NCHW",
+            intermediates_only: bool = False,
+    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
+        """Per-stage features (timm's contract).
+
+        Args:
+            indices: stages to return: the last n if an int, all if None, else these indices (negative from the end).
+            norm: apply the final norm to the last stage's features.
+            stop_early: stop after the last requested stage.
+            output_fmt: ``'NCHW'`` (B, C, H, W) maps or ``'NLC'`` (B, H·W, C) grid tokens (CLS left out either way).
+            intermediates_only: return only the list of features.
+        Returns:
+            The features, or (final normalized tokens as from ``forward_features``, features).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"{type(self).__name__}: output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        self._check_input(x)
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        last = len(self.stages) - 1
+        stages = self.stages[:max_index + 1] if stop_early else self.stages
+        intermediates = []
+        for i, stage in enumerate(stages):
+            tokens, grid = stage(x)
+            x = tokens_to_nchw(tokens, grid, stage.num_prefix_tokens)
+            if i in take_indices:
+                feat = self.norm(tokens) if norm and i == last else tokens
+                intermediates.append(tokens_to_nchw(feat, grid, stage.num_prefix_tokens) if output_fmt == "NCHW"
+                                     else feat[:, stage.num_prefix_tokens:])
+        if intermediates_only:
+            return intermediates
+        return (self.norm(tokens) if i == last else tokens), intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop the stages after the last requested one (and the norm / head that no longer fit)."""
+        take_indices, max_index = feature_take_indices(len(self.stages), indices)
+        prune_end = max_index < len(self.stages) - 1
+        self.stages = self.stages[:max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+            self.num_prefix_tokens = self.stages[-1].num_prefix_tokens
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take_indices
+
+
+def drop_path_rates(depths: Sequence[int], drop_path_rate: float) -> List[List[float]]:
+    """Stochastic-depth rates rising linearly over all blocks, split per stage."""
+    total = sum(depths)
+    rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]  # no tensors: works on the meta device
+    out, start = [], 0
+    for depth in depths:
+        out.append(rates[start:start + depth])
+        start += depth
+    return out
