@@ -112,10 +112,10 @@ class ClassAttentionBlock(_TimmClassAttentionBlock):
     """timm's XCiT class-attention block (layer scale, ``tokens_norm``) with :class:`ClassAttention` inside."""
 
     def __init__(self, dim: int, num_heads: int, *, kind: str = "softmax", qkv_bias: bool = False,
-                 attn_drop: float = 0., proj_drop: float = 0., **kwargs) -> None:
-        super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **kwargs)
+                 attn_drop: float = 0., proj_drop: float = 0., device=None, dtype=None, **kwargs) -> None:
+        dd = {"device": device, "dtype": dtype}
+        super().__init__(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop, **dd, **kwargs)
         # timm's block hard-wires its ClassAttn; swap in ours (same parameter names, so timm weights still fit).
-        dd = {"device": self.norm1.weight.device, "dtype": self.norm1.weight.dtype}
         self.attn = ClassAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
                                    kind=kind, **dd)
 
@@ -278,7 +278,7 @@ class XCiTBackbone(nn.Module):
     def no_weight_decay(self) -> set:
         """Full names of parameters exempt from weight decay: class token, positional encoding, and whatever the
         attention modules declare (XCA's temperature, XNorm's γ)."""
-        names = {"cls_token"} | {n for n, _ in self.named_parameters() if n.startswith("pos_embed")}
+        names = {n for n, _ in self.named_parameters() if n == "cls_token" or n.startswith("pos_embed")}
         for prefix, module in self.named_modules():
             if module is not self and hasattr(module, "no_weight_decay"):
                 names |= {f"{prefix}.{n}" for n in module.no_weight_decay()}
