@@ -37,7 +37,8 @@ def _length(k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Per-example key length L (B, 1, 1, 1): the kept tokens when masked."""
     dtype = torch.promote_types(k.dtype, torch.float32)
     if mask is None:
-        return torch.full((1, 1, 1, 1), float(k.shape[-2]), device=k.device, dtype=dtype)
+        # counted from k, not a Python number, so an exported graph keeps the key length symbolic
+        return k.new_ones(k.shape[-2], dtype=dtype).sum().reshape(1, 1, 1, 1)
     return mask.sum(-1).clamp_min(1).to(dtype).reshape(-1, 1, 1, 1)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Union
+from typing import Any, Dict, Union
 
 __all__ = ["EXP_LIKE_OPS", "GraphAudit", "audit_onnx", "ExpFreeError"]
 
@@ -53,19 +53,23 @@ class GraphAudit:
         width = max((len(op) for op in self.op_counts), default=2)
         lines = [f"  {op:<{width}} {n:>5}{'  * exp-like' if op in self.exp_like else ''}"
                  for op, n in sorted(self.op_counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-        lines.append(f"  {'total':<{width}} {self.total_ops:>5}; exp-like ops: {self.exp_count}"
-                     + (f" ({', '.join(f'{k}×{v}' for k, v in sorted(self.exp_like.items()))})" if self.exp_like else ""))
+        found = f" ({self.describe_exp_like()})" if self.exp_like else ""
+        lines.append(f"  {'total':<{width}} {self.total_ops:>5}; exp-like ops: {self.exp_count}{found}")
         return "\n".join(lines)
+
+    def describe_exp_like(self) -> str:
+        """'Erf×2, Softmax×2' (empty when exp-free)."""
+        return ", ".join(f"{op}×{n}" for op, n in sorted(self.exp_like.items()))
 
     def require_exp_free(self, what: str = "model") -> None:
         """Raise :class:`ExpFreeError` naming the exp-like ops if there are any."""
         if self.exp_like:
-            found = ", ".join(f"{op}×{n}" for op, n in sorted(self.exp_like.items()))
-            raise ExpFreeError(f"{what} is not exp-free: the ONNX graph contains {found}")
+            raise ExpFreeError(f"{what} is not exp-free: the ONNX graph contains {self.describe_exp_like()}")
 
 
-def audit_onnx(model: Union[str, Path, "onnx.ModelProto"]) -> GraphAudit:  # noqa: F821
-    """Count the ops of an ONNX model (path or ``ModelProto``); local functions are expanded at each call."""
+def audit_onnx(model: Union[str, Path, Any]) -> GraphAudit:
+    """Count the ops of an ONNX model (a path or an ``onnx.ModelProto``); local functions are expanded at each
+    call."""
     import onnx
 
     proto = onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path)) else model

@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--weights", help="checkpoint (.pth) or .safetensors file; random weights when omitted")
     src.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
     src.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                     help="timm.create_model kwargs (YAML values), e.g. act_layer=relu img_size=32 num_classes=10")
+                     help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
+                          "act_layer=relu img_size=32 num_classes=10")
     src.add_argument("--img-size", type=int, help="export resolution (default: the model's)")
     out = p.add_argument_group("export")
     out.add_argument("-o", "--output", help="ONNX file (default: runs/export/<model>.onnx)")
@@ -43,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also export the same architecture with softmax attention and compare onnxruntime latency")
     chk.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads for timing (default 1)")
     chk.add_argument("--bench-batch", type=int, default=1, help="batch size for latency (default 1)")
+    chk.add_argument("--bench-time", type=float, default=1.0,
+                     help="seconds of timed runs per model and round, at least 20 runs (default 1.0)")
     chk.add_argument("--quantize", action="store_true",
                      help="int8 dynamic quantization; accuracy fp32 vs int8 on the digits val split (10-class weights)")
     return p
@@ -78,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     output = Path(args.output or Path("runs/export") / f"{spec['model']}.onnx")
     report_path = Path(args.report) if args.report else output.with_suffix(".json")
     kind = attention_kind(model)
+    if args.compare_softmax and kind == "softmax":
+        raise ValueError("--compare-softmax: the model already uses softmax attention")
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"model {spec['model']} ({n_params:.2f}M params, attention {kind}), input {'x'.join(map(str, input_size))}"
           f", weights {spec['weights'] or 'random'}")
@@ -119,9 +124,12 @@ def run(args: argparse.Namespace) -> int:
     if args.require_exp_free and audit.exp_like:
         output.unlink()
         print(f"simattn export: --require-exp-free: {spec['model']} is not exp-free: the graph contains "
-              + ", ".join(f"{op}×{n}" for op, n in audit.exp_like.items()) + f"; removed {output}", file=sys.stderr)
+              f"{audit.describe_exp_like()}; removed {output}", file=sys.stderr)
         report["exp_free_check"] = "failed"
         return finish(1)
+    if args.require_exp_free:
+        report["exp_free_check"] = "passed"
+        print("exp-free: yes")
 
     if args.compare_softmax:
         report["latency"] = _compare_softmax(args, spec, output, input_size, result, kind)
@@ -135,8 +143,6 @@ def _compare_softmax(args, spec, output: Path, input_size, result, kind) -> Dict
     from .loading import softmax_twin
     from .onnx_export import export_and_verify
 
-    if kind == "softmax":
-        raise ValueError("--compare-softmax: the model already uses softmax attention")
     twin_path = output.with_name(f"{output.stem}_softmax.onnx")
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)
     twin = softmax_twin(spec)
@@ -145,7 +151,8 @@ def _compare_softmax(args, spec, output: Path, input_size, result, kind) -> Dict
                                        exporter=result.exporter, dynamic_spatial=result.dynamic_spatial,
                                        atol=args.atol)
     print(f"onnxruntime CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
-    lat = compare_latency(output, twin_path, input_size, batch=args.bench_batch, threads=args.threads)
+    lat = compare_latency(output, twin_path, input_size, batch=args.bench_batch, threads=args.threads,
+                          min_time=args.bench_time)
     m, b = lat["model"]["median_ms"], lat["baseline"]["median_ms"]
     print(f"  {kind}: {m:.3f} ms   softmax: {b:.3f} ms   softmax / {kind} = {lat['baseline_over_model']:.2f}x")
     lat.update(model_attention=kind, baseline_attention="softmax", baseline_exporter=twin_result.exporter)

@@ -20,10 +20,20 @@ __all__ = ["parse_model_kwargs", "build_model", "softmax_twin", "resolve_data_co
 def parse_model_kwargs(items: Optional[Iterable[str]]) -> Dict[str, Any]:
     """``['img_size=32', 'act_layer=relu', 'attn_kwargs={order: kv_first}']`` → a kwargs dict.
 
-    Values are parsed as YAML, so numbers, booleans, lists and dicts work and plain words stay strings.
+    Values are parsed as YAML, so numbers, booleans, lists and dicts work and plain words stay strings. An item
+    may also be a whole JSON/YAML mapping (``'{"img_size": 32}'``), as ``simattn train``/``validate`` take it.
     """
     kwargs: Dict[str, Any] = {}
     for item in items or ():
+        if item.lstrip().startswith("{"):
+            try:
+                mapping = yaml.safe_load(item)
+            except yaml.YAMLError as e:
+                raise ValueError(f"model kwargs {item!r} are not a valid mapping: {e}") from None
+            if not isinstance(mapping, dict):
+                raise ValueError(f"model kwargs {item!r} are not a mapping")
+            kwargs.update(mapping)
+            continue
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"model kwarg {item!r} is not KEY=VALUE")
@@ -41,7 +51,8 @@ def _spec_from_weights(path: Path) -> Optional[Dict[str, Any]]:
 
 
 def build_model(model_name: Optional[str] = None, weights: Optional[str] = None,
-                model_kwargs: Optional[Mapping[str, Any]] = None, use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
+                model_kwargs: Optional[Mapping[str, Any]] = None,
+                use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
     """Create a registered model in eval mode, optionally with weights.
 
     Args:

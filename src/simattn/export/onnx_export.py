@@ -11,8 +11,10 @@ resolution (recorded in the notes) rather than shipped broken.
 """
 from __future__ import annotations
 
+import logging
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -56,6 +58,21 @@ class ExportResult:
 
     def to_dict(self) -> Dict[str, object]:
         return asdict(self)
+
+
+@contextmanager
+def quiet_loggers(*names: str, level: int = logging.ERROR):
+    """Raise the level of the named loggers ('' = root) for the duration: the exporter's graph optimizer and the
+    quantizer log routine advice as warnings, which would drown the command's own output."""
+    loggers = [logging.getLogger(name or None) for name in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, old in zip(loggers, levels):
+            lg.setLevel(old)
 
 
 def _output_names(model: nn.Module, example: torch.Tensor) -> List[str]:
@@ -113,7 +130,7 @@ def export_onnx(model: nn.Module, path: str | Path, input_size: Sequence[int], *
     for name in (("dynamo", "torchscript") if exporter == "auto" else (exporter,)):
         start = time.perf_counter()
         try:
-            with atomic_path(path) as tmp, torch.no_grad():
+            with atomic_path(path) as tmp, torch.no_grad(), quiet_loggers("onnxscript"):
                 _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial)
         except Exception as e:  # exporters raise many types; keep the first line for the report
             notes.append(f"{name} exporter failed: {_first_line(e)}")
@@ -131,11 +148,14 @@ def export_onnx(model: nn.Module, path: str | Path, input_size: Sequence[int], *
     raise ExportError(f"could not export {type(model).__name__} to ONNX: " + "; ".join(notes))
 
 
-def ort_session(path: str | Path, threads: Optional[int] = None):
-    """An onnxruntime CPU session; ``threads`` fixes intra-op threads (None = onnxruntime's default)."""
+def ort_session(path: str | Path, threads: Optional[int] = None, quiet: bool = False):
+    """An onnxruntime CPU session; ``threads`` fixes intra-op threads (None = onnxruntime's default); ``quiet``
+    silences onnxruntime's own error log (for probing runs whose errors the caller reports itself)."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
+    if quiet:
+        opts.log_severity_level = 4  # fatal only
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -188,7 +208,8 @@ def export_and_verify(model: nn.Module, path: str | Path, input_size: Sequence[i
 
     result = export_onnx(model, path, input_size, batch=batch, opset=opset, exporter=exporter,
                          dynamic_spatial=dynamic_spatial)
-    parity = check_parity(model, ort_session(path), {**fixed, **alt} if result.dynamic_spatial else fixed, atol)
+    checks = {**fixed, **alt} if result.dynamic_spatial else fixed
+    parity = check_parity(model, ort_session(path, quiet=True), checks, atol)
     if result.dynamic_spatial and not all(parity[k]["ok"] for k in alt):
         why = next(parity[k].get("error") or f"max abs diff {parity[k]['max_abs_diff']:.3g}" for k in alt)
         notes = result.notes + [f"dynamic height/width did not hold at {h + stride}x{w + stride} ({why}); "
@@ -197,10 +218,11 @@ def export_and_verify(model: nn.Module, path: str | Path, input_size: Sequence[i
         result = export_onnx(model, path, input_size, batch=batch, opset=opset, exporter=result.exporter,
                              dynamic_spatial=False)
         result.notes = notes
-        parity = check_parity(model, ort_session(path), fixed, atol)
+        parity = check_parity(model, ort_session(path, quiet=True), fixed, atol)
     failed = {k: v for k, v in parity.items() if not v["ok"]}
     if failed:
-        detail = "; ".join(f"{k}: {v.get('error') or 'max abs diff %.3g' % v['max_abs_diff']}" for k, v in failed.items())
+        detail = "; ".join(f"{k}: {v.get('error') or 'max abs diff %.3g' % v['max_abs_diff']}"
+                           for k, v in failed.items())
         raise ExportError(f"onnxruntime output differs from PyTorch beyond {atol:g} for {path}: {detail}",
                           result, parity)
     return result, parity

@@ -1,8 +1,6 @@
 """int8 dynamic quantization with onnxruntime, and the accuracy it costs on the embedded digits data."""
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -10,21 +8,9 @@ import numpy as np
 import torch
 
 from ..utils.io import atomic_path
-from .onnx_export import ort_session, run_onnx
+from .onnx_export import ort_session, quiet_loggers, run_onnx
 
 __all__ = ["quantize_int8", "onnx_top1", "digits_eval_tensors", "quantization_report"]
-
-
-@contextmanager
-def _quiet_root_logger():
-    # quantize_dynamic logs a pre-processing advice on the root logger at WARNING for every call.
-    root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        root.setLevel(level)
 
 
 def quantize_int8(src: str | Path, dst: str | Path) -> Path:
@@ -38,7 +24,8 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
     # MatMul ones and its shape inference then trips over the stale [out, in] shapes. Inference recomputes them.
     del proto.graph.value_info[:]
     dst = Path(dst)
-    with atomic_path(dst) as tmp, _quiet_root_logger():
+    # quantize_dynamic logs a pre-processing advice on the root logger at WARNING for every call
+    with atomic_path(dst) as tmp, quiet_loggers(""):
         quantize_dynamic(proto, str(tmp), weight_type=QuantType.QInt8)
     return dst
 

@@ -37,6 +37,9 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     tmp = Path(tmp)
     try:
         yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; give the file the mode open() would
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", help="checkpoint (.pth) or .safetensors file; random weights when omitted")
     p.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="timm.create_model kwargs (YAML values), e.g. img_size=32 num_classes=10")
+                   help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
+                        "img_size=32 num_classes=10")
     p.add_argument("--img-size", type=int, help="input resolution (default: the model's)")
     p.add_argument("--image", nargs="+", default=["skimage:astronaut"], metavar="SRC",
                    help="image files, skimage:NAME or sklearn:NAME (default skimage:astronaut); bundled: "
@@ -52,15 +53,16 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
         stem = f"{model_name}_{image_label(source)}_block{result.block}"
         panel = out_dir / f"{stem}.png"
         size = render_panels(result, panel, alpha=alpha, cmap=cmap,
-                             title=f"{model_name}: {result.module} (block {result.block} of {result.num_blocks}, 0-based)")
+                             title=f"{model_name}: {result.module} "
+                                   f"(block {result.block} of {result.num_blocks}, 0-based)")
         overlays = {name: str(save_overlay(shown, heat, out_dir / f"{stem}_{name}.png", alpha, cmap))
                     for name, heat in result.maps.items()}
         records.append({"image": source, "panel": str(panel), "panel_size": list(size), "overlays": overlays,
                         "block": result.block, "num_blocks": result.num_blocks, "module": result.module,
-                        "grid": list(result.grid), "prefix_tokens": result.num_prefix_tokens,
+                        "grids": {k: list(g) for k, g in result.grids.items()}, "prefix_tokens": result.prefix_tokens,
                         "raw_range": result.raw_range})
-        print(f"{source}: {result.module} (block {result.block} of {result.num_blocks}), grid "
-              f"{result.grid[0]}x{result.grid[1]}, maps {', '.join(result.maps)} -> {panel}")
+        grids = ", ".join(f"{k} on {g[0]}x{g[1]}" for k, g in result.grids.items())
+        print(f"{source}: {result.module} (block {result.block} of {result.num_blocks}), {grids} -> {panel}")
     return records
 
 

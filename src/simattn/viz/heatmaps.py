@@ -33,8 +33,8 @@ class TokenMaps:
     block: int  # resolved (non-negative) block index
     num_blocks: int
     module: str  # the attention module's name in the model
-    grid: Tuple[int, int]
-    num_prefix_tokens: int
+    grids: Dict[str, Tuple[int, int]]  # per map: the token grid it was laid out on
+    prefix_tokens: Dict[str, int]  # per map: leading tokens (CLS, …) dropped before the grid
     raw_range: Dict[str, Tuple[float, float]] = field(default_factory=dict)  # min/max before normalization
 
 
@@ -103,26 +103,26 @@ def token_maps(model: nn.Module, x: torch.Tensor, image: np.ndarray, block: int 
         raise ValueError(f"block {index} ({name}) did not run its {attr} hook point in the forward pass")
 
     size = tuple(x.shape[-2:])
+    model_prefix = getattr(model, "num_prefix_tokens", None)
+    raw: Dict[str, torch.Tensor] = {}
+    grids: Dict[str, Tuple[int, int]] = {}
+    prefixes: Dict[str, int] = {}
     if attr == "qk_hook":
-        q_hat, k_hat = captured["out"]
-        if q_hat.shape[-2] != k_hat.shape[-2]:
-            raise ValueError(f"block {index} ({name}) is cross-attention ({q_hat.shape[-2]} queries, "
-                             f"{k_hat.shape[-2]} keys); pick a self-attention block")
-        prefix, grid = token_grid(q_hat.shape[-2], size, getattr(model, "num_prefix_tokens", None))
-        # l2 over every channel of every head: (B, H, N, d) → (N,)
-        raw = {key: t[0, :, prefix:].transpose(0, 1).flatten(1).norm(dim=-1)
-               for key, t in (("q_hat_norm", q_hat), ("k_hat_norm", k_hat))}
+        # q̂ and k̂ may have different token counts (CvT's strided key projection): each gets its own grid
+        for key, t in zip(("q_hat_norm", "k_hat_norm"), captured["out"]):
+            prefixes[key], grids[key] = token_grid(t.shape[-2], size, model_prefix)
+            # l2 over every channel of every head: (B, H, N, d) → (N,)
+            raw[key] = t[0, :, prefixes[key]:].transpose(0, 1).flatten(1).norm(dim=-1)
     else:
         weights = captured["out"][0]  # (H, Nq, Nk)
-        if weights.shape[-1] != weights.shape[-2]:
-            raise ValueError(f"block {index} ({name}) attention weights are {tuple(weights.shape)}, not token by token")
-        prefix, grid = token_grid(weights.shape[-1], size, getattr(model, "num_prefix_tokens", None))
-        if prefix:
-            raw = {"cls_attention": weights[:, 0, prefix:].mean(0)}
-        else:
-            raw = {"mean_attention_received": weights[:, :, prefix:].mean(dim=(0, 1))}
-    return TokenMaps(image=image, maps={k: _upsample_minmax(v, grid, size) for k, v in raw.items()}, block=index,
-                     num_blocks=len(blocks), module=name, grid=grid, num_prefix_tokens=prefix,
+        prefix_k, grid = token_grid(weights.shape[-1], size, model_prefix)
+        # one query row (class attention) or a CLS query in front: the CLS row; otherwise what each patch receives
+        prefix_q = 1 if weights.shape[-2] == 1 else token_grid(weights.shape[-2], size, model_prefix)[0]
+        key = "cls_attention" if prefix_q else "mean_attention_received"
+        raw[key] = weights[:, 0, prefix_k:].mean(0) if prefix_q else weights[:, :, prefix_k:].mean(dim=(0, 1))
+        grids[key], prefixes[key] = grid, prefix_k
+    return TokenMaps(image=image, maps={k: _upsample_minmax(v, grids[k], size) for k, v in raw.items()},
+                     block=index, num_blocks=len(blocks), module=name, grids=grids, prefix_tokens=prefixes,
                      raw_range={k: (float(v.min()), float(v.max())) for k, v in raw.items()})
 
 
@@ -147,8 +147,8 @@ def save_overlay(image: np.ndarray, heat: np.ndarray, path: str | Path, alpha: f
     return path
 
 
-_TITLES = {"q_hat_norm": "‖q̂‖₂ per token", "k_hat_norm": "‖k̂‖₂ per token", "cls_attention": "CLS attention",
-           "mean_attention_received": "mean attention received"}
+_TITLES = {"q_hat_norm": "‖q̂‖₂ per token", "k_hat_norm": "‖k̂‖₂ per token",
+           "cls_attention": "CLS attention", "mean_attention_received": "mean attention received"}
 
 
 def render_panels(result: TokenMaps, path: str | Path, *, title: str = "", alpha: float = 0.5, cmap: str = "jet",

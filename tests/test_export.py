@@ -1,0 +1,236 @@
+"""simattn export: ONNX round trip and onnxruntime parity per model family, the exp-op audit, --require-exp-free,
+weights/metadata loading, int8 quantization accuracy and the softmax latency comparison."""
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+
+import simattn  # noqa: E402,F401  (registers the models)
+from simattn.export import audit_onnx, export_and_verify, ort_session  # noqa: E402
+from simattn.export.cli import main as export_main  # noqa: E402
+from simattn.export.loading import model_stride  # noqa: E402
+from simattn.export.onnx_export import run_onnx  # noqa: E402
+from simattn.utils.io import save_safetensors  # noqa: E402
+
+DEIT = "sima_deit_tiny_patch16_224"
+TINY_DEIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
+ATOL = 1e-4
+
+# family → (a registered model of it, kwargs that make it tiny); input size is the model's img_size
+FAMILY_CASES = {
+    "sima_vit": ("relu_vit_small_patch32_224",
+                 dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=10)),
+    "sima_xcit": ("sima_nano_12_p8",
+                  dict(img_size=32, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1, num_classes=10)),
+    "ufo_vit": ("ufo_vit_tiny",
+                dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1, num_classes=10)),
+    # 64 px: at 32 px the last stage's strided keys are a 1x1 grid, which torch.export specializes
+    "sima_cvt": ("sima_cvt_13",
+                 dict(img_size=64, embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(1, 2, 2), num_classes=10)),
+    # 2 Newton-Raphson iterations instead of 20 keep the unrolled graph small
+    "soft_vit": ("soft_tiny", dict(img_size=64, embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                                   num_heads=(1, 2, 2, 4), stem_chans=8, num_classes=10,
+                                   attn_kwargs={"num_iters": 2})),
+}
+
+
+def _kwargs_args(kwargs):
+    return ["--model-kwargs", *(f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in kwargs.items())]
+
+
+@pytest.fixture(scope="module")
+def sima_relu(tmp_path_factory):
+    """Tiny SimA DeiT with ReLU MLP exported by the default (dynamo) path with dynamic batch and size."""
+    torch.manual_seed(0)
+    model = timm.create_model(DEIT, act_layer="relu", **TINY_DEIT).eval()
+    path = tmp_path_factory.mktemp("sima") / "sima_relu.onnx"
+    result, parity = export_and_verify(model, path, (3, 32, 32), stride=model_stride(model), atol=ATOL)
+    return model, result, parity
+
+
+def test_sima_export_parity_with_dynamic_batch_and_resolution(sima_relu):
+    model, result, parity = sima_relu
+    assert result.exporter == "dynamo" and result.opset >= 18
+    assert result.dynamic_batch and result.dynamic_spatial, result.input_shape
+    # batch 2 and 3 at 32 px, and a second resolution (32 + patch 8)
+    assert set(parity) == {"random_b2_32x32", "random_b3_32x32", "random_b1_40x40"}, parity
+    assert all(r["ok"] and r["max_abs_diff"] <= ATOL for r in parity.values()), parity
+    # and at a batch/size the verification did not use
+    x = torch.randn(5, 3, 48, 48)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    out = run_onnx(ort_session(result.path), x)
+    assert out.shape == (5, 10)
+    assert np.abs(out - ref).max() <= ATOL
+
+
+def test_real_inputs_are_checked_too(sima_relu, tmp_path):
+    from simattn.export.cli import _real_inputs
+    from simattn.export.onnx_export import check_parity
+    model, result, _ = sima_relu
+    real = _real_inputs({"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
+    assert real["digits_val_8"].shape == (8, 3, 32, 32) and real["photo_astronaut"].shape == (1, 3, 32, 32)
+    parity = check_parity(model, ort_session(result.path), real, ATOL)
+    assert all(r["ok"] for r in parity.values()), parity
+
+
+def test_relu_sima_graph_is_exp_free(sima_relu):
+    audit = audit_onnx(sima_relu[1].path)
+    assert audit.exp_count == 0 and audit.exp_like == {}
+    assert audit.op_counts.get("MatMul", 0) >= 4 and audit.total_ops > 20  # the audit did see the graph
+    audit.require_exp_free()  # no raise
+
+
+@pytest.mark.parametrize("attn_type, act_layer, expect_rc", [("sima", "relu", 0), ("softmax", "gelu", 1)])
+def test_cli_require_exp_free(tmp_path, capsys, attn_type, act_layer, expect_rc):
+    out = tmp_path / f"{attn_type}.onnx"
+    kwargs = dict(TINY_DEIT, attn_type=attn_type, act_layer=act_layer)
+    # TorchScript exporter: the audit is what is under test here, and it is ~10x faster than dynamo
+    rc = export_main(["--model", DEIT, *_kwargs_args(kwargs), "--exporter", "torchscript", "--static-spatial",
+                      "--require-exp-free", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert rc == expect_rc, captured.err
+    report = json.loads(out.with_suffix(".json").read_text())
+    audit = report["audit"]
+    if expect_rc == 0:
+        assert audit["exp_like_count"] == 0 and out.is_file()
+        assert report["max_abs_diff"] <= ATOL
+    else:
+        assert audit["exp_like"]["Softmax"] == 2  # one per block
+        assert audit["exp_like"].get("Erf", 0) + audit["exp_like"].get("Gelu", 0) >= 2  # GELU MLPs
+        assert "not exp-free" in captured.err and "Softmax" in captured.err
+        assert not out.exists()  # the failed export leaves no model behind
+
+
+def test_audit_counts_inside_functions_and_subgraphs():
+    from onnx import TensorProto, helper
+    # main graph: Relu, a call to local function f (Exp + Add) twice, and an If whose branches hold Sigmoid / Tanh
+    f = helper.make_function("local", "f", ["x"], ["y"],
+                             [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("Add", ["e", "x"], ["y"])],
+                             opset_imports=[helper.make_opsetid("", 18)])
+    then_g = helper.make_graph([helper.make_node("Sigmoid", ["a"], ["t"])], "then", [],
+                               [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2])])
+    else_g = helper.make_graph([helper.make_node("Tanh", ["a"], ["t2"])], "else", [],
+                               [helper.make_tensor_value_info("t2", TensorProto.FLOAT, [2])])
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("f", ["a"], ["b"], domain="local"),
+             helper.make_node("f", ["b"], ["c"], domain="local"),
+             helper.make_node("If", ["cond"], ["d"], then_branch=then_g, else_branch=else_g)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+                                           helper.make_tensor_value_info("cond", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, functions=[f], opset_imports=[helper.make_opsetid("", 18),
+                                                                    helper.make_opsetid("local", 1)])
+    audit = audit_onnx(model)
+    assert audit.op_counts == {"Add": 2, "Exp": 2, "If": 1, "Relu": 1, "Sigmoid": 1, "Tanh": 1}
+    assert audit.exp_like == {"Exp": 2, "Sigmoid": 1, "Tanh": 1}
+    assert audit.functions == {"f": 2}
+    with pytest.raises(RuntimeError, match="Exp×2"):
+        audit.require_exp_free("toy")
+
+
+# TorchScript round trips keep the default run short; the dynamo exporter (the CLI's default) costs 10-40 s of
+# CPU per family here, so those runs are marked slow (deselect with -m "not slow" for a quick pass).
+FAMILY_PARAMS = [pytest.param(f, "torchscript", id=f"{f}-torchscript") for f in sorted(FAMILY_CASES)] + [
+    pytest.param(f, "dynamo", id=f"{f}-dynamo", marks=pytest.mark.slow) for f in sorted(FAMILY_CASES)]
+
+
+@pytest.mark.parametrize("family, exporter", FAMILY_PARAMS)
+def test_family_round_trip(family, exporter, tmp_path):
+    name, kwargs = FAMILY_CASES[family]
+    if name not in simattn.list_models():
+        pytest.skip(f"{name} ({family}) is not registered yet")
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).eval()
+    size = kwargs["img_size"]
+    result, parity = export_and_verify(model, tmp_path / f"{name}.onnx", (3, size, size), exporter=exporter,
+                                       stride=model_stride(model), atol=ATOL)
+    assert result.exporter == exporter and result.dynamic_batch
+    assert all(r["ok"] and r["max_abs_diff"] <= ATOL for r in parity.values()), (result.notes, parity)
+    assert f"random_b3_{size}x{size}" in parity  # a second batch size was checked
+    assert audit_onnx(result.path).op_counts.get("MatMul", 0) > 0
+
+
+def _fit_head_on_digits(model):
+    """Ridge fit of the classifier on the model's (random) features of the digits train split: weights that
+    classify digits (~60% val top-1) in a second instead of minutes of training. (Random features are far less
+    robust to int8 than trained ones: a 300-step training run loses nothing, this model loses a few points.)"""
+    from simattn.data.digits import digits_tensors
+    x, y = digits_tensors("train", img_size=32)
+    with torch.no_grad():
+        feats = model.forward_head(model.forward_features(x), pre_logits=True)
+        a = torch.cat([feats, torch.ones(len(feats), 1)], 1)
+        w = torch.linalg.solve(a.T @ a + torch.eye(a.shape[1]), a.T @ F.one_hot(y, 10).float())
+        model.head.weight.copy_(w[:-1].T)
+        model.head.bias.copy_(w[-1])
+    return model
+
+
+def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
+    kwargs = dict(TINY_DEIT, act_layer="relu")
+    torch.manual_seed(0)
+    model = _fit_head_on_digits(timm.create_model(DEIT, **kwargs).eval())
+    weights = tmp_path / "digits.safetensors"
+    save_safetensors(model, weights, metadata={"model": DEIT, "config": kwargs})
+    out = tmp_path / "out" / "m.onnx"
+    rc = export_main(["--weights", str(weights), "--exporter", "torchscript", "--quantize", "--compare-softmax",
+                      "--bench-time", "0.05", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["model"] == DEIT and report["weights"] == str(weights)  # name came from the metadata
+    assert report["model_kwargs"]["act_layer"] == "relu"
+    # the torchscript tracer cannot keep a ViT's height/width dynamic: the verification notices and re-exports
+    assert report["export"]["exporter"] == "torchscript" and not report["export"]["dynamic_spatial"]
+    assert any("re-exported with a fixed resolution" in n for n in report["export"]["notes"])
+    q = report["quantization"]
+    from simattn.data.digits import digits_tensors
+    xv, yv = digits_tensors("val", img_size=32)
+    with torch.no_grad():
+        torch_top1 = (model(xv).argmax(-1) == yv).float().mean().item() * 100
+    assert q["images"] == len(yv) == 359
+    assert q["fp32_top1"] == pytest.approx(torch_top1, abs=0.01) and q["fp32_top1"] > 50  # chance is 10%
+    assert q["int8_top1"] > 30 and q["delta_top1"] == pytest.approx(q["int8_top1"] - q["fp32_top1"], abs=0.01)
+    assert q["prediction_agreement"] > 50 and q["int8_mb"] < q["fp32_mb"]
+    assert (out.parent / "m_int8.onnx").is_file() and (out.parent / "m_softmax.onnx").is_file()
+    lat = report["latency"]
+    assert lat["model"]["median_ms"] > 0 and lat["baseline"]["median_ms"] > 0
+    assert lat["baseline_over_model"] == pytest.approx(lat["baseline"]["median_ms"] / lat["model"]["median_ms"])
+    assert "softmax / sima" in captured.out
+    assert audit_onnx(out.parent / "m_softmax.onnx").exp_like.get("Softmax") == 2
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert export_main(["--model", "no_such_model"]) == 2
+    assert "unknown model 'no_such_model'" in capsys.readouterr().err
+    corrupt = tmp_path / "bad.pth"
+    corrupt.write_bytes(b"not a checkpoint")
+    assert export_main(["--model", DEIT, "--weights", str(corrupt)]) == 2
+    assert "cannot read checkpoint" in capsys.readouterr().err
+    other = tmp_path / "other.safetensors"
+    save_safetensors(timm.create_model(DEIT, **TINY_DEIT), other, metadata={"model": DEIT, "config": TINY_DEIT})
+    assert export_main(["--model", "sima_deit_small_patch16_224", "--weights", str(other)]) == 2
+    assert "were saved for model" in capsys.readouterr().err
+    assert export_main(["--model", DEIT, "--model-kwargs", "depth"]) == 2
+    assert "not KEY=VALUE" in capsys.readouterr().err
+    assert export_main(["--model", DEIT, *_kwargs_args(TINY_DEIT), "--opset", "17"]) == 2
+    assert "opset must be >= 18" in capsys.readouterr().err
+
+
+def test_parse_model_kwargs():
+    from simattn.export.loading import parse_model_kwargs
+    assert parse_model_kwargs(["img_size=32", "act_layer=relu", "depths=[1, 2]", "attn_kwargs={order: kv_first}",
+                               '{"num_classes": 10, "qkv_bias": true}']) == {
+        "img_size": 32, "act_layer": "relu", "depths": [1, 2], "attn_kwargs": {"order": "kv_first"},
+        "num_classes": 10, "qkv_bias": True}
+    with pytest.raises(ValueError, match="not KEY=VALUE"):
+        parse_model_kwargs(["=3"])
+    with pytest.raises(ValueError, match="not a valid mapping"):
+        parse_model_kwargs(["{a: [1"])
