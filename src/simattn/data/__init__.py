@@ -1,4 +1,11 @@
-"""Datasets: the embedded default (scikit-learn's handwritten digits) and readers for standard on-disk layouts."""
+"""Datasets: the embedded default (scikit-learn's handwritten digits) and readers for standard on-disk layouts
+(ImageFolder ``train/`` + ``val/``, torchvision's CIFAR-10/100 binary files)."""
+from .cifar import cifar_dataset
 from .digits import DigitsDataset, digits_tensors
+from .factory import DATASETS, create_dataset, dataset_classes
+from .folder import SkippingImageFolder, collate_skipping_unreadable, image_folder
 
-__all__ = ["DigitsDataset", "digits_tensors"]
+__all__ = [
+    "DigitsDataset", "digits_tensors", "DATASETS", "create_dataset", "dataset_classes", "image_folder",
+    "SkippingImageFolder", "collate_skipping_unreadable", "cifar_dataset",
+]

@@ -65,7 +65,7 @@ def collate_skipping_unreadable(batch: Sequence[Optional[Tuple[Any, Any]]]) -> T
     ``None`` items (unreadable images) that were dropped."""
     kept: List[Tuple[Any, Any]] = [item for item in batch if item is not None]
     skipped = len(batch) - len(kept)
-    if not kept:  # every image of the batch was unreadable: the loops skip an empty batch
+    if not kept:  # every image of the batch was unreadable: evaluation skips it, training stops with an error
         return torch.empty(0), torch.empty(0, dtype=torch.long), skipped
     images, targets = default_collate(kept)
     return images, targets, skipped

@@ -8,7 +8,7 @@ Python use::
 """
 from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
 from .engine import TrainResult, train
-from .validate import validate
+from .validate import validate_weights
 
 __all__ = ["TrainConfig", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train",
-           "validate"]
+           "validate_weights"]

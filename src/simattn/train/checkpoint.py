@@ -50,7 +50,12 @@ def restore_rng_state(state: Mapping[str, Any]) -> None:
 
 
 def save_train_state(path: str | Path, state: Dict[str, Any]) -> None:
-    """Write a train state (see :func:`load_train_state` for its keys) atomically."""
+    """Write a train state atomically. The trainer stores: ``model_name``, ``model_kwargs``, ``config``,
+    ``data_config``, ``model`` (+ ``model_ema``), ``optimizer``, ``scheduler``, ``scaler``, the position
+    (``epoch``, ``step_in_epoch`` = updates done in that epoch, ``global_step``, ``updates_per_epoch``,
+    ``world_size``; the data sampler restarts the epoch at ``step_in_epoch`` × accumulation × batch samples),
+    ``ranks`` (per rank: RNG states and the partial-epoch loss sums), ``best``, ``last_eval``, ``history``,
+    ``train_skipped`` and ``metrics_records`` (lines of metrics.jsonl covered by this state)."""
     atomic_torch_save({"format": TRAIN_STATE_FORMAT, **state}, path)
 
 

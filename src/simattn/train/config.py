@@ -18,9 +18,11 @@ from typing import Any, Dict, List, Mapping, Optional
 import yaml
 
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
-           "scaled_lr", "RECIPE_PACKAGE"]
+           "scaled_lr"]
 
-RECIPE_PACKAGE = "simattn.configs"
+def _recipe_dir():
+    # package data (pyproject: simattn = ["configs/*.yaml"]); repo-root configs/ links to the same files
+    return resources.files("simattn") / "configs"
 
 
 def _opt(default: Any = None, help: str = "", factory=None, const: Any = None):
@@ -198,8 +200,18 @@ def _check_keys(keys, where: str) -> None:
 
 
 def list_recipes() -> List[str]:
-    """Names of the recipes shipped in the package (``-c NAME``)."""
-    return sorted(p.name[:-5] for p in resources.files(RECIPE_PACKAGE).iterdir() if p.name.endswith(".yaml"))
+    """Names of the training recipes shipped in the package (``-c NAME``); other tools' YAML files that live in
+    the same folder (self-supervised, detection) are left out."""
+    names = []
+    for entry in _recipe_dir().iterdir():
+        if entry.name.endswith(".yaml"):
+            try:
+                data = yaml.safe_load(entry.read_text())
+            except yaml.YAMLError:
+                continue
+            if isinstance(data, Mapping) and all(k in _FIELDS or k == "base" for k in data):
+                names.append(entry.name[:-5])
+    return sorted(names)
 
 
 def find_recipe(recipe: str) -> Path:
@@ -208,30 +220,46 @@ def find_recipe(recipe: str) -> Path:
     if path.is_file():
         return path
     name = path.name[:-5] if path.name.endswith(".yaml") else path.name
-    shipped = resources.files(RECIPE_PACKAGE) / f"{name}.yaml"
+    shipped = _recipe_dir() / f"{name}.yaml"
     if str(path.parent) in ("", ".", "configs") and shipped.is_file():
         return Path(str(shipped))
     raise FileNotFoundError(f"recipe {recipe!r} not found: not a file, nor a shipped recipe "
                             f"({', '.join(list_recipes())})")
 
 
+def _read_recipe(recipe: str, chain: tuple = ()) -> Dict[str, Any]:
+    """A recipe's values, after those of its ``base:`` recipe (a shipped name or a path relative to it)."""
+    path = find_recipe(recipe)
+    if path.resolve() in chain:
+        raise ValueError(f"recipe {path} inherits from itself (base: chain {' -> '.join(map(str, chain))})")
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(loaded, Mapping):
+        raise ValueError(f"recipe {path} must be a mapping of option: value")
+    loaded = dict(loaded)
+    base = loaded.pop("base", None)
+    _check_keys(loaded, f"recipe {path}")
+    values: Dict[str, Any] = {}
+    if base is not None:
+        name = str(base) if str(base).endswith(".yaml") else f"{base}.yaml"
+        sibling = path.parent / name
+        values = _read_recipe(str(sibling) if sibling.is_file() else str(base), chain + (path.resolve(),))
+    values.update(loaded)
+    return values
+
+
 def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:
     """Defaults, then the YAML ``recipe`` (a path or shipped name), then ``overrides``; validated.
 
-    ``model_kwargs`` in ``overrides`` is merged into the recipe's.
+    A recipe may start from another with ``base: <recipe>`` and change a few keys. ``model_kwargs`` in
+    ``overrides`` is merged into the recipe's.
     """
     values: Dict[str, Any] = {}
     if recipe is not None:
-        path = find_recipe(recipe)
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, Mapping):
-            raise ValueError(f"recipe {path} must be a mapping of option: value")
-        _check_keys(loaded, f"recipe {path}")
-        values.update(loaded)
-        values.setdefault("recipe", str(recipe))
+        values.update(_read_recipe(recipe))
+        values["recipe"] = str(recipe)
     if overrides:
         _check_keys(overrides, "overrides")
         for key, value in overrides.items():
@@ -257,7 +285,7 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             const = f.metadata.get("const")
             group.add_argument(flag, dest=name, type=_parse_flag_value, default=argparse.SUPPRESS,
-                               metavar=name.split("_")[-1].upper(), help=help_,
+                               help=help_,
                                **({"nargs": "?", "const": const} if const is not None else {}))
 
 

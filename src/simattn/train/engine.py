@@ -10,7 +10,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as torch_dist
@@ -31,7 +31,8 @@ from .logs import RunLog, format_table
 from .loader import build_eval_loader, build_mixup, build_train_loader, build_transform, data_config_for
 from .loop import autocast, evaluate, progress, use_tqdm
 
-__all__ = ["train", "TrainResult", "create_model_checked", "open_datasets"]
+__all__ = ["train", "TrainResult", "create_model_checked", "open_datasets", "build_model", "build_optimizer",
+           "build_scheduler"]
 
 
 @dataclass
@@ -46,9 +47,10 @@ class TrainResult:
 def create_model_checked(name: str, **kwargs: Any) -> nn.Module:
     """``timm.create_model`` with a one-line error for an unknown name (after ``import simattn`` registered ours)."""
     import timm
-    import simattn  # noqa: F401  (registers the simattn models with timm)
+
+    from ..models import list_models  # importing the models package registers them with timm
     if not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(simattn.list_models())}")
+        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(list_models())}")
     return timm.create_model(name, **kwargs)
 
 
@@ -67,6 +69,37 @@ def open_datasets(cfg: TrainConfig):
     return train_set, val_set, len(classes)
 
 
+def build_model(cfg: TrainConfig, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
+    """The recipe's model for ``num_classes`` classes, and the full create_model kwargs (for metadata)."""
+    kwargs = {**cfg.model_kwargs, "num_classes": num_classes}
+    if cfg.drop_path:
+        kwargs.setdefault("drop_path_rate", cfg.drop_path)
+    if cfg.drop:
+        kwargs.setdefault("drop_rate", cfg.drop)
+    return create_model_checked(cfg.model, **kwargs), kwargs
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
+    """timm ``create_optimizer_v2`` at the learning rate the recipe gives for this global batch."""
+    opt_kwargs: Dict[str, Any] = {}
+    if cfg.opt_eps is not None:
+        opt_kwargs["eps"] = cfg.opt_eps
+    if cfg.opt_betas is not None:
+        opt_kwargs["betas"] = tuple(cfg.opt_betas)
+    lr = scaled_lr(cfg, world_size)
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay,
+                                    momentum=cfg.momentum, **opt_kwargs)
+    return optimizer, lr
+
+
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_per_epoch: int):
+    """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown)."""
+    return create_scheduler_v2(
+        optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+        warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs,
+        step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
+
+
 class _Trainer:
     def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:
         self.cfg, self.dist, self.device = cfg, dist, dist.device
@@ -77,12 +110,7 @@ class _Trainer:
         train_set, val_set, self.num_classes = open_datasets(cfg)
         # identical initial weights on every rank; the per-rank seed for training randomness comes after
         torch.manual_seed(cfg.seed)
-        self.model_kwargs = {**cfg.model_kwargs, "num_classes": self.num_classes}
-        if cfg.drop_path:
-            self.model_kwargs.setdefault("drop_path_rate", cfg.drop_path)
-        if cfg.drop:
-            self.model_kwargs.setdefault("drop_rate", cfg.drop)
-        self.model = create_model_checked(cfg.model, **self.model_kwargs)
+        self.model, self.model_kwargs = build_model(cfg, self.num_classes)
         random_seed(cfg.seed, dist.rank)
 
         self.data_config = data_config_for(self.model, cfg)
@@ -110,18 +138,8 @@ class _Trainer:
         if cfg.model_ema:
             self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
 
-        opt_kwargs = {}
-        if cfg.opt_eps is not None:
-            opt_kwargs["eps"] = cfg.opt_eps
-        if cfg.opt_betas is not None:
-            opt_kwargs["betas"] = tuple(cfg.opt_betas)
-        self.lr = scaled_lr(cfg, dist.world_size)
-        self.optimizer = create_optimizer_v2(self.model, opt=cfg.opt, lr=self.lr, weight_decay=cfg.weight_decay,
-                                             momentum=cfg.momentum, **opt_kwargs)
-        self.scheduler, self.num_epochs = create_scheduler_v2(
-            self.optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-            warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs,
-            step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=self.updates_per_epoch)
+        self.optimizer, self.lr = build_optimizer(cfg, self.model, dist.world_size)
+        self.scheduler, self.num_epochs = build_scheduler(cfg, self.optimizer, self.updates_per_epoch)
         self.scaler = None
         if cfg.amp and cfg.amp_dtype == "float16":
             self.scaler = NativeScaler(device=self.device.type)
@@ -171,12 +189,19 @@ class _Trainer:
             load_weights(self.ema.module, path, use_ema=True)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
-            if self.scheduler is not None and state.get("scheduler"):
-                self.scheduler.load_state_dict(state["scheduler"])
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
         except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: optimizer/scheduler state does not fit this run: {e}") from None
+            raise CheckpointError(f"{path}: optimizer state does not fit this run: {e}") from None
+        # timm schedulers are a pure function of the step: the saved state only differs from the one just built
+        # when the recipe changed (e.g. more epochs), and then the new recipe is the one to follow
+        saved_sched = state.get("scheduler")
+        if self.scheduler is not None and saved_sched:
+            ignore = ("metric",)
+            current = {k: v for k, v in self.scheduler.state_dict().items() if k not in ignore}
+            if {k: v for k, v in saved_sched.items() if k not in ignore} != current and self.dist.is_main:
+                print(f"note: the learning-rate schedule differs from the one in {path}; following this run's "
+                      "recipe", flush=True)
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
         self.global_step = int(state["global_step"])
         self.best = dict(state.get("best", self.best))
@@ -254,11 +279,10 @@ class _Trainer:
             if self.mixup is not None and len(target) % 2:  # Mixup pairs samples: drop one after a skipped image
                 images, target = images[:-1], target[:-1]
             update = (i + 1) % accum == 0
-            if len(target):
-                self._forward_backward(images, target, params, update)
-            elif self.dist.distributed:  # this rank has nothing to all-reduce: the others would wait forever
-                raise ValueError("every image of a training batch was unreadable; clean the dataset folder")
-            # (single process: an all-unreadable batch contributes nothing; its update step still counts)
+            if not len(target):  # a whole batch of broken files: the folder is broken, not a few images
+                raise ValueError(f"every image of a training batch was unreadable ({self.train_skipped} unreadable "
+                                 "so far); check the dataset folder")
+            self._forward_backward(images, target, params, update)
             if update:
                 self._after_update()
         self._flush_pending()
@@ -343,24 +367,11 @@ class _Trainer:
             train_loss = float(totals[0] / max(float(totals[1]), 1.0))
             record: Dict[str, Any] = {"epoch": self.epoch + 1, "global_step": self.global_step,
                                       "train_loss": train_loss, "lr": self.optimizer.param_groups[0]["lr"]}
-            last = self.epoch + 1 == self.num_epochs
-            if last or (self.epoch + 1) % cfg.eval_every_epochs == 0:
-                metrics = evaluate(self.model, self.val_loader, self.device, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
-                                   channels_last=cfg.channels_last, show_progress=self.show_bars)
-                record.update({f"val_{k}": v for k, v in metrics.items()})
-                if self.ema is not None:
-                    ema_metrics = evaluate(self.ema.module, self.val_loader, self.device, amp=cfg.amp,
-                                           amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
-                    record.update({f"ema_val_{k}": v for k, v in ema_metrics.items() if k in ("top1", "top5", "loss")})
-                self.last_eval = {k: v for k, v in record.items()}
-                if metrics["top1"] > self.best["top1"] and self.dist.is_main:
-                    self.best = {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
-                                 "epoch": self.epoch + 1}
-                    self._export(self.model, "best.safetensors", epoch=self.epoch + 1, metrics=metrics)
+            if self.epoch + 1 == self.num_epochs or (self.epoch + 1) % cfg.eval_every_epochs == 0:
+                self._evaluate_into(record)
             record["epoch_time_s"] = time.perf_counter() - epoch_start
             record["train_skipped"] = self.train_skipped
-            self.history.append({k: record[k] for k in ("epoch", "train_loss") if k in record}
-                                | {k: record[k] for k in ("val_top1", "val_loss") if k in record})
+            self.history.append({k: record[k] for k in ("epoch", "train_loss", "val_top1", "val_loss") if k in record})
             log.record("epoch", **record)
             log.info("epoch {epoch}/{n}: train loss {train_loss:.4f}".format(n=self.num_epochs, **record)
                      + (f", val top-1 {record['val_top1']:.2f}% top-5 {record['val_top5']:.2f}% loss "
@@ -375,13 +386,29 @@ class _Trainer:
         train_time = time.perf_counter() - start
         return self._finish(train_time)
 
+    def _evaluate_into(self, record: Dict[str, Any]) -> None:
+        """Validate the model (and EMA) into ``record``; export best.safetensors when top-1 improved."""
+        cfg = self.cfg
+        metrics = evaluate(self.model, self.val_loader, self.device, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
+                           channels_last=cfg.channels_last, show_progress=self.show_bars)
+        record.update({f"val_{k}": v for k, v in metrics.items()})
+        if self.ema is not None:
+            ema_metrics = evaluate(self.ema.module, self.val_loader, self.device, amp=cfg.amp,
+                                   amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
+            record.update({f"ema_val_{k}": ema_metrics[k] for k in ("top1", "top5", "loss")})
+        self.last_eval = dict(record)
+        if metrics["top1"] > self.best["top1"] and self.dist.is_main:
+            self.best = {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
+                         "epoch": self.epoch + 1}
+            self._export(self.model, "best.safetensors", epoch=self.epoch + 1, metrics=metrics)
+
     def _finish(self, train_time: float) -> TrainResult:
         final = self.last_eval or {}
         summary = {
             "model": self.cfg.model, "model_kwargs": self.model_kwargs, "recipe": self.cfg.recipe,
             "params": sum(p.numel() for p in self.model.parameters()), "epochs": self.num_epochs,
             "updates": self.global_step, "world_size": self.dist.world_size, "lr": self.lr,
-            "final": {k[4:]: final[k] for k in ("val_top1", "val_top5", "val_loss") if k in final},
+            "final": {k[4:]: final[k] for k in ("val_top1", "val_top5", "val_loss", "val_samples") if k in final},
             "final_train_loss": final.get("train_loss"),
             "ema": {k[8:]: final[k] for k in ("ema_val_top1", "ema_val_top5", "ema_val_loss") if k in final} or None,
             "best": self.best, "history": self.history,
@@ -417,7 +444,8 @@ def summary_table(summary: Dict[str, Any]) -> str:
     rows += [
         ["unreadable images skipped", f"train {skipped['train']}, val {skipped['val']}"],
         ["train time", f"{summary['train_time_s']:.1f}s"],
-        ["weights", f"{summary['files']['final.safetensors']} (best: {summary['files']['best.safetensors']})"],
+        ["output", f"{Path(summary['files']['last.pth']).parent}/ (final.safetensors, best.safetensors, last.pth, "
+                   "metrics.jsonl, summary.json)"],
     ]
     return format_table(["summary", ""], rows)
 

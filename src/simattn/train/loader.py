@@ -46,7 +46,8 @@ def build_transform(data_config: Dict[str, Any], cfg: Optional[TrainConfig] = No
     if not is_training:
         return create_transform(**common, is_training=False, crop_pct=data_config["crop_pct"],
                                 crop_mode=data_config.get("crop_mode"))
-    assert cfg is not None
+    if cfg is None:
+        raise ValueError("training transforms need the recipe (cfg) for their augmentation settings")
     return create_transform(
         **common, is_training=True, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), hflip=cfg.hflip, vflip=cfg.vflip,
         color_jitter=cfg.color_jitter, auto_augment=cfg.aa, re_prob=cfg.reprob, re_mode=cfg.remode,

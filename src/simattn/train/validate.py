@@ -17,10 +17,10 @@ import torch
 from ..utils.io import CheckpointError, atomic_write_json, load_weights
 from .checkpoint import model_spec_from_weights
 
-__all__ = ["validate", "main"]
+__all__ = ["validate_weights", "main"]
 
 
-def validate(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
+def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
              dataset: str = "digits", data_dir: Optional[str] = None, split: str = "val",
              img_size: Optional[int] = None, crop_pct: Optional[float] = None, interpolation: Optional[str] = None,
              batch_size: int = 64, workers: int = 0, use_ema: bool = False, device: Optional[str] = None,
@@ -81,7 +81,10 @@ def validate(weights: str | Path, model: Optional[str] = None, model_kwargs: Opt
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simattn validate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="simattn validate",
+        description="Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
+                    "and preprocessing default to those recorded with the weights by simattn train.")
     p.add_argument("--weights", required=True, help="checkpoint (.pth) or .safetensors file")
     p.add_argument("--model", help="model name (default: the one recorded with the weights)")
     p.add_argument("--model-kwargs", type=json.loads, default=None, help="JSON create_model kwargs (merged)")
@@ -106,7 +109,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .loop import use_tqdm
     try:
-        result = validate(args.weights, args.model, args.model_kwargs, dataset=args.dataset, data_dir=args.data_dir,
+        result = validate_weights(args.weights, args.model, args.model_kwargs, dataset=args.dataset, data_dir=args.data_dir,
                           split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                           interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
                           use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,

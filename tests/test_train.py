@@ -1,0 +1,309 @@
+"""simattn train / validate: recipes, options, data errors, a short real training run, and validation of its weights."""
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import timm
+import torch
+from PIL import Image
+
+import simattn  # noqa: F401  (registers the models)
+from simattn.train import load_config, list_recipes, scaled_lr, train, validate_weights
+from simattn.train import cli as train_cli
+from simattn.train import validate as validate_mod
+from simattn.train.engine import build_model, build_optimizer, build_scheduler
+from simattn.utils.io import read_safetensors_metadata
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A model small enough to learn something from the digits in a few dozen CPU updates
+TINY = dict(
+    model="sima_deit_tiny_patch16_224",
+    model_kwargs={"img_size": 16, "patch_size": 4, "embed_dim": 64, "depth": 2, "num_heads": 4,
+                  "global_pool": "avg", "class_token": False},
+    dataset="digits", img_size=16, interpolation="bilinear", crop_pct=1.0, batch_size=32, scale=[1.0, 1.0],
+    hflip=0.0, color_jitter=0.0, smoothing=0.0, lr=2e-3, warmup_epochs=0, sched_on_updates=True, clip_grad=None,
+    threads=1, device="cpu", log_interval=10, seed=0,
+)
+
+
+def tiny_config(tmp_path: Path, **overrides):
+    return load_config(None, {**TINY, "output": str(tmp_path / "run"), **overrides})
+
+
+# ---------------------------------------------------------------- options and recipes
+def test_recipe_and_command_line_overrides():
+    args = train_cli.build_parser().parse_args(
+        ["-c", "digits_cpu", "--epochs", "3", "--model-kwargs", "{depth: 2}", "--lr", "1e-3", "--resume",
+         "--no-model-ema", "--scale", "[0.5, 1.0]"])
+    cfg = load_config(args.config, train_cli.overrides_from_args(args))
+    assert cfg.epochs == 3 and cfg.lr == 1e-3 and cfg.resume == "auto" and cfg.model_ema is False
+    assert cfg.scale == [0.5, 1.0]
+    # model_kwargs merge into the recipe's instead of replacing them
+    assert cfg.model_kwargs["depth"] == 2 and cfg.model_kwargs["attn_type"] == "sima"
+    assert cfg.model_kwargs["embed_dim"] == load_config("digits_cpu").model_kwargs["embed_dim"]
+
+
+def test_bad_options_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown option 'epoch' .*did you mean 'epochs'"):
+        load_config("digits_cpu", {"epoch": 3})
+    with pytest.raises(ValueError, match="option 'batch_size': cannot use 'many' as int"):
+        load_config(None, {"batch_size": "many"})
+    with pytest.raises(ValueError, match="grad_accum_steps must be >= 1"):
+        load_config(None, {"grad_accum_steps": 0})
+    with pytest.raises(FileNotFoundError, match="recipe 'no_such_recipe' not found"):
+        load_config("no_such_recipe")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("epochs: 2\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="unknown option 'learning_rate' in recipe"):
+        load_config(str(bad))
+    # the command line reports them as one line and exit status 2
+    assert train_cli.main(["-c", "digits_cpu", "--epochs", "0"]) == 2
+
+
+def test_learning_rate_follows_the_global_batch():
+    deit = load_config("sima_deit_small")
+    assert scaled_lr(deit, world_size=8) == pytest.approx(1e-3)  # 5e-4 x 1024/512
+    assert scaled_lr(deit, world_size=2) == pytest.approx(2.5e-4)
+    accum = load_config("sima_deit_small", {"grad_accum_steps": 2})
+    assert scaled_lr(accum, world_size=4) == pytest.approx(1e-3)
+    assert scaled_lr(load_config("soft_tiny"), world_size=8) == pytest.approx(1e-3)  # 1e-3 x 1024/1024
+    assert scaled_lr(load_config("relu_vit_small_patch16"), world_size=8) == pytest.approx(1e-3)  # 1e-3 x 4096/4096
+    assert scaled_lr(load_config("digits_cpu"), world_size=8) == load_config("digits_cpu").lr  # absolute lr wins
+
+
+def test_paper_recipes_state_the_published_values():
+    deit, xcit = load_config("sima_deit_small"), load_config("sima_small_12_p16")
+    for cfg in (deit, xcit):
+        assert (cfg.opt, cfg.lr_base, cfg.lr_base_size, cfg.weight_decay, cfg.opt_eps) == ("adamw", 5e-4, 512, 0.05, 1e-8)
+        assert (cfg.sched, cfg.warmup_epochs, cfg.warmup_lr, cfg.min_lr, cfg.drop_path) == ("cosine", 5, 1e-6, 1e-5, 0.05)
+        assert (cfg.aa, cfg.color_jitter, cfg.interpolation, cfg.reprob) == ("rand-m9-mstd0.5-inc1", 0.4, "bicubic", 0.25)
+        assert (cfg.mixup, cfg.cutmix, cfg.smoothing, cfg.aug_repeats) == (0.8, 1.0, 0.1, 3)
+        assert (cfg.model_ema, cfg.model_ema_decay, cfg.amp, cfg.amp_dtype) == (True, 0.99996, True, "float16")
+        assert (cfg.batch_size * 8, cfg.img_size, cfg.crop_pct) == (1024, 224, 1.0)
+    assert (deit.model, deit.epochs) == ("sima_deit_small_patch16_224", 300)
+    assert (xcit.model, xcit.epochs) == ("sima_small_12_p16", 400)
+    assert load_config("sima_deit_small_1head").model_kwargs == {"num_heads": 1}
+    assert load_config("sima_deit_small_relu").model_kwargs == {"act_layer": "relu"}
+
+
+def test_repo_configs_are_the_shipped_recipes():
+    for name in list_recipes():
+        repo_file = REPO / "configs" / f"{name}.yaml"
+        assert repo_file.is_file(), f"configs/{name}.yaml missing"
+        assert repo_file.read_text() == (REPO / "src/simattn/configs" / f"{name}.yaml").read_text()
+
+
+@pytest.mark.parametrize("recipe", list_recipes())
+def test_every_recipe_builds_its_model_optimizer_and_schedule(recipe):
+    cfg = load_config(recipe)
+    if not timm.is_model(cfg.model):
+        pytest.skip(f"model {cfg.model} of recipe {recipe} is not registered yet")
+    num_classes = cfg.num_classes or (10 if cfg.dataset == "digits" else 1000)
+    with torch.device("meta"):  # shapes only: full-size models build in a fraction of a second
+        model, kwargs = build_model(cfg, num_classes)
+    assert kwargs["num_classes"] == num_classes and model.get_classifier().out_features == num_classes
+    optimizer, lr = build_optimizer(cfg, model, world_size=8)
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    assert optimizer.param_groups[0]["lr"] > 0 and lr == scaled_lr(cfg, 8)
+    scheduler, epochs = build_scheduler(cfg, optimizer, updates_per_epoch=100)
+    assert epochs == cfg.epochs + cfg.cooldown_epochs
+    if cfg.warmup_epochs:  # the schedule starts at warmup_lr and reaches the scaled lr after warmup
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(cfg.warmup_lr)
+        if cfg.sched_on_updates:
+            scheduler.step_update(int(cfg.warmup_epochs * 100))
+        else:
+            scheduler.step(int(cfg.warmup_epochs))
+        # the cosine counts the warmup as part of the schedule, so the peak is a hair below the scaled lr
+        assert 0.95 * lr <= optimizer.param_groups[0]["lr"] <= lr * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------- a real (short) run
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = tiny_config(tmp, epochs=2, steps_per_epoch=30)
+    return train(cfg), cfg
+
+
+def test_short_run_learns_and_writes_its_files(trained):
+    result, cfg = trained
+    summary, out = result.summary, result.output
+    assert summary["updates"] == 60 and summary["final"]["samples"] == 359
+    assert summary["final"]["top1"] > 25.0, f"chance is 10%, got {summary['final']['top1']:.1f}%"
+    assert summary["history"][1]["train_loss"] < summary["history"][0]["train_loss"]
+    for name in ("last.pth", "best.safetensors", "final.safetensors", "metrics.jsonl", "summary.json", "config.yaml"):
+        assert (out / name).is_file(), name
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    epochs = [r for r in records if r["type"] == "epoch"]
+    assert [r["epoch"] for r in epochs] == [1, 2]
+    assert epochs[-1]["val_top1"] == pytest.approx(summary["final"]["top1"])
+    assert any(r["type"] == "step" for r in records)
+    meta = read_safetensors_metadata(out / "final.safetensors")
+    assert meta["model"] == cfg.model
+    assert json.loads(meta["config"]) == {**cfg.model_kwargs, "num_classes": 10}
+    rebuilt = timm.create_model(meta["model"], **json.loads(meta["config"]))
+    assert sum(p.numel() for p in rebuilt.parameters()) == summary["params"]
+
+
+def test_validate_reproduces_the_training_accuracy(trained, tmp_path, capsys):
+    result, cfg = trained
+    out = result.output
+    final = validate_weights(out / "final.safetensors")  # model, kwargs and preprocessing from the metadata
+    assert final["top1"] == pytest.approx(result.summary["final"]["top1"], abs=1e-9)
+    assert final["loss"] == pytest.approx(result.summary["final"]["loss"], rel=1e-5)
+    best = validate_weights(out / "best.safetensors")
+    assert best["top1"] == pytest.approx(result.summary["best"]["top1"], abs=1e-9)
+    # the train state works too, and the command line writes JSON
+    json_out = tmp_path / "val.json"
+    assert validate_mod.main(["--weights", str(out / "last.pth"), "--output", str(json_out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json_out.read_text())
+    assert printed["top1"] == pytest.approx(final["top1"], abs=1e-9)
+    # another resolution and crop ratio: the model adapts (dynamic image size), the numbers are reported as such
+    other = validate_weights(out / "final.safetensors", img_size=32, crop_pct=0.875)
+    assert (other["img_size"], other["crop_pct"], other["samples"]) == (32, 0.875, 359)
+
+
+def test_validate_errors_are_one_line(trained, tmp_path, capsys):
+    out = trained[0].output
+    with pytest.raises(ValueError, match="has 5 classes but dataset 'digits' has 10"):
+        validate_weights(out / "final.safetensors", model_kwargs={"num_classes": 5}, dataset="digits")
+    assert validate_mod.main(["--weights", str(tmp_path / "nope.safetensors")]) == 2
+    assert "weights not found" in capsys.readouterr().err
+    assert validate_mod.main(["--weights", str(out / "final.safetensors"), "--use-ema"]) == 2
+    assert "no EMA weights" in capsys.readouterr().err
+
+
+def test_an_existing_run_is_not_overwritten_by_accident(trained):
+    result, cfg = trained
+    with pytest.raises(ValueError, match="already holds a run"):
+        train(load_config(None, {**TINY, "output": str(result.output), "epochs": 1}))
+
+
+def test_precision_and_memory_options_run(tmp_path):
+    # bf16 autocast, gradient accumulation, gradient checkpointing, channels_last, EMA and mixup in one short run
+    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="bfloat16", grad_accum_steps=2,
+                      grad_checkpointing=True, channels_last=True, model_ema=True, model_ema_decay=0.9,
+                      mixup=0.8, cutmix=1.0, clip_grad=1.0)
+    result = train(cfg)
+    assert result.summary["updates"] == 2 and np.isfinite(result.summary["final"]["loss"])
+    assert result.summary["ema"] is not None and (result.output / "final_ema.safetensors").is_file()
+    ema_weights = result.ema.state_dict()
+    assert not all(torch.equal(v, result.model.state_dict()[k]) for k, v in ema_weights.items())
+
+
+def test_fp16_loss_scaling_runs(tmp_path):
+    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="float16", clip_grad=1.0)
+    result = train(cfg)
+    state = torch.load(result.output / "last.pth", weights_only=True)
+    assert state["scaler"] is not None and "scale" in state["scaler"]
+
+
+# ---------------------------------------------------------------- datasets
+def _write_folder(root: Path, split: str, per_class: int = 4, corrupt: int = 0) -> None:
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        d = root / split / c
+        d.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    for i in range(corrupt):
+        (root / split / "cat" / f"broken{i}.jpg").write_bytes(b"this is not a jpeg")
+
+
+def test_image_folder_skips_and_counts_unreadable_images(tmp_path, caplog):
+    root = tmp_path / "imgs"
+    _write_folder(root, "train", per_class=4, corrupt=1)  # 9 files, one unreadable
+    _write_folder(root, "val", per_class=2, corrupt=1)  # 5 files, one unreadable
+    cfg = tiny_config(tmp_path, dataset="folder", data_dir=str(root), batch_size=9, epochs=1)
+    with caplog.at_level(logging.WARNING, logger="simattn.data.folder"):
+        result = train(cfg)
+    assert result.summary["skipped_unreadable"] == {"train": 1, "val": 1}
+    assert result.summary["final"]["samples"] == 4
+    assert any("skipping unreadable image" in r.getMessage() and "broken0.jpg" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_dataset_errors_are_clear(tmp_path):
+    with pytest.raises(ValueError, match="unknown dataset 'imagenet22k'"):
+        train(tiny_config(tmp_path, dataset="imagenet22k"))
+    with pytest.raises(FileNotFoundError, match="image folder not found"):
+        train(tiny_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "missing")))
+    (tmp_path / "empty" / "train").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="is empty: expected one sub-folder per class"):
+        train(tiny_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "empty")))
+    (tmp_path / "noimg" / "train" / "a").mkdir(parents=True)
+    (tmp_path / "noimg" / "train" / "a" / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="holds no images"):
+        train(tiny_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "noimg")))
+    _write_folder(tmp_path / "nosplit", "train")
+    with pytest.raises(FileNotFoundError, match="has no 'val' split folder"):
+        train(tiny_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "nosplit")))
+    with pytest.raises(FileNotFoundError, match="cifar10: .*cifar-10-batches-py not found"):
+        train(tiny_config(tmp_path, dataset="cifar10", data_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="needs a data directory"):
+        train(tiny_config(tmp_path, dataset="cifar100"))
+    with pytest.raises(ValueError, match="num_classes=100 does not match dataset 'digits', which has 10 classes"):
+        train(tiny_config(tmp_path, num_classes=100))
+    assert not (tmp_path / "run").exists()  # nothing was written by the failed runs
+
+
+def test_cifar_pickle_files_are_read_without_download(tmp_path, monkeypatch):
+    import torchvision.datasets.cifar as tv_cifar
+
+    from simattn.data.factory import create_dataset
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {"data": rng.integers(0, 255, (4, 3072), dtype=np.uint8), "labels": [0, 1, 2, 9]}
+        (folder / name).write_bytes(pickle.dumps(entry))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+    # torchvision checks the published md5 sums, which these stand-in files cannot match
+    monkeypatch.setattr(tv_cifar, "check_integrity", lambda *a, **k: True)
+    train_set = create_dataset("cifar10", folder, "train")  # the unpacked folder itself works too
+    val_set = create_dataset("cifar10", tmp_path, "val")
+    assert (len(train_set), len(val_set), len(train_set.classes)) == (20, 4, 10)
+    img, label = val_set[3]
+    assert img.size == (32, 32) and label == 9
+
+
+# ---------------------------------------------------------------- the reproducible data stream
+def test_resumed_sampler_replays_the_rest_of_the_epoch_and_augmentations_are_seeded():
+    from timm.data.distributed_sampler import RepeatAugSampler
+
+    from simattn.data import DigitsDataset
+    from simattn.train.loader import ResumableSampler, SeededSamples, build_transform
+
+    cfg = load_config(None, {"scale": [0.1, 1.0], "hflip": 0.5})  # strong enough to tell draws apart on 8x8 images
+    data_config = {"input_size": [3, 16, 16], "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3,
+                   "crop_pct": 1.0}
+    dataset = DigitsDataset("train", transform=build_transform(data_config, cfg, is_training=True))
+    order = RepeatAugSampler(dataset, num_replicas=1, rank=0, num_repeats=3)
+    full, resumed = ResumableSampler(order, seed=5, rank=0), ResumableSampler(order, seed=5, rank=0)
+    full.set_epoch(2)
+    resumed.set_epoch(2, start=96)
+    everything = list(full)
+    assert list(resumed) == everything[96:] and len(resumed) == len(everything) - 96
+    # repeated augmentation: the three copies of an image get three different augmentations
+    (i0, s0), (i1, s1), (i2, s2) = everything[:3]
+    assert i0 == i1 == i2 and len({s0, s1, s2}) == 3
+    samples = SeededSamples(dataset)
+    rng_before = torch.get_rng_state()
+    a, b, again = samples[(i0, s0)][0], samples[(i1, s1)][0], samples[(i0, s0)][0]
+    assert torch.equal(a, again) and not torch.equal(a, b)
+    assert torch.equal(torch.get_rng_state(), rng_before)  # the global RNG (drop-path, mixup) is left alone
+    full.set_epoch(3)
+    assert list(full) != everything  # a new epoch, a new order
+
+
+def test_repeated_augmentation_and_workers_train(tmp_path):
+    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, aug_repeats=3, workers=1, scale=[0.6, 1.0])
+    result = train(cfg)
+    assert result.summary["updates"] == 2
