@@ -5,8 +5,6 @@ The model name and ``timm.create_model`` kwargs can come from the weights file i
 """
 from __future__ import annotations
 
-import importlib
-from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
 import torch
@@ -44,58 +42,12 @@ def parse_model_kwargs(items: Optional[Iterable[str]]) -> Dict[str, Any]:
     return kwargs
 
 
-def _spec_from_weights(path: Path) -> Optional[Dict[str, Any]]:
-    # The training package owns the metadata layout it writes; read it through its helper.
-    from ..train.checkpoint import model_spec_from_weights
-    return model_spec_from_weights(path)
-
-
 def build_model(model_name: Optional[str] = None, weights: Optional[str] = None,
                 model_kwargs: Optional[Mapping[str, Any]] = None,
                 use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
-    """Create a registered model in eval mode, optionally with weights.
-
-    Args:
-        model_name: a name from ``simattn.models.list_models()`` (or any timm name); taken from the weights'
-            metadata when None.
-        weights: a checkpoint (``.pth``) or ``.safetensors`` file, loaded with ``simattn.utils.io.load_weights``
-            (``weights_only=True``, strict, keys reported by name), through the family's ``checkpoint_filter_fn``.
-        model_kwargs: ``timm.create_model`` kwargs; they override the ones stored with the weights.
-
-    Returns:
-        (model, spec) with spec = ``{'model', 'config', 'data_config', 'weights'}`` (``data_config`` may be None).
-    """
-    import timm
-
-    import simattn  # noqa: F401  (registers the models with timm)
-    from ..utils.io import load_weights
-
-    spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "weights": None}
-    if weights is not None:
-        path = Path(weights)
-        if not path.is_file():
-            raise FileNotFoundError(f"weights file not found: {path}")
-        stored = _spec_from_weights(path)
-        if stored:
-            if model_name is not None and stored["model"] != model_name:
-                raise ValueError(f"weights {path} were saved for model {stored['model']!r}, not {model_name!r}")
-            spec.update(model=stored["model"], config=dict(stored.get("config") or {}),
-                        data_config=stored.get("data_config"))
-        spec["weights"] = str(path)
-    if spec["model"] is None:
-        raise ValueError("no model name: pass --model (the weights file does not name its model)"
-                         if weights else "no model name: pass --model NAME")
-    if not timm.is_model(spec["model"]):
-        raise ValueError(f"unknown model {spec['model']!r}; simattn models: {', '.join(simattn.list_models())}")
-    spec["config"].update(model_kwargs or {})
-    try:
-        model = timm.create_model(spec["model"], **spec["config"])
-    except TypeError as e:
-        raise ValueError(f"cannot build {spec['model']} with {spec['config']}: {e}") from None
-    if weights is not None:
-        entry_module = importlib.import_module(timm.models.model_entrypoint(spec["model"]).__module__)
-        load_weights(model, weights, use_ema=use_ema, filter_fn=getattr(entry_module, "checkpoint_filter_fn", None))
-    return model.eval(), spec
+    """:func:`simattn.models.factory.load_model` (the model in eval mode and its spec)."""
+    from ..models.factory import load_model
+    return load_model(model_name, weights, model_kwargs, use_ema)
 
 
 def resolve_data_config(model: nn.Module, spec: Optional[Mapping[str, Any]] = None,

@@ -6,19 +6,18 @@ Files are written atomically (simattn.utils.io), so a crash mid-write leaves the
 """
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import numpy as np
 import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, atomic_torch_save, load_checkpoint, read_safetensors_metadata, save_safetensors
+from ..utils.io import CheckpointError, atomic_torch_save, load_checkpoint, save_safetensors
 
 __all__ = ["TRAIN_STATE_FORMAT", "capture_rng_state", "restore_rng_state", "save_train_state", "load_train_state",
-           "export_weights", "weights_metadata", "model_spec_from_weights"]
+           "export_weights", "weights_metadata"]
 
 TRAIN_STATE_FORMAT = "simattn-train-state-v1"
 
@@ -90,22 +89,4 @@ def export_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, An
     """Save ``model``'s weights as safetensors (atomically) with :func:`weights_metadata`."""
     save_safetensors(model, path, metadata=metadata)
 
-
-def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
-    """``{'model', 'config', 'data_config'}`` stored with weights (safetensors metadata or a train state), or None."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        try:
-            meta = read_safetensors_metadata(path)
-        except Exception as e:
-            raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-        if "model" not in meta:
-            return None
-        return {"model": meta["model"], "config": json.loads(meta.get("config", "{}")),
-                "data_config": json.loads(meta["data_config"]) if "data_config" in meta else None}
-    state = load_checkpoint(path)
-    if "model_name" not in state:
-        return None
-    return {"model": state["model_name"], "config": dict(state.get("model_kwargs", {})),
-            "data_config": state.get("data_config")}
 

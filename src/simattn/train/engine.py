@@ -21,6 +21,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ModelEmaV3, NativeScaler, dispatch_clip_grad, random_seed
 from torch import nn
 
+from ..models.factory import create_model
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, load_weights
 from ..utils.timing import set_threads
@@ -31,7 +32,7 @@ from .logs import RunLog, format_table
 from .loader import build_eval_loader, build_mixup, build_train_loader, build_transform, data_config_for
 from .loop import autocast, evaluate, progress, use_tqdm
 
-__all__ = ["train", "TrainResult", "create_model_checked", "open_datasets", "build_model", "build_optimizer",
+__all__ = ["train", "TrainResult", "open_datasets", "build_model", "build_optimizer",
            "build_scheduler"]
 
 
@@ -42,16 +43,6 @@ class TrainResult:
     model: nn.Module
     ema: Optional[nn.Module]
     output: Path
-
-
-def create_model_checked(name: str, **kwargs: Any) -> nn.Module:
-    """``timm.create_model`` with a one-line error for an unknown name (after ``import simattn`` registered ours)."""
-    import timm
-
-    from ..models import list_models  # importing the models package registers them with timm
-    if not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(list_models())}")
-    return timm.create_model(name, **kwargs)
 
 
 def open_datasets(cfg: TrainConfig):
@@ -76,7 +67,7 @@ def build_model(cfg: TrainConfig, num_classes: int) -> Tuple[nn.Module, Dict[str
         kwargs.setdefault("drop_path_rate", cfg.drop_path)
     if cfg.drop:
         kwargs.setdefault("drop_rate", cfg.drop)
-    return create_model_checked(cfg.model, **kwargs), kwargs
+    return create_model(cfg.model, **kwargs), kwargs
 
 
 def build_optimizer(cfg: TrainConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:

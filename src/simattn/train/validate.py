@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..utils.io import CheckpointError, atomic_write_json, load_weights
-from .checkpoint import model_spec_from_weights
+from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights
 
 __all__ = ["validate_weights", "main"]
 
@@ -33,7 +33,6 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from timm.data import resolve_data_config
 
     from ..data.factory import create_dataset, dataset_classes
-    from .engine import create_model_checked
     from .loader import build_eval_loader, build_transform
     from .loop import evaluate
 
@@ -55,8 +54,8 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
         raise ValueError(f"model {model} has {kwargs['num_classes']} classes but dataset {dataset!r} has {n_classes}")
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net = create_model_checked(model, **kwargs)
-    load_weights(net, weights, use_ema=use_ema)
+    net = create_model(model, **kwargs)
+    load_weights(net, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(model))
     net.to(dev)
     if channels_last:
         net.to(memory_format=torch.channels_last)
