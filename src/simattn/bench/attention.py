@@ -57,7 +57,7 @@ def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads:
     for n in tokens:
         b = batch_for(n)
         gen = torch.Generator().manual_seed(n)
-        q, k, v = (torch.randn(b, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(3))
+        q, k, v = [torch.randn(b, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(3)]
         times = {}
         for kind in kinds:
             fn = _soft(n) if kind == "soft" else KINDS[kind]
@@ -95,7 +95,8 @@ def check_targets(rows: List[dict]) -> List[str]:
     for n, key in ((197, "sdpa_197"), (9217, "sdpa_9217")):
         if n in sima and sima[n]["speedup_vs_sdpa"]:
             x = sima[n]["speedup_vs_sdpa"]
-            out.append(f"{'PASS' if x >= TARGETS[key] else 'MISS'}  SimA vs SDPA at N={n}: {x:.1f}x (target >= {TARGETS[key]:g}x)")
+            verdict = "PASS" if x >= TARGETS[key] else "MISS"
+            out.append(f"{verdict}  SimA vs SDPA at N={n}: {x:.1f}x (target >= {TARGETS[key]:g}x)")
     for n, r in sorted(sima.items()):
         if n >= 197 and r["speedup_vs_official_sima"]:
             x = r["speedup_vs_official_sima"]

@@ -33,22 +33,30 @@ __all__ = [
 
 #: aten op name (in-place ``_`` suffix stripped) → category of exp-like work. Elementwise ops evaluate one
 #: exp-like function per output element (erf for exact GELU, tanh for the tanh GELU; elu/softplus/silu hide an exp).
+#: Composite names (``softmax``, ``scaled_dot_product_attention``) are listed too, for composites that cannot be
+#: decomposed (never both levels for one call).
 EXP_LIKE_OPS: Dict[str, str] = {
     **dict.fromkeys(("exp", "exp2", "expm1"), "exp"),
-    **dict.fromkeys(("_softmax", "_safe_softmax", "_log_softmax", "logsumexp"), "softmax"),
+    **dict.fromkeys(("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "logsumexp"),
+                    "softmax"),
     **dict.fromkeys(("erf", "erfc", "gelu", "gelu_backward", "tanh", "sigmoid", "silu", "mish", "elu", "celu",
                      "selu", "softplus", "log_sigmoid_forward", "glu"), "activation"),
 }
 
 #: Fused attention kernels (forward and backward): each evaluates B·H·Nq·Nk exps (the backward recomputes them).
+#: q and k are (B, H, N, d), except for the low-level flash/efficient kernels (B, N, H, d).
 SDPA_OPS = frozenset((
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_fused_attention_overrideable", "_flash_attention_forward", "_efficient_attention_forward",
+    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention_overrideable",
     "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
     "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-    "_flash_attention_backward", "_efficient_attention_backward",
+    "_scaled_dot_product_fused_attention_overrideable_backward",
+    "_flash_attention_forward", "_efficient_attention_forward", "_flash_attention_backward",
+    "_efficient_attention_backward",
 ))
+_TOKENS_SECOND = frozenset(("_flash_attention_forward", "_efficient_attention_forward", "_flash_attention_backward",
+                            "_efficient_attention_backward"))
 
 
 def _op_name(func) -> str:
@@ -59,9 +67,10 @@ def _op_name(func) -> str:
 def _exp_evals(name: str, args: Tuple[Any, ...], out: Any) -> Tuple[Optional[str], int]:
     """(category, exp evaluations) of one dispatched op; (None, 0) for ops without exp-like work."""
     if name in SDPA_OPS:
-        # Forward: (q, k, v, ...); backward: (grad_out, q, k, v, ...). Both (B, H, N, d).
+        # Forward: (q, k, v, ...); backward: (grad_out, q, k, v, ...).
         q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
-        return "softmax", q.shape[:-1].numel() * k.shape[-2]
+        key_tokens = k.shape[1] if name in _TOKENS_SECOND else k.shape[-2]
+        return "softmax", q.shape[:-1].numel() * key_tokens  # (B·H·Nq in either layout) × Nk
     category = EXP_LIKE_OPS.get(name)
     if category is None:
         return None, 0
@@ -71,7 +80,26 @@ def _exp_evals(name: str, args: Tuple[Any, ...], out: Any) -> Tuple[Optional[str
     return category, first.numel() if isinstance(first, torch.Tensor) else 0
 
 
-class OpTrace(TorchDispatchMode):
+class _KernelMode(TorchDispatchMode):
+    """A dispatch mode that sees the kernels that run: composite ops that arrive whole (under
+    ``torch.inference_mode`` there is no autograd key to decompose them) are decomposed first, as autograd would.
+    Subclasses implement :meth:`record`."""
+
+    def record(self, func, args, kwargs, out) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with self:
+            out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
+        out = func(*args, **kwargs)
+        self.record(func, args, kwargs, out)
+        return out
+
+
+class OpTrace(_KernelMode):
     """Records every dispatched aten op: ``ops`` (name → calls) and, for exp-like ops, ``exp_calls`` and
     ``exp_evals`` (name → count) and ``by_category`` (``'softmax'``: softmax kernels and fused SDPA; ``'exp'``:
     explicit exp ops; ``'activation'``: GELU/erf/tanh/sigmoid/ELU-like activations).
@@ -88,17 +116,16 @@ class OpTrace(TorchDispatchMode):
         self.exp_evals: Counter = Counter()
         self.by_category: Counter = Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace == "aten":
-            name = _op_name(func)
-            self.ops[name] += 1
-            category, evals = _exp_evals(name, args, out)
-            if category is not None:
-                self.exp_calls[name] += 1
-                self.exp_evals[name] += evals
-                self.by_category[category] += evals
-        return out
+    def record(self, func, args, kwargs, out) -> None:
+        if func.namespace != "aten":
+            return
+        name = _op_name(func)
+        self.ops[name] += 1
+        category, evals = _exp_evals(name, args, out)
+        if category is not None:
+            self.exp_calls[name] += 1
+            self.exp_evals[name] += evals
+            self.by_category[category] += evals
 
     @property
     def exp_total(self) -> int:
@@ -205,7 +232,7 @@ def count_flops(fn: Callable[[], Any], model: Optional[nn.Module] = None) -> Flo
 # ---------------------------------------------------------------------------------------------------- memory
 
 
-class _StorageAccountant(TorchDispatchMode):
+class _StorageAccountant(_KernelMode):
     """Live bytes of the tensor storages created by ops inside the mode, and their peak."""
 
     def __init__(self) -> None:
@@ -218,8 +245,7 @@ class _StorageAccountant(TorchDispatchMode):
         if self.live.pop(key, None) is not None:
             self.current -= nbytes
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+    def record(self, func, args, kwargs, out) -> None:
         # Outputs that share an input's storage (views, in-place results, views of weights) are no new memory.
         inputs = {t.untyped_storage()._cdata for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
@@ -235,7 +261,6 @@ class _StorageAccountant(TorchDispatchMode):
             self.peak = max(self.peak, self.current)
             # Storage Python objects are preserved while the C++ storage lives: the finalizer runs when it is freed.
             weakref.finalize(storage, self._release, key, nbytes)
-        return out
 
 
 class PeakMemory:

@@ -10,9 +10,11 @@ one model's allocations, caches and thread pools do not disturb the next:
 * peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting).
 
 Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
-isolating the cost of exp. Example::
+isolating the cost of exp. Attention options ride on the kind (``softmax:fused=false`` is the explicit N×N
+softmax, whose memory grows quadratically; fused SDPA's does not). Examples::
 
     simattn bench model --models sima_deit_small_patch16_224 --attn sima softmax --img-size 224 512 1024
+    simattn bench model --attn sima softmax softmax:fused=false --measure memory counts --img-size 224 384 512
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..utils.timing import set_threads, sync, time_fn
-from .report import fmt, machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
+from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
 __all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "measure", "run_specs", "speedups", "plot_results", "main"]
@@ -50,13 +52,15 @@ MB = 2 ** 20
 class BenchSpec:
     """One model configuration, measured by one worker.
 
-    ``attn``: attention kind passed as ``attn_type`` (``'default'`` keeps the model's own). ``sima_order`` forces
-    every SimA module's matmul order. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``, ``act_layer``,
+    ``attn``: attention kind passed as ``attn_type`` (``'default'`` keeps the model's own), ``attn_kwargs`` its
+    options (e.g. ``{'fused': False}`` for explicit softmax). ``sima_order`` forces every SimA module's matmul
+    order. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``, ``act_layer``,
     ``attn_kwargs``). ``latency_batch`` is the batch of the latency timings (1 unless a caller needs otherwise).
     """
 
     model: str
     attn: str = DEFAULT_ATTN
+    attn_kwargs: Dict[str, Any] = field(default_factory=dict)
     img_size: int = 224
     precision: str = "fp32"
     device: str = "cpu"
@@ -90,6 +94,9 @@ class BenchSpec:
 
 def _default_label(spec: BenchSpec) -> str:
     label = spec.attn if spec.attn != DEFAULT_ATTN else spec.model
+    if spec.attn_kwargs:
+        label += ":" + ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                                for k, v in spec.attn_kwargs.items())  # as written on the command line
     if spec.sima_order and spec.sima_order != "auto":
         label += f" ({spec.sima_order})"
     return label
@@ -107,6 +114,8 @@ def validate_spec(spec: BenchSpec) -> None:
                          f"{', '.join(list_models())})")
     if spec.attn != DEFAULT_ATTN and spec.attn not in list_attentions():
         raise ValueError(f"unknown attention {spec.attn!r}; known: {DEFAULT_ATTN}, {', '.join(list_attentions())}")
+    if spec.attn == DEFAULT_ATTN and spec.attn_kwargs:
+        raise ValueError("attention options need an attention kind, e.g. softmax:fused=false")
     if spec.precision not in PRECISIONS:
         raise ValueError(f"unknown precision {spec.precision!r}; expected one of {', '.join(PRECISIONS)}")
     if spec.sima_order is not None and spec.sima_order not in SIMA_ORDERS:
@@ -135,8 +144,11 @@ def build_model(spec: BenchSpec) -> nn.Module:
     kwargs = dict(spec.model_kwargs)
     if spec.attn != DEFAULT_ATTN:
         kwargs["attn_type"] = spec.attn
+        attn_kwargs = {**kwargs.get("attn_kwargs", {}), **spec.attn_kwargs}
         if spec.attn == "sima" and spec.sima_order:
-            kwargs["attn_kwargs"] = {**kwargs.get("attn_kwargs", {}), "order": spec.sima_order}
+            attn_kwargs["order"] = spec.sima_order
+        if attn_kwargs:
+            kwargs["attn_kwargs"] = attn_kwargs
     try:
         model = timm.create_model(spec.model, pretrained=False, img_size=spec.img_size, **kwargs)
     except TypeError as e:
@@ -260,13 +272,15 @@ def measure(spec: BenchSpec) -> Dict[str, Any]:
         row["peak_train_mb"] = peak_memory(step, run.device) / MB
     if "latency" in spec.measures:
         t = run.time(run.infer_fn(b1))
-        row.update(infer_p50_ms=t["median_ms"], infer_p90_ms=t["p90_ms"], infer_runs=t["runs"])
+        row.update(infer_p50_ms=t["median_ms"], infer_p90_ms=t["p90_ms"], infer_min_ms=t["min_ms"],
+                   infer_runs=t["runs"])
     if "throughput" in spec.measures:
         t = run.time(run.infer_fn(spec.batch_size))
         row["infer_ips"] = spec.batch_size * 1e3 / t["median_ms"]
     if "train-latency" in spec.measures:
         t = run.time(run.train_fn(b1))
-        row.update(train_p50_ms=t["median_ms"], train_p90_ms=t["p90_ms"], train_runs=t["runs"])
+        row.update(train_p50_ms=t["median_ms"], train_p90_ms=t["p90_ms"], train_min_ms=t["min_ms"],
+                   train_runs=t["runs"])
     if "train-throughput" in spec.measures:
         t = run.time(run.train_fn(spec.batch_size))
         row["train_ips"] = spec.batch_size * 1e3 / t["median_ms"]
@@ -304,7 +318,8 @@ def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
             "error": message}
 
 
-_TIMING_KEYS = ("infer_p50_ms", "infer_p90_ms", "infer_ips", "train_p50_ms", "train_p90_ms", "train_ips")
+_TIMING_KEYS = ("infer_p50_ms", "infer_p90_ms", "infer_min_ms", "infer_ips", "train_p50_ms", "train_p90_ms",
+                "train_min_ms", "train_ips")
 
 
 def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
@@ -312,7 +327,8 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
     """Measure every spec (each in its own subprocess unless ``in_process``) and return one row per spec.
 
     With ``rounds`` > 1 the whole list is timed again (interleaved, so slow phases of a shared machine hit all
-    configurations alike) and each timing is the median over rounds; counts and memory are measured once.
+    configurations alike) and each timing is the median over rounds (``<key>_rounds`` keeps every round's value;
+    ``*_min_ms`` is the minimum over rounds); counts and memory are measured once.
     """
     for spec in specs:
         validate_spec(spec)
@@ -338,19 +354,23 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
         for key in _TIMING_KEYS:
             values = [r[key] for r in per_round if r.get(key) is not None]
             if values:
-                row[key] = statistics.median(values)
+                row[key] = min(values) if key.endswith("_min_ms") else statistics.median(values)
+                if len(values) > 1:
+                    row[f"{key}_rounds"] = values
         row["rounds"] = len(per_round)
         rows.append(row)
     return rows
 
 
 def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[Dict[str, Any]]:
-    """Baseline time / row time for every row that has a baseline row with the same model, size, precision
-    and device (inference and training p50; >1 means faster than the baseline)."""
+    """Baseline time / row time for every row that has a baseline row (the one labelled ``baseline``, e.g.
+    ``softmax`` or ``softmax:fused=False``) with the same model, size, precision
+    and device (inference and training, p50 and min — the min is the steadier on a busy machine; >1 means faster
+    than the baseline)."""
     def key(r):
         return r["model"], r["img_size"], r["precision"], r["device"]
 
-    base = {key(r): r for r in rows if r.get("attn") == baseline and "error" not in r}
+    base = {key(r): r for r in rows if r.get("label") == baseline and "error" not in r}
     out = []
     for r in rows:
         b = base.get(key(r))
@@ -358,13 +378,15 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
             continue
         entry = {"model": r["model"], "label": r["label"], "baseline": b["label"], "img_size": r["img_size"],
                  "precision": r["precision"], "device": r["device"]}
-        for metric, name in (("infer_p50_ms", "infer_speedup"), ("train_p50_ms", "train_speedup")):
+        for metric, name in (("infer_p50_ms", "infer_speedup"), ("infer_min_ms", "infer_speedup_min"),
+                             ("train_p50_ms", "train_speedup"), ("train_min_ms", "train_speedup_min")):
             if r.get(metric) and b.get(metric):
                 entry[name] = b[metric] / r[metric]
         for metric, name in (("infer_ips", "infer_ips_ratio"), ("train_ips", "train_ips_ratio")):
             if r.get(metric) and b.get(metric):
                 entry[name] = r[metric] / b[metric]
-        out.append(entry)
+        if len(entry) > 6:  # some timing was measured on both
+            out.append(entry)
     return out
 
 
@@ -383,39 +405,45 @@ def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
 
 
 def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
-    """Latency, training step, peak memory and exp-like evaluations against input size, one line per series."""
-    panels = [
-        ("infer_p50_ms", "inference latency p50 (ms)", "log"),
-        ("train_p50_ms", "training step p50 (ms)", "log"),
-        ("peak_fwd_mb", "peak memory (MB): forward ─, train step ┄", "log"),
-        ("exp_total", "exp-like evaluations per forward", "symlog"),
+    """Against input size, one line per series: inference latency, training step, peak memory and exp-like
+    evaluations per forward (solid: softmax-family, the paper's column; dashed: all, activations included).
+    Panels with nothing measured are left out."""
+    panels = [  # (solid key, dashed key, y label, y scale)
+        ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed", "log"),
+        ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed", "log"),
+        ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed", "log"),
+        ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed", "symlog"),
     ]
-    fig, axes = new_figure(2, 2, size=5.2)
-    for ax, (key, ylabel, scale) in zip(axes, panels):
-        for name, series in _series(rows).items():
-            pts = [(r["img_size"], r[key]) for r in series if r.get(key) is not None]
-            if not pts:
-                continue
-            line, = ax.plot(*zip(*pts), marker="o", label=name)
-            if key == "peak_fwd_mb":
-                train = [(r["img_size"], r["peak_train_mb"]) for r in series if r.get("peak_train_mb") is not None]
-                if train:
-                    ax.plot(*zip(*train), marker="s", linestyle="--", color=line.get_color())
+    series = _series(rows)
+    panels = [p for p in panels if any(r.get(p[0]) is not None or r.get(p[1]) is not None
+                                       for rs in series.values() for r in rs)]
+    fig, axes = new_figure(min(2, max(1, len(panels))), (len(panels) + 1) // 2 or 1, size=5.2)
+    for ax, (solid, dashed, ylabel, scale) in zip(axes, panels):
+        for name, rs in series.items():
+            color = None
+            for key, style in ((solid, "-"), (dashed, "--")):
+                pts = [(r["img_size"], r[key]) for r in rs if r.get(key) is not None]
+                if pts:
+                    line, = ax.plot(*zip(*pts), marker="o", linestyle=style, color=color,
+                                    label=name if style == "-" else None)
+                    color = line.get_color()
         ax.set_xlabel("input size (px)")
-        ax.set_ylabel(ylabel)
-        ax.set_yscale(scale)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.set_yscale(scale, **({"linthresh": 1.0} if scale == "symlog" else {}))
         ax.grid(True, alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        ax.legend(fontsize=7)
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
     if title:
         fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
 
 
 RESULT_COLUMNS = ["model", "label", "attn", "sima_order", "img_size", "tokens", "precision", "device", "threads",
-                  "params_m", "infer_p50_ms", "infer_p90_ms", "infer_ips", "train_p50_ms", "train_p90_ms",
-                  "train_ips", "batch_size", "gflops", "attn_gflops", "exp_total", "exp_softmax", "exp_activation",
-                  "exp_calls", "op_calls", "peak_fwd_mb", "peak_train_mb", "rounds", "error"]
+                  "params_m", "infer_p50_ms", "infer_p90_ms", "infer_min_ms", "infer_ips", "train_p50_ms",
+                  "train_p90_ms", "train_min_ms", "train_ips", "batch_size", "gflops", "attn_gflops", "exp_total",
+                  "exp_softmax", "exp_activation", "exp_calls", "op_calls", "peak_fwd_mb", "peak_train_mb", "rounds",
+                  "error"]
 
 
 def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str, Any],
@@ -442,13 +470,31 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
              markdown_table(rows, present)]
     if ups:
         ucols = [c for c in ("model", "label", "baseline", "img_size", "precision", "infer_speedup",
-                             "train_speedup", "infer_ips_ratio", "train_ips_ratio") if any(u.get(c) for u in ups)]
+                             "infer_speedup_min", "train_speedup", "train_speedup_min", "infer_ips_ratio",
+                             "train_ips_ratio") if any(u.get(c) for u in ups)]
         parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster):", "",
                   markdown_table(ups, ucols)]
     return "\n".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------ CLI
+
+
+def parse_attn(token: str) -> Tuple[str, Dict[str, Any]]:
+    """``'softmax:fused=false,scale=0.1'`` → ``('softmax', {'fused': False, 'scale': 0.1})``; values are read as
+    JSON (Python's True/False/None too), else kept as strings."""
+    name, _, options = token.partition(":")
+    kwargs: Dict[str, Any] = {}
+    for item in filter(None, options.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"attention option {item!r} in {token!r} is not key=value")
+        value = {"True": "true", "False": "false", "None": "null"}.get(value, value)
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return name, kwargs
 
 
 def _parse_json_kwargs(text: str) -> Dict[str, Any]:
@@ -462,17 +508,20 @@ def _parse_json_kwargs(text: str) -> Dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simattn bench model", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="simattn bench model",
+                                description="Latency, throughput, exp-like op and FLOP counts and peak memory of "
+                                            "registered models, each configuration in its own subprocess.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", default=["sima_deit_small_patch16_224"], help="registered model names")
     p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN],
-                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own)")
+                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own), with options "
+                        f"as kind:key=value,... (e.g. softmax:fused=false for the explicit N×N softmax)")
     p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
     p.add_argument("--precision", nargs="+", default=["fp32"], choices=list(PRECISIONS),
                    help="fp32, or bf16/fp16 autocast")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads in every worker (default: this process's torch.get_num_threads())")
+                   help="CPU threads in every worker; None = this process's torch.get_num_threads()")
     p.add_argument("--batch-size", type=int, default=8, help="batch of the throughput measurements")
     p.add_argument("--measure", nargs="+", default=list(MEASURES), choices=MEASURES, help="what to measure")
     order = p.add_mutually_exclusive_group()
@@ -487,10 +536,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
     p.add_argument("--rounds", type=int, default=1, help="time the whole sweep this often, interleaved; "
                                                          "report the median (steadier on a shared machine)")
-    p.add_argument("--baseline", default="softmax", help="attention kind the speed-ups are relative to")
+    p.add_argument("--baseline", default="softmax", help="the --attn entry the speed-ups are relative to")
     p.add_argument("--timeout", type=float, default=None, help="seconds before a worker is abandoned")
     p.add_argument("--in-process", action="store_true", help="measure in this process (debugging)")
-    p.add_argument("--out", type=Path, default=Path("results/bench_model"), help="output folder")
+    p.add_argument("--out", type=Path, default=Path("runs/bench_model"), help="output folder")
     p.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     return p
 
@@ -506,11 +555,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.rounds < 1:
             raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
         kwargs = _parse_json_kwargs(args.model_kwargs)
-        specs = [BenchSpec(model=m, attn=a, img_size=s, precision=p, device=args.device, threads=threads,
-                           batch_size=args.batch_size, sima_order=order, model_kwargs=kwargs,
+        attns = [parse_attn(token) for token in args.attn]
+        specs = [BenchSpec(model=m, attn=name, attn_kwargs=attn_kwargs, img_size=s, precision=p,
+                           device=args.device, threads=threads, batch_size=args.batch_size, sima_order=order,
+                           model_kwargs=kwargs,
                            measures=tuple(args.measure), warmup=args.warmup, repeats=args.repeats,
                            max_time=args.max_time)
-                 for m in args.models for a in args.attn for s in args.img_size for p in args.precision]
+                 for m in args.models for name, attn_kwargs in attns for s in args.img_size
+                 for p in args.precision]
         for spec in specs:
             validate_spec(spec)
     except ValueError as e:

@@ -80,7 +80,7 @@ def write_text(text: str, path: Path) -> None:
     atomic_write_text(text, path)
 
 
-def fmt(value: Any, digits: int = 3) -> str:
+def fmt(value: Any, digits: int = 4) -> str:
     """Compact human formatting: ints with thousands separators, floats to ``digits`` significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"

@@ -1,0 +1,380 @@
+"""``simattn bench paper``: the SimA paper's speed results (Table 3, Figure A1) regenerated on this machine.
+
+* Table 3: one attention block (qkv projection, attention, output projection) at D=64 N=256 H=8 (vanilla, ELU,
+  SimA) and D=256 N=64 H=8 (SOFT, XCA, ELU, SimA); D is the token dimension, so the head dim is D/H. The paper
+  fixes the matmul order so every method does the same products and only exp differs: in the N>D setting all run
+  quadratically ((q̂k̂ᵀ)v, as softmax must); in the N<D setting the reference rows use the channel-quadratic
+  order q̂(k̂ᵀv) of XCA, and the other order is shown too (the paper does not say which it used there).
+* Figure A1: whole models, inference latency. Left: DeiT-S vs SimA (dim 384) as the resolution grows, SimA in
+  (q̂k̂ᵀ)v order so both are O(N²D). Right: XCiT vs SimA as the channel dim grows at 224 px, SimA in q̂(k̂ᵀv)
+  order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.run_specs`).
+
+The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
+comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
+8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs: ``paper.md``, ``table3.{json,csv,png}``,
+``figure_a1.{json,csv,png}`` in ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
+from ..attention.elu import elu_attention_reference
+from ..utils.timing import set_threads, time_fn
+from .model import BenchSpec, run_specs
+from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
+    write_text
+
+__all__ = ["PAPER_TABLE3", "PAPER_DEVICES", "PAPER_FIGURE_A1", "Table3Row", "table3_rows", "run_table3",
+           "run_figure_a1", "main"]
+
+PAPER_DEVICES = ("Jetson Nano", "Apple M1", "Raspberry Pi 4")
+#: Table 3 of the paper: (D, N, H) → method → ms on (Jetson Nano, M1, RPi4).
+PAPER_TABLE3: Dict[Tuple[int, int, int], Dict[str, Tuple[float, float, float]]] = {
+    (64, 256, 8): {"vanilla": (177.4, 35.8, 180.6), "elu": (144.5, 26.2, 160.0), "sima": (63.6, 20.4, 51.9)},
+    (256, 64, 8): {"soft": (145.9, 36.0, 177.4), "xca": (144.4, 36.1, 178.7), "elu": (105.2, 26.4, 160.1),
+                   "sima": (58.0, 20.5, 53.2)},
+}
+#: Figure A1 (RTX 8000, batch 8): the baseline is this much slower than SimA at the largest point.
+PAPER_FIGURE_A1 = {"deit": {"at": 1536, "axis": "px", "slower": 0.58},
+                   "xcit": {"at": 8192, "axis": "channels", "slower": 0.22}}
+
+
+class QuadraticELUAttention(ELUAttention):
+    """ELU attention computed as (φ(q)φ(k)ᵀ)v, the O(N²) order vanilla attention is stuck with."""
+
+    def attend(self, q, k, v, mask):
+        return elu_attention_reference(q, k, v, mask=mask, eps=self.eps)
+
+
+@dataclass
+class Table3Row:
+    """One block of Table 3: ``paper`` names the paper's method whose numbers belong beside it (None: extra row);
+    ``reference`` marks the SimA row the others are compared with."""
+
+    setting: Tuple[int, int, int]
+    label: str
+    build: Callable[[int, int], nn.Module]
+    paper: Optional[str] = None
+    reference: bool = False
+    result: Dict[str, float] = field(default_factory=dict)
+
+
+def table3_rows() -> List[Table3Row]:
+    """The blocks Table 3 compares (plus SDPA softmax and the other matmul order, for context)."""
+    top, bottom = (64, 256, 8), (256, 64, 8)
+
+    def block(cls, **options):
+        return lambda dim, heads: cls(dim, heads, qkv_bias=True, **options)
+
+    return [
+        Table3Row(top, "vanilla softmax(qkᵀ)v", block(SoftmaxAttention, fused=False), paper="vanilla"),
+        Table3Row(top, "softmax, fused SDPA", block(SoftmaxAttention)),
+        Table3Row(top, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention), paper="elu"),
+        Table3Row(top, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first"), paper="sima", reference=True),
+        Table3Row(bottom, "SOFT (Nyström, 2×2 pooled landmarks)", block(SoftAttention), paper="soft"),
+        Table3Row(bottom, "XCA softmax(q̂ᵀk̂) on v", block(XCAttention), paper="xca"),
+        Table3Row(bottom, "ELU φ(q)(φ(k)ᵀv)", block(ELUAttention), paper="elu"),
+        Table3Row(bottom, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention)),
+        Table3Row(bottom, "SimA q̂(k̂ᵀv)", block(SimAAttention, order="kv_first"), paper="sima", reference=True),
+        Table3Row(bottom, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first")),
+    ]
+
+
+def run_table3(rows: Sequence[Table3Row], *, batch: int, device: str, warmup: int, repeats: int,
+               rounds: int) -> List[Dict[str, Any]]:
+    """Time every block (forward, inference mode, fp32). Rounds interleave the blocks so a slow phase of a
+    shared machine hits all of them; the reported time is the median over rounds of each round's median."""
+    torch.manual_seed(0)
+    blocks, inputs = [], []
+    for row in rows:
+        dim, tokens, heads = row.setting
+        blocks.append(row.build(dim, heads).to(device).eval())
+        inputs.append(torch.randn(batch, tokens, dim, device=device))
+    medians: List[List[float]] = [[] for _ in rows]
+    means: List[List[float]] = [[] for _ in rows]
+    jobs = [(r, i) for r in range(rounds) for i in range(len(rows))]
+    for r, i in progress(jobs, "table 3", lambda job: f"{rows[job[1]].label} (round {job[0] + 1})"):
+        block, x = blocks[i], inputs[i]
+        with torch.inference_mode():
+            t = time_fn(lambda: block(x), warmup=warmup, repeats=repeats, device=device)
+        medians[i].append(t["median_ms"])
+        means[i].append(t["mean_ms"])
+    out = []
+    for row, med, mean in zip(rows, medians, means):
+        row.result = {"median_ms": statistics.median(med), "mean_ms": statistics.median(mean)}
+        out.append(row)
+    return _table3_records(out, batch)
+
+
+def _table3_records(rows: Sequence[Table3Row], batch: int) -> List[Dict[str, Any]]:
+    refs = {row.setting: row.result["median_ms"] for row in rows if row.reference}
+    records = []
+    for row in rows:
+        dim, tokens, heads = row.setting
+        rec: Dict[str, Any] = {"D": dim, "N": tokens, "H": heads, "batch": batch,
+                               "method": row.label + (" ★" if row.reference else ""),
+                               "ours_ms": row.result["median_ms"], "ours_mean_ms": row.result["mean_ms"],
+                               "ours_vs_sima": row.result["median_ms"] / refs[row.setting]}
+        paper = PAPER_TABLE3[row.setting].get(row.paper) if row.paper else None
+        paper_sima = PAPER_TABLE3[row.setting]["sima"]
+        for j, device in enumerate(PAPER_DEVICES):
+            rec[f"paper_ms_{device}"] = paper[j] if paper else None
+            rec[f"paper_vs_sima_{device}"] = paper[j] / paper_sima[j] if paper else None
+        records.append(rec)
+    return records
+
+
+def table3_markdown(records: Sequence[Dict[str, Any]]) -> str:
+    parts = []
+    for setting in dict.fromkeys((r["D"], r["N"], r["H"]) for r in records):
+        recs = [r for r in records if (r["D"], r["N"], r["H"]) == setting]
+        dim, tokens, heads = setting
+        short = {"Jetson Nano": "Nano", "Apple M1": "M1", "Raspberry Pi 4": "RPi4"}
+        cols = ["method", "ours_ms", "ours_vs_sima"] + [f"paper_ms_{d}" for d in PAPER_DEVICES] + \
+               [f"paper_vs_sima_{d}" for d in PAPER_DEVICES]
+        headers = ["method", "ours (ms)", "ours ×SimA"] + [f"paper {short[d]} (ms)" for d in PAPER_DEVICES] + \
+                  [f"paper {short[d]} ×SimA" for d in PAPER_DEVICES]
+        parts += [f"**D={dim} N={tokens} H={heads}** (head dim {dim // heads}, batch {recs[0]['batch']}; "
+                  f"×SimA = time / time of this setting's ★ SimA row, which has the paper's numbers)", "",
+                  markdown_table(recs, cols, headers), ""]
+    return "\n".join(parts)
+
+
+def plot_table3(records: Sequence[Dict[str, Any]], path: Path) -> None:
+    """Time relative to SimA: ours beside the paper's three devices, per block."""
+    import numpy as np
+
+    settings = list(dict.fromkeys((r["D"], r["N"], r["H"]) for r in records))
+    fig, axes = new_figure(len(settings), size=6.0)
+    for ax, setting in zip(axes, settings):
+        recs = [r for r in records if (r["D"], r["N"], r["H"]) == setting]
+        xs = np.arange(len(recs))
+        series = [("ours", "ours_vs_sima")] + [(f"paper {d}", f"paper_vs_sima_{d}") for d in PAPER_DEVICES]
+        width = 0.8 / len(series)
+        for j, (name, key) in enumerate(series):
+            values = [r[key] if r[key] is not None else np.nan for r in recs]
+            ax.bar(xs + (j - (len(series) - 1) / 2) * width, values, width, label=name)
+        ax.axhline(1.0, color="k", linewidth=0.8)
+        ax.set_xticks(xs, [r["method"] for r in recs], rotation=30, ha="right", fontsize=7)
+        ax.set_ylabel("time / SimA time")
+        ax.set_title(f"D={setting[0]} N={setting[1]} H={setting[2]}")
+        ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+# ------------------------------------------------------------------------------------------------ Figure A1
+
+
+def figure_a1_specs(args: argparse.Namespace, threads: int, xcit_model: str,
+                    xcit_kwargs: Dict[str, Any]) -> Tuple[List[BenchSpec], List[Dict[str, Any]]]:
+    """The model runs of Figure A1 and, per run, its panel and x value."""
+    common = dict(device=args.device, threads=threads, latency_batch=args.batch, measures=("latency",),
+                  warmup=args.warmup_models, repeats=args.repeats_models, max_time=args.max_time)
+    deit = "sima_deit_small_patch16_224"
+    deit_kwargs = {"depth": args.deit_depth} if args.deit_depth else {}
+    left = [("DeiT-S softmax(qkᵀ)v", "softmax", None, {"fused": False}),
+            ("DeiT-S fused SDPA", "softmax", None, {}),
+            ("SimA (q̂k̂ᵀ)v", "sima", "qk_first", {})]
+    right = [("XCiT (XCA)", "xca", None), ("SimA q̂(k̂ᵀv)", "sima", "kv_first")]
+    specs, where = [], []
+    for size in args.sizes:
+        for label, attn, order, attn_kwargs in left:
+            specs.append(BenchSpec(model=deit, attn=attn, attn_kwargs=attn_kwargs, img_size=size, sima_order=order,
+                                   label=label, model_kwargs=deit_kwargs, **common))
+            where.append({"panel": "deit", "x": size, "baseline": attn == "softmax",
+                          "reference": label == "DeiT-S softmax(qkᵀ)v"})
+    for dim in args.dims:
+        for label, attn, order in right:
+            specs.append(BenchSpec(model=xcit_model, attn=attn, img_size=224, sima_order=order, label=label,
+                                   model_kwargs={**xcit_kwargs, "embed_dim": dim}, **common))
+            where.append({"panel": "xcit", "x": dim, "baseline": attn == "xca", "reference": attn == "xca"})
+    return specs, where
+
+
+def figure_a1_records(rows: Sequence[Dict[str, Any]], where: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Rows with their panel and x, and each baseline's "% slower than SimA" at the same x."""
+    records = [{**w, "label": r["label"], "model": r["model"], "ms": r.get("infer_p50_ms"),
+                "p90_ms": r.get("infer_p90_ms"), "error": r.get("error")} for r, w in zip(rows, where)]
+    sima = {(r["panel"], r["x"]): r["ms"] for r in records if r["label"].startswith("SimA")}
+    for r in records:
+        s = sima.get((r["panel"], r["x"]))
+        r["slower_than_sima_pct"] = (r["ms"] / s - 1) * 100 if r["ms"] and s and r["baseline"] else None
+    return records
+
+
+def plot_figure_a1(records: Sequence[Dict[str, Any]], path: Path, batch: int, device: str) -> None:
+    fig, axes = new_figure(2, size=5.5)
+    titles = {"deit": "DeiT-S vs SimA, dim 384: inference vs resolution",
+              "xcit": "XCiT vs SimA, 224 px: inference vs channel dim"}
+    xlabels = {"deit": "input size (px)", "xcit": "embedding dim D"}
+    for ax, panel in zip(axes, ("deit", "xcit")):
+        recs = [r for r in records if r["panel"] == panel and r["ms"]]
+        for label in dict.fromkeys(r["label"] for r in recs):
+            pts = sorted((r["x"], r["ms"]) for r in recs if r["label"] == label)
+            ax.plot(*zip(*pts), marker="o", label=label)
+        ref = [r for r in recs if r["reference"] and r["slower_than_sima_pct"] is not None]
+        if ref:
+            last = max(ref, key=lambda r: r["x"])
+            paper = PAPER_FIGURE_A1[panel]
+            ax.text(0.98, 0.03, f"{last['label']}: {last['slower_than_sima_pct']:+.0f}% vs SimA at {last['x']}\n"
+                                f"(paper: +{paper['slower'] * 100:.0f}% at {paper['at']})",
+                    transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                    bbox={"boxstyle": "round", "facecolor": "white", "alpha": 0.8})
+        ax.set_title(titles[panel], fontsize=9)
+        ax.set_xlabel(xlabels[panel])
+        ax.set_ylabel(f"latency p50 (ms), batch {batch}, {device}")
+        ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def figure_a1_markdown(records: Sequence[Dict[str, Any]], notes: Sequence[str]) -> str:
+    parts = []
+    for panel, axis in (("deit", "size (px)"), ("xcit", "embed dim")):
+        recs = [r for r in records if r["panel"] == panel]
+        if not recs:
+            continue
+        paper = PAPER_FIGURE_A1[panel]
+        parts += [f"**{'Left' if panel == 'deit' else 'Right'}** (paper, RTX 8000 batch 8: baseline "
+                  f"+{paper['slower'] * 100:.0f}% slower than SimA at {paper['at']} {paper['axis']})", "",
+                  markdown_table(recs, ["x", "label", "model", "ms", "p90_ms", "slower_than_sima_pct", "error"],
+                                 [axis, "model run", "model", "p50 (ms)", "p90 (ms)", "% slower than SimA",
+                                  "error"]), ""]
+    parts += [f"- {n}" for n in notes]
+    return "\n".join(parts)
+
+
+def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Run both panels; returns the records and notes on what was substituted."""
+    import timm
+
+    notes = []
+    xcit_model, xcit_kwargs = args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8}
+    if not timm.is_model(xcit_model):
+        notes.append(f"{xcit_model} is not registered here; the right panel uses the DeiT backbone with XCA vs "
+                     f"SimA attention (8 heads) instead of XCiT's blocks.")
+        xcit_model = "sima_deit_small_patch16_224"
+    if args.deit_depth:
+        notes.append(f"DeiT-S runs with depth {args.deit_depth} instead of 12 (all blocks are alike, so the ratio "
+                     f"per block is unchanged; patch embedding and head weigh a little more).")
+    notes.append(f"Right panel: depth {args.xcit_depth}, 8 heads (head dim D/8), 224 px.")
+    specs, where = figure_a1_specs(args, threads, xcit_model, xcit_kwargs)
+    rows = run_specs(specs, rounds=args.rounds_models, timeout=args.timeout, desc="figure A1")
+    return figure_a1_records(rows, where), notes
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+QUICK = {"repeats": 10, "rounds": 3, "sizes": [224, 320, 448], "dims": [192, 384, 768], "deit_depth": 4,
+         "repeats_models": 5, "warmup_models": 1, "rounds_models": 1}
+FULL_CUDA_DIMS = [384, 768, 1536, 3072, 6144, 8192]
+FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], "dims": [384, 768, 1536, 3072],
+        "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="simattn bench paper",
+                                description="Regenerate the SimA paper's Table 3 (one attention block) and "
+                                            "Figure A1 (whole models) on this machine, the paper's numbers beside "
+                                            "ours.")
+    p.add_argument("--quick", action="store_true", help="fewer sizes, shallower models and repeats (minutes on CPU)")
+    p.add_argument("--only", choices=("table3", "figure_a1"), default=None, help="run one part only")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current count)")
+    p.add_argument("--table3-batch", type=int, default=16,
+                   help="batch of the Table 3 blocks (the paper does not state it)")
+    p.add_argument("--batch", type=int, default=None, help="batch of the Figure A1 runs (default: 8 on CUDA as "
+                                                            "in the paper, 1 on CPU)")
+    p.add_argument("--sizes", type=int, nargs="+", default=None, help="Figure A1 left: input sizes")
+    p.add_argument("--dims", type=int, nargs="+", default=None, help="Figure A1 right: embedding dims "
+                                                                      "(multiples of 8; paper goes to 8192)")
+    p.add_argument("--deit-depth", type=int, default=None, help="Figure A1 left: blocks (0 = DeiT-S's 12)")
+    p.add_argument("--xcit-model", default="sima_small_12_p16", help="Figure A1 right: the XCiT/SimA model")
+    p.add_argument("--xcit-depth", type=int, default=1, help="Figure A1 right: blocks (wide models are big)")
+    p.add_argument("--repeats", type=int, default=None, help="Table 3 timed runs per round")
+    p.add_argument("--rounds", type=int, default=None, help="Table 3 interleaved timing rounds (median reported)")
+    p.add_argument("--repeats-models", type=int, default=None, help="Figure A1 timed runs per model")
+    p.add_argument("--rounds-models", type=int, default=None, help="Figure A1 interleaved rounds (subprocesses)")
+    p.add_argument("--warmup-models", type=int, default=None)
+    p.add_argument("--max-time", type=float, default=60.0, help="cap (s) on one Figure A1 model's timed runs")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a Figure A1 worker is abandoned")
+    p.add_argument("--out", type=Path, default=Path("runs/bench_paper"), help="output folder")
+    return p
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    defaults = dict(QUICK if args.quick else FULL)
+    if not args.quick and torch.device(args.device).type == "cuda":
+        defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.batch is None:
+        args.batch = 8 if torch.device(args.device).type == "cuda" else 1
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {args.device!r} requested but CUDA is not available")
+    for name in ("table3_batch", "batch", "repeats", "rounds", "repeats_models", "rounds_models", "xcit_depth"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    bad = [d for d in args.dims if d <= 0 or d % 8]
+    if bad or any(s <= 0 for s in args.sizes):
+        raise ValueError(f"sizes must be positive and dims positive multiples of 8 (8 heads), got sizes "
+                         f"{args.sizes}, dims {args.dims}")
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``simattn bench paper``."""
+    args = build_parser().parse_args(argv)
+    try:
+        args = _resolve(args)
+    except ValueError as e:
+        print(f"simattn bench paper: error: {e}", file=sys.stderr)
+        return 2
+    threads = set_threads(args.threads)
+    meta = {**machine_info(args.device, threads), "quick": args.quick,
+            "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}
+    print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
+          flush=True)
+    out = Path(args.out)
+    sections = ["# SimA paper speed results on this machine",
+                "", f"{meta['device']} ({meta['cpu']}), {threads} threads, torch {meta['torch']}. "
+                    f"Command: `{meta['command']}`", ""]
+    failed = False
+    if args.only in (None, "table3"):
+        records = run_table3(table3_rows(), batch=args.table3_batch, device=args.device, warmup=5,
+                             repeats=args.repeats, rounds=args.rounds)
+        write_json({"meta": meta, "rows": records}, out / "table3.json")
+        write_csv(records, out / "table3.csv")
+        plot_table3(records, out / "table3.png")
+        sections += ["## Table 3: one attention block, fixed matmul order", "", table3_markdown(records),
+                     "![table 3](table3.png)", ""]
+    if args.only in (None, "figure_a1"):
+        records, notes = run_figure_a1(args, threads)
+        failed = any(r["error"] for r in records)
+        write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure_a1.json")
+        write_csv(records, out / "figure_a1.csv")
+        plot_figure_a1(records, out / "figure_a1.png", args.batch, args.device)
+        sections += [f"## Figure A1: whole models, inference, batch {args.batch}", "",
+                     figure_a1_markdown(records, notes), "", "![figure A1](figure_a1.png)", ""]
+    report = "\n".join(sections)
+    write_text(report, out / "paper.md")
+    print(report)
+    print(f"wrote {out}/paper.md and its tables and figures")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

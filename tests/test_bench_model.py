@@ -1,0 +1,172 @@
+"""``simattn bench model`` and ``simattn bench paper``: tiny configurations end to end, specs, speed-ups, errors."""
+import csv
+import json
+import subprocess
+
+import matplotlib.image as mpimg
+import pytest
+
+import simattn  # noqa: F401  (registers the models)
+from simattn.attention import SimAAttention
+from simattn.bench import model as bench_model
+from simattn.bench import paper as bench_paper
+from simattn.bench.model import BenchSpec, build_model, measure, speedups
+
+DEIT = "sima_deit_small_patch16_224"
+TINY = {"depth": 1, "embed_dim": 32, "num_heads": 2}
+TINY_ARGS = ["--models", DEIT, "--img-size", "32", "--model-kwargs", json.dumps(TINY), "--warmup", "0",
+             "--repeats", "1", "--batch-size", "2"]
+
+
+def _read_png(path):
+    image = mpimg.imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image[..., :3].std() > 0.01  # not blank
+    return image
+
+
+def test_cli_runs_tiny_models_in_subprocesses_and_writes_results(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = bench_model.main(TINY_ARGS + ["--attn", "sima", "softmax", "--threads", "1", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert "1 CPU threads" in printed and "Speed-up over the baseline" in printed
+
+    data = json.loads((out / "bench_model.json").read_text())
+    assert data["meta"]["threads"] == 1 and data["meta"]["device"] == "cpu"
+    rows = {r["attn"]: r for r in data["rows"]}
+    assert set(rows) == {"sima", "softmax"}
+    for row in rows.values():
+        assert row["threads"] == 1 and row["tokens"] == 5 and "error" not in row
+        assert 0 < row["infer_p50_ms"] <= row["infer_p90_ms"]
+        assert 0 < row["train_p50_ms"] <= row["train_p90_ms"]
+        assert row["infer_ips"] > 0 and row["train_ips"] > 0
+        assert row["peak_train_mb"] > row["peak_fwd_mb"] > 0
+    assert rows["softmax"]["exp_softmax"] == 1 * 2 * 5 * 5  # depth · H · N²
+    assert rows["sima"]["exp_softmax"] == 0
+    assert rows["sima"]["exp_activation"] == rows["softmax"]["exp_activation"] == 5 * 4 * 32  # GELU
+    assert rows["sima"]["gflops"] > 0 and rows["softmax"]["attn_gflops"] > 0
+    assert [s["label"] for s in data["speedups"]] == ["sima"]
+    assert data["speedups"][0]["infer_speedup"] == pytest.approx(
+        rows["softmax"]["infer_p50_ms"] / rows["sima"]["infer_p50_ms"])
+
+    with open(out / "bench_model.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 2 and {"infer_p50_ms", "train_ips", "exp_total", "peak_fwd_mb"} <= set(table[0])
+    assert float(table[0]["infer_p50_ms"]) > 0
+    assert "| sima |" in (out / "bench_model.md").read_text()
+    _read_png(out / "bench_model.png")
+
+
+def test_fixed_order_forces_sima_quadratic_order():
+    spec = BenchSpec(model=DEIT, attn="sima", img_size=32, sima_order="qk_first", model_kwargs=TINY)
+    orders = {m.order for m in build_model(spec).modules() if isinstance(m, SimAAttention)}
+    assert orders == {"qk_first"}
+    # a model whose own attention is SimA ('default') gets the order too
+    default = BenchSpec(model=DEIT, img_size=32, sima_order="kv_first", model_kwargs=TINY)
+    assert {m.order for m in build_model(default).modules() if isinstance(m, SimAAttention)} == {"kv_first"}
+    args = bench_model.build_parser().parse_args(["--fixed-order"])
+    assert args.fixed_order and args.sima_order is None
+
+
+def test_attention_options_reach_the_modules_and_the_label():
+    name, options = bench_model.parse_attn("softmax:fused=false")
+    assert (name, options) == ("softmax", {"fused": False})
+    assert bench_model.parse_attn("relu:activation=relu2,alpha=0.5") == ("relu", {"activation": "relu2", "alpha": 0.5})
+    spec = BenchSpec(model=DEIT, attn=name, attn_kwargs=options, img_size=32, model_kwargs=TINY)
+    assert spec.label == "softmax:fused=false"
+    assert {m.fused for m in build_model(spec).modules() if hasattr(m, "fused")} == {False}
+    with pytest.raises(ValueError, match="not key=value"):
+        bench_model.parse_attn("softmax:fused")
+
+
+def test_measure_in_process_selected_measures_and_precision():
+    spec = BenchSpec(model=DEIT, attn="sima", img_size=32, precision="bf16", sima_order="qk_first",
+                     model_kwargs=TINY, measures=("latency", "counts"), warmup=0, repeats=2)
+    row = measure(spec)
+    assert row["precision"] == "bf16" and row["sima_order"] == "qk_first" and row["exp_softmax"] == 0
+    assert row["infer_p50_ms"] > 0 and "train_p50_ms" not in row and "peak_fwd_mb" not in row
+
+
+def test_speedups_pair_rows_with_the_baseline():
+    def row(attn, size, infer, train):
+        return {"model": "m", "label": attn, "attn": attn, "img_size": size, "precision": "fp32", "device": "cpu",
+                "infer_p50_ms": infer, "train_p50_ms": train}
+
+    rows = [row("softmax", 224, 10.0, 30.0), row("sima", 224, 5.0, 10.0), row("sima", 512, 1.0, 1.0),
+            {**row("xca", 224, 1.0, 1.0), "error": "boom"}, {**row("softmax", 224, 20.0, 40.0), "label": "explicit"}]
+    ups = speedups(rows)
+    assert [u["label"] for u in ups] == ["sima", "explicit"]  # 512 has no baseline; failed rows are skipped
+    assert ups[0]["infer_speedup"] == 2.0 and ups[0]["train_speedup"] == 3.0 and ups[0]["baseline"] == "softmax"
+    assert speedups(rows, baseline="explicit")[1]["infer_speedup"] == 4.0  # baseline chosen by label
+
+
+def test_failed_worker_becomes_an_error_row(monkeypatch):
+    def fake_run(cmd, **kwargs):
+        assert cmd[1:4] == ["-m", "simattn.bench.model", "--worker"]
+        assert BenchSpec.from_json(cmd[4]).model == DEIT and kwargs["env"]["OMP_NUM_THREADS"] == "1"
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback ...\nValueError: boom\n")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    rows = bench_model.run_specs([BenchSpec(model=DEIT, model_kwargs=TINY)])
+    assert rows[0]["error"] == "ValueError: boom"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", "no_such_model"], "unknown model 'no_such_model'"),
+    (["--attn", "nope"], "unknown attention 'nope'"),
+    (["--model-kwargs", "[1]"], "must be a JSON object"),
+    (["--img-size", "0"], "must be positive"),
+    (["--device", "cuda:0"], None),
+])
+def test_cli_rejects_bad_input_with_one_line(argv, message, capsys, tmp_path):
+    import torch
+
+    if message is None:
+        if torch.cuda.is_available():
+            pytest.skip("CUDA present")
+        message = "CUDA is not available"
+    assert bench_model.main(argv + ["--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())
+
+
+def test_spec_json_round_trip_rejects_unknown_fields():
+    spec = BenchSpec(model=DEIT, attn="softmax", model_kwargs=TINY)
+    assert BenchSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="unknown fields: bogus"):
+        BenchSpec.from_json(json.dumps({"model": DEIT, "bogus": 1}))
+
+
+def test_paper_table3_and_figure_a1_tiny(tmp_path, monkeypatch, capsys):
+    # Figure A1's model runs are subprocesses in real use; here they run in-process to keep the test fast.
+    real_run_specs = bench_paper.run_specs
+    monkeypatch.setattr(bench_paper, "run_specs",
+                        lambda specs, **kw: real_run_specs(specs, **{**kw, "in_process": True}))
+    out = tmp_path / "paper"
+    rc = bench_paper.main(["--quick", "--table3-batch", "1", "--repeats", "1", "--rounds", "1", "--sizes", "32",
+                           "48", "--dims", "16", "--deit-depth", "1", "--repeats-models", "1",
+                           "--warmup-models", "0", "--rounds-models", "1", "--out", str(out)])
+    assert rc == 0
+    report = (out / "paper.md").read_text()
+    assert "D=64 N=256 H=8" in report and "D=256 N=64 H=8" in report
+    assert "177.4" in report and "63.6" in report  # the paper's numbers printed beside ours
+    assert "+58% slower than SimA at 1536" in report
+
+    table = json.loads((out / "table3.json").read_text())["rows"]
+    assert len(table) == 10
+    refs = [r for r in table if r["method"].endswith("★")]
+    assert len(refs) == 2 and all(r["ours_vs_sima"] == 1.0 for r in refs)
+    vanilla = next(r for r in table if r["method"].startswith("vanilla"))
+    assert vanilla["paper_ms_Jetson Nano"] == 177.4
+    assert vanilla["paper_vs_sima_Jetson Nano"] == pytest.approx(177.4 / 63.6)
+    assert vanilla["ours_ms"] > 0
+
+    figure = json.loads((out / "figure_a1.json").read_text())["rows"]
+    assert {(r["panel"], r["x"]) for r in figure} == {("deit", 32), ("deit", 48), ("xcit", 16)}
+    assert all(r["ms"] > 0 and r["error"] is None for r in figure)
+    assert all((r["slower_than_sima_pct"] is None) == (not r["baseline"]) for r in figure)
+    for name in ("table3.png", "figure_a1.png"):
+        _read_png(out / name)
+    assert (out / "table3.csv").read_text().startswith("D,N,H,batch,method")
