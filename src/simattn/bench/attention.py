@@ -73,8 +73,6 @@ def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads:
                 "speedup_vs_sdpa": times["softmax"] / times[kind] if "softmax" in times else None,
                 "speedup_vs_official_sima": times["sima_official"] / times[kind] if "sima_official" in times else None,
             })
-        del q, k, v
-        sync(device)
     return rows
 
 

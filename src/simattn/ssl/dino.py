@@ -19,13 +19,14 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping
 
 import torch
 from torch import nn
 
-from ..utils.distributed import DistInfo, barrier, cleanup_distributed, init_distributed
+from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, save_safetensors
+from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
 from .runlog import RunLog, progress
@@ -45,6 +46,7 @@ DEFAULTS: Dict[str, Any] = {
         "bottleneck_dim": 256,
         "output_dim": 65536,  # prototypes K
         "norm_last_layer": True,  # weight-normalized last layer with fixed norm (stabler for ViTs)
+        "batch_norm": False,  # BatchNorm in the head's MLP (DINO's ResNet setting; guards tiny runs against collapse)
         "freeze_last_layer_epochs": 1,
     },
     "data": {
@@ -73,15 +75,17 @@ DEFAULTS: Dict[str, Any] = {
         "warmup_teacher_temp_epochs": 0,
         "student_temp": 0.1,
         "center_momentum": 0.9,  # centering
-        "clip_grad": 3.0,  # max total grad norm; null disables
+        "clip_grad": 3.0,  # max grad norm of each parameter tensor (as DINO clips); null disables
         "amp": True,  # fp16 autocast + loss scaling on CUDA (ignored on CPU)
         "seed": 0,
         "save_every": 1,  # epochs between checkpoints (the last epoch is always saved)
         "device": None,  # 'cpu', 'cuda' or null (CUDA when available)
+        "threads": None,  # CPU intra-op threads (null: torch's default); 1 is fastest for tiny models on busy CPUs
     },
     "eval": {
         "every": 0,  # evaluate every N epochs (0: only at the end)
         "compare_random_init": False,  # also evaluate the backbone before training
+        "recalibrate_bn": False,  # re-estimate BatchNorm statistics on the eval training images first
         "img_size": 224,
         "crop_pct": 0.875,
         "batch_size": 256,
@@ -139,7 +143,7 @@ def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNet
         backbone = build_backbone(recipe["model"], drop_path)
         h = recipe["head"]
         head = DINOProjectionHead(backbone.num_features, h["hidden_dim"], h["bottleneck_dim"], h["output_dim"],
-                                  batch_norm=False, freeze_last_layer=h["freeze_last_layer_epochs"],
+                                  batch_norm=h["batch_norm"], freeze_last_layer=h["freeze_last_layer_epochs"],
                                   norm_last_layer=h["norm_last_layer"])
         return DinoNetwork(backbone, head)
 
@@ -179,9 +183,12 @@ def _teacher_temp(train: Mapping[str, Any], epoch: int) -> float:
     return train["warmup_teacher_temp"] + (train["teacher_temp"] - train["warmup_teacher_temp"]) * epoch / warm
 
 
-def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo) -> Dict[str, Any]:
+def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
+              random_init: bool = False) -> Dict[str, Any]:
+    # At random init, BatchNorm statistics are always re-estimated (init statistics describe no data).
     return evaluate_backbone(teacher.backbone, recipe["data"], recipe["eval"], device=dist.device,
-                             seed=recipe["train"]["seed"])
+                             seed=recipe["train"]["seed"],
+                             recalibrate_bn=random_init or recipe["eval"]["recalibrate_bn"])
 
 
 def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
@@ -204,14 +211,18 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
         _check(recipe, dist.world_size)
         t = recipe["train"]
         out_dir = Path(recipe["output"])
+        set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
 
         student, teacher = build_dino_networks(recipe)
+        if dist.distributed and dist.device.type == "cuda":  # BatchNorm (XCiT stem/LPI, BN head) over all GPUs
+            student = nn.SyncBatchNorm.convert_sync_batchnorm(student)
+            teacher = nn.SyncBatchNorm.convert_sync_batchnorm(teacher)
         student.to(dist.device)
         teacher.to(dist.device)
         log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": dict(recipe), "world_size": dist.world_size})
         if recipe["eval"]["compare_random_init"] and dist.is_main and not resume:
-            log.results["random_init"] = _evaluate(teacher, recipe, dist)
+            log.results["random_init"] = _evaluate(teacher, recipe, dist, random_init=True)
             print(f"random init: {log.results['random_init']}", flush=True)
 
         dataset = build_image_dataset(recipe["data"], "train", build_multicrop_transform(recipe["data"],
@@ -281,7 +292,9 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                 scaler.scale(loss).backward()
                 if t["clip_grad"]:
                     scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(student.parameters(), t["clip_grad"])
+                    for p in student.parameters():  # DINO clips each parameter tensor's gradient on its own
+                        if p.grad is not None:
+                            nn.utils.clip_grad_norm_(p, t["clip_grad"])
                 student.head.cancel_last_layer_gradients(epoch)  # frozen prototypes early on
                 scaler.step(optimizer)
                 scaler.update()
@@ -291,7 +304,7 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                 loss_sum += loss.detach()
                 loss_count += 1
 
-            record = {"epoch": epoch, "loss": (loss_sum / max(loss_count, 1)).item(),
+            record = {"epoch": epoch, "loss": all_reduce_mean(loss_sum / max(loss_count, 1)).item(),
                       "lr": optimizer.param_groups[0]["lr"], "weight_decay": wd, "momentum": momentum,
                       "teacher_temp": teacher_temp}
             last = epoch == t["epochs"] - 1

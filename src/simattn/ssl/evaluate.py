@@ -6,7 +6,7 @@ outputs and the pooled patch tokens of the last two blocks, as in the paper), el
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader, Dataset
 from .data import build_image_dataset
 from .runlog import progress
 
-__all__ = ["feature_fn", "extract_features", "knn_classify", "linear_probe", "eval_transform", "evaluate_backbone"]
+__all__ = ["feature_fn", "extract_features", "knn_classify", "linear_probe", "eval_transform",
+           "recalibrate_batchnorm", "evaluate_backbone"]
 
 
 def feature_fn(model: nn.Module, kind: str = "pooled") -> Callable[[torch.Tensor], torch.Tensor]:
@@ -103,6 +104,25 @@ def linear_probe(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
         return 100.0 * (clf(test_x).argmax(1) == test_y).float().mean().item()
 
 
+def recalibrate_batchnorm(model: nn.Module, dataset: Dataset, batch_size: int = 256,
+                          device: torch.device | str = "cpu", workers: int = 0) -> nn.Module:
+    """A copy of ``model`` whose BatchNorm running statistics are re-estimated on ``dataset`` (weights unchanged),
+    via torch's ``update_bn``; ``model`` itself is returned when it has no BatchNorm.
+
+    A randomly initialized network's running statistics (mean 0, variance 1) describe no data at all; comparing it
+    with a trained one whose statistics were estimated while training would credit the training with the difference.
+    """
+    import copy
+
+    from torch.optim.swa_utils import update_bn
+    if not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return model
+    model = copy.deepcopy(model)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers)
+    update_bn((x for x, _ in loader), model, device=torch.device(device))
+    return model.eval()
+
+
 def eval_transform(model: nn.Module, img_size: int, crop_pct: float = 1.0):
     """timm's evaluation transform (resize, center crop, normalize with the model's mean/std)."""
     from timm.data import create_transform, resolve_data_config
@@ -111,16 +131,19 @@ def eval_transform(model: nn.Module, img_size: int, crop_pct: float = 1.0):
 
 
 def evaluate_backbone(model: nn.Module, data: Mapping[str, Any], evaluation: Mapping[str, Any],
-                      device: torch.device | str = "cpu", show_progress: bool = True,
-                      seed: int = 0) -> Dict[str, Any]:
+                      device: torch.device | str = "cpu", show_progress: bool = True, seed: int = 0,
+                      recalibrate_bn: bool = False) -> Dict[str, Any]:
     """k-NN and (if ``evaluation['linear_epochs'] > 0``) linear-probe top-1 of a frozen backbone.
 
     ``data``/``evaluation`` are the recipe's sections (see :data:`simattn.ssl.dino.DEFAULTS`); training images are
-    the k-NN memory bank and the probe's training set, validation images are classified.
+    the k-NN memory bank and the probe's training set, validation images are classified. ``recalibrate_bn``
+    evaluates a copy whose BatchNorm statistics are re-estimated on the training images first.
     """
     tf = eval_transform(model, evaluation["img_size"], evaluation["crop_pct"])
     train_ds = build_image_dataset(data, "train", tf)
     val_ds = build_image_dataset(data, "val", tf)
+    if recalibrate_bn:
+        model = recalibrate_batchnorm(model, train_ds, evaluation["batch_size"], device, data["workers"])
     common = dict(batch_size=evaluation["batch_size"], device=device, workers=data["workers"],
                   show_progress=show_progress)
     train_x, train_y = extract_features(model, train_ds, "pooled", **common)
