@@ -18,7 +18,7 @@ import torch
 from ..attention import (elu_attention, relu_attention, sima_attention, sima_attention_reference, soft_attention,
                          softmax_attention, xca_attention, xnorm_attention)
 from ..utils.io import atomic_write_json
-from ..utils.timing import set_threads, sync, time_fn
+from ..utils.timing import set_threads, time_fn
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
 #: (label, fn). 'sima_official' is the official normalize-then-multiply formulation, the baseline for SimA's fold.
