@@ -9,7 +9,6 @@ scalars, so ``--set train.epochs=3`` gives an int and ``--set model.kwargs.img_s
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional
 
 __all__ = ["load_recipe", "merge_recipe", "parse_overrides"]
@@ -71,17 +70,8 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
 
 def load_recipe(defaults: Mapping[str, Any], path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
-    import yaml
+    from ..utils.io import read_yaml_mapping
     recipe = copy.deepcopy(dict(defaults))
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"recipe file not found: {path}")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, Mapping):
-            raise ValueError(f"recipe {path} must hold a mapping at top level, got {type(loaded).__name__}")
-        recipe = merge_recipe(recipe, loaded, defaults)
+        recipe = merge_recipe(recipe, read_yaml_mapping(path), defaults)
     return merge_recipe(recipe, parse_overrides(overrides), defaults)

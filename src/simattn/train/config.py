@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import yaml
 
+from ..utils.io import read_yaml_mapping
+
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
            "scaled_lr"]
 
@@ -232,13 +234,7 @@ def _read_recipe(recipe: str, chain: tuple = ()) -> Dict[str, Any]:
     path = find_recipe(recipe)
     if path.resolve() in chain:
         raise ValueError(f"recipe {path} inherits from itself (base: chain {' -> '.join(map(str, chain))})")
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(loaded, Mapping):
-        raise ValueError(f"recipe {path} must be a mapping of option: value")
-    loaded = dict(loaded)
+    loaded = read_yaml_mapping(path)
     base = loaded.pop("base", None)
     _check_keys(loaded, f"recipe {path}")
     values: Dict[str, Any] = {}
