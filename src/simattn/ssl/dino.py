@@ -325,7 +325,8 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
             final = {k: v for k, v in log.history[-1].items() if k.startswith(("knn", "linear", "feature"))}
             log.results["final"] = final
             log.save()
-            log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}")
+            log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}",
+                     references=log.results.get("random_init"), reference_label="random init")
             save_safetensors(teacher.backbone, out_dir / "backbone.safetensors",
                              metadata={"model": recipe["model"]["name"], "kwargs": recipe["model"]["kwargs"],
                                        "source": "DINO teacher"})

@@ -68,7 +68,8 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
     return nested
 
 
-def load_recipe(defaults: Mapping[str, Any], path: Optional[str] = None, overrides: Iterable[str] = ()) -> Dict[str, Any]:
+def load_recipe(defaults: Mapping[str, Any], path: Optional[str] = None,
+                overrides: Iterable[str] = ()) -> Dict[str, Any]:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
     from ..utils.io import read_yaml_mapping
     recipe = copy.deepcopy(dict(defaults))

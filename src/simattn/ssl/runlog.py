@@ -47,8 +47,10 @@ class RunLog:
         if self.enabled:
             atomic_write_json({**self.results, "history": self.history}, self.json_path)
 
-    def plot(self, keys: Sequence[str], filename: str = "curves.png", title: str = "") -> Optional[Path]:
-        """One panel per key of the history (e.g. losses) against epoch; returns the PNG path."""
+    def plot(self, keys: Sequence[str], filename: str = "curves.png", title: str = "",
+             references: Optional[Dict[str, float]] = None, reference_label: str = "") -> Optional[Path]:
+        """One panel per key of the history (e.g. losses) against epoch, with ``references[key]`` (e.g. the
+        random-init accuracy) as a dashed line; returns the PNG path."""
         keys = [k for k in keys if any(k in r for r in self.history)]
         if not self.enabled or not keys:
             return None
@@ -59,6 +61,10 @@ class RunLog:
         for ax, key in zip(axes[0], keys):
             points = [(r["epoch"], r[key]) for r in self.history if key in r]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+            if references and key in references:
+                ax.axhline(references[key], linestyle="--", color="gray", label=reference_label or None)
+                if reference_label:
+                    ax.legend(fontsize=8)
             ax.set_xlabel("epoch")
             ax.set_title(key)
             ax.grid(alpha=0.3)
