@@ -7,6 +7,7 @@ import matplotlib.image as mpimg
 import pytest
 
 import simattn  # noqa: F401  (registers the models)
+from simattn.cli import main as simattn_main
 from simattn.attention import SimAAttention
 from simattn.bench import model as bench_model
 from simattn.bench import paper as bench_paper
@@ -126,7 +127,7 @@ def test_cli_rejects_bad_input_with_one_line(argv, message, capsys, tmp_path):
         if torch.cuda.is_available():
             pytest.skip("CUDA present")
         message = "CUDA is not available"
-    assert bench_model.main(argv + ["--out", str(tmp_path)]) == 2
+    assert simattn_main(["bench", "model", *argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not any(tmp_path.iterdir())

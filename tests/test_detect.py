@@ -8,6 +8,7 @@ from torch import nn
 import simattn  # noqa: F401
 from simattn.detect import (DEFAULTS, CocoInstances, PyramidBackbone, build_body, build_mask_rcnn,
                             make_shapes_dataset, scale_adapter)
+from simattn.cli import main as simattn_main
 from simattn.detect.cli import main as detect_main
 from simattn.detect.evaluate import coco_ap, predictions_to_coco
 from simattn.ssl.recipe import load_recipe
@@ -168,8 +169,9 @@ def test_missing_and_malformed_inputs_give_clear_errors(shapes, tmp_path, capsys
     with pytest.raises(FileNotFoundError, match="gone.png"):
         CocoInstances(images, missing_image)[0]
     # the command line reports the same as one line and exit code 2
-    code = detect_main(["train", "--set", f"data.train_images={images}", "--set", "data.train_annotations=/x.json",
-                        "--set", f"data.val_images={images}", "--set", f"data.val_annotations={ann}"])
+    code = simattn_main(["detect", "train", "--set", f"data.train_images={images}",
+                         "--set", "data.train_annotations=/x.json",
+                         "--set", f"data.val_images={images}", "--set", f"data.val_annotations={ann}"])
     assert code == 2 and "annotation file not found: /x.json" in capsys.readouterr().err
 
 

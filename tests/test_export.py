@@ -14,6 +14,7 @@ pytest.importorskip("onnxscript")
 
 import simattn  # noqa: E402,F401  (registers the models)
 from simattn.export import audit_onnx, export_and_verify, ort_session  # noqa: E402
+from simattn.cli import main as simattn_main  # noqa: E402
 from simattn.export.cli import main as export_main  # noqa: E402
 from simattn.export.loading import model_stride  # noqa: E402
 from simattn.export.onnx_export import run_onnx  # noqa: E402
@@ -208,19 +209,19 @@ def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
 
 
 def test_cli_errors(tmp_path, capsys):
-    assert export_main(["--model", "no_such_model"]) == 2
+    assert simattn_main(["export", "--model", "no_such_model"]) == 2
     assert "unknown model 'no_such_model'" in capsys.readouterr().err
     corrupt = tmp_path / "bad.pth"
     corrupt.write_bytes(b"not a checkpoint")
-    assert export_main(["--model", DEIT, "--weights", str(corrupt)]) == 2
+    assert simattn_main(["export", "--model", DEIT, "--weights", str(corrupt)]) == 2
     assert "cannot read checkpoint" in capsys.readouterr().err
     other = tmp_path / "other.safetensors"
     save_safetensors(timm.create_model(DEIT, **TINY_DEIT), other, metadata={"model": DEIT, "config": TINY_DEIT})
-    assert export_main(["--model", "sima_deit_small_patch16_224", "--weights", str(other)]) == 2
+    assert simattn_main(["export", "--model", "sima_deit_small_patch16_224", "--weights", str(other)]) == 2
     assert "were saved for model" in capsys.readouterr().err
-    assert export_main(["--model", DEIT, "--model-kwargs", "depth"]) == 2
+    assert simattn_main(["export", "--model", DEIT, "--model-kwargs", "depth"]) == 2
     assert "not KEY=VALUE" in capsys.readouterr().err
-    assert export_main(["--model", DEIT, *_kwargs_args(TINY_DEIT), "--opset", "17"]) == 2
+    assert simattn_main(["export", "--model", DEIT, *_kwargs_args(TINY_DEIT), "--opset", "17"]) == 2
     assert "opset must be >= 18" in capsys.readouterr().err
 
 

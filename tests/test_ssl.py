@@ -6,6 +6,7 @@ import torch
 
 import simattn  # noqa: F401
 from simattn.ssl import DEFAULTS, knn_classify, linear_probe, load_recipe, pretrain
+from simattn.cli import main as simattn_main
 from simattn.ssl.cli import main as ssl_main
 from simattn.ssl.dino import build_backbone, build_dino_networks, build_multicrop_transform
 from simattn.ssl.evaluate import feature_fn
@@ -194,13 +195,13 @@ def test_xcit_sima_dino_epoch_linear_probe_and_resume(tmp_path, one_thread):
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
-    assert ssl_main(["train", "--set", "model.name=no_such_model", "--output", str(tmp_path)]) == 2
+    assert simattn_main(["ssl", "train", "--set", "model.name=no_such_model", "--output", str(tmp_path)]) == 2
     assert "unknown model 'no_such_model'" in capsys.readouterr().err
-    assert ssl_main(["eval", "--set", "data.name=folder", "--set", f"data.root={tmp_path / 'none'}",
-                     "--set", "model.name=sima_deit_tiny_patch16_224", "--output", str(tmp_path)]) == 2
+    assert simattn_main(["ssl", "eval", "--set", "data.name=folder", "--set", f"data.root={tmp_path / 'none'}",
+                         "--set", "model.name=sima_deit_tiny_patch16_224", "--output", str(tmp_path)]) == 2
     assert "image folder not found" in capsys.readouterr().err
-    assert ssl_main(["eval", "--config", "configs/ssl_digits.yaml", "--weights", str(tmp_path / "x.pth"),
-                     "--output", str(tmp_path)]) == 2
+    assert simattn_main(["ssl", "eval", "--config", "configs/ssl_digits.yaml", "--weights", str(tmp_path / "x.pth"),
+                         "--output", str(tmp_path)]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exceeds"):
         pretrain(_digits_recipe(tmp_path, train={"batch_size": 4096}))

@@ -14,6 +14,7 @@ from PIL import Image
 
 import simattn  # noqa: F401  (registers the models)
 from simattn.train import load_config, list_recipes, scaled_lr, train, validate_weights
+from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
 from simattn.train import validate as validate_mod
 from simattn.train.engine import build_model, build_optimizer, build_scheduler
@@ -63,7 +64,7 @@ def test_bad_options_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown option 'learning_rate' in recipe"):
         load_config(str(bad))
     # the command line reports them as one line and exit status 2
-    assert train_cli.main(["-c", "digits_cpu", "--epochs", "0"]) == 2
+    assert simattn_main(["train", "-c", "digits_cpu", "--epochs", "0"]) == 2
 
 
 def test_learning_rate_follows_the_global_batch():
@@ -174,9 +175,9 @@ def test_validate_errors_are_one_line(trained, tmp_path, capsys):
     out = trained[0].output
     with pytest.raises(ValueError, match="has 5 classes but dataset 'digits' has 10"):
         validate_weights(out / "final.safetensors", model_kwargs={"num_classes": 5}, dataset="digits")
-    assert validate_mod.main(["--weights", str(tmp_path / "nope.safetensors")]) == 2
+    assert simattn_main(["validate", "--weights", str(tmp_path / "nope.safetensors")]) == 2
     assert "weights not found" in capsys.readouterr().err
-    assert validate_mod.main(["--weights", str(out / "final.safetensors"), "--use-ema"]) == 2
+    assert simattn_main(["validate", "--weights", str(out / "final.safetensors"), "--use-ema"]) == 2
     assert "no EMA weights" in capsys.readouterr().err
 
 

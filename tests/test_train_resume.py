@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
 from simattn.train import load_config, train
-from simattn.train import validate as validate_mod
 from simattn.train.checkpoint import load_train_state
 from simattn.utils.io import CheckpointError
 
@@ -120,12 +120,12 @@ def test_corrupt_checkpoint_fails_cleanly_and_keeps_files(short_run, capsys):
     try:
         last.write_bytes(original[: len(original) // 2])  # a truncated file, as a crash of a non-atomic writer leaves
         before = _digests(out)
-        code = train_cli.main(TINY_FLAGS + ["--output", str(out), "--resume"])
+        code = simattn_main(["train", *TINY_FLAGS, "--output", str(out), "--resume"])
         err = capsys.readouterr().err
         assert code == 2
         assert err.startswith("simattn train: error: cannot read checkpoint") and err.count("\n") == 1
         assert _digests(out) == before
-        assert validate_mod.main(["--weights", str(last)]) == 2
+        assert simattn_main(["validate", "--weights", str(last)]) == 2
         assert "cannot read checkpoint" in capsys.readouterr().err
     finally:
         last.write_bytes(original)
@@ -135,15 +135,15 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
     out, _ = short_run
     before = _digests(out)
     other = ["--model", "relu_vit_small_patch16_224"]
-    code = train_cli.main(TINY_FLAGS + other + ["--output", str(out), "--resume"])
+    code = simattn_main(["train", *TINY_FLAGS, *other, "--output", str(out), "--resume"])
     err = capsys.readouterr().err
     assert code == 2
     assert "was written for model 'sima_deit_tiny_patch16_224', but this run builds 'relu_vit_small_patch16_224'" in err
     # same model name, different shapes: named in the error
     wider = ["--model-kwargs", json.dumps({"embed_dim": 48})]
-    assert train_cli.main(TINY_FLAGS + wider + ["--output", str(out), "--resume"]) == 2
+    assert simattn_main(["train", *TINY_FLAGS, *wider, "--output", str(out), "--resume"]) == 2
     assert "shape mismatch" in capsys.readouterr().err
-    assert train_cli.main(TINY_FLAGS + ["--output", str(out), "--resume", str(out / "missing.pth")]) == 2
+    assert simattn_main(["train", *TINY_FLAGS, "--output", str(out), "--resume", str(out / "missing.pth")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     # plain weights are not a train state
     with pytest.raises(CheckpointError, match="not a simattn training checkpoint"):

@@ -12,6 +12,7 @@ pytest.importorskip("skimage")
 import simattn  # noqa: E402,F401
 from simattn.attention import sima_normalize  # noqa: E402
 from simattn.viz import hooked_blocks, load_image, token_grid, token_maps  # noqa: E402
+from simattn.cli import main as simattn_main  # noqa: E402
 from simattn.viz.cli import main as viz_main  # noqa: E402
 
 DEIT = "sima_deit_tiny_patch16_224"
@@ -112,7 +113,7 @@ def test_corrupt_or_missing_image_is_a_clear_error(tmp_path, capsys):
         load_image(tmp_path / "missing.jpg")
     with pytest.raises(ValueError, match="unknown scikit-image photo 'eagle'"):  # would need a download
         load_image("skimage:eagle")
-    assert viz_main(["--model", DEIT, *KWARGS, "--image", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert simattn_main(["viz", "--model", DEIT, *KWARGS, "--image", str(bad), "--out", str(tmp_path / "o")]) == 2
     assert "cannot read image" in capsys.readouterr().err
     assert not (tmp_path / "o" / "viz.json").exists()
 
@@ -124,7 +125,7 @@ def test_block_out_of_range_is_a_clear_error(tmp_path, capsys):
         token_maps(model, x, shown, block=2)
     with pytest.raises(ValueError, match="out of range"):
         token_maps(model, x, shown, block=-3)
-    assert viz_main(["--model", DEIT, *KWARGS, "--block", "7", "--out", str(tmp_path)]) == 2
+    assert simattn_main(["viz", "--model", DEIT, *KWARGS, "--block", "7", "--out", str(tmp_path)]) == 2
     assert "block 7 is out of range" in capsys.readouterr().err
 
 

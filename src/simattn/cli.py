@@ -35,7 +35,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"simattn: unknown command {name!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (ValueError, FileNotFoundError) as e:  # bad input (CheckpointError is a ValueError): one line, no traceback
+        print(f"{_prog(name, rest)}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _prog(name: str, rest: List[str]) -> str:
+    """The command as typed, for error messages: ``simattn train``, or ``simattn bench model`` for a benchmark."""
+    if name == "bench" and rest and not rest[0].startswith("-"):
+        return f"simattn bench {rest[0]}"
+    return f"simattn {name}"
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -551,23 +551,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _worker_main(args.worker)
     threads = set_threads(args.threads)
     order = "qk_first" if args.fixed_order else args.sima_order
-    try:
-        if args.rounds < 1:
-            raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-        kwargs = _parse_json_kwargs(args.model_kwargs)
-        attns = [parse_attn(token) for token in args.attn]
-        specs = [BenchSpec(model=m, attn=name, attn_kwargs=attn_kwargs, img_size=s, precision=p,
-                           device=args.device, threads=threads, batch_size=args.batch_size, sima_order=order,
-                           model_kwargs=kwargs,
-                           measures=tuple(args.measure), warmup=args.warmup, repeats=args.repeats,
-                           max_time=args.max_time)
-                 for m in args.models for name, attn_kwargs in attns for s in args.img_size
-                 for p in args.precision]
-        for spec in specs:
-            validate_spec(spec)
-    except ValueError as e:
-        print(f"simattn bench model: error: {e}", file=sys.stderr)
-        return 2
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    kwargs = _parse_json_kwargs(args.model_kwargs)
+    attns = [parse_attn(token) for token in args.attn]
+    specs = [BenchSpec(model=m, attn=name, attn_kwargs=attn_kwargs, img_size=s, precision=p,
+                       device=args.device, threads=threads, batch_size=args.batch_size, sima_order=order,
+                       model_kwargs=kwargs,
+                       measures=tuple(args.measure), warmup=args.warmup, repeats=args.repeats,
+                       max_time=args.max_time)
+             for m in args.models for name, attn_kwargs in attns for s in args.img_size
+             for p in args.precision]
+    for spec in specs:
+        validate_spec(spec)
     meta = {**machine_info(args.device, threads), "sima_order": order or "model default",
             "model_kwargs": kwargs, "batch_size": args.batch_size, "rounds": args.rounds,
             "command": "simattn bench model " + " ".join(argv if argv is not None else sys.argv[1:])}

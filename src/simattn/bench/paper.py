@@ -337,12 +337,7 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn bench paper``."""
-    args = build_parser().parse_args(argv)
-    try:
-        args = _resolve(args)
-    except ValueError as e:
-        print(f"simattn bench paper: error: {e}", file=sys.stderr)
-        return 2
+    args = _resolve(build_parser().parse_args(argv))
     threads = set_threads(args.threads)
     meta = {**machine_info(args.device, threads), "quick": args.quick,
             "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}

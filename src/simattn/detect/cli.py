@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List
-
-from ..utils.io import CheckpointError
 
 __all__ = ["main"]
 
@@ -42,32 +39,28 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
-    try:
-        if args.action == "shapes":
-            from .shapes import make_shapes_dataset
-            for split, n, seed in (("train", args.train_images, args.seed), ("val", args.val_images, args.seed + 1)):
-                images, ann = make_shapes_dataset(args.out, split, n, args.size, seed=seed)
-                print(f"{split}: {n} images in {images}, annotations {ann}")
-            return 0
-        from ..ssl.recipe import load_recipe
-        from .train import DEFAULTS, evaluate_checkpoint, train
-        overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
-        recipe = load_recipe(DEFAULTS, args.config, overrides)
-        if args.action == "train":
-            results = train(recipe, resume=args.resume)
-            if results:
-                print(json.dumps({"output": recipe["output"], **_ap_summary(results.get("eval", {}))}))
-            return 0
-        from pathlib import Path
-
-        from ..utils.io import atomic_write_json
-        results = evaluate_checkpoint(recipe, args.weights)
-        atomic_write_json({"weights": args.weights, **results}, Path(recipe["output"]) / "eval.json")
-        print(json.dumps(_ap_summary(results)))
+    if args.action == "shapes":
+        from .shapes import make_shapes_dataset
+        for split, n, seed in (("train", args.train_images, args.seed), ("val", args.val_images, args.seed + 1)):
+            images, ann = make_shapes_dataset(args.out, split, n, args.size, seed=seed)
+            print(f"{split}: {n} images in {images}, annotations {ann}")
         return 0
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn detect: error: {e}", file=sys.stderr)
-        return 2
+    from ..ssl.recipe import load_recipe
+    from .train import DEFAULTS, evaluate_checkpoint, train
+    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
+    recipe = load_recipe(DEFAULTS, args.config, overrides)
+    if args.action == "train":
+        results = train(recipe, resume=args.resume)
+        if results:
+            print(json.dumps({"output": recipe["output"], **_ap_summary(results.get("eval", {}))}))
+        return 0
+    from pathlib import Path
+
+    from ..utils.io import atomic_write_json
+    results = evaluate_checkpoint(recipe, args.weights)
+    atomic_write_json({"weights": args.weights, **results}, Path(recipe["output"]) / "eval.json")
+    print(json.dumps(_ap_summary(results)))
+    return 0
 
 
 def _ap_summary(results) -> dict:

@@ -182,13 +182,9 @@ def _quantize(args, output: Path, data_config, model) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn export``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from ..utils.io import CheckpointError
     from .onnx_export import ExportError
     try:
         return run(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn export: error: {e}", file=sys.stderr)
-        return 2
     except ExportError as e:
         print(f"simattn export: {e}", file=sys.stderr)
         return 1

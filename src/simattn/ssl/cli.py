@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import List
 
-from ..utils.io import CheckpointError, atomic_write_json
+from ..utils.io import atomic_write_json
 
 __all__ = ["main"]
 
@@ -39,19 +38,15 @@ def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
     from .dino import DEFAULTS
     from .recipe import load_recipe
-    try:
-        overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
-        recipe = load_recipe(DEFAULTS, args.config, overrides)
-        if args.action == "train":
-            from .dino import pretrain
-            results = pretrain(recipe, resume=args.resume)
-            if results:
-                print(json.dumps({"output": recipe["output"], **results.get("final", {})}))
-            return 0
-        return _evaluate(recipe, args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn ssl: error: {e}", file=sys.stderr)
-        return 2
+    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
+    recipe = load_recipe(DEFAULTS, args.config, overrides)
+    if args.action == "train":
+        from .dino import pretrain
+        results = pretrain(recipe, resume=args.resume)
+        if results:
+            print(json.dumps({"output": recipe["output"], **results.get("final", {})}))
+        return 0
+    return _evaluate(recipe, args)
 
 
 def _evaluate(recipe, args) -> int:

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import List, Optional
 
-from ..utils.io import CheckpointError
 from .config import add_config_arguments, list_recipes, load_config, overrides_from_args
 
 __all__ = ["main", "build_parser"]
@@ -25,11 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config, overrides_from_args(args))
-        from .engine import train
-        train(cfg)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn train: error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides_from_args(args))
+    from .engine import train
+    train(cfg)
     return 0

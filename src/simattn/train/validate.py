@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..utils.io import CheckpointError, atomic_write_json, load_weights
+from ..utils.io import atomic_write_json, load_weights
 from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights
 
 __all__ = ["validate_weights", "main"]
@@ -107,15 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .loop import use_tqdm
-    try:
-        result = validate_weights(args.weights, args.model, args.model_kwargs, dataset=args.dataset, data_dir=args.data_dir,
-                          split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
-                          interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
-                          use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
-                          channels_last=args.channels_last, show_progress=use_tqdm())
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn validate: error: {e}", file=sys.stderr)
-        return 2
+    result = validate_weights(args.weights, args.model, args.model_kwargs, dataset=args.dataset, data_dir=args.data_dir,
+                              split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
+                              interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
+                              use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
+                              channels_last=args.channels_last, show_progress=use_tqdm())
     if args.output:
         atomic_write_json(result, args.output)
     print(json.dumps(result, indent=2))

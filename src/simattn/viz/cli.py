@@ -87,13 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn viz``; returns the exit status."""
-    args = build_parser().parse_args(argv)
-    from ..utils.io import CheckpointError
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, CheckpointError) as e:
-        print(f"simattn viz: error: {e}", file=sys.stderr)
-        return 2
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover
