@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.factory import parse_model_kwargs
 from ..utils.timing import set_threads, sync, time_fn
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
@@ -497,16 +498,6 @@ def parse_attn(token: str) -> Tuple[str, Dict[str, Any]]:
     return name, kwargs
 
 
-def _parse_json_kwargs(text: str) -> Dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--model-kwargs is not valid JSON ({e.msg}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--model-kwargs must be a JSON object, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simattn bench model",
                                 description="Latency, throughput, exp-like op and FLOP counts and peak memory of "
@@ -529,8 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
                             "difference is the cost of exp alone (the paper's comparison)")
     order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
-    p.add_argument("--model-kwargs", default="{}", help="JSON object of extra timm.create_model kwargs, "
-                                                        "e.g. '{\"act_layer\": \"relu\", \"depth\": 6}'")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="extra timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, "
+                        "e.g. act_layer=relu depth=6 or '{\"act_layer\": \"relu\", \"depth\": 6}'")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (at least)")
     p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
@@ -553,7 +545,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     order = "qk_first" if args.fixed_order else args.sima_order
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-    kwargs = _parse_json_kwargs(args.model_kwargs)
+    kwargs = parse_model_kwargs(args.model_kwargs)
     attns = [parse_attn(token) for token in args.attn]
     specs = [BenchSpec(model=m, attn=name, attn_kwargs=attn_kwargs, img_size=s, precision=p,
                        device=args.device, threads=threads, batch_size=args.batch_size, sima_order=order,

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ..utils.io import atomic_write_json
     from .audit import audit_onnx
-    from .loading import attention_kind, build_model, model_stride, parse_model_kwargs, resolve_data_config
+    from ..models.factory import parse_model_kwargs
+    from .loading import attention_kind, build_model, model_stride, resolve_data_config
     from .onnx_export import ExportError, export_and_verify
 
     model, spec = build_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)

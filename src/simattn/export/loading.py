@@ -5,41 +5,13 @@ The model name and ``timm.create_model`` kwargs can come from the weights file i
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import torch
-import yaml
 from torch import nn
 
-__all__ = ["parse_model_kwargs", "build_model", "softmax_twin", "resolve_data_config", "model_stride", "attention_kind",
+__all__ = ["build_model", "softmax_twin", "resolve_data_config", "model_stride", "attention_kind",
            "normalize_images"]
-
-
-def parse_model_kwargs(items: Optional[Iterable[str]]) -> Dict[str, Any]:
-    """``['img_size=32', 'act_layer=relu', 'attn_kwargs={order: kv_first}']`` → a kwargs dict.
-
-    Values are parsed as YAML, so numbers, booleans, lists and dicts work and plain words stay strings. An item
-    may also be a whole JSON/YAML mapping (``'{"img_size": 32}'``), as ``simattn train``/``validate`` take it.
-    """
-    kwargs: Dict[str, Any] = {}
-    for item in items or ():
-        if item.lstrip().startswith("{"):
-            try:
-                mapping = yaml.safe_load(item)
-            except yaml.YAMLError as e:
-                raise ValueError(f"model kwargs {item!r} are not a valid mapping: {e}") from None
-            if not isinstance(mapping, dict):
-                raise ValueError(f"model kwargs {item!r} are not a mapping")
-            kwargs.update(mapping)
-            continue
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"model kwarg {item!r} is not KEY=VALUE")
-        try:
-            kwargs[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            kwargs[key.strip()] = text
-    return kwargs
 
 
 def build_model(model_name: Optional[str] = None, weights: Optional[str] = None,

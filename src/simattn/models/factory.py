@@ -10,13 +10,14 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
+import yaml
 from torch import nn
 
 from ..utils.io import CheckpointError, load_checkpoint, load_weights, read_safetensors_metadata
 
-__all__ = ["create_model", "checkpoint_filter_for", "model_spec_from_weights", "load_model"]
+__all__ = ["create_model", "parse_model_kwargs", "checkpoint_filter_for", "model_spec_from_weights", "load_model"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -31,6 +32,45 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         return timm.create_model(name, **kwargs)
     except TypeError as e:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
+
+
+def parse_model_kwargs(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
+    """``create_model`` kwargs from the command line (``--model-kwargs`` of export, viz, validate, bench model).
+
+    ``['img_size=32', 'act_layer=relu', 'attn_kwargs={order: kv_first}']`` → a kwargs dict. Values are parsed as
+    YAML, so numbers, booleans, lists and dicts work and plain words stay strings. An item may also be a whole
+    mapping, JSON (``'{"img_size": 32}'``) or YAML (``'{img_size: 32}'``); a single string is one item. Bad text
+    raises a one-line ValueError that names it.
+    """
+    if isinstance(items, str):
+        items = [items]
+    kwargs: Dict[str, Any] = {}
+    for item in items or ():
+        if item.lstrip().startswith(("{", "[")):
+            kwargs.update(_parse_kwargs_mapping(item))
+            continue
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"model kwarg {item!r} is not KEY=VALUE")
+        try:
+            kwargs[key.strip()] = yaml.safe_load(text)
+        except yaml.YAMLError:
+            kwargs[key.strip()] = text
+    return kwargs
+
+
+def _parse_kwargs_mapping(text: str) -> Dict[str, Any]:
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError:
+        try:
+            mapping = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            reason = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ValueError(f"model kwargs {text!r} are not a valid mapping: {reason}") from None
+    if not isinstance(mapping, dict):
+        raise ValueError(f"model kwargs {text!r} must be a JSON object (a mapping), not a {type(mapping).__name__}")
+    return mapping
 
 
 def checkpoint_filter_for(name: str) -> Optional[Callable]:

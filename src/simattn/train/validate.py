@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..utils.io import atomic_write_json, load_weights
-from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights
+from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights, parse_model_kwargs
 
 __all__ = ["validate_weights", "main"]
 
@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and preprocessing default to those recorded with the weights by simattn train.")
     p.add_argument("--weights", required=True, help="checkpoint (.pth) or .safetensors file")
     p.add_argument("--model", help="model name (default: the one recorded with the weights)")
-    p.add_argument("--model-kwargs", type=json.loads, default=None, help="JSON create_model kwargs (merged)")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="create_model kwargs (merged) as KEY=VALUE items (YAML values) or one JSON mapping")
     p.add_argument("--dataset", default="digits", help="digits | folder/imagenet | cifar10 | cifar100")
     p.add_argument("--data-dir", help="dataset root (not used by digits)")
     p.add_argument("--split", default="val")
@@ -106,8 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     from .loop import use_tqdm
-    result = validate_weights(args.weights, args.model, args.model_kwargs, dataset=args.dataset, data_dir=args.data_dir,
-                              split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
+    result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
+                              data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
                               use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
                               channels_last=args.channels_last, show_progress=use_tqdm())

@@ -69,7 +69,8 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..export.loading import build_model, parse_model_kwargs, resolve_data_config
+    from ..export.loading import build_model, resolve_data_config
+    from ..models.factory import parse_model_kwargs
     from ..utils.io import atomic_write_json
 
     model, spec = build_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
