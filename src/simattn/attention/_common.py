@@ -1,7 +1,7 @@
 """Pieces every attention kind shares: input checks, token masks, fp32 helpers and the hook point."""
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import nullcontext
 from typing import Optional, Tuple
 
 import torch
@@ -10,6 +10,7 @@ from torch import nn
 __all__ = [
     "HookPoint",
     "check_qkv",
+    "cast",
     "check_token_mask",
     "acc_dtype",
     "apply_token_mask",
@@ -91,11 +92,20 @@ def range_safe_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if dt == torch.float16 else dt
 
 
-@contextmanager
 def no_autocast(t: torch.Tensor):
-    """Disable autocast on t's device, so the code inside picks its dtypes explicitly."""
-    with torch.autocast(device_type=t.device.type, enabled=False):
-        yield
+    """A context with autocast off on t's device, so the code inside picks its dtypes explicitly.
+
+    When autocast is already off this is a null context: entering ``torch.autocast`` costs tens of microseconds,
+    which is most of a small attention call.
+    """
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.autocast(device_type=t.device.type, enabled=False)
+    return nullcontext()
+
+
+def cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t.to(dtype)`` without the dispatcher round trip when t already has that dtype (hot paths)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def apply_token_mask(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -14,7 +14,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, acc_dtype, apply_token_mask, check_qkv, no_autocast, range_safe_dtype, resolve_masks
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_qkv, no_autocast, range_safe_dtype,
+                      resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -74,7 +75,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             # projection reads, which makes the caller's transpose(1, 2).reshape(B, N, C) free.
             heads = [_folded_sima(q[:, h], k[:, h], v[:, h], inv_scale[:, h], order, acc, dt) for h in range(H)]
             out = torch.stack(heads, 2).transpose(1, 2)
-    return out if autocast else out.to(out_dtype)
+    return out if autocast else cast(out, out_dtype)
 
 
 def _fold_heads(t: torch.Tensor) -> Optional[torch.Tensor]:
@@ -87,14 +88,14 @@ def _folded_sima(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inv_scale: t
                  acc: torch.dtype, dt: torch.dtype) -> torch.Tensor:
     """SimA's two matmuls on batched (G, N, d) operands, with 1/(s_q s_k) of shape (G, 1, d) folded in."""
     if order == "kv_first":
-        kv = torch.bmm(k.transpose(1, 2).to(acc), v.to(acc))  # (G, d, dv), fp32: sums over all tokens
-        return torch.bmm(q.to(dt), (kv * inv_scale.transpose(1, 2)).to(dt))
+        kv = torch.bmm(cast(k, acc).transpose(1, 2), cast(v, acc))  # (G, d, dv), fp32: sums over all tokens
+        return torch.bmm(cast(q, dt), cast(kv * inv_scale.transpose(1, 2), dt))
     # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
     if q.shape[1] <= k.shape[1]:
-        attn = torch.bmm((q.to(acc) * inv_scale).to(dt), k.transpose(1, 2).to(dt))
+        attn = torch.bmm(cast(cast(q, acc) * inv_scale, dt), cast(k, dt).transpose(1, 2))
     else:
-        attn = torch.bmm(q.to(dt), (k.to(acc) * inv_scale).transpose(1, 2).to(dt))
-    return torch.bmm(attn, v.to(dt))
+        attn = torch.bmm(cast(q, dt), cast(cast(k, acc) * inv_scale, dt).transpose(1, 2))
+    return torch.bmm(attn, cast(v, dt))
 
 
 def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
