@@ -11,7 +11,7 @@ from simattn.detect import (DEFAULTS, CocoInstances, PyramidBackbone, build_body
 from simattn.cli import main as simattn_main
 from simattn.detect.cli import main as detect_main
 from simattn.detect.evaluate import coco_ap, predictions_to_coco
-from simattn.ssl.recipe import load_recipe
+from simattn.utils.recipe import load_recipe
 
 pytest.importorskip("pycocotools")
 # pycocotools' own numpy-2 deprecation notice, not ours
@@ -53,7 +53,7 @@ def _recipe(shapes, tmp_path, backbone="sima_deit_tiny_patch16_224", kwargs=DEIT
         "eval": {"every": 0, "batch_size": 4},
         "output": str(tmp_path / "run"),
     }
-    from simattn.ssl.recipe import merge_recipe
+    from simattn.utils.recipe import merge_recipe
     return merge_recipe(DEFAULTS, overrides)
 
 

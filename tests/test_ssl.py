@@ -10,7 +10,7 @@ from simattn.cli import main as simattn_main
 from simattn.ssl.cli import main as ssl_main
 from simattn.ssl.dino import build_backbone, build_dino_networks, build_multicrop_transform
 from simattn.ssl.evaluate import feature_fn
-from simattn.ssl.recipe import merge_recipe
+from simattn.utils.recipe import merge_recipe
 from simattn.utils.io import load_weights, read_safetensors_metadata
 
 pytest.importorskip("lightly")

@@ -45,7 +45,7 @@ def main(argv: List[str]) -> int:
             images, ann = make_shapes_dataset(args.out, split, n, args.size, seed=seed)
             print(f"{split}: {n} images in {images}, annotations {ann}")
         return 0
-    from ..ssl.recipe import load_recipe
+    from ..utils.recipe import load_recipe
     from .train import DEFAULTS, evaluate_checkpoint, train
     overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
     recipe = load_recipe(DEFAULTS, args.config, overrides)

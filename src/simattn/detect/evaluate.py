@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..ssl.runlog import progress
+from ..utils.runlog import progress
 from .data import CocoInstances, collate_detection
 
 __all__ = ["predictions_to_coco", "coco_ap", "evaluate_coco", "AP_NAMES"]

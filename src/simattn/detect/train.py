@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
-from ..ssl.runlog import RunLog, progress
+from ..utils.runlog import RunLog, progress
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, load_weights
 from ..utils.timing import set_threads

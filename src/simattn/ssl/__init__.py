@@ -5,7 +5,7 @@
 """
 from .dino import DEFAULTS, pretrain
 from .evaluate import evaluate_backbone, extract_features, knn_classify, linear_probe
-from .recipe import load_recipe
+from ..utils.recipe import load_recipe
 
 __all__ = ["DEFAULTS", "pretrain", "evaluate_backbone", "extract_features", "knn_classify", "linear_probe",
            "load_recipe"]

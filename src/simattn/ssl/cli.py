@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
     from .dino import DEFAULTS
-    from .recipe import load_recipe
+    from ..utils.recipe import load_recipe
     overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
     recipe = load_recipe(DEFAULTS, args.config, overrides)
     if args.action == "train":

@@ -29,7 +29,7 @@ from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, s
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
-from .runlog import RunLog, progress
+from ..utils.runlog import RunLog, progress
 
 __all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "build_dino_networks", "build_multicrop_transform",
            "pretrain"]

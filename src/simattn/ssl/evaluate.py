@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .data import build_image_dataset
-from .runlog import progress
+from ..utils.runlog import progress
 
 __all__ = ["feature_fn", "extract_features", "knn_classify", "linear_probe", "eval_transform",
            "recalibrate_batchnorm", "evaluate_backbone"]

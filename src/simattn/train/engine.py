@@ -30,7 +30,8 @@ from .checkpoint import (capture_rng_state, export_weights, load_train_state, re
 from .config import TrainConfig, scaled_lr
 from .logs import RunLog, format_table
 from .loader import build_eval_loader, build_mixup, build_train_loader, build_transform, data_config_for
-from .loop import autocast, evaluate, progress, use_tqdm
+from ..utils.runlog import progress, use_tqdm
+from .loop import autocast, evaluate
 
 __all__ = ["train", "TrainResult", "open_datasets", "build_model", "build_optimizer",
            "build_scheduler"]
@@ -262,7 +263,7 @@ class _Trainer:
         self._pending_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         self._pending_samples = 0
         self._t0, self._epoch_seen = time.perf_counter(), 0
-        batches = progress(self.train_loader, n_batches - first_batch, f"epoch {self.epoch + 1}", self.show_bars)
+        batches = progress(self.train_loader, f"epoch {self.epoch + 1}", n_batches - first_batch, self.show_bars)
         for i, (images, target, skipped) in enumerate(batches, start=first_batch):
             if i >= n_batches:
                 break

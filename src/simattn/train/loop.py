@@ -1,17 +1,17 @@
-"""Pieces shared by training and validation: autocast, progress display, and the evaluation pass."""
+"""Pieces shared by training and validation: autocast and the evaluation pass."""
 from __future__ import annotations
 
 import contextlib
-import sys
-from typing import Dict, Iterable, Optional
+from typing import Dict
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from ..utils.distributed import all_reduce_mean
+from ..utils.runlog import progress
 
-__all__ = ["autocast", "progress", "evaluate", "use_tqdm"]
+__all__ = ["autocast", "evaluate"]
 
 
 def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
@@ -19,19 +19,6 @@ def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
-
-
-def use_tqdm(enabled: bool = True) -> bool:
-    """tqdm bars only when asked and stderr is a terminal; logs and pipes get plain lines instead."""
-    return enabled and sys.stderr.isatty()
-
-
-def progress(iterable: Iterable, total: Optional[int], desc: str, enabled: bool) -> Iterable:
-    """``iterable`` wrapped in a tqdm bar when :func:`use_tqdm` says so."""
-    if not use_tqdm(enabled):
-        return iterable
-    from tqdm import tqdm
-    return tqdm(iterable, total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
 def _topk_correct(logits: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:
@@ -49,7 +36,7 @@ def evaluate(model: nn.Module, loader: DataLoader, device: torch.device, *, amp:
     model.eval()
     # sums: correct@1, correct@5, loss, samples, skipped (float64 so large counts stay exact)
     sums = torch.zeros(5, dtype=torch.float64, device=device)
-    for images, target, skipped in progress(loader, len(loader), desc, show_progress):
+    for images, target, skipped in progress(loader, desc, len(loader), show_progress):
         sums[4] += skipped
         if len(target) == 0:
             continue

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from ..utils.io import atomic_write_json, load_weights
+from ..utils.runlog import use_tqdm
 from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights, parse_model_kwargs
 
 __all__ = ["validate_weights", "main"]
@@ -106,7 +107,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    from .loop import use_tqdm
     result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,

@@ -1,1 +1,1 @@
-"""Small shared helpers: safe file writing, checkpoint/weights loading, timing."""
+"""Small shared helpers: safe file writing, checkpoint/weights loading, timing, YAML recipes, run logs."""

@@ -1,23 +1,29 @@
-"""Run outputs shared by ``simattn ssl`` and ``simattn detect``: per-epoch history as JSON, a PNG of the curves,
-and progress that is a tqdm bar on a terminal and plain lines otherwise."""
+"""Run outputs: per-epoch history as JSON and a PNG of the curves (``simattn ssl`` and ``simattn detect``), and
+progress that is a tqdm bar on a terminal and plain lines otherwise (those and ``simattn train``/``validate``)."""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from ..utils.io import atomic_path, atomic_write_json
+from .io import atomic_path, atomic_write_json
 
-__all__ = ["RunLog", "progress"]
+__all__ = ["RunLog", "progress", "use_tqdm"]
+
+
+def use_tqdm(enabled: bool = True) -> bool:
+    """tqdm bars only when asked (e.g. on the main process) and stderr is a terminal; logs and pipes get plain
+    lines instead."""
+    return enabled and sys.stderr.isatty()
 
 
 def progress(iterable: Iterable, desc: str, total: Optional[int] = None, enabled: bool = True) -> Iterable:
-    """A tqdm bar when stderr is a terminal (and ``enabled``, i.e. the main process); the bare iterable otherwise,
-    so logs written to files only get the plain per-epoch lines."""
-    if enabled and sys.stderr.isatty():
-        from tqdm import tqdm
-        return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
-    return iterable
+    """``iterable`` wrapped in a tqdm bar when :func:`use_tqdm` says so; the bare iterable otherwise, so logs
+    written to files only get the plain per-epoch lines."""
+    if not use_tqdm(enabled):
+        return iterable
+    from tqdm import tqdm
+    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
 
 
 class RunLog:

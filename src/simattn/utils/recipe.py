@@ -1,4 +1,5 @@
-"""YAML recipes with defaults, typo checks and command-line overrides (``simattn ssl`` and ``simattn detect``).
+"""Nested YAML recipes with defaults, typo checks and command-line overrides (``simattn ssl`` and ``simattn detect``;
+``simattn train`` has its own flat, typed recipes in :mod:`simattn.train.config`).
 
 A recipe is a nested dict. Every key must exist in the defaults (a misspelt key is an error, not silently ignored),
 except inside sections whose default is an empty dict (``{}``): those are free-form keyword arguments handed to a
@@ -71,7 +72,7 @@ def parse_overrides(items: Iterable[str]) -> Dict[str, Any]:
 def load_recipe(defaults: Mapping[str, Any], path: Optional[str] = None,
                 overrides: Iterable[str] = ()) -> Dict[str, Any]:
     """Defaults, then the YAML file at ``path`` (if any), then ``section.key=value`` overrides."""
-    from ..utils.io import read_yaml_mapping
+    from .io import read_yaml_mapping
     recipe = copy.deepcopy(dict(defaults))
     if path is not None:
         recipe = merge_recipe(recipe, read_yaml_mapping(path), defaults)
