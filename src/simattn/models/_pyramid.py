@@ -12,6 +12,8 @@ from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
+from ._head import TokenPoolHead
+
 __all__ = ["Grid", "GridBlock", "PyramidStage", "PyramidTransformer", "tokens_to_nchw", "check_size_fits",
            "drop_path_rates"]
 
@@ -103,7 +105,7 @@ class PyramidStage(nn.Module):
         return x, grid
 
 
-class PyramidTransformer(nn.Module):
+class PyramidTransformer(TokenPoolHead, nn.Module):
     """timm's model API for a stack of :class:`PyramidStage`: the last stage's tokens are normalized
     (``forward_features``) and pooled (CLS token or grid average) into the classifier (``forward_head``).
 
@@ -178,10 +180,6 @@ class PyramidTransformer(nn.Module):
         for stage in self.stages:
             stage.grad_checkpointing = enable
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
@@ -195,17 +193,6 @@ class PyramidTransformer(nn.Module):
             tokens, grid = stage(x)
             x = tokens_to_nchw(tokens, grid, stage.num_prefix_tokens)
         return self.norm(tokens)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool == "token":
-            x = x[:, 0]
-        elif self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens:].mean(dim=1)
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
             self,

@@ -40,6 +40,7 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
 from ..attention import HookPoint, attention_class
 from ..attention._common import no_autocast
 from ..attention.softmax import softmax_weights
+from ._head import TokenPoolHead
 
 __all__ = [
     "XCiTBackbone", "XCiTBlock", "ClassAttention", "ClassAttentionBlock", "sima_class_attention_weights",
@@ -158,7 +159,7 @@ class XCiTBlock(nn.Module):
         return x
 
 
-class XCiTBackbone(nn.Module):
+class XCiTBackbone(TokenPoolHead, nn.Module):
     """XCiT's network with a pluggable token attention (``attn_type``) and class attention (``cls_attn_type``).
 
     Args:
@@ -296,10 +297,6 @@ class XCiTBackbone(nn.Module):
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         self.grad_checkpointing = enable
 
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
@@ -360,15 +357,6 @@ class XCiTBackbone(nn.Module):
         if self.cls_attn_blocks is not None:
             x = self.forward_cls(x)
         return self.norm(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        if self.global_pool:
-            x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
     def forward_intermediates(
             self,
