@@ -79,8 +79,8 @@ def test_fast_matches_reference_forward_and_grad(name, n, dtype):
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("b,n", [(1, 40), (2, 7), (3, 40)])
 def test_fast_matches_reference_on_fused_qkv_views(name, b, n):
-    """q, k, v as every module produces them: strided views of one (B, N, 3, H, d) projection (SimA runs each
-    head's view separately when B > 1 instead of copying)."""
+    """q, k, v as every module produces them: strided views of one (B, N, 3, H, d) projection (for B > 1 they
+    cannot be folded to (B·H, N, d) without a copy)."""
     fast, ref, _ = CASES[name]
     torch.manual_seed(b * 100 + n)
     fused = torch.randn(b, n, 3, H, 16, dtype=torch.float64, requires_grad=True)

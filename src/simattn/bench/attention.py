@@ -1,10 +1,10 @@
 """``simattn bench attention``: every attention kind's forward latency against softmax SDPA and the official SimA.
 
 All kinds run in one process, interleaved per token count, on the same inputs and a fixed thread count, so the
-printed ratios compare like with like. What is timed is the step where the kinds differ: from q, k, v to the
-(B, N, C) tensor the output projection reads (no projections). By default q, k, v are what every module (timm's,
-the official SimA code's, ours) feeds its attention: strided (B, H, N, d) views of one fused qkv projection
-(``--layout qkv``); ``--layout contiguous`` gives each its own contiguous tensor instead.
+printed ratios compare like with like. The functional ops are timed (no projections), which is exactly where the
+kinds differ. By default q, k, v are what every module (timm's, the official SimA code's, ours) feeds its
+attention: strided (B, H, N, d) views of one fused qkv projection (``--layout qkv``); ``--layout contiguous`` gives
+each its own contiguous tensor instead.
 
 The ``sima_matmuls`` row times SimA's two matrix products alone, on contiguous (B·H, N, d) operands made before
 the clock starts: a floor that no SimA implementation can beat with this BLAS, printed beside each target.
@@ -24,7 +24,7 @@ from ..attention import (elu_attention, relu_attention, sima_attention, sima_att
                          softmax_attention, xca_attention, xnorm_attention)
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
-from ..utils.timing import set_threads, time_fn
+from ..utils.timing import keep_freed_memory, set_threads, time_fn
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
 #: (label, fn). 'sima_official' is the official normalize-then-multiply formulation, the baseline for SimA's fold.
@@ -91,9 +91,7 @@ def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads:
         for kind in kinds:
             fn = _soft(n) if kind == "soft" else _sima_matmuls(q, k, v) if kind == "sima_matmuls" else KINDS[kind]
             with torch.inference_mode():
-                # up to the (B, N, C) input of the output projection, as in a module
-                t = time_fn(lambda: fn(q, k, v).transpose(1, 2).reshape(b, n, heads * head_dim), warmup=2,
-                            repeats=repeats, device=device, max_time=max_seconds)
+                t = time_fn(lambda: fn(q, k, v), warmup=2, repeats=repeats, device=device, max_time=max_seconds)
             times[kind] = t["median_ms"]
             print(f"  N={n:5d} B={b} {kind:<14} {t['median_ms']:10.3f} ms  ({t['runs']} runs)", file=sys.stderr,
                   flush=True)
@@ -151,6 +149,8 @@ def main(argv: List[str]) -> int:
     p.add_argument("--max-seconds", type=float, default=20.0, help="stop repeating a measurement after this long")
     p.add_argument("--layout", default="qkv", choices=LAYOUTS,
                    help="q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors")
+    p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                   help="leave glibc's trim/mmap defaults (calls then page-fault their buffers in, noisily)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
@@ -159,15 +159,16 @@ def main(argv: List[str]) -> int:
         if required not in args.kinds:
             args.kinds.insert(0, required)  # the ratios are against these two
     threads = set_threads(args.threads)
+    allocator = keep_freed_memory() if args.keep_freed_memory else "system allocator defaults"
     print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads, "
-          f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout", flush=True)
+          f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
     rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
                getattr(torch, args.dtype), args.max_seconds, args.layout)
     print(format_table(rows))
     targets = check_targets(rows)
     print("\n".join(targets))
     atomic_write_json({
-        "config": {**vars(args), "threads": threads, "torch": torch.__version__, "machine": platform.machine(),
+        "config": {**vars(args), "threads": threads, "allocator": allocator, "torch": torch.__version__, "machine": platform.machine(),
                    "processor": platform.processor()},
         "results": rows, "targets": targets,
     }, args.out)

@@ -2,7 +2,8 @@
 
 For every combination of registered model × attention kind × input size × precision it measures, in a fresh
 subprocess per combination (``python -m simattn.bench.model --worker SPEC``, one JSON line back on stdout) so that
-one model's allocations, caches and thread pools do not disturb the next:
+one model's allocations, caches and thread pools do not disturb the next (freed memory is kept by the allocator,
+see :func:`simattn.utils.timing.keep_freed_memory`, so calls do not page-fault their buffers in):
 
 * inference: batch-1 latency (p50, p90) and batched throughput;
 * training step (forward + backward + AdamW step): batch-1 latency and batched throughput;
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.factory import parse_model_kwargs
-from ..utils.timing import set_threads, sync, time_fn
+from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
@@ -248,6 +249,7 @@ def measure(spec: BenchSpec) -> Dict[str, Any]:
 
     validate_spec(spec)
     threads = set_threads(spec.threads)
+    allocator = keep_freed_memory()
     torch.manual_seed(0)
     run = _Runner(spec)
     model = run.model
@@ -255,7 +257,7 @@ def measure(spec: BenchSpec) -> Dict[str, Any]:
         "model": spec.model, "label": spec.label, "attn": spec.attn,
         "attn_type": getattr(model, "attn_type", spec.attn), "sima_order": spec.sima_order or "",
         "img_size": spec.img_size, "tokens": _token_count(model, spec.img_size), "precision": spec.precision,
-        "device": spec.device, "threads": threads, "batch_size": spec.batch_size,
+        "device": spec.device, "threads": threads, "allocator": allocator, "batch_size": spec.batch_size,
         "latency_batch": spec.latency_batch, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
     b1 = spec.latency_batch

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
 from ..attention.elu import elu_attention_reference
-from ..utils.timing import set_threads, time_fn
+from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model import BenchSpec, run_specs
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
@@ -339,7 +339,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn bench paper``."""
     args = _resolve(build_parser().parse_args(argv))
     threads = set_threads(args.threads)
-    meta = {**machine_info(args.device, threads), "quick": args.quick,
+    meta = {**machine_info(args.device, threads), "allocator": keep_freed_memory(), "quick": args.quick,
             "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
           flush=True)

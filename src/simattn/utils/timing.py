@@ -1,13 +1,19 @@
 """Wall-clock timing that is fair between the things compared: fixed threads, warm-up, device sync, percentiles."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import statistics
 import time
 from typing import Callable, Dict, Optional
 
 import torch
 
-__all__ = ["set_threads", "time_fn", "sync"]
+__all__ = ["set_threads", "keep_freed_memory", "time_fn", "sync"]
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_KEEP_BYTES = 1 << 30
 
 
 def set_threads(num_threads: Optional[int]) -> int:
@@ -15,6 +21,24 @@ def set_threads(num_threads: Optional[int]) -> int:
     if num_threads:
         torch.set_num_threads(num_threads)
     return torch.get_num_threads()
+
+
+def keep_freed_memory() -> str:
+    """Stop glibc from handing freed memory back to the OS between timed calls; returns what was done, for the log.
+
+    PyTorch's CPU allocator has no cache: each large tensor is malloc'd and freed. By default glibc serves large
+    blocks with mmap and trims the heap after frees, so when several functions are timed in turn every call
+    page-faults its buffers in again, and kernel time (not the function) dominates and varies run to run. Raising
+    the mmap and trim thresholds (what PyTorch's CPU tuning guide gets from jemalloc/tcmalloc) makes each call
+    reuse memory, so the timings measure compute. It favours whatever allocates most, i.e. the baselines.
+    """
+    libc_name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(libc_name)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES) == 1
+    except (OSError, AttributeError, TypeError):
+        ok = False
+    return "glibc: freed memory kept (mmap/trim thresholds 1 GiB)" if ok else "system allocator defaults"
 
 
 def sync(device: torch.device | str) -> None:
