@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import List, Optional
 
@@ -38,7 +39,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return int(module.main(rest) or 0)
     except (ValueError, FileNotFoundError) as e:  # bad input (CheckpointError is a ValueError): one line, no traceback
-        print(f"{_prog(name, rest)}: error: {e}", file=sys.stderr)
+        if os.environ.get("SIMATTN_DEBUG"):
+            raise
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"{_prog(name, rest)}: error: {message} (SIMATTN_DEBUG=1 for the traceback)", file=sys.stderr)
         return 2
 
 
