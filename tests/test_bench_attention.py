@@ -10,7 +10,7 @@ from simattn.bench import attention as bench
 @pytest.mark.parametrize("layout", bench.LAYOUTS)
 def test_tiny_sweep_end_to_end(tmp_path, layout, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--tokens", "16", "65", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--threads", "1",
+    assert bench.main(["--tokens", "16", "65", "--heads", "2", "--head-dim", "8", "--repeats", "1", "--rounds", "2", "--threads", "1",
                        "--layout", layout, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["config"]["layout"] == layout and data["config"]["threads"] == 1
@@ -21,7 +21,13 @@ def test_tiny_sweep_end_to_end(tmp_path, layout, capsys):
         assert r["median_ms"] > 0 and r["layout"] == layout
         assert r["speedup_vs_sdpa"] == pytest.approx(
             next(x["median_ms"] for x in rows if x["kind"] == "softmax" and x["tokens"] == r["tokens"]) / r["median_ms"])
-    assert "sima_official" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "sima_official" in captured.out and "round 2/2" in captured.err
+
+
+def test_bad_counts_are_rejected():
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
 
 
 def test_qkv_layout_gives_strided_views_of_one_projection():

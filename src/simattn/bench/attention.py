@@ -15,6 +15,7 @@ import argparse
 import math
 import os
 import platform
+import statistics
 import sys
 from typing import Callable, Dict, List
 
@@ -82,19 +83,28 @@ def batch_for(n: int) -> int:
 
 
 def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads: int, repeats: int,
-        device: str, dtype: torch.dtype, max_seconds: float, layout: str = "qkv") -> List[dict]:
+        device: str, dtype: torch.dtype, max_seconds: float, layout: str = "qkv", rounds: int = 3) -> List[dict]:
+    """Median latency of every kind at every token count: per round the median of ``repeats`` runs, then the
+    median over ``rounds`` interleaved rounds."""
     rows = []
-    for n in tokens:
+    for i, n in enumerate(tokens):
         b = batch_for(n)
         q, k, v = make_qkv(b, heads, n, head_dim, layout, torch.Generator().manual_seed(n), device, dtype)
-        times = {}
-        for kind in kinds:
-            fn = _soft(n) if kind == "soft" else _sima_matmuls(q, k, v) if kind == "sima_matmuls" else KINDS[kind]
+        fns = {kind: _soft(n) if kind == "soft" else _sima_matmuls(q, k, v) if kind == "sima_matmuls" else KINDS[kind]
+               for kind in kinds}
+        if i == 0:  # one untimed pass of every kind first: thread pools and lazy initialization
             with torch.inference_mode():
-                t = time_fn(lambda: fn(q, k, v), warmup=2, repeats=repeats, device=device, max_time=max_seconds)
-            times[kind] = t["median_ms"]
-            print(f"  N={n:5d} B={b} {kind:<14} {t['median_ms']:10.3f} ms  ({t['runs']} runs)", file=sys.stderr,
-                  flush=True)
+                for fn in fns.values():
+                    fn(q, k, v)
+        per_round: Dict[str, List[float]] = {kind: [] for kind in kinds}
+        for r in range(rounds):  # kinds interleaved round by round, so a drift in the machine hits them all alike
+            for kind, fn in fns.items():
+                with torch.inference_mode():
+                    t = time_fn(lambda: fn(q, k, v), warmup=2, repeats=repeats, device=device, max_time=max_seconds)
+                per_round[kind].append(t["median_ms"])
+                print(f"  round {r + 1}/{rounds} N={n:5d} B={b} {kind:<14} {t['median_ms']:10.3f} ms  "
+                      f"({t['runs']} runs)", file=sys.stderr, flush=True)
+        times = {kind: statistics.median(ms) for kind, ms in per_round.items()}
         for kind in kinds:
             rows.append({
                 "kind": kind, "tokens": n, "batch": b, "heads": heads, "head_dim": head_dim, "layout": layout,
@@ -146,7 +156,8 @@ def main(argv: List[str]) -> int:
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads (fixed for the whole run)")
     p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median reported)")
-    p.add_argument("--max-seconds", type=float, default=20.0, help="stop repeating a measurement after this long")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the kinds (median reported)")
+    p.add_argument("--max-seconds", type=float, default=10.0, help="stop repeating a measurement after this long")
     p.add_argument("--layout", default="qkv", choices=LAYOUTS,
                    help="q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
@@ -155,6 +166,8 @@ def main(argv: List[str]) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
     args = p.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1 or min(args.tokens) < 1:
+        p.error("--rounds, --repeats and --tokens must be positive")
     for required in ("softmax", "sima_official"):
         if required not in args.kinds:
             args.kinds.insert(0, required)  # the ratios are against these two
@@ -163,7 +176,7 @@ def main(argv: List[str]) -> int:
     print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads, "
           f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
     rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
-               getattr(torch, args.dtype), args.max_seconds, args.layout)
+               getattr(torch, args.dtype), args.max_seconds, args.layout, args.rounds)
     print(format_table(rows))
     targets = check_targets(rows)
     print("\n".join(targets))
