@@ -18,15 +18,12 @@ __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..models.factory import add_model_arguments
+
     p = argparse.ArgumentParser(prog="simattn export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("model")
-    src.add_argument("--model", help="registered model name (default: the name stored in --weights' metadata)")
-    src.add_argument("--weights", help="checkpoint (.pth) or .safetensors file; random weights when omitted")
-    src.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
-    src.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                     help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
-                          "act_layer=relu img_size=32 num_classes=10")
+    add_model_arguments(src)
     src.add_argument("--img-size", type=int, help="export resolution (default: the model's)")
     out = p.add_argument_group("export")
     out.add_argument("-o", "--output", help="ONNX file (default: runs/export/<model>.onnx)")

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..utils.io import CheckpointError, load_checkpoint, load_weights, read_safetensors_metadata
 
-__all__ = ["create_model", "parse_model_kwargs", "checkpoint_filter_for", "model_spec_from_weights", "load_model"]
+__all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "checkpoint_filter_for", "model_spec_from_weights", "load_model"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -32,6 +32,19 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         return timm.create_model(name, **kwargs)
     except TypeError as e:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
+
+
+def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
+    """The model-source options of every command that loads a model (``export``, ``viz``, ``validate``):
+    ``--model``, ``--weights``, ``--use-ema`` and ``--model-kwargs`` (see :func:`load_model`)."""
+    parser.add_argument("--model", help="registered model name (default: the name stored with --weights)")
+    parser.add_argument("--weights", required=weights_required,
+                        help="checkpoint (.pth) or .safetensors file" + ("" if weights_required else
+                                                                         "; random weights when omitted"))
+    parser.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
+    parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
+                             "act_layer=relu img_size=32 num_classes=10")
 
 
 def parse_model_kwargs(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:

@@ -15,7 +15,8 @@ import torch
 
 from ..utils.io import atomic_write_json, load_weights
 from ..utils.runlog import use_tqdm
-from ..models.factory import checkpoint_filter_for, create_model, model_spec_from_weights, parse_model_kwargs
+from ..models.factory import (add_model_arguments, checkpoint_filter_for, create_model, model_spec_from_weights,
+                              parse_model_kwargs)
 
 __all__ = ["validate_weights", "main"]
 
@@ -84,10 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="simattn validate",
         description="Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
                     "and preprocessing default to those recorded with the weights by simattn train.")
-    p.add_argument("--weights", required=True, help="checkpoint (.pth) or .safetensors file")
-    p.add_argument("--model", help="model name (default: the one recorded with the weights)")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="create_model kwargs (merged) as KEY=VALUE items (YAML values) or one JSON mapping")
+    add_model_arguments(p, weights_required=True)
     p.add_argument("--dataset", default="digits", help="digits | folder/imagenet | cifar10 | cifar100")
     p.add_argument("--data-dir", help="dataset root (not used by digits)")
     p.add_argument("--split", default="val")
@@ -96,7 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interpolation", help="resize interpolation (default: as trained)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--use-ema", action="store_true", help="the EMA weights of a training checkpoint")
     p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
     p.add_argument("--amp", action="store_true", help="autocast")
     p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"])

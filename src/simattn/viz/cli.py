@@ -19,16 +19,12 @@ __all__ = ["main", "build_parser", "visualize"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..models.factory import add_model_arguments
     from .images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS
 
     p = argparse.ArgumentParser(prog="simattn viz", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="registered model name (default: the name stored in --weights' metadata)")
-    p.add_argument("--weights", help="checkpoint (.pth) or .safetensors file; random weights when omitted")
-    p.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
-                        "img_size=32 num_classes=10")
+    add_model_arguments(p)
     p.add_argument("--img-size", type=int, help="input resolution (default: the model's)")
     p.add_argument("--image", nargs="+", default=["skimage:astronaut"], metavar="SRC",
                    help="image files, skimage:NAME or sklearn:NAME (default skimage:astronaut); bundled: "
