@@ -26,7 +26,7 @@ def _model(**kw):
 
 
 def _input():
-    from simattn.viz.images import image_tensor
+    from simattn.data.images import image_tensor
     return image_tensor(load_image("skimage:astronaut"),
                         {"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
                          "crop_pct": 1.0, "interpolation": "bicubic"})
@@ -167,7 +167,7 @@ def test_family_maps(name):
     kwargs, grids = FAMILY_CASES[name]
     torch.manual_seed(0)
     model = timm.create_model(name, img_size=64, **kwargs).eval()
-    from simattn.viz.images import image_tensor
+    from simattn.data.images import image_tensor
     x, shown = image_tensor(load_image("sklearn:flower"), {"input_size": (3, 64, 64), "mean": (0.5,) * 3,
                                                            "std": (0.5,) * 3, "crop_pct": 1.0})
     result = token_maps(model, x, shown)

@@ -4,11 +4,11 @@ onnx/onnxruntime are imported inside the functions that need them (the ``export`
 package stays cheap.
 """
 from .audit import EXP_LIKE_OPS, ExpFreeError, GraphAudit, audit_onnx
-from .loading import build_model, resolve_data_config, softmax_twin
+from .loading import attention_kind, model_stride, softmax_twin
 from .onnx_export import ExportError, ExportResult, check_parity, export_and_verify, export_onnx, ort_session
 
 __all__ = [
     "EXP_LIKE_OPS", "ExpFreeError", "GraphAudit", "audit_onnx",
-    "build_model", "resolve_data_config", "softmax_twin",
+    "attention_kind", "model_stride", "softmax_twin",
     "ExportError", "ExportResult", "check_parity", "export_and_verify", "export_onnx", "ort_session",
 ]

@@ -56,7 +56,7 @@ def _print_parity(parity: Dict[str, Dict[str, Any]]) -> None:
 
 def _real_inputs(data_config) -> Dict[str, Any]:
     """Real images for the parity check: 8 digits (val split) and the scikit-image astronaut photo."""
-    from ..viz.images import image_tensor, load_image
+    from ..data.images import image_tensor, load_image
     from .quantize import digits_eval_tensors
 
     digits, _ = digits_eval_tensors(data_config)
@@ -70,10 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from ..utils.io import atomic_write_json
     from .audit import audit_onnx
     from ..models.factory import parse_model_kwargs
-    from .loading import attention_kind, build_model, model_stride, resolve_data_config
+    from ..data.images import resolve_data_config
+    from ..models.factory import load_model
+    from .loading import attention_kind, model_stride
     from .onnx_export import ExportError, export_and_verify
 
-    model, spec = build_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
+    model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     input_size = tuple(data_config["input_size"])
     output = Path(args.output or Path("runs/export") / f"{spec['model']}.onnx")

@@ -33,7 +33,7 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
 def digits_eval_tensors(data_config: Mapping[str, Any], split: str = "val"):
     """The digits split at the model's input size, normalized with the model's mean/std: (images, labels)."""
     from ..data.digits import digits_tensors
-    from .loading import normalize_images
+    from ..data.images import normalize_images
 
     _, h, w = data_config["input_size"]
     x, y = digits_tensors(split, img_size=h, normalize=False)

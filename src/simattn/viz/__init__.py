@@ -3,7 +3,7 @@
 matplotlib, scikit-image and scikit-learn are imported inside the functions that use them.
 """
 from .heatmaps import TokenMaps, hooked_blocks, overlay, render_panels, save_overlay, token_grid, token_maps
-from .images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS, image_label, image_tensor, load_image
+from ..data.images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS, image_label, image_tensor, load_image
 
 __all__ = [
     "TokenMaps", "hooked_blocks", "overlay", "render_panels", "save_overlay", "token_grid", "token_maps",

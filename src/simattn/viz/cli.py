@@ -20,7 +20,7 @@ __all__ = ["main", "build_parser", "visualize"]
 
 def build_parser() -> argparse.ArgumentParser:
     from ..models.factory import add_model_arguments
-    from .images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS
+    from ..data.images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS
 
     p = argparse.ArgumentParser(prog="simattn viz", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -40,7 +40,7 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
               alpha: float = 0.5, cmap: str = "jet") -> List[Dict[str, Any]]:
     """Heatmaps of ``model`` for each image source, written under ``out_dir``; returns one record per image."""
     from .heatmaps import render_panels, save_overlay, token_maps
-    from .images import image_label, image_tensor, load_image
+    from ..data.images import image_label, image_tensor, load_image
 
     records = []
     for source in sources:
@@ -65,11 +65,11 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ..export.loading import build_model, resolve_data_config
-    from ..models.factory import parse_model_kwargs
+    from ..data.images import resolve_data_config
+    from ..models.factory import load_model, parse_model_kwargs
     from ..utils.io import atomic_write_json
 
-    model, spec = build_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
+    model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     out_dir = Path(args.out)
     torch.manual_seed(0)

@@ -1,4 +1,5 @@
-"""Images to look at: any image file, or the real photos that scikit-image and scikit-learn ship (no download).
+"""Single images for a model: any image file, or the real photos that scikit-image and scikit-learn ship (no
+download), and the preprocessing a model expects (used by ``viz`` and ``export``).
 
 Sources are strings: a file path, ``skimage:NAME`` (e.g. ``skimage:astronaut``) or ``sklearn:NAME``
 (``sklearn:china.jpg`` / ``sklearn:flower.jpg``, the ``.jpg`` may be left out).
@@ -6,12 +7,14 @@ Sources are strings: a file path, ``skimage:NAME`` (e.g. ``skimage:astronaut``) 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
-__all__ = ["SKIMAGE_PHOTOS", "SKLEARN_PHOTOS", "load_image", "image_tensor", "image_label"]
+__all__ = ["SKIMAGE_PHOTOS", "SKLEARN_PHOTOS", "load_image", "image_tensor", "image_label", "resolve_data_config",
+           "normalize_images"]
 
 #: skimage.data images whose files ship inside the scikit-image package (others would need a download).
 SKIMAGE_PHOTOS = (
@@ -78,7 +81,6 @@ def image_tensor(img, data_config: Mapping[str, Any]) -> Tuple[torch.Tensor, np.
     """
     from timm.data import create_transform
 
-    from ..export.loading import normalize_images
 
     keys = ("input_size", "interpolation", "crop_pct", "crop_mode")
     # Unit mean/std: the transform only resizes and crops; normalization is applied separately so the raw crop
@@ -87,3 +89,28 @@ def image_tensor(img, data_config: Mapping[str, Any]) -> Tuple[torch.Tensor, np.
                                  std=(1., 1., 1.), is_training=False)
     raw = transform(img).unsqueeze(0)
     return normalize_images(raw, data_config), raw[0].permute(1, 2, 0).clamp(0, 1).numpy()
+
+
+def resolve_data_config(model: nn.Module, spec: Optional[Mapping[str, Any]] = None,
+                        img_size: Optional[int] = None) -> Dict[str, Any]:
+    """Preprocessing for ``model``: timm's resolved config, updated by what was stored with the weights; the input
+    size is ``img_size`` if given, else the ``img_size`` the model was built with (a model built at 32 px is fed
+    32 px images), else the stored or default one."""
+    from timm.data import resolve_model_data_config
+
+    cfg = dict(resolve_model_data_config(model))
+    spec = spec or {}
+    cfg.update(spec.get("data_config") or {})
+    size = img_size or (spec.get("config") or {}).get("img_size")
+    if size:
+        size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+        cfg["input_size"] = (3, *size)
+    cfg["input_size"] = tuple(cfg["input_size"])
+    return cfg
+
+
+def normalize_images(x: torch.Tensor, data_config: Mapping[str, Any]) -> torch.Tensor:
+    """(N, 3, H, W) images in [0, 1] → normalized with the config's mean and std."""
+    mean = torch.tensor(data_config["mean"], dtype=x.dtype).view(1, -1, 1, 1)
+    std = torch.tensor(data_config["std"], dtype=x.dtype).view(1, -1, 1, 1)
+    return (x - mean) / std
