@@ -62,8 +62,9 @@ def _sima_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable
     kv_first = resolve_sima_order("auto", n, n, d) == "kv_first"
 
     def fn(*_):
-        out = torch.bmm(q3, torch.bmm(k3.transpose(1, 2), v3)) if kv_first else torch.bmm(torch.bmm(q3, k3.transpose(1, 2)), v3)
-        return out.view(B, H, n, d)
+        if kv_first:
+            return torch.bmm(q3, torch.bmm(k3.transpose(1, 2), v3)).view(B, H, n, d)
+        return torch.bmm(torch.bmm(q3, k3.transpose(1, 2)), v3).view(B, H, n, d)
 
     return fn
 
