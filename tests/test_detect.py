@@ -31,15 +31,6 @@ def shapes(tmp_path_factory):
     return {"root": root, "train": train, "val": val}
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny models on a busy CPU run fastest single-threaded; restore the suite's setting afterwards.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield 1
-    torch.set_num_threads(before)
-
-
 def _recipe(shapes, tmp_path, backbone="sima_deit_tiny_patch16_224", kwargs=DEIT_TINY, out_indices=(0, 1, 2, 3),
             **train):
     overrides = {

@@ -21,15 +21,6 @@ DEIT_TINY = {"img_size": 16, "patch_size": 4, "embed_dim": 64, "depth": 4, "num_
 XCIT_TINY = {"img_size": 16, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2}
 
 
-@pytest.fixture
-def one_thread():
-    # Tiny models on a busy CPU run fastest single-threaded; restore the suite's setting afterwards.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield 1
-    torch.set_num_threads(before)
-
-
 def _digits_recipe(tmp_path, **sections):
     """configs/ssl_digits.yaml with section overrides (dicts merged key by key)."""
     recipe = load_recipe(DEFAULTS, "configs/ssl_digits.yaml", [f"output={tmp_path / 'run'}", "train.threads=1"])

@@ -273,20 +273,14 @@ def measure(spec: BenchSpec) -> Dict[str, Any]:
         step = run.train_fn(b1)
         step()  # optimizer state exists from here on: measure a steady-state step
         row["peak_train_mb"] = peak_memory(step, run.device) / MB
-    if "latency" in spec.measures:
-        t = run.time(run.infer_fn(b1))
-        row.update(infer_p50_ms=t["median_ms"], infer_p90_ms=t["p90_ms"], infer_min_ms=t["min_ms"],
-                   infer_runs=t["runs"])
-    if "throughput" in spec.measures:
-        t = run.time(run.infer_fn(spec.batch_size))
-        row["infer_ips"] = spec.batch_size * 1e3 / t["median_ms"]
-    if "train-latency" in spec.measures:
-        t = run.time(run.train_fn(b1))
-        row.update(train_p50_ms=t["median_ms"], train_p90_ms=t["p90_ms"], train_min_ms=t["min_ms"],
-                   train_runs=t["runs"])
-    if "train-throughput" in spec.measures:
-        t = run.time(run.train_fn(spec.batch_size))
-        row["train_ips"] = spec.batch_size * 1e3 / t["median_ms"]
+    for prefix, measure, make_fn in (("infer", "", run.infer_fn), ("train", "train-", run.train_fn)):
+        if measure + "latency" in spec.measures:
+            t = run.time(make_fn(b1))
+            row.update({f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p90_ms": t["p90_ms"],
+                        f"{prefix}_min_ms": t["min_ms"], f"{prefix}_runs": t["runs"]})
+        if measure + "throughput" in spec.measures:
+            t = run.time(make_fn(spec.batch_size))
+            row[f"{prefix}_ips"] = spec.batch_size * 1e3 / t["median_ms"]
     sync(run.device)
     return row
 
