@@ -7,8 +7,8 @@ Python use::
     result.summary["final"]["top1"]
 """
 from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
-from .engine import TrainResult, train
+from .engine import Trainer, TrainResult, train
 from .validate import validate_weights
 
-__all__ = ["TrainConfig", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train",
+__all__ = ["TrainConfig", "Trainer", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train",
            "validate_weights"]

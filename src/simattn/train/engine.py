@@ -3,6 +3,22 @@
 One process or many (``torchrun``: DDP, each rank a shard of the data, rank 0 writes). Checkpoints hold the full
 state, per-rank RNG states and the position in the epoch, so a run killed at any point and resumed from its last
 checkpoint ends with the same weights and metrics as one that was never interrupted.
+
+Extending the engine (e.g. distillation) — subclass :class:`Trainer` and run it with ``train(cfg, trainer_cls=...)``:
+
+- ``cfg`` is a :class:`~simattn.train.config.TrainConfig` (or a dataclass subclass of it with more fields);
+- ``build_model(self, num_classes) -> (model, create_model_kwargs)`` builds the trained model; the kwargs go into
+  checkpoints and the exported safetensors metadata. Alternatively pass ``model_factory=fn(cfg, num_classes) ->
+  (model, kwargs)`` to ``Trainer``/``train`` instead of subclassing;
+- ``compute_loss(self, images, target) -> loss`` is the training loss of one micro-batch (already on the device,
+  under autocast and DDP's no_sync; ``target`` is soft when Mixup is on). The default is
+  ``self.criterion(self.forward_model(images), target)``;
+- ``extra_state(self) -> dict`` is saved in ``last.pth`` (tensors and plain values only: weights_only loading) and
+  handed back to ``load_extra_state(self, state)`` on resume;
+- ``export_metadata(self) -> dict`` is added to the metadata of every exported safetensors file (JSON values).
+
+Attributes a subclass needs (a teacher model, ...) are set before calling ``super().__init__``, since the
+constructor already resumes (and so calls ``load_extra_state``).
 """
 from __future__ import annotations
 
@@ -10,7 +26,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as torch_dist
@@ -33,7 +49,7 @@ from .loader import build_eval_loader, build_mixup, build_train_loader, build_tr
 from ..utils.runlog import progress, use_tqdm
 from .loop import autocast, evaluate
 
-__all__ = ["train", "TrainResult", "open_datasets", "build_model", "build_optimizer",
+__all__ = ["train", "Trainer", "TrainResult", "open_datasets", "build_model", "build_optimizer",
            "build_scheduler"]
 
 
@@ -92,9 +108,15 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_
         step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
 
 
-class _Trainer:
-    def __init__(self, cfg: TrainConfig, dist: DistInfo) -> None:
+class Trainer:
+    """One training run of ``cfg`` on ``dist`` (see the module docstring for the extension points)."""
+
+    def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None,
+                 model_factory: Optional[Callable[[TrainConfig, int], Tuple[nn.Module, Dict[str, Any]]]] = None
+                 ) -> None:
+        dist = dist if dist is not None else init_distributed(cfg.device)
         self.cfg, self.dist, self.device = cfg, dist, dist.device
+        self._model_factory = model_factory
         self.out = Path(cfg.output)
         set_threads(cfg.threads)
         self.show_bars = use_tqdm(dist.is_main)
@@ -102,7 +124,7 @@ class _Trainer:
         train_set, val_set, self.num_classes = open_datasets(cfg)
         # identical initial weights on every rank; the per-rank seed for training randomness comes after
         torch.manual_seed(cfg.seed)
-        self.model, self.model_kwargs = build_model(cfg, self.num_classes)
+        self.model, self.model_kwargs = self.build_model(self.num_classes)
         random_seed(cfg.seed, dist.rank)
 
         self.data_config = data_config_for(self.model, cfg)
@@ -165,6 +187,28 @@ class _Trainer:
             self.forward_model = DistributedDataParallel(
                 self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
+    # ----- extension points
+    def build_model(self, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
+        """The model to train and its ``create_model`` kwargs (recorded in checkpoints and weights metadata)."""
+        if self._model_factory is not None:
+            return self._model_factory(self.cfg, num_classes)
+        return build_model(self.cfg, num_classes)
+
+    def compute_loss(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The loss of one micro-batch (runs under autocast; ``target`` is soft when Mixup is on)."""
+        return self.criterion(self.forward_model(images), target)
+
+    def extra_state(self) -> Dict[str, Any]:
+        """More state for ``last.pth`` (tensors and plain values), given back to :meth:`load_extra_state`."""
+        return {}
+
+    def load_extra_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state` saved (called while resuming, inside the constructor)."""
+
+    def export_metadata(self) -> Dict[str, Any]:
+        """More metadata for every exported safetensors file (JSON-encodable values)."""
+        return {}
+
     # ----- checkpoints
     def _check_fresh_output(self) -> None:
         if (self.out / "last.pth").exists() and not self.cfg.overwrite:
@@ -200,6 +244,7 @@ class _Trainer:
         self.last_eval = state.get("last_eval")
         self.history = list(state.get("history", []))
         self.train_skipped = int(state.get("train_skipped", 0))
+        self.load_extra_state(dict(state.get("extra") or {}))
         ranks = state.get("ranks", [])
         saved_world = int(state.get("world_size", 1))
         saved_batch = (state.get("config") or {}).get("batch_size")
@@ -241,6 +286,7 @@ class _Trainer:
             "updates_per_epoch": self.updates_per_epoch, "world_size": self.dist.world_size, "ranks": ranks,
             "best": self.best, "last_eval": self.last_eval, "history": self.history,
             "train_skipped": self.train_skipped, "metrics_records": self.log.records,
+            "extra": self.extra_state(),
         }
         if self.ema is not None:
             state["model_ema"] = self.ema.module.state_dict()
@@ -248,7 +294,7 @@ class _Trainer:
 
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, recipe=self.cfg.recipe or "",
-                                **extra)
+                                **{**self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
 
     # ----- training
@@ -292,7 +338,7 @@ class _Trainer:
         no_sync = self.dist.distributed and not update
         with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
             with autocast(self.device, cfg.amp, cfg.amp_dtype):
-                loss = self.criterion(self.forward_model(images), target)
+                loss = self.compute_loss(images, target)
             scaled = loss / cfg.grad_accum_steps
             if self.scaler is not None:  # timm NativeScaler: scaled backward, unscale + clip + step on updates
                 self.scaler(scaled, self.optimizer, clip_grad=cfg.clip_grad, clip_mode=cfg.clip_mode,
@@ -442,13 +488,16 @@ def summary_table(summary: Dict[str, Any]) -> str:
     return format_table(["summary", ""], rows)
 
 
-def train(cfg: TrainConfig) -> TrainResult:
-    """Train ``cfg`` (single process, or DDP under torchrun) and return the summary and trained model."""
+def train(cfg: TrainConfig, trainer_cls: type = Trainer, **trainer_kwargs: Any) -> TrainResult:
+    """Train ``cfg`` (single process, or DDP under torchrun) and return the summary and trained model.
+
+    ``trainer_cls`` (a :class:`Trainer` subclass) and ``trainer_kwargs`` (e.g. ``model_factory``) customize the run.
+    """
     cfg.validate()
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
     dist = init_distributed(cfg.device)
     try:
-        return _Trainer(cfg, dist).run()
+        return trainer_cls(cfg, dist, **trainer_kwargs).run()
     finally:
         if created_group:
             cleanup_distributed()
