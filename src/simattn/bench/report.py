@@ -14,9 +14,31 @@ import torch
 from ..utils.io import atomic_path, atomic_write_json, atomic_write_text
 
 __all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
-           "new_figure", "save_figure"]
+           "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning"]
 
 T = TypeVar("T")
+
+#: A timing's spread is "wide" when its p10-p90 range exceeds this fraction of its median: then the machine's load
+#: moved the numbers more than most differences between the things compared.
+WIDE_SPREAD = 0.2
+
+
+def relative_spread(p10: Optional[float], p90: Optional[float], median: Optional[float]) -> Optional[float]:
+    """(p90 - p10) / median, or None when a value is missing."""
+    if p10 is None or p90 is None or not median:
+        return None
+    return (p90 - p10) / median
+
+
+def spread_warning(spreads: Mapping[str, Optional[float]], limit: float = WIDE_SPREAD) -> Optional[str]:
+    """One warning line naming the measurements (name → relative spread) whose spread exceeds ``limit``, or None."""
+    wide = {name: s for name, s in spreads.items() if s is not None and s > limit}
+    if not wide:
+        return None
+    worst = max(wide, key=wide.get)
+    return (f"warning: wide spread in {len(wide)} of {len(spreads)} timings (p10-p90 range above {limit:.0%} of the "
+            f"median; widest: {worst}, {wide[worst]:.0%}): the machine was busy or the runs were too few; compare "
+            f"those medians with care, or rerun with more repeats/rounds")
 
 
 def progress(items: Sequence[T], desc: str, describe: Callable[[T], str] = str) -> Iterator[T]:

@@ -51,7 +51,7 @@ def sync(device: torch.device | str) -> None:
 def time_fn(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10, device: str | torch.device = "cpu",
             min_time: float = 0.0, max_time: float = float("inf")) -> Dict[str, float]:
     """Run ``fn`` ``warmup`` times, then at least ``repeats`` timed runs (more while under ``min_time`` seconds,
-    stopping once ``max_time`` is spent); returns median/p90/min/mean in milliseconds and the run count."""
+    stopping once ``max_time`` is spent); returns median/p10/p90/min/mean in milliseconds and the run count."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -66,9 +66,14 @@ def time_fn(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10, dev
         if (len(times) >= repeats and spent >= min_time) or (spent >= max_time and times):
             break
     times.sort()
+
+    def percentile(p: float) -> float:  # nearest rank
+        return times[min(len(times) - 1, int(round(p * (len(times) - 1))))]
+
     return {
         "median_ms": statistics.median(times),
-        "p90_ms": times[min(len(times) - 1, int(round(0.9 * (len(times) - 1))))],
+        "p10_ms": percentile(0.1),
+        "p90_ms": percentile(0.9),
         "min_ms": times[0],
         "mean_ms": statistics.fmean(times),
         "runs": len(times),
