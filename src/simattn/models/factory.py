@@ -1,23 +1,28 @@
-"""Build a registered model by name, and rebuild one from saved weights: the one place every tool does this.
+"""Build a registered model by name, rebuild one from saved weights, or start one from foreign weights: the one
+place every tool (train, validate, bench, export, viz, ssl, detect, convert) does this.
 
-Weights record what built them: safetensors files carry ``model`` (the name), ``config`` (JSON ``create_model``
-kwargs) and optionally ``data_config`` in their metadata; training checkpoints carry ``model_name``,
-``model_kwargs`` and ``data_config`` entries. Loading goes through the family's ``checkpoint_filter_fn`` so
-official and timm layouts map, with ``weights_only=True`` and keys that do not fit reported by name.
+Weights record what built them (:mod:`simattn.models.weights`: model name, kwargs, ``num_classes``, preprocessing,
+producer), so :func:`load_model` rebuilds the exact network of any file the project writes. :func:`load_initial_weights`
+starts a model of any shape from weights made for another (our files, official SimA/XCiT ``.pth``, timm DeiT/XCiT
+weights, a DINO backbone): the family's ``checkpoint_filter_fn`` maps the layout and resizes position embeddings, a
+classifier of another shape is reset, and a report says what happened. Everything loads with ``weights_only=True``.
 """
 from __future__ import annotations
 
 import importlib
-import json
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
-import yaml
+import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, load_checkpoint, load_weights, read_safetensors_metadata
+from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights
+from ..utils.options import OPTIONS_HELP, parse_assignments
+from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "checkpoint_filter_for", "model_spec_from_weights", "load_model"]
+__all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
+           "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -39,97 +44,67 @@ def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
     ``--model``, ``--weights``, ``--use-ema`` and ``--model-kwargs`` (see :func:`load_model`)."""
     parser.add_argument("--model", help="registered model name (default: the name stored with --weights)")
     parser.add_argument("--weights", required=weights_required,
-                        help="checkpoint (.pth) or .safetensors file" + ("" if weights_required else
-                                                                         "; random weights when omitted"))
+                        help="weights: a .safetensors file written by simattn, a training checkpoint (.pth), or a "
+                             "bare state dict with --model" + ("" if weights_required else
+                                                                "; random weights when omitted"))
     parser.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
     parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, e.g. "
-                             "act_layer=relu img_size=32 num_classes=10")
+                        help=MODEL_KWARGS_HELP)
+
+
+#: the one description of ``--model-kwargs`` (every command that builds a model)
+MODEL_KWARGS_HELP = ("create_model kwargs as " + OPTIONS_HELP + "; they override those recorded with the weights, "
+                     "e.g. img_size=32 act_layer=relu attn_kwargs.order=kv_first")
 
 
 def parse_model_kwargs(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
-    """``create_model`` kwargs from the command line (``--model-kwargs`` of export, viz, validate, bench model).
-
-    ``['img_size=32', 'act_layer=relu', 'attn_kwargs={order: kv_first}']`` → a kwargs dict. Values are parsed as
-    YAML, so numbers, booleans, lists and dicts work and plain words stay strings. An item may also be a whole
-    mapping, JSON (``'{"img_size": 32}'``) or YAML (``'{img_size: 32}'``); a single string is one item. Bad text
-    raises a one-line ValueError that names it.
-    """
-    if isinstance(items, str):
-        items = [items]
-    kwargs: Dict[str, Any] = {}
-    for item in items or ():
-        if item.lstrip().startswith(("{", "[")):
-            kwargs.update(_parse_kwargs_mapping(item))
-            continue
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"model kwarg {item!r} is not KEY=VALUE")
-        try:
-            kwargs[key.strip()] = yaml.safe_load(text)
-        except yaml.YAMLError:
-            kwargs[key.strip()] = text
-    return kwargs
+    """``create_model`` kwargs from ``--model-kwargs`` items, in the one option mini-language
+    (:func:`simattn.utils.options.parse_assignments`): ``['img_size=32', 'attn_kwargs.order=kv_first']`` →
+    ``{'img_size': 32, 'attn_kwargs': {'order': 'kv_first'}}``."""
+    return parse_assignments(items, what="--model-kwargs item")
 
 
-def _parse_kwargs_mapping(text: str) -> Dict[str, Any]:
-    try:
-        mapping = json.loads(text)
-    except json.JSONDecodeError:
-        try:
-            mapping = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            reason = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ValueError(f"model kwargs {text!r} are not a valid mapping: {reason}") from None
-    if not isinstance(mapping, dict):
-        raise ValueError(f"model kwargs {text!r} must be a JSON object (a mapping), not a {type(mapping).__name__}")
-    return mapping
-
-
-def checkpoint_filter_for(name: str) -> Optional[Callable]:
-    """The ``checkpoint_filter_fn`` of the module that registers model ``name`` (None if it has none)."""
+def checkpoint_filter_for(name_or_model: Union[str, nn.Module]) -> Optional[Callable]:
+    """The ``checkpoint_filter_fn`` of the module that registers model ``name`` (or defines the model's class),
+    None if it has none."""
     import timm
-    module = importlib.import_module(timm.models.model_entrypoint(name).__module__)
-    return getattr(module, "checkpoint_filter_fn", None)
+    if isinstance(name_or_model, str):
+        module_name = timm.models.model_entrypoint(name_or_model).__module__
+    else:
+        module_name = type(name_or_model).__module__
+    return getattr(importlib.import_module(module_name), "checkpoint_filter_fn", None)
+
+
+def _spec(record: WeightsRecord) -> Dict[str, Any]:
+    return {"model": record.model, "config": record.create_kwargs(), "data_config": record.data_config,
+            "num_classes": record.num_classes, "producer": record.producer, "extra": dict(record.extra)}
 
 
 def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
-    """``{'model', 'config', 'data_config'}`` recorded with weights (safetensors metadata or a train state), or
-    None when the file does not say."""
-    path = Path(path)
-    if path.suffix == ".safetensors":
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint not found: {path}")
-        try:
-            meta = read_safetensors_metadata(path)
-        except Exception as e:  # safetensors raises several types for a damaged header
-            raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-        if "model" not in meta:
-            return None
-        return {"model": meta["model"], "config": json.loads(meta.get("config", "{}")),
-                "data_config": json.loads(meta["data_config"]) if "data_config" in meta else None}
-    state = load_checkpoint(path)
-    if "model_name" not in state:
-        return None
-    return {"model": state["model_name"], "config": dict(state.get("model_kwargs", {})),
-            "data_config": state.get("data_config")}
+    """``{'model', 'config', 'data_config', 'num_classes', 'producer', 'extra'}`` recorded with weights
+    (``config``: the ``create_model`` kwargs), or None when the file does not name its model."""
+    record = read_weights_record(path)
+    return _spec(record) if record is not None else None
 
 
 def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] = None,
                model_kwargs: Optional[Mapping[str, Any]] = None,
                use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
-    """Create a registered model in eval mode, optionally with weights.
+    """Create a registered model in eval mode, optionally with weights that must fit it exactly.
 
     Args:
         model_name: a registered name; taken from the weights' record when None.
-        weights: a checkpoint (``.pth``) or ``.safetensors`` file.
+        weights: a ``.safetensors`` file, a training checkpoint (``.pth``), or a bare state dict (needs a name).
         model_kwargs: ``create_model`` kwargs; they override the ones recorded with the weights.
         use_ema: load the EMA weights of a training checkpoint.
 
     Returns:
-        (model, spec) with spec = ``{'model', 'config', 'data_config', 'weights'}`` (``data_config`` may be None).
+        (model, spec) with spec = ``{'model', 'config', 'data_config', 'num_classes', 'producer', 'extra',
+        'weights'}`` (``data_config``, ``num_classes`` and ``producer`` may be None; ``num_classes`` is 0 for a
+        backbone without classifier).
     """
-    spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "weights": None}
+    spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "num_classes": None,
+                            "producer": None, "extra": {}, "weights": None}
     if weights is not None:
         path = Path(weights)
         if not path.is_file():
@@ -138,14 +113,142 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
         if stored:
             if model_name is not None and stored["model"] != model_name:
                 raise ValueError(f"weights {path} were saved for model {stored['model']!r}, not {model_name!r}")
-            spec.update(model=stored["model"], config=dict(stored.get("config") or {}),
-                        data_config=stored.get("data_config"))
+            spec.update(stored)
         spec["weights"] = str(path)
     if spec["model"] is None:
         raise ValueError("no model name: pass --model (the weights file does not name its model)"
                          if weights else "no model name: pass --model NAME")
-    spec["config"].update(model_kwargs or {})
+    spec["config"] = {**spec["config"], **(model_kwargs or {})}
     model = create_model(spec["model"], **spec["config"])
+    spec["num_classes"] = getattr(model, "num_classes", spec["num_classes"])
     if weights is not None:
         load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]))
     return model.eval(), spec
+
+
+# --- starting from weights made for another network -------------------------------------------------------------
+
+@dataclass
+class InitialWeightsReport:
+    """What :func:`load_initial_weights` did: tensor names loaded as they were, position embeddings resized
+    (``'pos_embed (1, 197, 64) -> (1, 17, 64)'``), classifier tensors reset (left at their initialization: another
+    shape, or absent from the weights) or dropped (the model has no classifier), and other names the model has
+    but the weights lack (``missing``) or the other way round (``unexpected``)."""
+
+    path: str
+    source_model: Optional[str] = None  # the model the weights record, if they do
+    loaded: List[str] = field(default_factory=list)
+    resized: List[str] = field(default_factory=list)
+    reset: List[str] = field(default_factory=list)
+    dropped: List[str] = field(default_factory=list)
+    missing: List[str] = field(default_factory=list)
+    unexpected: List[str] = field(default_factory=list)
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    def summary(self) -> str:
+        """One line for logs."""
+        total = len(self.loaded) + len(self.reset) + len(self.missing)
+        parts = [f"loaded {len(self.loaded)}/{total} tensors from {self.path}"
+                 + (f" ({self.source_model})" if self.source_model else "")]
+        for what, names in (("resized", self.resized), ("classifier reset", self.reset),
+                            ("classifier dropped", self.dropped), ("missing", self.missing),
+                            ("unexpected", self.unexpected)):
+            if names:
+                parts.append(f"{what}: {_names(names)}")
+        return "; ".join(parts)
+
+
+def _names(items: List[str], limit: int = 6) -> str:
+    return ", ".join(items[:limit]) + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("classifier") or "head"
+    names = names if isinstance(names, (list, tuple)) else (names,)
+    return tuple(f"{n}." for n in names)
+
+
+def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool) -> Dict[str, torch.Tensor]:
+    """The network's tensors in a checkpoint of any of the layouts we start from.
+
+    ``model``/``state_dict`` (ours, official SimA/XCiT/DeiT ``.pth``), ``teacher`` (official DINO), or a bare state
+    dict (timm ``.safetensors``/``.bin``); inside, a ``backbone.`` prefix (a DINO network: backbone + projection
+    head) selects the backbone and drops the projection head.
+    """
+    if not use_ema and not any(k in checkpoint for k in ("model", "state_dict")) \
+            and isinstance(checkpoint.get("teacher"), Mapping):
+        checkpoint = checkpoint["teacher"]
+    sd = extract_state_dict(checkpoint, use_ema=use_ema)
+    if any(k.startswith("backbone.") for k in sd):
+        sd = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
+    return sd
+
+
+def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Optional[str] = None,
+                         use_ema: bool = False, strict: bool = False) -> InitialWeightsReport:
+    """Start ``model`` from weights trained for a network of the same family, possibly of another resolution or
+    with another classifier.
+
+    Reads our ``.safetensors`` files, training and DINO checkpoints, official SimA/XCiT/DeiT ``.pth`` files and
+    timm weights on disk (``.pth``/``.safetensors``/``.bin``); maps them with the family's ``checkpoint_filter_fn``
+    (``model_name``'s, else that of the model's class), which resamples absolute position embeddings to the
+    model's grid (timm's ``resample_abs_pos_embed``). Classifier tensors of another shape, or absent from the
+    weights, keep the model's initialization (``reset``); those of a model without classifier are ``dropped``.
+
+    Other missing or unexpected names are reported, not fatal, unless ``strict``. Raises
+    :class:`~simattn.utils.io.CheckpointError` (one line) when any other tensor has the wrong shape, or when more of
+    the model's tensors are missing than load (the weights are another architecture's).
+    The model is only modified when no error is raised.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"initial weights not found: {path}")
+    record = read_weights_record(path) if path.suffix == ".safetensors" else None
+    raw = _initial_state_dict(load_checkpoint(path), use_ema)
+    filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
+    sd = filter_fn(dict(raw), model) if filter_fn is not None else dict(raw)
+    own = model.state_dict()
+    heads = _classifier_prefixes(model)
+    report = InitialWeightsReport(path=str(path), source_model=record.model if record else None)
+    keep: Dict[str, torch.Tensor] = {}
+    wrong = []
+    for key, value in sd.items():
+        if key.startswith(heads):
+            if key not in own:
+                report.dropped.append(key)
+            elif value.shape != own[key].shape:
+                report.reset.append(key)
+            else:
+                keep[key] = value
+        elif key not in own:
+            report.unexpected.append(key)
+        elif value.shape != own[key].shape:
+            wrong.append(f"{key} {tuple(value.shape)} vs {tuple(own[key].shape)}")
+        else:
+            keep[key] = value
+            if key in raw and raw[key].shape != value.shape:
+                report.resized.append(f"{key} {tuple(raw[key].shape)} -> {tuple(value.shape)}")
+    for key in own:
+        if key not in sd:
+            (report.reset if key.startswith(heads) else report.missing).append(key)
+    name = model_name or type(model).__name__
+    if wrong:
+        raise CheckpointError(f"initial weights {path} do not fit {name}: shape mismatch: {_names(wrong)}")
+    if not keep:
+        raise CheckpointError(f"initial weights {path} do not fit {name}: none of their {len(sd)} tensors match "
+                              f"the model's names (e.g. {_names(sorted(sd), 3)} vs {_names(list(own), 3)})")
+    if len(report.missing) > len(keep):  # most of the network would stay random: another architecture's file
+        raise CheckpointError(f"initial weights {path} do not fit {name}: only {len(keep)} of its tensors load, "
+                              f"{len(report.missing)} are missing ({_names(report.missing, 3)})"
+                              + (f", {len(report.unexpected)} unexpected ({_names(report.unexpected, 3)})"
+                                 if report.unexpected else ""))
+    if strict and (report.missing or report.unexpected):
+        raise CheckpointError(f"initial weights {path} do not fit {name} exactly: "
+                              + "; ".join(f"{what}: {_names(names)}" for what, names in
+                                          (("missing", report.missing), ("unexpected", report.unexpected)) if names))
+    report.loaded = list(keep)
+    model.load_state_dict(keep, strict=False)
+    return report

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, atomic_torch_save, load_checkpoint, save_safetensors
+from ..models.weights import save_weights, weights_metadata as _weights_metadata
+from ..utils.io import CheckpointError, atomic_torch_save, load_checkpoint
 
 __all__ = ["TRAIN_STATE_FORMAT", "capture_rng_state", "restore_rng_state", "save_train_state", "load_train_state",
            "export_weights", "weights_metadata"]
@@ -78,15 +79,13 @@ def load_train_state(path: str | Path, model_name: str) -> Dict[str, Any]:
 
 
 def weights_metadata(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any],
-                     **extra: Any) -> Dict[str, Any]:
-    """safetensors metadata: ``model`` (registered name) and ``config`` (``timm.create_model`` kwargs, JSON), so
-    ``timm.create_model(meta['model'], **json.loads(meta['config']))`` rebuilds the model; ``data_config`` is the
-    preprocessing the weights were evaluated with; anything in ``extra`` (metrics, recipe) is JSON-encoded."""
-    return {"model": model_name, "config": dict(model_kwargs), "data_config": dict(data_config), **extra}
+                     **extra: Any) -> Dict[str, str]:
+    """The ``simattn-weights-v1`` record (:func:`simattn.models.weights.weights_metadata`) of weights written by
+    ``simattn train``: model name, ``create_model`` kwargs (``num_classes`` included), preprocessing, and ``extra``
+    (metrics, recipe) JSON-encoded."""
+    return _weights_metadata(model_name, model_kwargs, producer="simattn train", data_config=data_config, **extra)
 
 
-def export_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, Any]) -> None:
-    """Save ``model``'s weights as safetensors (atomically) with :func:`weights_metadata`."""
-    save_safetensors(model, path, metadata=metadata)
-
-
+def export_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, str]) -> None:
+    """Save ``model``'s weights as safetensors (atomically) with :func:`weights_metadata`'s record."""
+    save_weights(model, path, metadata)
