@@ -2,6 +2,7 @@
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 
 import simattn  # noqa: F401
 from simattn.attention import SimAAttention, SoftmaxAttention
@@ -15,7 +16,8 @@ SMALL = dict(embed_dim=64, depth=2, num_heads=2)
 def test_family_registered():
     assert set(VIT_MODELS) == {
         "sima_deit_tiny_patch16_224", "sima_deit_small_patch16_224", "sima_deit_base_patch16_224",
-        "relu_vit_small_patch32_224", "relu_vit_small_patch16_224", "relu_vit_small_patch8_224"}
+        "relu_vit_small_patch32_224", "relu_vit_small_patch16_224", "relu_vit_small_patch8_224",
+        "relu_vit_small_patch32_gap_224", "relu_vit_small_patch16_gap_224", "relu_vit_small_patch8_gap_224"}
 
 
 @pytest.mark.parametrize("name", VIT_MODELS)
@@ -24,7 +26,8 @@ def test_builds_at_default_size_and_runs(name):
     cfg = model.pretrained_cfg
     assert model.get_submodule(cfg["first_conv"]) is not None and model.get_classifier() is model.head
     with torch.no_grad():
-        assert model(torch.randn(1, 3, 224, 224)).shape == (1, 1000)
+        assert model(torch.randn(1, 3, 224, 224)).shape == (1, cfg["num_classes"])
+    assert cfg["num_classes"] == (21843 if name.endswith("_gap_224") else 1000)  # big_vision's i21k head
 
 
 @pytest.mark.parametrize("name", VIT_MODELS)
@@ -77,6 +80,74 @@ def test_attention_swaps_and_variants():
     assert relu.blocks[0].attn.activation == "relu" and not isinstance(relu.blocks[0].attn.q_norm, torch.nn.Identity)
     with pytest.raises(ValueError, match="unknown attention"):
         timm.create_model("sima_deit_small_patch16_224", attn_type="nope")
+
+
+@pytest.mark.parametrize("patch", [32, 16, 8])
+def test_relu_vit_i1k_head_is_big_vision_vit_i1k(patch):
+    """Class token (no position embedding on it), learned position embedding, token pooling of the final-norm
+    tokens, Linear(dim, dim) + tanh pre-logits layer, then the classifier."""
+    torch.manual_seed(0)
+    model = timm.create_model(f"relu_vit_small_patch{patch}_224", num_classes=5, **SMALL).train()
+    grid = 224 // patch
+    assert model.cls_token is not None and model.cls_token.shape == (1, 1, 64)
+    assert isinstance(model.pos_embed, torch.nn.Parameter) and model.pos_embed.requires_grad
+    assert model.pos_embed.shape == (1, grid * grid, 64)  # patches only: the class token is appended after
+    assert dict(model.named_parameters())["pos_embed"] is model.pos_embed
+    fc = model.pre_logits.fc
+    assert (fc.in_features, fc.out_features) == (64, 64) and isinstance(model.pre_logits.act, torch.nn.Tanh)
+    x = torch.randn(2, 3, 224, 224)
+    tokens = model.forward_features(x)
+    assert tokens.shape == (2, 1 + grid * grid, 64)
+    expected = F.linear(torch.tanh(F.linear(tokens[:, 0], fc.weight, fc.bias)), model.head.weight, model.head.bias)
+    out = model(x)
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    for name in ("pos_embed", "cls_token", "pre_logits.fc.weight"):
+        grad = model.get_parameter(name).grad
+        assert grad is not None and grad.abs().sum() > 0, name  # trained, and on the path to the logits
+
+
+@pytest.mark.parametrize("patch", [32, 16, 8])
+def test_relu_vit_i21k_head_averages_without_class_token(patch):
+    torch.manual_seed(0)
+    model = timm.create_model(f"relu_vit_small_patch{patch}_gap_224", num_classes=5, **SMALL).train()
+    grid = 224 // patch
+    assert model.cls_token is None and model.num_prefix_tokens == 0
+    assert isinstance(model.pre_logits, torch.nn.Identity) and not any("pre_logits" in n for n, _ in
+                                                                        model.named_parameters())
+    assert model.pos_embed.shape == (1, grid * grid, 64) and model.pos_embed.requires_grad
+    x = torch.randn(2, 3, 224, 224)
+    tokens = model.forward_features(x)
+    assert tokens.shape == (2, grid * grid, 64)
+    out = model(x)
+    torch.testing.assert_close(out, F.linear(tokens.mean(1), model.head.weight, model.head.bias))
+    out.square().sum().backward()
+    assert model.pos_embed.grad is not None and model.pos_embed.grad.abs().sum() > 0
+
+
+def test_representation_size_options():
+    model = timm.create_model("relu_vit_small_patch16_224", num_classes=5, representation_size=32, **SMALL)
+    assert model.head.in_features == 32 and model.head_hidden_size == 32
+    model.reset_classifier(7)
+    assert (model.head.in_features, model.head.out_features) == (32, 7)
+    assert model(torch.randn(1, 3, 64, 64)).shape == (1, 7)
+    with pytest.raises(ValueError, match="representation_size must be"):
+        timm.create_model("relu_vit_small_patch16_224", representation_size=-3, **SMALL)
+    feats = timm.create_model("relu_vit_small_patch16_224", features_only=True, out_indices=(1,), **SMALL)
+    assert [f.shape for f in feats(torch.randn(1, 3, 64, 64))] == [(1, 64, 4, 4)]
+
+
+def test_relu_vit_i1k_checkpoint_keeps_pre_logits(tmp_path):
+    torch.manual_seed(0)
+    model = timm.create_model("relu_vit_small_patch16_224", num_classes=5, **SMALL).eval()
+    atomic_torch_save({"model": model.state_dict()}, tmp_path / "i1k.pth")
+    again = timm.create_model("relu_vit_small_patch16_224", num_classes=5, **SMALL).eval()
+    load_weights(again, tmp_path / "i1k.pth", filter_fn=checkpoint_filter_fn)
+    x = torch.randn(1, 3, 64, 64)
+    assert torch.equal(again(x), model(x))
+    gap = timm.create_model("relu_vit_small_patch16_gap_224", num_classes=5, **SMALL)
+    with pytest.raises(CheckpointError, match=r"pre_logits\.fc"):  # a tanh layer is never dropped silently
+        load_weights(gap, tmp_path / "i1k.pth", filter_fn=checkpoint_filter_fn)
 
 
 def test_save_reload_identical(tmp_path):

@@ -1,18 +1,28 @@
 """DeiT/ViT backbones with softmax-free attention: SimA DeiT (paper Table 1) and the ReLU-attention ViTs.
 
-Built on timm's ``VisionTransformer`` (with a clear error for bad input sizes) and ``attn_layer``; every model takes ``attn_type=`` (any registered attention
-kind) and ``attn_kwargs=`` (that kind's options), so ``attn_type='softmax'`` is DeiT itself. ``num_heads=1`` gives
-the single-head variant and ``act_layer='relu'`` the variant with no exp at inference. Any input size divisible by
-the patch size works: the learned position embedding is resampled on the fly (``dynamic_img_size``).
+Built on timm's ``VisionTransformer`` (with a clear error for bad input sizes, and big_vision's optional tanh
+pre-logits layer) and ``attn_layer``; every model takes ``attn_type=`` (any registered attention kind) and
+``attn_kwargs=`` (that kind's options), so ``attn_type='softmax'`` is DeiT itself. ``num_heads=1`` gives the
+single-head variant and ``act_layer='relu'`` the variant with no exp at inference. Any input size divisible by the
+patch size works: the learned position embedding is resampled on the fly (``dynamic_img_size``).
+
+The ReLU-attention ViT-S models (Wortsman et al.) follow big_vision's two ViT configs, which differ in the head:
+``relu_vit_small_patch{32,16,8}_224`` is ``vit_i1k`` (class token added after the learned position embedding,
+token pooling, Linear + tanh pre-logits layer) and ``relu_vit_small_patch{32,16,8}_gap_224`` is ``vit_i21k``
+(no class token, global average pooling, no pre-logits layer; default head of 21843 classes, tag ``in21k``).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Union
 
 import torch
+from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import get_device_dtype
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models.vision_transformer import VisionTransformer
+from timm.models._manipulate import named_apply
+from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
 from ..attention import attention_class
@@ -21,10 +31,36 @@ __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
 
 class SoftmaxFreeViT(VisionTransformer):
-    """timm's ``VisionTransformer`` with a clear ValueError for inputs the patching cannot take.
+    """timm's ``VisionTransformer`` with a clear ValueError for inputs the patching cannot take, and an optional
+    pre-logits layer.
 
-    Everything else (blocks, heads, intermediates, features) is timm's; the attention comes from ``attn_layer``.
+    ``representation_size``: a ``Linear(embed_dim, representation_size)`` + tanh between the pooled features and
+    the classifier (``pre_logits.fc``), big_vision's ``rep_size``; ``True`` means ``embed_dim`` (as in big_vision,
+    whose ``vit_i1k`` config sets ``rep_size=True``); timm's own ViT has no such layer.
+    ``forward_head(pre_logits=True)`` returns its output. Everything else (blocks, pooling, intermediates,
+    features) is timm's; the attention comes from ``attn_layer``.
     """
+
+    def __init__(self, *, representation_size: Union[int, bool, None] = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pre_logits: nn.Module = nn.Identity()
+        if representation_size is True:
+            representation_size = self.embed_dim
+        if representation_size not in (None, False) and (
+                not isinstance(representation_size, int) or representation_size < 1):
+            raise ValueError(f"representation_size must be a positive int, True (= embed_dim) or None, "
+                             f"got {representation_size!r}")
+        if representation_size:
+            dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+            self.pre_logits = nn.Sequential(OrderedDict(
+                fc=nn.Linear(self.embed_dim, representation_size, **dd), act=nn.Tanh()))
+            self.head_hidden_size = representation_size
+            if self.num_classes > 0 and representation_size != self.embed_dim:
+                self.head = nn.Linear(representation_size, self.num_classes, **dd)
+            if kwargs.get("weight_init") != "skip":  # timm's init rule for the layers built here too
+                init = get_init_weights_vit(self.weight_init_mode, needs_reset=False)
+                named_apply(init, self.pre_logits, name="pre_logits")
+                init(self.head, name="head")
 
     def _check_input(self, x: torch.Tensor) -> None:
         if x.dim() != 4:
@@ -41,17 +77,38 @@ class SoftmaxFreeViT(VisionTransformer):
         self._check_input(x)
         return super().forward_intermediates(x, *args, **kwargs)
 
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = self.fc_norm(self.pool(x))
+        x = self.head_drop(self.pre_logits(x))
+        return x if pre_logits else self.head(x)
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        super().reset_classifier(num_classes, global_pool)
+        if num_classes > 0 and self.head_hidden_size != self.embed_dim:
+            self.head = nn.Linear(self.head_hidden_size, num_classes, **get_device_dtype(self))
+            self.head.train(self.training)
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        if prune_head:
+            self.pre_logits = nn.Identity()
+            self.head_hidden_size = self.embed_dim
+        return super().prune_intermediate_layers(indices, prune_norm, prune_head)
+
 
 def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -> Dict[str, Any]:
     """Map DeiT/ViT checkpoints (timm, DeiT official, big_vision npz already converted) onto these models.
 
     Uses timm's ViT filter (position-embedding resampling, patch-embed resizing, DeiT distillation tokens);
     the softmax-free kinds keep timm's parameter names, so the same weights load into any ``attn_type`` that has
-    the same parameters.
+    the same parameters. ``pre_logits.*`` passes through: timm's filter drops it (its own weights have no such
+    layer), but here it is the tanh layer of the function, so a model without one reports it as unexpected.
     """
     if "model" in state_dict and isinstance(state_dict["model"], dict):
         state_dict = state_dict["model"]
-    return _timm_vit_filter(state_dict, model)
+    kept = {k: v for k, v in state_dict.items() if k.startswith("pre_logits.")}
+    out = _timm_vit_filter({k: v for k, v in state_dict.items() if k not in kept}, model)
+    return {**out, **kept}
 
 
 def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
@@ -78,14 +135,16 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     }
 
 
+_BIG_VISION = dict(crop_pct=0.875, interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
+
 default_cfgs = generate_default_cfgs({
     # No SimA weights were ever published: these configs describe the recipes (crop 1.0 as in the paper).
     "sima_deit_tiny_patch16_224": _cfg(),
     "sima_deit_small_patch16_224": _cfg(),
     "sima_deit_base_patch16_224": _cfg(),
-    "relu_vit_small_patch32_224": _cfg(crop_pct=0.875, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-    "relu_vit_small_patch16_224": _cfg(crop_pct=0.875, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
-    "relu_vit_small_patch8_224": _cfg(crop_pct=0.875, mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)),
+    # big_vision's ViT input pipeline: inputs in [-1, 1], bilinear resize, resize 256 / crop 224.
+    **{f"relu_vit_small_patch{p}_224.in1k": _cfg(**_BIG_VISION) for p in (32, 16, 8)},
+    **{f"relu_vit_small_patch{p}_gap_224.in21k": _cfg(num_classes=21843, **_BIG_VISION) for p in (32, 16, 8)},
 })
 
 
@@ -110,27 +169,57 @@ def sima_deit_base_patch16_224(pretrained: bool = False, **kwargs) -> VisionTran
     return _create("sima_deit_base_patch16_224", pretrained, **dict(args, **kwargs))
 
 
-def _relu_vit(variant: str, patch_size: int, pretrained: bool, kwargs) -> VisionTransformer:
-    # Wortsman et al.: big_vision ViT-S (global average pooling, no class token), ReLU/seqlen attention with
-    # qk-LayerNorm. The learned position embedding stands in for big_vision's fixed sincos one.
-    args = dict(patch_size=patch_size, embed_dim=384, depth=12, num_heads=6, qk_norm=True, class_token=False,
-                global_pool="avg", fc_norm=False, attn_type="relu")
-    return _create(variant, pretrained, **dict(args, **kwargs))
-
-
+# ReLU-attention ViT-S (Wortsman et al.): ReLU/seqlen attention with qk-LayerNorm in big_vision's ViT-S.
+# big_vision's vit_i1k config: learned position embedding on the patches only (the class token is appended after
+# it: no_embed_class), class-token pooling after the final LayerNorm, Linear(dim, dim) + tanh pre-logits layer.
 @register_model
 def relu_vit_small_patch32_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/32 with ReLU/seqlen attention and qk-LayerNorm (Wortsman et al.)."""
-    return _relu_vit("relu_vit_small_patch32_224", 32, pretrained, kwargs)
+    """ViT-S/32, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i1k head (class token, tanh pre-logits)."""
+    model_args = dict(patch_size=32, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=True, no_embed_class=True, global_pool="token", fc_norm=False,
+                      representation_size=True, attn_type="relu")
+    return _create("relu_vit_small_patch32_224", pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def relu_vit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/16 with ReLU/seqlen attention and qk-LayerNorm (Wortsman et al.)."""
-    return _relu_vit("relu_vit_small_patch16_224", 16, pretrained, kwargs)
+    """ViT-S/16, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i1k head (class token, tanh pre-logits)."""
+    model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=True, no_embed_class=True, global_pool="token", fc_norm=False,
+                      representation_size=True, attn_type="relu")
+    return _create("relu_vit_small_patch16_224", pretrained, **dict(model_args, **kwargs))
 
 
 @register_model
 def relu_vit_small_patch8_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """ViT-S/8 with ReLU/seqlen attention and qk-LayerNorm (Wortsman et al.)."""
-    return _relu_vit("relu_vit_small_patch8_224", 8, pretrained, kwargs)
+    """ViT-S/8, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i1k head (class token, tanh pre-logits)."""
+    model_args = dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=True, no_embed_class=True, global_pool="token", fc_norm=False,
+                      representation_size=True, attn_type="relu")
+    return _create("relu_vit_small_patch8_224", pretrained, **dict(model_args, **kwargs))
+
+
+# big_vision's vit_i21k config: learned position embedding, no class token, global average pooling of the
+# final-LayerNorm tokens straight into the classifier (timm's "gap" ViTs).
+@register_model
+def relu_vit_small_patch32_gap_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/32, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i21k head (average pooling, no class token)."""
+    model_args = dict(patch_size=32, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=False, global_pool="avg", fc_norm=False, attn_type="relu")
+    return _create("relu_vit_small_patch32_gap_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def relu_vit_small_patch16_gap_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/16, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i21k head (average pooling, no class token)."""
+    model_args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=False, global_pool="avg", fc_norm=False, attn_type="relu")
+    return _create("relu_vit_small_patch16_gap_224", pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def relu_vit_small_patch8_gap_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """ViT-S/8, ReLU/seqlen attention, qk-LayerNorm; big_vision vit_i21k head (average pooling, no class token)."""
+    model_args = dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
+                      class_token=False, global_pool="avg", fc_norm=False, attn_type="relu")
+    return _create("relu_vit_small_patch8_gap_224", pretrained, **dict(model_args, **kwargs))
