@@ -17,12 +17,17 @@ from simattn.export import audit_onnx, export_and_verify, ort_session  # noqa: E
 from simattn.cli import main as simattn_main  # noqa: E402
 from simattn.export.cli import main as export_main  # noqa: E402
 from simattn.export.loading import model_stride  # noqa: E402
-from simattn.export.onnx_export import run_onnx  # noqa: E402
+from simattn.utils.onnx import onnx_metadata, read_onnx_metadata, run_onnx  # noqa: E402
 from simattn.utils.io import save_safetensors  # noqa: E402
 
 DEIT = "sima_deit_tiny_patch16_224"
 TINY_DEIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
 ATOL = 1e-4
+IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}  # DeiT's preprocessing
+
+
+def _meta(name, size, attention="sima"):
+    return onnx_metadata(name, attention, {"input_size": (3, size, size), **IMAGENET})
 
 # family → (a registered model of it, kwargs that make it tiny); input size is the model's img_size
 FAMILY_CASES = {
@@ -52,7 +57,7 @@ def sima_relu(tmp_path_factory):
     torch.manual_seed(0)
     model = timm.create_model(DEIT, act_layer="relu", **TINY_DEIT).eval()
     path = tmp_path_factory.mktemp("sima") / "sima_relu.onnx"
-    result, parity = export_and_verify(model, path, (3, 32, 32), stride=model_stride(model), atol=ATOL)
+    result, parity = export_and_verify(model, path, _meta(DEIT, 32), stride=model_stride(model), atol=ATOL)
     return model, result, parity
 
 
@@ -74,7 +79,7 @@ def test_sima_export_parity_with_dynamic_batch_and_resolution(sima_relu):
 
 def test_real_inputs_are_checked_too(sima_relu, tmp_path):
     from simattn.export.cli import _real_inputs
-    from simattn.export.onnx_export import check_parity
+    from simattn.utils.onnx import check_parity
     model, result, _ = sima_relu
     real = _real_inputs({"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
     assert real["digits_val_8"].shape == (8, 3, 32, 32) and real["photo_astronaut"].shape == (1, 3, 32, 32)
@@ -87,6 +92,49 @@ def test_relu_sima_graph_is_exp_free(sima_relu):
     assert audit.exp_count == 0 and audit.exp_like == {}
     assert audit.op_counts.get("MatMul", 0) >= 4 and audit.total_ops > 20  # the audit did see the graph
     audit.require_exp_free()  # no raise
+
+
+def test_exported_file_carries_its_metadata(sima_relu):
+    import onnx
+    props = {p.key: json.loads(p.value) for p in onnx.load(sima_relu[1].path).metadata_props}
+    assert props["model"] == DEIT and props["attention"] == "sima" and props["input_size"] == [3, 32, 32]
+    assert props["mean"] == [0.485, 0.456, 0.406] and props["std"] == [0.229, 0.224, 0.225]
+    assert props["simattn_version"] == simattn.__version__ and props["model_kwargs"] == {}
+
+
+def test_missing_or_wrong_metadata_is_refused_and_the_file_decides_the_input(sima_relu, tmp_path):
+    import onnx
+    from simattn.export.latency import ort_latency
+    from simattn.utils.onnx import export_onnx
+
+    def variant(name, **changes):
+        """A copy of the exported file with metadata values replaced (None: the key removed)."""
+        proto = onnx.load(sima_relu[1].path)
+        props = {p.key: p.value for p in proto.metadata_props}
+        for key, value in changes.items():
+            props.pop(key) if value is None else props.__setitem__(key, json.dumps(value))
+        del proto.metadata_props[:]
+        for key, value in props.items():
+            proto.metadata_props.add(key=key, value=value)
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(proto, str(path))
+        return path
+
+    with pytest.raises(ValueError, match=r"lacks simattn metadata \(mean, std\)"):
+        read_onnx_metadata(variant("no_norm", mean=None, std=None))
+    with pytest.raises(ValueError, match="lacks simattn metadata"):
+        ort_latency(variant("no_size", input_size=None), repeats=1, min_time=0)
+    with pytest.raises(ValueError, match=r"input_size \[3, 40\] is not \[channels, height, width\]"):
+        read_onnx_metadata(variant("short", input_size=[3, 40]))
+    with pytest.raises(ValueError, match="mean \\[0.5\\] is not 3 numbers"):
+        read_onnx_metadata(variant("mean", mean=[0.5]))
+    with pytest.raises(ValueError, match="std .* <= 0"):
+        read_onnx_metadata(variant("std", std=[0.2, 0.0, 0.2]))
+    # the latency check feeds the size the file records, not one the caller passes
+    resized = variant("resized", input_size=[3, 48, 48])
+    assert ort_latency(resized, warmup=0, repeats=1, min_time=0)["input_shape"] == [1, 3, 48, 48]
+    with pytest.raises(ValueError, match="lacks model_kwargs, attention"):
+        export_onnx(sima_relu[0], tmp_path / "x.onnx", {"model": DEIT, "input_size": [3, 32, 32]})
 
 
 @pytest.mark.parametrize("attn_type, act_layer, expect_rc", [("sima", "relu", 0), ("softmax", "gelu", 1)])
@@ -146,12 +194,11 @@ FAMILY_PARAMS = [pytest.param(f, "torchscript", id=f"{f}-torchscript") for f in 
 @pytest.mark.parametrize("family, exporter", FAMILY_PARAMS)
 def test_family_round_trip(family, exporter, tmp_path):
     name, kwargs = FAMILY_CASES[family]
-    if name not in simattn.list_models():
-        pytest.skip(f"{name} ({family}) is not registered yet")
+    assert name in simattn.list_models(), f"{name} ({family}) is not registered"
     torch.manual_seed(0)
     model = timm.create_model(name, **kwargs).eval()
     size = kwargs["img_size"]
-    result, parity = export_and_verify(model, tmp_path / f"{name}.onnx", (3, size, size), exporter=exporter,
+    result, parity = export_and_verify(model, tmp_path / f"{name}.onnx", _meta(name, size), exporter=exporter,
                                        stride=model_stride(model), atol=ATOL)
     assert result.exporter == exporter and result.dynamic_batch
     assert all(r["ok"] and r["max_abs_diff"] <= ATOL for r in parity.values()), (result.notes, parity)
@@ -198,13 +245,24 @@ def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
         torch_top1 = (model(xv).argmax(-1) == yv).float().mean().item() * 100
     assert q["images"] == len(yv) == 359
     assert q["fp32_top1"] == pytest.approx(torch_top1, abs=0.01) and q["fp32_top1"] > 50  # chance is 10%
-    assert q["int8_top1"] > 30 and q["delta_top1"] == pytest.approx(q["int8_top1"] - q["fp32_top1"], abs=0.01)
-    assert q["prediction_agreement"] > 50 and q["int8_mb"] < q["fp32_mb"]
+    # the int8 file run here on digits normalized by hand with DeiT's mean/std gives the reported accuracy
+    mean, std = (torch.tensor(IMAGENET[k]).view(1, 3, 1, 1) for k in ("mean", "std"))
+    xr, _ = digits_tensors("val", img_size=32, normalize=False)
+    session, xn = ort_session(out.parent / "m_int8.onnx"), (xr - mean) / std
+    # dynamic quantization scales activations per run: batches of 64, as the report runs them
+    int8 = np.concatenate([run_onnx(session, xn[i:i + 64]).argmax(-1) for i in range(0, len(xn), 64)])
+    assert q["int8_top1"] == pytest.approx((torch.from_numpy(int8) == yv).float().mean().item() * 100, abs=0.01)
+    assert q["int8_top1"] > 30 and q["prediction_agreement"] > 50 and q["int8_mb"] < q["fp32_mb"]
     assert (out.parent / "m_int8.onnx").is_file() and (out.parent / "m_softmax.onnx").is_file()
     lat = report["latency"]
-    assert lat["model"]["median_ms"] > 0 and lat["baseline"]["median_ms"] > 0
-    assert lat["baseline_over_model"] == pytest.approx(lat["baseline"]["median_ms"] / lat["model"]["median_ms"])
-    assert "softmax / sima" in captured.out
+    assert lat["input_shape"] == [1, 3, 32, 32]
+    assert 0 < lat["model"]["p10_ms"] <= lat["model"]["median_ms"] <= lat["model"]["p90_ms"]
+    assert "sima speed-up over softmax: ×" in captured.out
+    # every file written carries the metadata: the model, its twin and the int8 copy
+    for name, attention in (("m", "sima"), ("m_softmax", "softmax"), ("m_int8", "sima")):
+        meta = read_onnx_metadata(out.parent / f"{name}.onnx")
+        assert meta["model"] == DEIT and meta["attention"] == attention and meta["input_size"] == [3, 32, 32]
+    assert report["metadata"]["model_kwargs"]["act_layer"] == "relu"
     assert audit_onnx(out.parent / "m_softmax.onnx").exp_like.get("Softmax") == 2
 
 
@@ -240,3 +298,16 @@ def test_parse_model_kwargs():
         parse_model_kwargs(["{a: [1"])
     with pytest.raises(ValueError, match=r"'\[1\]' must be a JSON object"):
         parse_model_kwargs("[1]")
+
+
+def test_compare_latency_keeps_each_files_best_median(monkeypatch):
+    from simattn.export import latency
+    medians = iter([5.0, 10.0, 4.0, 12.0])  # model, baseline, model, baseline
+    monkeypatch.setattr(latency, "ort_latency",
+                        lambda path, **kw: {"median_ms": next(medians), "input_shape": [1, 3, 32, 32]})
+    lat = latency.compare_latency("a.onnx", "b.onnx")
+    assert (lat["model"]["median_ms"], lat["baseline"]["median_ms"], lat["baseline_over_model"]) == (4.0, 10.0, 2.5)
+    shapes = iter([[1, 3, 32, 32], [1, 3, 64, 64]] * 2)
+    monkeypatch.setattr(latency, "ort_latency", lambda path, **kw: {"median_ms": 1.0, "input_shape": next(shapes)})
+    with pytest.raises(ValueError, match="record different input sizes"):
+        latency.compare_latency("a.onnx", "b.onnx")

@@ -5,10 +5,12 @@ package stays cheap.
 """
 from .audit import EXP_LIKE_OPS, ExpFreeError, GraphAudit, audit_onnx
 from .loading import attention_kind, model_stride, softmax_twin
-from .onnx_export import ExportError, ExportResult, check_parity, export_and_verify, export_onnx, ort_session
+from ..utils.onnx import (ExportError, ExportResult, check_parity, export_and_verify, export_onnx, onnx_metadata,
+                          ort_session, read_onnx_metadata)
 
 __all__ = [
     "EXP_LIKE_OPS", "ExpFreeError", "GraphAudit", "audit_onnx",
     "attention_kind", "model_stride", "softmax_twin",
-    "ExportError", "ExportResult", "check_parity", "export_and_verify", "export_onnx", "ort_session",
+    "ExportError", "ExportResult", "check_parity", "export_and_verify", "export_onnx", "onnx_metadata", "ort_session",
+    "read_onnx_metadata",
 ]

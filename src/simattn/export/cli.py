@@ -10,6 +10,7 @@ Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on b
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -72,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     from ..models.factory import parse_model_kwargs
     from ..data.images import resolve_data_config
     from ..models.factory import load_model
+    from ..utils.onnx import ExportError, export_and_verify, onnx_metadata, read_onnx_metadata
     from .loading import attention_kind, model_stride
-    from .onnx_export import ExportError, export_and_verify
 
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
           f", weights {spec['weights'] or 'random'}")
     report: Dict[str, Any] = {"model": spec["model"], "model_kwargs": spec["config"], "weights": spec["weights"],
                               "attention": kind, "params_m": round(n_params, 3), "data_config": data_config}
+    metadata = onnx_metadata(spec["model"], kind, data_config, spec["config"])
 
     def finish(status: int) -> int:
         atomic_write_json(report, report_path)
@@ -98,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"exporting to {output} (exporter {args.exporter}, opset {args.opset}) ...", flush=True)
     try:
         result, parity = export_and_verify(
-            model, output, input_size, real_inputs=_real_inputs(data_config), batch=args.batch, opset=args.opset,
+            model, output, metadata, real_inputs=_real_inputs, batch=args.batch, opset=args.opset,
             exporter=args.exporter, dynamic_spatial=not args.static_spatial, stride=model_stride(model),
             atol=args.atol)
     except ExportError as e:
@@ -114,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
           f"{', dynamic height/width' if result.dynamic_spatial else ', fixed height/width'})")
     print(f"parity onnxruntime vs PyTorch (atol {args.atol:g}):")
     _print_parity(parity)
-    report.update(export=result.to_dict(), parity=parity,
+    report.update(export=result.to_dict(), parity=parity, metadata=read_onnx_metadata(output),
                   max_abs_diff=max(r["max_abs_diff"] for r in parity.values()))
+    print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
 
     audit = audit_onnx(output)
     report["audit"] = audit.to_dict()
@@ -132,34 +135,38 @@ def run(args: argparse.Namespace) -> int:
         print("exp-free: yes")
 
     if args.compare_softmax:
-        report["latency"] = _compare_softmax(args, spec, output, input_size, result, kind)
+        report["latency"] = _compare_softmax(args, spec, output, metadata, result, kind)
     if args.quantize:
-        report["quantization"] = _quantize(args, output, data_config, model)
+        report["quantization"] = _quantize(args, output, model)
     return finish(0)
 
 
-def _compare_softmax(args, spec, output: Path, input_size, result, kind) -> Dict[str, Any]:
+def _compare_softmax(args, spec, output: Path, metadata, result, kind) -> Dict[str, Any]:
+    from ..utils.onnx import export_and_verify
     from .latency import compare_latency
     from .loading import softmax_twin
-    from .onnx_export import export_and_verify
 
     twin_path = output.with_name(f"{output.stem}_softmax.onnx")
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)
     twin = softmax_twin(spec)
     # Same exporter and the same dynamic axes, so both graphs are built alike.
-    twin_result, _ = export_and_verify(twin, twin_path, input_size, batch=args.batch, opset=args.opset,
+    twin_result, _ = export_and_verify(twin, twin_path, {**metadata, "attention": "softmax"}, batch=args.batch,
+                                       opset=args.opset,
                                        exporter=result.exporter, dynamic_spatial=result.dynamic_spatial,
                                        atol=args.atol)
     print(f"onnxruntime CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
-    lat = compare_latency(output, twin_path, input_size, batch=args.bench_batch, threads=args.threads,
+    lat = compare_latency(output, twin_path, batch=args.bench_batch, threads=args.threads,
                           min_time=args.bench_time)
-    m, b = lat["model"]["median_ms"], lat["baseline"]["median_ms"]
-    print(f"  {kind}: {m:.3f} ms   softmax: {b:.3f} ms   softmax / {kind} = {lat['baseline_over_model']:.2f}x")
+    m, b = lat["model"], lat["baseline"]
+    print(f"  input {'x'.join(map(str, lat['input_shape']))} (from the files' metadata)")
+    print(f"  {kind}: {m['median_ms']:.3f} ms (p10 {m['p10_ms']:.3f}, p90 {m['p90_ms']:.3f})   softmax: "
+          f"{b['median_ms']:.3f} ms (p10 {b['p10_ms']:.3f}, p90 {b['p90_ms']:.3f})   {kind} speed-up over softmax: "
+          f"×{lat['baseline_over_model']:.2f}")
     lat.update(model_attention=kind, baseline_attention="softmax", baseline_exporter=twin_result.exporter)
     return lat
 
 
-def _quantize(args, output: Path, data_config, model) -> Dict[str, Any]:
+def _quantize(args, output: Path, model) -> Dict[str, Any]:
     from .quantize import quantization_report, quantize_int8
 
     int8_path = output.with_name(f"{output.stem}_int8.onnx")
@@ -172,7 +179,7 @@ def _quantize(args, output: Path, data_config, model) -> Dict[str, Any]:
         return {"int8_path": str(int8_path), "accuracy": None}
     if not args.weights:
         print("  warning: random weights; the accuracies below are near chance")
-    q = quantization_report(output, int8_path, data_config, threads=args.threads)
+    q = quantization_report(output, int8_path, threads=args.threads)
     print(f"  digits val ({q['images']} images): fp32 top-1 {q['fp32_top1']:.2f}%  int8 top-1 {q['int8_top1']:.2f}%"
           f"  (Δ {q['delta_top1']:+.2f}, agreement {q['prediction_agreement']:.1f}%), "
           f"{q['fp32_mb']:.2f} MB → {q['int8_mb']:.2f} MB")
@@ -182,7 +189,7 @@ def _quantize(args, output: Path, data_config, model) -> Dict[str, Any]:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn export``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from .onnx_export import ExportError
+    from ..utils.onnx import ExportError
     try:
         return run(args)
     except ExportError as e:

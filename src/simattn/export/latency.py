@@ -1,40 +1,46 @@
-"""onnxruntime CPU latency of exported models, measured the same way for each (fixed threads, warm-up, median)."""
+"""onnxruntime CPU latency of exported models, measured the same way for each (fixed threads, warm-up, median),
+at the input size each file's metadata records."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 
+from ..utils.onnx import ort_session, read_onnx_metadata, run_onnx
 from ..utils.timing import time_fn
-from .onnx_export import ort_session, run_onnx
 
 __all__ = ["ort_latency", "compare_latency"]
 
 
-def ort_latency(path: str | Path, input_size: Sequence[int], *, batch: int = 1, threads: Optional[int] = None,
-                warmup: int = 3, repeats: int = 20, min_time: float = 1.0, max_time: float = 60.0) -> Dict[str, float]:
-    """Median/p90/min/mean milliseconds of one onnxruntime run on a random (batch, *input_size) input."""
+def ort_latency(path: str | Path, *, batch: int = 1, threads: Optional[int] = None, warmup: int = 3,
+                repeats: int = 20, min_time: float = 1.0, max_time: float = 60.0) -> Dict[str, Any]:
+    """Median/p10/p90/min/mean milliseconds of one onnxruntime run on a random input of the size in the file's
+    metadata (``input_shape`` says which)."""
+    input_size = read_onnx_metadata(path)["input_size"]
     session = ort_session(path, threads)
     x = torch.randn(batch, *input_size)
-    return time_fn(lambda: run_onnx(session, x), warmup=warmup, repeats=repeats, min_time=min_time,
-                   max_time=max_time)
+    t = time_fn(lambda: run_onnx(session, x), warmup=warmup, repeats=repeats, min_time=min_time,
+                max_time=max_time)
+    return {**t, "input_shape": [batch, *input_size]}
 
 
-def compare_latency(model_path: str | Path, baseline_path: str | Path, input_size: Sequence[int],
-                    **timing) -> Dict[str, object]:
+def compare_latency(model_path: str | Path, baseline_path: str | Path, **timing) -> Dict[str, object]:
     """Latency of ``model_path`` and ``baseline_path`` (e.g. the softmax twin) and ``baseline / model`` (> 1: the
     model is faster). Runs are interleaved in two rounds so background load hits both alike; the best median of
-    each is kept."""
+    each is kept. Both files must record the same input size."""
     rounds: Mapping[str, list] = {"model": [], "baseline": []}
     for _ in range(2):
-        rounds["model"].append(ort_latency(model_path, input_size, **timing))
-        rounds["baseline"].append(ort_latency(baseline_path, input_size, **timing))
+        rounds["model"].append(ort_latency(model_path, **timing))
+        rounds["baseline"].append(ort_latency(baseline_path, **timing))
     best = {k: min(v, key=lambda r: r["median_ms"]) for k, v in rounds.items()}
+    if best["model"]["input_shape"] != best["baseline"]["input_shape"]:
+        raise ValueError(f"{model_path} and {baseline_path} record different input sizes "
+                         f"({best['model']['input_shape']} vs {best['baseline']['input_shape']})")
     return {
         "model": {"path": str(model_path), **best["model"]},
         "baseline": {"path": str(baseline_path), **best["baseline"]},
         "baseline_over_model": best["baseline"]["median_ms"] / best["model"]["median_ms"],
-        "input_shape": [timing.get("batch", 1), *input_size],
+        "input_shape": best["model"]["input_shape"],
         "threads": timing.get("threads"),
     }

@@ -1,4 +1,12 @@
-"""Export a model to ONNX and prove the file computes what the PyTorch model computes.
+"""Export a model to ONNX, describe it in the file, and prove the file computes what the PyTorch model computes.
+
+The one ONNX core of ``simattn export`` and ``simattn bench model --runtime onnxruntime``.
+
+Metadata: every file written here carries, in its ``metadata_props``, what a consumer needs to feed it
+(:data:`METADATA_KEYS`): the model name and kwargs, the attention kind, the input size, the normalization mean and
+std, and the simattn version that produced it. :func:`read_onnx_metadata` reads them back (a one-line ValueError
+when they are missing or malformed), and the parity and latency checks take the input size and mean/std from the
+file rather than from the caller.
 
 Exporter choice: ``torch.onnx.export(dynamo=True)`` (torch.export) is the default because it records shape
 arithmetic symbolically, so a ViT whose position embedding is resampled for the input size stays correct at
@@ -11,13 +19,14 @@ resolution (recorded in the notes) rather than shipped broken.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -25,11 +34,22 @@ from torch import nn
 
 from ..utils.io import atomic_path
 
-__all__ = ["EXPORTERS", "ExportError", "ExportResult", "export_onnx", "ort_session", "run_onnx", "check_parity",
-           "export_and_verify"]
+__all__ = ["EXPORTERS", "METADATA_KEYS", "ExportError", "ExportResult", "onnx_metadata", "read_onnx_metadata",
+           "metadata_data_config", "export_onnx", "ort_session", "run_onnx", "check_parity", "export_and_verify",
+           "quiet_loggers"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
 INPUT_NAME = "input"
+#: metadata_props keys of every exported file (values are JSON text) and what each holds
+METADATA_KEYS = {
+    "model": "registered model name",
+    "model_kwargs": "create_model kwargs the model was built with",
+    "attention": "attention kind ('mixed' when the model uses several)",
+    "input_size": "[channels, height, width] the file was exported and verified at",
+    "mean": "per-channel mean subtracted from [0, 1] images",
+    "std": "per-channel std the centred images are divided by",
+    "simattn_version": "version of simattn that wrote the file",
+}
 
 
 class ExportError(RuntimeError):
@@ -75,6 +95,73 @@ def quiet_loggers(*names: str, level: int = logging.ERROR):
             lg.setLevel(old)
 
 
+def _simattn_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("simattn")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from .. import __version__
+
+        return __version__
+
+
+def onnx_metadata(model: str, attention: Optional[str], data_config: Mapping[str, Any],
+                  model_kwargs: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The :data:`METADATA_KEYS` values for a model exported at ``data_config['input_size']``."""
+    return {"model": model, "model_kwargs": dict(model_kwargs or {}), "attention": attention or "mixed",
+            "input_size": [int(v) for v in data_config["input_size"]],
+            "mean": [float(v) for v in data_config["mean"]], "std": [float(v) for v in data_config["std"]],
+            "simattn_version": _simattn_version()}
+
+
+def _check_metadata(metadata: Mapping[str, Any]) -> None:
+    missing = [k for k in METADATA_KEYS if k not in metadata]
+    if missing:
+        raise ValueError(f"ONNX metadata lacks {', '.join(missing)} (build it with onnx_metadata)")
+
+
+def _write_metadata(proto, metadata: Mapping[str, Any]) -> None:
+    kept = [p for p in proto.metadata_props if p.key not in metadata]
+    del proto.metadata_props[:]
+    proto.metadata_props.extend(kept)
+    for key, value in metadata.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, json.dumps(value, default=str)
+
+
+def read_onnx_metadata(model: Union[str, Path, Any]) -> Dict[str, Any]:
+    """The :data:`METADATA_KEYS` of an ONNX file (a path or an ``onnx.ModelProto``), JSON-decoded and checked:
+    a ValueError names what is missing or malformed."""
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path)) else model
+    what = model if isinstance(model, (str, Path)) else "ONNX model"
+    props = {p.key: p.value for p in proto.metadata_props}
+    missing = [k for k in METADATA_KEYS if k not in props]
+    if missing:
+        raise ValueError(f"{what} lacks simattn metadata ({', '.join(missing)}); export it with `simattn export`")
+    try:
+        meta = {k: json.loads(props[k]) for k in METADATA_KEYS}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what}: malformed simattn metadata ({e})") from None
+    size, mean, std = meta["input_size"], meta["mean"], meta["std"]
+    if not (isinstance(size, list) and len(size) == 3 and all(isinstance(v, int) and v > 0 for v in size)):
+        raise ValueError(f"{what}: metadata input_size {size!r} is not [channels, height, width]")
+    for name, values in (("mean", mean), ("std", std)):
+        if not (isinstance(values, list) and len(values) == size[0] and
+                all(isinstance(v, (int, float)) for v in values)):
+            raise ValueError(f"{what}: metadata {name} {values!r} is not {size[0]} numbers (one per channel)")
+    if any(v <= 0 for v in std):
+        raise ValueError(f"{what}: metadata std {std!r} has a value <= 0")
+    return meta
+
+
+def metadata_data_config(meta: Mapping[str, Any]) -> Dict[str, Any]:
+    """The preprocessing part of :func:`read_onnx_metadata`'s result: ``input_size``, ``mean``, ``std``."""
+    return {"input_size": tuple(meta["input_size"]), "mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
+
+
 def _output_names(model: nn.Module, example: torch.Tensor) -> List[str]:
     with torch.no_grad():
         out = model(example)
@@ -110,10 +197,12 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:400]
 
 
-def export_onnx(model: nn.Module, path: str | Path, input_size: Sequence[int], *, batch: int = 2, opset: int = 18,
+def export_onnx(model: nn.Module, path: str | Path, metadata: Mapping[str, Any], *, batch: int = 2, opset: int = 18,
                 exporter: str = "auto", dynamic_spatial: bool = True) -> ExportResult:
     """Write ``model`` (eval mode) to ``path`` as ONNX with a dynamic batch axis (and dynamic H/W if asked and the
-    model allows). The file is written atomically. Raises :class:`ExportError` naming the failing exporter(s)."""
+    model allows), exported at ``metadata['input_size']`` and carrying ``metadata`` (:func:`onnx_metadata`) in its
+    ``metadata_props``. The file is written atomically. Raises :class:`ExportError` naming the failing
+    exporter(s)."""
     import onnx
 
     if exporter not in EXPORTERS:
@@ -122,20 +211,24 @@ def export_onnx(model: nn.Module, path: str | Path, input_size: Sequence[int], *
         raise ValueError(f"opset must be >= 18, got {opset}")
     if batch < 2:
         raise ValueError(f"example batch must be >= 2 (a batch of 1 would be specialized), got {batch}")
+    _check_metadata(metadata)
     path = Path(path)
     model = model.eval()
-    example = torch.randn(batch, *input_size)
+    example = torch.randn(batch, *metadata["input_size"])
     output_names = _output_names(model, example)
     notes: List[str] = []
     for name in (("dynamo", "torchscript") if exporter == "auto" else (exporter,)):
         start = time.perf_counter()
         try:
-            with atomic_path(path) as tmp, torch.no_grad(), quiet_loggers("onnxscript"):
-                _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial)
+            with atomic_path(path) as tmp:
+                with torch.no_grad(), quiet_loggers("onnxscript"):
+                    _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial)
+                proto = onnx.load(str(tmp), load_external_data=False)
+                _write_metadata(proto, metadata)
+                onnx.save(proto, str(tmp))
         except Exception as e:  # exporters raise many types; keep the first line for the report
             notes.append(f"{name} exporter failed: {_first_line(e)}")
             continue
-        proto = onnx.load(str(path), load_external_data=False)
         dims = [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
         result = ExportResult(
             path=str(path), exporter=name, opset=opset, input_shape=dims,
@@ -189,25 +282,31 @@ def check_parity(model: nn.Module, session, inputs: Mapping[str, torch.Tensor],
     return results
 
 
-def export_and_verify(model: nn.Module, path: str | Path, input_size: Sequence[int], *,
-                      real_inputs: Optional[Mapping[str, torch.Tensor]] = None, batch: int = 2, opset: int = 18,
+RealInputs = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor]]
+
+
+def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str, Any], *,
+                      real_inputs: Optional[RealInputs] = None, batch: int = 2, opset: int = 18,
                       exporter: str = "auto", dynamic_spatial: bool = True, stride: int = 32,
                       atol: float = 1e-4) -> Tuple[ExportResult, Dict[str, Dict[str, object]]]:
-    """Export, then compare onnxruntime with PyTorch on random inputs at ``batch`` and ``batch + 1`` (dynamic
-    batch), at a second resolution (``input_size`` + ``stride``) when the graph has dynamic H/W, and on
-    ``real_inputs``. If the second resolution fails, the model is re-exported at a fixed resolution.
+    """Export (:func:`export_onnx`), then compare onnxruntime with PyTorch on random inputs at ``batch`` and
+    ``batch + 1`` (dynamic batch), at a second resolution (input size + ``stride``) when the graph has dynamic H/W,
+    and on ``real_inputs(data_config)``. The input size and the data config (mean/std) are read back from the
+    written file, so the checks feed the file what its metadata promises. If the second resolution fails, the
+    model is re-exported at a fixed resolution.
 
     Returns (export result, parity per input). Raises :class:`ExportError` when any parity check fails.
     """
-    c, h, w = input_size
+    result = export_onnx(model, path, metadata, batch=batch, opset=opset, exporter=exporter,
+                         dynamic_spatial=dynamic_spatial)
+    data_config = metadata_data_config(read_onnx_metadata(path))
+    c, h, w = data_config["input_size"]
     generator = torch.Generator().manual_seed(0)
     fixed = {f"random_b{batch}_{h}x{w}": torch.randn(batch, c, h, w, generator=generator),
              f"random_b{batch + 1}_{h}x{w}": torch.randn(batch + 1, c, h, w, generator=generator)}
-    fixed.update(real_inputs or {})
+    fixed.update(real_inputs(data_config) if real_inputs else {})
     alt = {f"random_b1_{h + stride}x{w + stride}": torch.randn(1, c, h + stride, w + stride, generator=generator)}
 
-    result = export_onnx(model, path, input_size, batch=batch, opset=opset, exporter=exporter,
-                         dynamic_spatial=dynamic_spatial)
     checks = {**fixed, **alt} if result.dynamic_spatial else fixed
     parity = check_parity(model, ort_session(path, quiet=True), checks, atol)
     if result.dynamic_spatial and not all(parity[k]["ok"] for k in alt):
@@ -215,7 +314,7 @@ def export_and_verify(model: nn.Module, path: str | Path, input_size: Sequence[i
         notes = result.notes + [f"dynamic height/width did not hold at {h + stride}x{w + stride} ({why}); "
                                 "re-exported with a fixed resolution"]
         # keep the exporter that worked, so a dynamo failure is not retried
-        result = export_onnx(model, path, input_size, batch=batch, opset=opset, exporter=result.exporter,
+        result = export_onnx(model, path, metadata, batch=batch, opset=opset, exporter=result.exporter,
                              dynamic_spatial=False)
         result.notes = notes
         parity = check_parity(model, ort_session(path, quiet=True), fixed, atol)
