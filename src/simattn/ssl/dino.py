@@ -7,39 +7,41 @@ schedule 0.04 → 0.4, the learning rate a warm-up then cosine decay (timm's sch
 
 Library pieces: lightly's ``DINOProjectionHead``, ``DINOLoss`` (centering with a DDP all-reduce, sharpening,
 cross-view cross-entropy), ``DINOTransform`` (multi-crop), ``cosine_schedule`` and ``update_momentum``; timm's
-``create_model``, ``create_optimizer_v2`` and ``CosineLRScheduler``. DDP comes from torchrun via
-:mod:`simattn.utils.distributed`.
+``create_optimizer_v2`` and ``CosineLRScheduler``; models come from :mod:`simattn.models.factory`. DDP comes from
+torchrun via :mod:`simattn.utils.distributed`.
 
 Outputs in ``output``: ``checkpoint.pth`` (atomically rewritten; ``model`` holds the teacher backbone, so
-``simattn.utils.io.load_weights(backbone, path)`` loads it), ``backbone.safetensors`` (the teacher backbone, with
-model name and kwargs as metadata), ``results.json`` (per-epoch history, k-NN / linear top-1) and ``curves.png``.
+``simattn.utils.io.load_weights(backbone, path)`` loads it), ``backbone.safetensors`` (the teacher backbone with its
+``simattn-weights-v1`` record, ``num_classes`` 0, so ``simattn export``/``viz`` open it), ``results.json`` (per-epoch
+history, k-NN / linear top-1) and ``curves.png``.
 """
 from __future__ import annotations
 
 import itertools
 import math
 from pathlib import Path
-from typing import Any, Dict, List, Mapping
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 from torch import nn
 
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
-from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, save_safetensors
+from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
 from ..utils.runlog import RunLog, progress
 
-__all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "build_dino_networks", "build_multicrop_transform",
-           "pretrain"]
+__all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
+           "build_multicrop_transform", "pretrain"]
 
 #: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5).
 DEFAULTS: Dict[str, Any] = {
     "model": {
-        "name": "sima_small_12_p16",  # any model timm.create_model knows (import simattn registers ours)
+        "name": "sima_small_12_p16",  # a registered model (simattn.models.factory.create_model)
         "drop_path_rate": 0.1,  # student only; the teacher has none
-        "kwargs": {},  # extra timm.create_model arguments (img_size, depth, attn_type, ...)
+        "kwargs": {},  # extra create_model arguments (img_size, depth, attn_type, ...)
+        "weights": None,  # initial backbone weights: classification, official/timm or DINO weights (.pth/.safetensors)
     },
     "head": {
         "hidden_dim": 2048,
@@ -99,16 +101,36 @@ DEFAULTS: Dict[str, Any] = {
 }
 
 
-def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0) -> nn.Module:
-    """A registered model without classifier (``num_classes=0``): ``backbone(x)`` gives the CLS/pooled features."""
-    import timm
+def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0, load_weights: bool = True) -> nn.Module:
+    """A registered model without classifier (``num_classes=0``): ``backbone(x)`` gives the CLS/pooled features.
 
-    import simattn  # noqa: F401  (registers this package's models with timm)
-    name = model["name"]
-    if not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(simattn.list_models())}")
-    return timm.create_model(name, pretrained=False, num_classes=0, drop_path_rate=drop_path_rate,
-                             **model["kwargs"])
+    With ``load_weights`` and a recipe ``weights`` path, the backbone starts from those weights
+    (:func:`~simattn.models.factory.load_initial_weights`: a classification checkpoint, official/timm weights or a
+    DINO backbone; its classifier is dropped, position embeddings resized) and the report is printed.
+    """
+    from ..models.factory import create_model, load_initial_weights
+    backbone = create_model(model["name"], num_classes=0, drop_path_rate=drop_path_rate, **model["kwargs"])
+    if load_weights and model.get("weights"):
+        report = load_initial_weights(backbone, model["weights"], model_name=model["name"])
+        print(f"backbone initial weights: {report.summary()}", flush=True)
+    return backbone
+
+
+def save_backbone(backbone: nn.Module, path: str | Path, model: Mapping[str, Any],
+                  evaluation: Optional[Mapping[str, Any]] = None, **extra: Any) -> None:
+    """Write ``backbone`` as ``simattn-weights-v1`` safetensors (``num_classes`` 0, producer ``simattn ssl``), so
+    ``simattn export``/``viz``, :func:`~simattn.models.factory.load_model` and initial-weights options open it.
+    ``evaluation`` (the recipe's ``eval`` section) gives the recorded preprocessing: its ``img_size``/``crop_pct``
+    with the backbone's mean, std and interpolation."""
+    from timm.data import resolve_data_config
+
+    from ..models.weights import save_weights, weights_metadata
+    data_config = None
+    if evaluation is not None:
+        data_config = dict(resolve_data_config({}, model=backbone), crop_pct=float(evaluation["crop_pct"]),
+                           input_size=(3, int(evaluation["img_size"]), int(evaluation["img_size"])))
+    save_weights(backbone, path, weights_metadata(model["name"], model["kwargs"], producer="simattn ssl",
+                                                  num_classes=0, data_config=data_config, **extra))
 
 
 class DinoNetwork(nn.Module):
@@ -139,16 +161,16 @@ def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNet
     from lightly.models.modules import DINOProjectionHead
     from lightly.models.utils import deactivate_requires_grad
 
-    def make(drop_path: float) -> DinoNetwork:
-        backbone = build_backbone(recipe["model"], drop_path)
+    def make(drop_path: float, load_weights: bool) -> DinoNetwork:
+        backbone = build_backbone(recipe["model"], drop_path, load_weights)
         h = recipe["head"]
         head = DINOProjectionHead(backbone.num_features, h["hidden_dim"], h["bottleneck_dim"], h["output_dim"],
                                   batch_norm=h["batch_norm"], freeze_last_layer=h["freeze_last_layer_epochs"],
                                   norm_last_layer=h["norm_last_layer"])
         return DinoNetwork(backbone, head)
 
-    student = make(recipe["model"]["drop_path_rate"])
-    teacher = make(0.0)
+    student = make(recipe["model"]["drop_path_rate"], True)
+    teacher = make(0.0, False)  # takes the student's weights below
     teacher.load_state_dict(student.state_dict())
     deactivate_requires_grad(teacher)
     return student, teacher
@@ -327,9 +349,8 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
             log.save()
             log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}",
                      references=log.results.get("random_init"), reference_label="random init")
-            save_safetensors(teacher.backbone, out_dir / "backbone.safetensors",
-                             metadata={"model": recipe["model"]["name"], "kwargs": recipe["model"]["kwargs"],
-                                       "source": "DINO teacher"})
+            save_backbone(teacher.backbone, out_dir / "backbone.safetensors", recipe["model"], recipe["eval"],
+                          source="DINO teacher", epochs=t["epochs"])
             return {**log.results, "history": log.history}
         return {}
     finally:
