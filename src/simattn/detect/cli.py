@@ -1,6 +1,6 @@
 """``simattn detect``: Mask R-CNN training and COCO box/mask AP evaluation on COCO-layout data.
 
-    simattn detect shapes --out data/shapes                      # a tiny synthetic COCO-layout dataset
+    simattn detect shapes [--out data/shapes]                    # a tiny synthetic COCO-layout dataset
     simattn detect train --config configs/detect_shapes_cpu.yaml [--set train.epochs=2 ...] [--resume]
     simattn detect eval  --config configs/detect_shapes_cpu.yaml --weights runs/detect_shapes/checkpoint.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\
@@ -16,6 +16,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    from .shapes import DEFAULT_SHAPES_ROOT
     parser = argparse.ArgumentParser(prog="simattn detect", description="Mask R-CNN with FPN on a SimA backbone")
     sub = parser.add_subparsers(dest="action", required=True)
     for name, help_ in (("train", "train Mask R-CNN, evaluating box and mask AP"),
@@ -29,7 +30,9 @@ def _parser() -> argparse.ArgumentParser:
                                       help="continue from OUTPUT/checkpoint.pth if it exists")
     sub.choices["eval"].add_argument("--weights", required=True, help="detector checkpoint (checkpoint.pth)")
     shapes = sub.add_parser("shapes", help="write a tiny synthetic COCO-layout dataset (train and val splits)")
-    shapes.add_argument("--out", required=True, help="dataset folder")
+    shapes.add_argument("--out", default=DEFAULT_SHAPES_ROOT,
+                        help=f"dataset folder (default {DEFAULT_SHAPES_ROOT}, where configs/detect_shapes_cpu.yaml "
+                             "reads it)")
     shapes.add_argument("--train-images", type=int, default=16)
     shapes.add_argument("--val-images", type=int, default=8)
     shapes.add_argument("--size", type=int, default=128, help="image side in pixels")

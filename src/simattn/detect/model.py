@@ -11,27 +11,18 @@ __all__ = ["build_body", "build_mask_rcnn"]
 
 
 def build_body(model: Mapping[str, Any]) -> nn.Module:
-    """The timm backbone of a detection recipe's ``model`` section, with ``backbone_weights`` loaded if given.
+    """The backbone of a detection recipe's ``model`` section, started from ``backbone_weights`` if given.
 
-    Weights may be a classification checkpoint (its classifier is dropped), a DINO ``checkpoint.pth`` or
-    ``backbone.safetensors``; every other key must fit (missing/unexpected keys are reported by name).
+    Weights may be a classification checkpoint or safetensors file (its classifier is dropped), a DINO
+    ``checkpoint.pth`` or ``backbone.safetensors``, or official/timm weights; position embeddings are resized to the
+    backbone's grid (:func:`~simattn.models.factory.load_initial_weights`, whose report is printed).
     """
-    import timm
-
-    import simattn  # noqa: F401  (registers this package's models with timm)
-    from ..utils.io import load_weights
+    from ..models.factory import create_model, load_initial_weights
     name = model["backbone"]
-    if not timm.is_model(name):
-        raise ValueError(f"unknown backbone {name!r}; simattn models: {', '.join(simattn.list_models())}")
-    body = timm.create_model(name, pretrained=False, num_classes=0, drop_path_rate=model["drop_path_rate"],
-                             **model["backbone_kwargs"])
+    body = create_model(name, num_classes=0, drop_path_rate=model["drop_path_rate"], **model["backbone_kwargs"])
     if model["backbone_weights"]:
-        classifier = body.pretrained_cfg.get("classifier") or "head"
-        head_keys = classifier if isinstance(classifier, (list, tuple)) else (classifier,)
-
-        def drop_classifier(sd, _model):
-            return {k: v for k, v in sd.items() if not k.startswith(tuple(f"{h}." for h in head_keys))}
-        load_weights(body, model["backbone_weights"], filter_fn=drop_classifier)
+        report = load_initial_weights(body, model["backbone_weights"], model_name=name)
+        print(f"backbone initial weights: {report.summary()}", flush=True)
     return body
 
 

@@ -13,7 +13,10 @@ import numpy as np
 
 from ..utils.io import atomic_path, atomic_write_json
 
-__all__ = ["SHAPE_CATEGORIES", "make_shapes_dataset"]
+__all__ = ["SHAPE_CATEGORIES", "DEFAULT_SHAPES_ROOT", "make_shapes_dataset"]
+
+#: where ``simattn detect shapes`` writes by default and ``configs/detect_shapes_cpu.yaml`` reads
+DEFAULT_SHAPES_ROOT = "data/shapes"
 
 SHAPE_CATEGORIES = ({"id": 1, "name": "square"}, {"id": 2, "name": "disk"}, {"id": 3, "name": "triangle"})
 

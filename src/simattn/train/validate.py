@@ -1,35 +1,75 @@
 """``simattn validate``: top-1/top-5 accuracy and loss of a model + weights on a dataset, as JSON.
 
-The model name, its kwargs and the preprocessing come from the weights when they were written by ``simattn train``
-(safetensors metadata or a ``last.pth`` train state), so ``simattn validate --weights run/best.safetensors``
-reproduces the accuracy training reported. Resolution, crop ratio and interpolation can be changed freely.
+The model name, its kwargs and the preprocessing come from the weights' record (``simattn-weights-v1`` safetensors
+metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
+``simattn validate --weights run/best.safetensors`` reproduces the accuracy training reported. Resolution, crop
+ratio and interpolation can be changed freely. Weights holding NaN/inf are refused (naming the tensor) and the JSON
+never holds NaN: a non-finite metric is written as null with a warning.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
+from torch import nn
 
-from ..utils.io import atomic_write_json, load_weights
+from ..models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
+from ..utils.io import CheckpointError, atomic_write_json
 from ..utils.runlog import use_tqdm
-from ..models.factory import (add_model_arguments, checkpoint_filter_for, create_model, model_spec_from_weights,
-                              parse_model_kwargs)
 
-__all__ = ["validate_weights", "main"]
+__all__ = ["validate_weights", "check_finite", "resolve_device", "main"]
+
+
+def resolve_device(device: Optional[str]) -> torch.device:
+    """``device`` as a torch device (CUDA when available if None); a one-line ValueError for a name torch does not
+    know or a CUDA device on a machine without one."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def check_finite(model: nn.Module, source: str) -> None:
+    """Raise a one-line :class:`CheckpointError` naming the first parameter or buffer that holds NaN or inf."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"weights {source}: tensor {name!r} holds {bad} non-finite value(s) (NaN/inf) of "
+                                  f"{tensor.numel()}; refusing to validate them")
+
+
+def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:
+    """Non-finite floats → None (JSON null), listed under ``non_finite``."""
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    if not bad:
+        return result
+    return {**{k: (None if k in bad else v) for k, v in result.items()}, "non_finite": bad}
 
 
 def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
-             dataset: str = "digits", data_dir: Optional[str] = None, split: str = "val",
-             img_size: Optional[int] = None, crop_pct: Optional[float] = None, interpolation: Optional[str] = None,
-             batch_size: int = 64, workers: int = 0, use_ema: bool = False, device: Optional[str] = None,
-             amp: bool = False, amp_dtype: str = "bfloat16", channels_last: bool = False,
-             show_progress: bool = False) -> Dict[str, Any]:
+                     dataset: str = "digits", data_dir: Optional[str] = None, split: str = "val",
+                     img_size: Optional[int] = None, crop_pct: Optional[float] = None,
+                     interpolation: Optional[str] = None, batch_size: int = 64, workers: int = 0,
+                     use_ema: bool = False, device: Optional[str] = None, amp: bool = False,
+                     amp_dtype: str = "bfloat16", channels_last: bool = False,
+                     show_progress: bool = False) -> Dict[str, Any]:
     """Evaluate ``weights`` (checkpoint or safetensors) on ``dataset``/``split``; returns metrics and settings.
 
-    ``model``/``model_kwargs`` default to what the weights record; the number of classes must match the dataset.
+    ``model``/``model_kwargs`` default to what the weights record; the number of classes must match the dataset
+    (weights that do not record it get the dataset's). Non-finite metrics are None (listed in ``non_finite``).
     """
     from timm.data import resolve_data_config
 
@@ -38,31 +78,28 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from .loop import evaluate
 
     weights = Path(weights)
-    if not weights.is_file():
-        raise FileNotFoundError(f"weights not found: {weights}")
-    spec = model_spec_from_weights(weights)
-    if model is None:
-        if spec is None:
-            raise ValueError(f"{weights} does not record its model: pass --model")
-        model = spec["model"]
-    kwargs = dict(spec["config"]) if spec is not None and spec["model"] == model else {}
-    kwargs.update(model_kwargs or {})
-
+    dev = resolve_device(device)
+    stored = model_spec_from_weights(weights)
     data = create_dataset(dataset, data_dir, split)
     n_classes = len(dataset_classes(data))
-    kwargs.setdefault("num_classes", n_classes)
-    if kwargs["num_classes"] != n_classes:
-        raise ValueError(f"model {model} has {kwargs['num_classes']} classes but dataset {dataset!r} has {n_classes}")
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    net = create_model(model, **kwargs)
-    load_weights(net, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(model))
+    kwargs = dict(model_kwargs or {})
+    if (stored is None or stored.get("num_classes") is None) and "num_classes" not in kwargs:
+        kwargs["num_classes"] = n_classes
+    net, spec = load_model(model, weights, kwargs, use_ema=use_ema)
+    if not spec["num_classes"]:
+        raise ValueError(f"weights {weights} hold {spec['model']} without a classifier head (num_classes=0, e.g. a "
+                         "DINO backbone): validate needs logits; evaluate it with simattn ssl eval (k-NN, linear "
+                         "probe) or fine-tune it with simattn train --initial-checkpoint")
+    if spec["num_classes"] != n_classes:
+        raise ValueError(f"model {spec['model']} has {spec['num_classes']} classes but dataset {dataset!r} has "
+                         f"{n_classes}")
+    check_finite(net, str(weights))
     net.to(dev)
     if channels_last:
         net.to(memory_format=torch.channels_last)
 
     # the preprocessing the weights were trained/evaluated with, then the requested changes
-    data_config = dict(spec["data_config"]) if spec is not None and spec.get("data_config") else \
+    data_config = dict(spec["data_config"]) if spec.get("data_config") else \
         {k: list(v) if isinstance(v, tuple) else v for k, v in resolve_data_config({}, model=net).items()}
     if img_size:
         data_config["input_size"] = [data_config["input_size"][0], int(img_size), int(img_size)]
@@ -74,10 +111,10 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     loader = build_eval_loader(data, batch_size, workers)
     metrics = evaluate(net, loader, dev, amp=amp, amp_dtype=amp_dtype, channels_last=channels_last,
                        show_progress=show_progress, desc="validate")
-    return {"model": model, "weights": str(weights), "use_ema": use_ema, "dataset": dataset, "split": split,
-            "img_size": data_config["input_size"][-1], "crop_pct": data_config["crop_pct"],
-            "interpolation": data_config["interpolation"], "params": sum(p.numel() for p in net.parameters()),
-            **metrics}
+    return _finite_json({"model": spec["model"], "weights": str(weights), "use_ema": use_ema, "dataset": dataset,
+                         "split": split, "img_size": data_config["input_size"][-1],
+                         "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
+                         "params": sum(p.numel() for p in net.parameters()), **metrics})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,7 +146,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
                               use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
                               channels_last=args.channels_last, show_progress=use_tqdm())
+    if result.get("non_finite"):
+        print(f"warning: non-finite {', '.join(result['non_finite'])} (written as null)", file=sys.stderr)
+    print(json.dumps(result, indent=2, allow_nan=False), flush=True)  # the numbers first, whatever happens next
     if args.output:
-        atomic_write_json(result, args.output)
-    print(json.dumps(result, indent=2))
+        try:
+            atomic_write_json(result, args.output)
+        except OSError as e:
+            raise ValueError(f"--output {args.output}: cannot write the results ({e.strerror or e}); they are "
+                             "printed above") from None
     return 0
