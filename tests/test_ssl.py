@@ -38,7 +38,7 @@ def test_recipe_defaults_yaml_and_overrides(tmp_path):
     assert DEFAULTS["model"]["kwargs"] == {}  # defaults untouched
     with pytest.raises(ValueError, match="unknown key 'train.epoch'"):
         load_recipe(DEFAULTS, None, ["train.epoch=3"])
-    with pytest.raises(ValueError, match="section.key=value"):
+    with pytest.raises(ValueError, match="is not KEY=VALUE"):
         load_recipe(DEFAULTS, None, ["train.epochs"])
     with pytest.raises(FileNotFoundError, match="recipe file not found"):
         load_recipe(DEFAULTS, str(tmp_path / "missing.yaml"))

@@ -19,6 +19,7 @@ from torch import nn
 from ..utils.runlog import RunLog, progress
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, load_weights
+from ..utils.recipe import DETECT_SCHEMA, defaults_of
 from ..utils.timing import set_threads
 from .data import CocoInstances, collate_detection
 from .evaluate import evaluate_coco
@@ -26,54 +27,9 @@ from .model import build_mask_rcnn
 
 __all__ = ["DEFAULTS", "train", "load_datasets"]
 
-#: Every recipe key with its default (XCiT-S12/16 → SimA with Mask R-CNN on COCO, the paper's Table 4).
-DEFAULTS: Dict[str, Any] = {
-    "model": {
-        "backbone": "sima_small_12_p16",
-        "backbone_kwargs": {},  # extra timm.create_model arguments
-        "backbone_weights": None,  # classification or DINO weights (.pth / .safetensors)
-        "drop_path_rate": 0.05,
-        "out_indices": [3, 5, 7, 11],  # blocks 4, 6, 8, 12 (1-based)
-        "strides": [4, 8, 16, 32],
-        "fpn_channels": 256,
-        "box_head_dim": 1024,
-        "mask_head_channels": 256,
-        "min_size": 800,  # a list gives multi-scale training
-        "max_size": 1333,
-        "maskrcnn": {},  # extra torchvision MaskRCNN arguments (rpn_batch_size_per_image, ...)
-    },
-    "data": {
-        "train_images": None,
-        "train_annotations": None,
-        "val_images": None,
-        "val_annotations": None,
-        "hflip_prob": 0.5,
-        "workers": 4,
-    },
-    "train": {
-        "epochs": 36,
-        "batch_size": 16,  # total over all processes
-        "optimizer": "adamw",
-        "lr": 1e-4,
-        "weight_decay": 0.05,
-        "warmup_steps": 500,
-        "warmup_ratio": 0.001,  # warm-up starts at lr × this
-        "lr_decay_epochs": [27, 33],
-        "lr_decay_rate": 0.1,
-        "clip_grad": None,
-        "amp": True,  # fp16 autocast + loss scaling on CUDA (ignored on CPU)
-        "max_steps": None,  # stop early after this many optimizer steps (smoke runs)
-        "seed": 0,
-        "save_every": 1,
-        "device": None,
-        "threads": None,  # CPU intra-op threads (null: torch's default)
-    },
-    "eval": {
-        "every": 1,  # epochs between evaluations (0: only at the end)
-        "batch_size": 2,
-    },
-    "output": "runs/detect",
-}
+#: Every recipe key with its default (XCiT-S12/16 → SimA with Mask R-CNN on COCO, the paper's Table 4); types, ranges and help texts are in
+#: :data:`simattn.utils.recipe.DETECT_SCHEMA`.
+DEFAULTS = defaults_of(DETECT_SCHEMA)
 
 _LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
 

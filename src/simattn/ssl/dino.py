@@ -27,6 +27,7 @@ from torch import nn
 
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint
+from ..utils.recipe import SSL_SCHEMA, defaults_of
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
@@ -35,70 +36,9 @@ from ..utils.runlog import RunLog, progress
 __all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
            "build_multicrop_transform", "pretrain"]
 
-#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5).
-DEFAULTS: Dict[str, Any] = {
-    "model": {
-        "name": "sima_small_12_p16",  # a registered model (simattn.models.factory.create_model)
-        "drop_path_rate": 0.1,  # student only; the teacher has none
-        "kwargs": {},  # extra create_model arguments (img_size, depth, attn_type, ...)
-        "weights": None,  # initial backbone weights: classification, official/timm or DINO weights (.pth/.safetensors)
-    },
-    "head": {
-        "hidden_dim": 2048,
-        "bottleneck_dim": 256,
-        "output_dim": 65536,  # prototypes K
-        "norm_last_layer": True,  # weight-normalized last layer with fixed norm (stabler for ViTs)
-        "batch_norm": False,  # BatchNorm in the head's MLP (DINO's ResNet setting; guards tiny runs against collapse)
-        "freeze_last_layer_epochs": 1,
-    },
-    "data": {
-        "name": "folder",  # 'digits' (embedded) or 'folder' (root/train, root/val ImageFolder)
-        "root": None,
-        "workers": 8,
-        "global_crop_size": 224,
-        "global_crop_scale": [0.25, 1.0],
-        "local_crop_size": 96,
-        "local_crop_scale": [0.05, 0.25],
-        "n_local_views": 10,
-        "augment": {},  # extra lightly DINOTransform arguments (hf_prob, cj_prob, sigmas, solarization_prob, ...)
-    },
-    "train": {
-        "epochs": 100,
-        "batch_size": 256,  # total over all processes
-        "lr": 2.5e-4,  # peak learning rate for this batch size
-        "min_lr": 1e-6,
-        "warmup_epochs": 10,
-        "optimizer": "adamw",
-        "weight_decay": 0.04,
-        "weight_decay_end": 0.4,
-        "momentum_teacher": 0.996,  # cosine schedule to 1.0
-        "teacher_temp": 0.04,  # sharpening
-        "warmup_teacher_temp": 0.04,
-        "warmup_teacher_temp_epochs": 0,
-        "student_temp": 0.1,
-        "center_momentum": 0.9,  # centering
-        "clip_grad": 3.0,  # max grad norm of each parameter tensor (as DINO clips); null disables
-        "amp": True,  # fp16 autocast + loss scaling on CUDA (ignored on CPU)
-        "seed": 0,
-        "save_every": 1,  # epochs between checkpoints (the last epoch is always saved)
-        "device": None,  # 'cpu', 'cuda' or null (CUDA when available)
-        "threads": None,  # CPU intra-op threads (null: torch's default); 1 is fastest for tiny models on busy CPUs
-    },
-    "eval": {
-        "every": 0,  # evaluate every N epochs (0: only at the end)
-        "compare_random_init": False,  # also evaluate the backbone before training
-        "recalibrate_bn": False,  # re-estimate BatchNorm statistics on the eval training images first
-        "img_size": 224,
-        "crop_pct": 0.875,
-        "batch_size": 256,
-        "knn_k": 20,
-        "knn_temperature": 0.07,
-        "linear_epochs": 100,  # 0 disables the linear probe
-        "linear_lr": 1e-3,
-        "linear_batch_size": 256,
-    },
-    "output": "runs/ssl",
-}
+#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types, ranges and help texts are in
+#: :data:`simattn.utils.recipe.SSL_SCHEMA`.
+DEFAULTS = defaults_of(SSL_SCHEMA)
 
 
 def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0, load_weights: bool = True) -> nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
-from .config import add_config_arguments, list_recipes, load_config, overrides_from_args
+from .config import TrainConfig, add_config_arguments, list_recipes, load_config, overrides_from_args
 
 __all__ = ["main", "build_parser"]
 
@@ -14,9 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="simattn train",
         description="Train a model from a YAML recipe; every recipe option can be overridden on the command line. "
                     "Under torchrun each process trains a shard (DDP); the learning rate follows the global batch.",
-        epilog="shipped recipes: " + ", ".join(list_recipes()))
-    parser.add_argument("-c", "--config", metavar="RECIPE",
-                        help="recipe: a YAML file or a shipped recipe name (default: built-in defaults)")
+        epilog="shipped recipes: " + ", ".join(list_recipes(TrainConfig)))
     add_config_arguments(parser)
     return parser
 

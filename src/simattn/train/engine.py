@@ -19,10 +19,17 @@ Extending the engine (e.g. distillation) — subclass :class:`Trainer` and run i
 
 Attributes a subclass needs (a teacher model, ...) are set before calling ``super().__init__``, since the
 constructor already resumes (and so calls ``load_extra_state``).
+
+Run folder rules (:mod:`simattn.utils.runs`): a run never writes into a folder holding another run's files unless
+``overwrite``; resuming checks that model, model kwargs and data match the checkpoint. A non-finite loss stops the
+run with a one-line :class:`FloatingPointError` (after ``max_nonfinite_steps`` skipped updates), and weights with
+non-finite values are never written.
 """
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +47,8 @@ from torch import nn
 from ..models.factory import create_model
 from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, load_weights
+from ..utils.recipe import recipe_name, recipe_to_save
+from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
 from ..utils.timing import set_threads
 from .checkpoint import (capture_rng_state, export_weights, load_train_state, restore_rng_state, save_train_state,
                          weights_metadata)
@@ -49,8 +58,15 @@ from .loader import build_eval_loader, build_mixup, build_train_loader, build_tr
 from ..utils.runlog import progress, use_tqdm
 from .loop import autocast, evaluate
 
-__all__ = ["train", "Trainer", "TrainResult", "open_datasets", "build_model", "build_optimizer",
-           "build_scheduler"]
+__all__ = ["train", "Trainer", "TrainResult", "RUN_FILES", "open_datasets", "build_model", "build_optimizer",
+           "build_scheduler", "summary_table"]
+
+#: the files a training run writes into its folder (``overwrite`` deletes them before a fresh run)
+RUN_FILES = ("last.pth", "best.safetensors", "final.safetensors", "final_ema.safetensors", "metrics.jsonl",
+             "summary.json", "summary.csv", "config.yaml")
+#: summary.csv columns (timm's train.py layout) and the history keys they come from
+CSV_COLUMNS = {"epoch": "epoch", "train_loss": "train_loss", "eval_loss": "val_loss", "eval_top1": "val_top1",
+               "eval_top5": "val_top5", "lr": "lr"}
 
 
 @dataclass
@@ -117,14 +133,26 @@ class Trainer:
         dist = dist if dist is not None else init_distributed(cfg.device)
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         self._model_factory = model_factory
-        self.out = Path(cfg.output)
         set_threads(cfg.threads)
         self.show_bars = use_tqdm(dist.is_main)
+        # where the run writes, checked before any work (nothing is written until the resume state proved valid)
+        self.resume_path = self._resume_path()
+        self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), "train", self.resume_path)
+        check_run_folder(self.out, self.resume_path, cfg.overwrite)
+        resume_state = load_train_state(self.resume_path, cfg.model) if self.resume_path is not None else None
 
         train_set, val_set, self.num_classes = open_datasets(cfg)
         # identical initial weights on every rank; the per-rank seed for training randomness comes after
         torch.manual_seed(cfg.seed)
         self.model, self.model_kwargs = self.build_model(self.num_classes)
+        self.initial_weights: Optional[Dict[str, Any]] = None
+        if cfg.initial_checkpoint and resume_state is None:  # a resumed run's weights come from its checkpoint
+            from ..models.factory import load_initial_weights
+            report = load_initial_weights(self.model, cfg.initial_checkpoint, model_name=cfg.model)
+            self.initial_weights = {"path": str(cfg.initial_checkpoint), "summary": report.summary(),
+                                    **{k: len(v) for k, v in report.as_dict().items() if isinstance(v, list)}}
+            if dist.is_main:
+                print(f"initial weights: {report.summary()}", flush=True)
         random_seed(cfg.seed, dist.rank)
 
         self.data_config = data_config_for(self.model, cfg)
@@ -169,17 +197,24 @@ class Trainer:
         # run state (a fresh run; _resume overwrites it)
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.loss_sum, self.samples, self.train_skipped = 0.0, 0, 0
+        self.nonfinite_skipped, self._skip_update = 0, False
+        self.train_time_base, self._segment_start = 0.0, time.perf_counter()
         self.best: Dict[str, Any] = {"top1": -1.0, "epoch": -1}
         self.last_eval: Optional[Dict[str, Any]] = None
         self.history: List[Dict[str, Any]] = []
-        keep_records = self._resume() if cfg.resume else None
-        if keep_records is None:
-            self._check_fresh_output()
+        keep_records = self._resume(resume_state) if resume_state is not None else None
 
         # only now (the resume checkpoint was valid) may files in the run folder change
-        self.log = RunLog(self.out, dist.is_main, keep_records)
+        in_place = self.resume_path is not None and self.resume_path.resolve().parent == self.out.resolve()
+        barrier()
         if dist.is_main:
-            atomic_write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), self.out / "config.yaml")
+            claim_run_folder(self.out, cfg.overwrite, () if in_place else RUN_FILES)
+        source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
+        self.log = RunLog(self.out, dist.is_main, keep_records, source=source)
+        if dist.is_main:
+            atomic_write_text(yaml.safe_dump(recipe_to_save(cfg), sort_keys=False), self.out / "config.yaml")
+            if self.initial_weights is not None:
+                self.log.record("initial_weights", **self.initial_weights)
 
         self.forward_model = torch.compile(self.model) if cfg.compile else self.model
         if dist.distributed:
@@ -210,14 +245,39 @@ class Trainer:
         return {}
 
     # ----- checkpoints
-    def _check_fresh_output(self) -> None:
-        if (self.out / "last.pth").exists() and not self.cfg.overwrite:
-            raise ValueError(f"{self.out} already holds a run (last.pth): pass --resume to continue it, "
-                             "--overwrite to replace it, or another --output")
+    def _resume_path(self) -> Optional[Path]:
+        if self.cfg.resume is None:
+            return None
+        if self.cfg.resume == "auto":
+            if not self.cfg.output:
+                raise ValueError("--resume without a path continues <output>/last.pth, so it needs --output (or "
+                                 "give the checkpoint: --resume RUN/last.pth)")
+            return Path(self.cfg.output) / "last.pth"
+        return Path(self.cfg.resume)
 
-    def _resume(self) -> Optional[int]:
-        path = self.out / "last.pth" if self.cfg.resume == "auto" else Path(self.cfg.resume)
-        state = load_train_state(path, self.cfg.model)
+    def _check_same_run(self, path: Path, state: Dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint of another model or data (a one-line CheckpointError naming them)."""
+        saved = state.get("config") or {}
+        saved_kwargs = dict(state.get("model_kwargs") or {})
+        pairs = [
+            ("model_kwargs", saved.get("model_kwargs", {}), self.cfg.model_kwargs),
+            ("dataset", str(saved.get("dataset", self.cfg.dataset)).lower(), str(self.cfg.dataset).lower()),
+            ("data_dir", saved.get("data_dir", self.cfg.data_dir), self.cfg.data_dir),
+            ("num_classes", saved_kwargs.get("num_classes", self.num_classes), self.num_classes),
+            ("input size", list((state.get("data_config") or {}).get("input_size", self.data_config["input_size"])),
+             list(self.data_config["input_size"])),
+        ]
+        if self.cfg.model_ema != ("model_ema" in state):
+            pairs.append(("model_ema", "model_ema" in state, self.cfg.model_ema))
+        diffs = [f"{name} {old!r} vs {new!r}" for name, old, new in pairs if old != new]
+        if diffs:
+            raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
+                                  "(checkpoint vs this run); resume with the run's own options (its config.yaml), "
+                                  "or start a new run from its weights with --initial-checkpoint")
+
+    def _resume(self, state: Dict[str, Any]) -> int:
+        path = self.resume_path
+        self._check_same_run(path, state)
         load_weights(self.model, path)
         if self.ema is not None:
             if "model_ema" not in state:
@@ -244,6 +304,8 @@ class Trainer:
         self.last_eval = state.get("last_eval")
         self.history = list(state.get("history", []))
         self.train_skipped = int(state.get("train_skipped", 0))
+        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
+        self.train_time_base = float(state.get("train_time_s", 0.0))
         self.load_extra_state(dict(state.get("extra") or {}))
         ranks = state.get("ranks", [])
         saved_world = int(state.get("world_size", 1))
@@ -265,6 +327,10 @@ class Trainer:
                   f" (global update {self.global_step})", flush=True)
         return int(state.get("metrics_records", 0))
 
+    def train_time(self) -> float:
+        """Seconds spent training, over every session of this run (resumed ones included)."""
+        return self.train_time_base + time.perf_counter() - self._segment_start
+
     def _save_state(self) -> None:
         """Write last.pth (rank 0) from every rank's RNG state and partial-epoch sums (a collective call)."""
         mine = {"rng": capture_rng_state(), "loss_sum": float(self.loss_sum), "samples": int(self.samples)}
@@ -285,14 +351,18 @@ class Trainer:
             "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
             "updates_per_epoch": self.updates_per_epoch, "world_size": self.dist.world_size, "ranks": ranks,
             "best": self.best, "last_eval": self.last_eval, "history": self.history,
-            "train_skipped": self.train_skipped, "metrics_records": self.log.records,
+            "train_skipped": self.train_skipped, "nonfinite_skipped": self.nonfinite_skipped,
+            "metrics_records": self.log.records, "train_time_s": self.train_time(),
             "extra": self.extra_state(),
         }
+        _require_finite(self.model, "the model")
         if self.ema is not None:
+            _require_finite(self.ema.module, "the EMA model")
             state["model_ema"] = self.ema.module.state_dict()
         save_train_state(self.out / "last.pth", state)
 
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
+        _require_finite(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, recipe=self.cfg.recipe or "",
                                 **{**self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
@@ -339,13 +409,22 @@ class Trainer:
         with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
             with autocast(self.device, cfg.amp, cfg.amp_dtype):
                 loss = self.compute_loss(images, target)
+            # one host sync per micro-batch: a non-finite loss must never reach the weights (all ranks agree, so
+            # they skip the same backward passes and DDP's gradient all-reduce stays in step)
+            finite = torch.isfinite(loss.detach()).to(torch.float32)
+            if self.dist.distributed:
+                torch_dist.all_reduce(finite, op=torch_dist.ReduceOp.MIN)
+            if not bool(finite):
+                self._skip_nonfinite(float(loss.detach()))
+                return
+            step_now = update and not self._skip_update
             scaled = loss / cfg.grad_accum_steps
             if self.scaler is not None:  # timm NativeScaler: scaled backward, unscale + clip + step on updates
                 self.scaler(scaled, self.optimizer, clip_grad=cfg.clip_grad, clip_mode=cfg.clip_mode,
-                            parameters=params, need_update=update)
+                            parameters=params, need_update=step_now)
             else:
                 scaled.backward()
-                if update:
+                if step_now:
                     if cfg.clip_grad is not None:
                         dispatch_clip_grad(params, cfg.clip_grad, mode=cfg.clip_mode)
                     self.optimizer.step()
@@ -353,9 +432,28 @@ class Trainer:
         self._pending_samples += n
         self._epoch_seen += n
 
+    def _skip_nonfinite(self, value: float) -> None:
+        """Skip the update a non-finite loss belongs to, or stop the run once more than max_nonfinite_steps
+        updates were skipped."""
+        self.nonfinite_skipped += 1
+        where = f"epoch {self.epoch + 1}, update {self.step_in_epoch + 1}/{self.updates_per_epoch}"
+        limit = self.cfg.max_nonfinite_steps
+        if self.nonfinite_skipped > limit:
+            raise FloatingPointError(
+                f"training diverged: the loss is {value} at {where} ({self.nonfinite_skipped} non-finite so far, "
+                f"max_nonfinite_steps={limit}); no weights were written from this point. Lower the learning rate "
+                f"(lr {self.lr:.3g}), set clip_grad, or resume from the last checkpoint")
+        self._skip_update = True
+        self.optimizer.zero_grad(set_to_none=True)
+        self.log.info(f"warning: non-finite loss ({value}) at {where}: update skipped "
+                      f"({self.nonfinite_skipped} of at most {limit})")
+        self.log.record("nonfinite", epoch=self.epoch + 1, step=self.step_in_epoch + 1, loss=None,
+                        skipped=self.nonfinite_skipped)
+
     def _after_update(self) -> None:
         cfg = self.cfg
         self.optimizer.zero_grad(set_to_none=True)
+        self._skip_update = False
         self.global_step += 1
         self.step_in_epoch += 1
         if self.ema is not None:
@@ -396,7 +494,7 @@ class Trainer:
                  f"{cfg.dataset}, {self.dist.world_size} process(es) × batch {cfg.batch_size} × accum "
                  f"{cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} epochs × {self.updates_per_epoch} updates,"
                  f" device {self.device}, output {self.out}")
-        start = time.perf_counter()
+        self._segment_start = time.perf_counter()
         while self.epoch < self.num_epochs:
             epoch_start = time.perf_counter()
             self._train_epoch()
@@ -409,8 +507,12 @@ class Trainer:
                 self._evaluate_into(record)
             record["epoch_time_s"] = time.perf_counter() - epoch_start
             record["train_skipped"] = self.train_skipped
-            self.history.append({k: record[k] for k in ("epoch", "train_loss", "val_top1", "val_loss") if k in record})
+            record["nonfinite_skipped"] = self.nonfinite_skipped
+            self.history.append({k: record[k] for k in ("epoch", "train_loss", "val_top1", "val_top5", "val_loss", "lr")
+                                 if k in record})
             log.record("epoch", **record)
+            if "val_top1" in record:
+                self._write_summary_csv()
             log.info("epoch {epoch}/{n}: train loss {train_loss:.4f}".format(n=self.num_epochs, **record)
                      + (f", val top-1 {record['val_top1']:.2f}% top-5 {record['val_top5']:.2f}% loss "
                         f"{record['val_loss']:.4f}" if "val_top1" in record else "")
@@ -421,8 +523,19 @@ class Trainer:
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self.loss_sum, self.samples = 0.0, 0
             self._save_state()
-        train_time = time.perf_counter() - start
-        return self._finish(train_time)
+        return self._finish(self.train_time())
+
+    def _write_summary_csv(self) -> None:
+        """timm's summary.csv: one row per evaluated epoch, rewritten whole (atomically)."""
+        if not self.dist.is_main:
+            return
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(CSV_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        for row in self.history:
+            if "val_top1" in row:
+                writer.writerow({col: row.get(key, "") for col, key in CSV_COLUMNS.items()})
+        atomic_write_text(text.getvalue(), self.out / "summary.csv")
 
     def _evaluate_into(self, record: Dict[str, Any]) -> None:
         """Validate the model (and EMA) into ``record``; export best.safetensors when top-1 improved."""
@@ -451,19 +564,30 @@ class Trainer:
             "ema": {k[8:]: final[k] for k in ("ema_val_top1", "ema_val_top5", "ema_val_loss") if k in final} or None,
             "best": self.best, "history": self.history,
             "skipped_unreadable": {"train": self.train_skipped, "val": final.get("val_skipped", 0)},
+            "nonfinite_skipped": self.nonfinite_skipped, "initial_weights": self.initial_weights,
             "train_time_s": train_time, "data_config": self.data_config,
             "files": {name: str(self.out / name) for name in
-                      ["last.pth", "best.safetensors", "final.safetensors", "metrics.jsonl", "config.yaml"]
-                      + (["final_ema.safetensors"] if self.ema is not None else [])},
+                      ["last.pth", "best.safetensors", "final.safetensors", "metrics.jsonl", "summary.csv",
+                       "config.yaml"] + (["final_ema.safetensors"] if self.ema is not None else [])},
         }
         if self.dist.is_main:
+            self.log.info(summary_table(summary))  # the results are shown before anything else is written
             self._export(self.model, "final.safetensors", epoch=self.num_epochs, metrics=summary["final"])
             if self.ema is not None:
                 self._export(self.ema.module, "final_ema.safetensors", epoch=self.num_epochs, metrics=summary["ema"])
             atomic_write_json(summary, self.out / "summary.json")
-            self.log.info(summary_table(summary))
         barrier()
         return TrainResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out)
+
+
+def _require_finite(module: nn.Module, what: str) -> None:
+    """Refuse to write weights with NaN or infinite values (a diverged run must not ship as a good one)."""
+    bad = [name for name, t in module.state_dict().items()
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise FloatingPointError(f"training diverged: {what} has non-finite values in {len(bad)} tensors "
+                                 f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); not writing them. Lower "
+                                 "the learning rate, set clip_grad, or resume from the last checkpoint")
 
 
 def summary_table(summary: Dict[str, Any]) -> str:
@@ -481,9 +605,10 @@ def summary_table(summary: Dict[str, Any]) -> str:
     skipped = summary["skipped_unreadable"]
     rows += [
         ["unreadable images skipped", f"train {skipped['train']}, val {skipped['val']}"],
+        ["non-finite updates skipped", f"{summary.get('nonfinite_skipped', 0)}"],
         ["train time", f"{summary['train_time_s']:.1f}s"],
         ["output", f"{Path(summary['files']['last.pth']).parent}/ (final.safetensors, best.safetensors, last.pth, "
-                   "metrics.jsonl, summary.json)"],
+                   "metrics.jsonl, summary.json, summary.csv)"],
     ]
     return format_table(["summary", ""], rows)
 

@@ -1,12 +1,11 @@
 """What a run tells people: progress lines (rank 0 only), ``metrics.jsonl`` records, and plain-text tables."""
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any, List, Optional, Sequence
 
-from ..utils.io import atomic_write_text
+from ..utils.io import atomic_write_text, json_dumps
 
 __all__ = ["RunLog", "format_table"]
 
@@ -15,18 +14,21 @@ class RunLog:
     """Prints (main process only) and appends JSON records to ``<output>/metrics.jsonl``.
 
     ``keep_records``: when resuming, the file is cut back to the records the checkpoint had seen, so records of
-    steps that are about to be redone are not duplicated.
+    steps that are about to be redone are not duplicated; ``source`` is the metrics file of the run being resumed
+    when it lives in another folder. Non-finite numbers are written as null (JSON has no NaN).
     """
 
-    def __init__(self, output: Path, enabled: bool, keep_records: Optional[int] = None) -> None:
+    def __init__(self, output: Path, enabled: bool, keep_records: Optional[int] = None,
+                 source: Optional[Path] = None) -> None:
         self.enabled = enabled
         self.path = Path(output) / "metrics.jsonl"
         self.records = 0
         if not enabled:
             return
         kept: List[str] = []
-        if keep_records and self.path.is_file():
-            kept = self.path.read_text().splitlines()[:keep_records]
+        source = Path(source) if source is not None else self.path
+        if keep_records and source.is_file():
+            kept = source.read_text().splitlines()[:keep_records]
         atomic_write_text("".join(line + "\n" for line in kept), self.path)
         self.records = len(kept)
 
@@ -39,7 +41,7 @@ class RunLog:
         if not self.enabled:
             return
         with self.path.open("a") as f:
-            f.write(json.dumps({"type": kind, **fields, "time": round(time.time(), 3)}) + "\n")
+            f.write(json_dumps({"type": kind, **fields, "time": round(time.time(), 3)}) + "\n")
         self.records += 1
 
 

@@ -5,7 +5,9 @@ file is either left intact or replaced whole.
 """
 from __future__ import annotations
 
+import io
 import json
+import math
 import os
 import tempfile
 from contextlib import contextmanager
@@ -18,7 +20,8 @@ from torch import nn
 PathLike = Union[str, os.PathLike]
 
 __all__ = [
-    "atomic_path", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "load_checkpoint",
+    "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
+    "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "save_safetensors", "read_safetensors_metadata", "CheckpointError",
 ]
 
@@ -27,12 +30,20 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the model."""
 
 
+#: prefix/suffix of the temporary files :func:`atomic_path` creates (``.<name>.<random>.tmp``)
+TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
+
+
 @contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on error removed."""
+    """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on error removed.
+
+    A process killed in between leaves ``.<name>.<random>.tmp`` behind (never a half-written ``path``):
+    :func:`remove_stale_temp_files` clears those.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
     tmp = Path(tmp)
     try:
@@ -46,19 +57,65 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
+def stale_temp_files(folder: PathLike) -> list:
+    """Temporary files :func:`atomic_path` left in ``folder`` when a writer was killed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.startswith(TEMP_PREFIX)
+                  and p.name.endswith(TEMP_SUFFIX) and p.name.count(".") >= 3)
+
+
+def remove_stale_temp_files(folder: PathLike) -> list:
+    """Delete :func:`stale_temp_files` (only call this where no other process is writing); returns them."""
+    stale = stale_temp_files(folder)
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return stale
+
+
+def atomic_write_bytes(data: bytes, path: PathLike) -> None:
+    """Write ``data`` to ``path`` atomically and durably (flushed to disk before the rename).
+
+    Serializers are run into memory first and the bytes written here, so a full disk or a read-only folder is a
+    plain :class:`OSError` (``ENOSPC``, ``EACCES``) rather than a library's internal error.
+    """
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+
 def atomic_torch_save(obj: Any, path: PathLike) -> None:
     """``torch.save`` that never leaves a truncated file at ``path``."""
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write_bytes(buffer.getbuffer(), path)
 
 
 def atomic_write_text(text: str, path: PathLike) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    atomic_write_bytes(text.encode("utf-8"), path)
+
+
+def finite_json(obj: Any) -> Any:
+    """``obj`` with every non-finite float (NaN, ±inf) replaced by None: JSON has no NaN."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def json_dumps(obj: Any, **kwargs: Any) -> str:
+    """Strict JSON text of ``obj`` (non-finite floats as null, other objects as their ``str``)."""
+    return json.dumps(finite_json(obj), allow_nan=False, default=str, **kwargs)
 
 
 def atomic_write_json(obj: Any, path: PathLike) -> None:
-    atomic_write_text(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", path)
+    atomic_write_text(json_dumps(obj, indent=2, sort_keys=False) + "\n", path)
 
 
 def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu") -> Dict[str, Any]:
@@ -66,6 +123,8 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
     if path.suffix == ".safetensors":
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -75,8 +134,12 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
             raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
+    except OSError:
+        raise
     except Exception as e:  # torch raises many types for corrupt files (RuntimeError, EOFError, UnpicklingError)
-        raise CheckpointError(f"cannot read checkpoint {path}: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+        reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
+        raise CheckpointError(f"cannot read checkpoint {path} (truncated or not a checkpoint): {reason}") from None
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return dict(obj)
@@ -132,12 +195,11 @@ def _names(items, limit: int = 8) -> str:
 def save_safetensors(model_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], path: PathLike,
                      metadata: Optional[Mapping[str, Any]] = None) -> None:
     """Write weights as safetensors (atomically); ``metadata`` values are JSON-encoded (e.g. model name, config)."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     sd = model_or_sd.state_dict() if isinstance(model_or_sd, nn.Module) else model_or_sd
     sd = {k: v.detach().cpu().contiguous() for k, v in sd.items()}
-    meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in (metadata or {}).items()}
-    with atomic_path(path) as tmp:
-        save_file(sd, str(tmp), metadata=meta)
+    meta = {k: v if isinstance(v, str) else json_dumps(v) for k, v in (metadata or {}).items()}
+    atomic_write_bytes(save(sd, metadata=meta), path)
 
 
 def read_safetensors_metadata(path: PathLike) -> Dict[str, str]:

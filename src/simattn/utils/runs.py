@@ -1,0 +1,110 @@
+"""Run folders: where a run writes, and the rule that keeps runs from writing over each other.
+
+Every command that trains (``train``, ``ssl train``, ``detect train``, ``convert``) calls :func:`open_run_folder`:
+
+- no output given: ``runs/<recipe>/<date-time>`` (a new folder every time; resuming defaults to the checkpoint's
+  folder);
+- the folder may not hold files of another run, whichever they are, unless ``overwrite`` (then the task's own
+  output files are deleted first); resuming into the folder of the checkpoint being resumed is the one exception;
+- the output must be a writable folder (not a file, not under a file, not read-only): checked before any work;
+- temporary files left by killed writers (:func:`simattn.utils.io.stale_temp_files`) are removed.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Optional
+
+from .io import remove_stale_temp_files, stale_temp_files
+
+__all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder"]
+
+
+def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
+    """``runs/<name or task>/<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3`` ... appended if that folder exists."""
+    base = Path(root) / (name or task) / time.strftime("%Y%m%d-%H%M%S")
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return out
+
+
+def resolve_output(output: Optional[str], name: Optional[str], task: str,
+                   resume_from: Optional[Path] = None) -> Path:
+    """The run folder: ``output``, else the folder of the checkpoint being resumed, else :func:`default_output`.
+
+    Under torchrun every process gets rank 0's answer (the default holds the time of day).
+    """
+    if output:
+        return Path(output)
+    if resume_from is not None:
+        return Path(resume_from).parent
+    import torch.distributed as dist
+    chosen = [str(default_output(name, task))]
+    if dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(chosen, src=0)
+    return Path(chosen[0])
+
+
+def _first_file_on_path(path: Path) -> Optional[Path]:
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: bool = False,
+                     flag: str = "--overwrite") -> None:
+    """Raise a one-line ValueError if a run may not write to ``out`` (reads only; safe on every process)."""
+    blocker = _first_file_on_path(Path(out))
+    if blocker is not None:
+        where = "is a file" if blocker == Path(out) else f"is under {blocker}, which is a file"
+        raise ValueError(f"output {out} {where}, not a folder: choose another --output")
+    if not Path(out).is_dir() or overwrite:
+        return
+    stale = set(stale_temp_files(out))
+    present = sorted(p.name for p in Path(out).iterdir() if p not in stale)
+    if not present:
+        return
+    if resume_from is not None and Path(resume_from).resolve().parent == Path(out).resolve():
+        return
+    shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
+    if resume_from is not None:
+        what = (f"{out} holds another run's files ({shown}), and the checkpoint being resumed ({resume_from}) is "
+                f"not in it: resume into the checkpoint's own folder (leave --output out), pick an empty --output, "
+                f"or pass {flag} to replace them")
+    else:
+        hint = "pass --resume to continue it, " if any(n in present for n in ("last.pth", "checkpoint.pth")) else ""
+        what = (f"{out} already holds files ({shown}) of another run: {hint}choose another --output, or pass {flag} "
+                "to replace them")
+    raise ValueError(what)
+
+
+def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str] = ()) -> None:
+    """Create ``out``, make sure it is writable, remove stale temporary files and, with ``overwrite``, the files
+    named in ``replaced`` (the task's outputs). Main process only."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=out)  # read-only folders fail here, before any work
+    os.close(fd)
+    os.unlink(probe)
+    remove_stale_temp_files(out)
+    if overwrite:
+        for name in replaced:
+            (out / name).unlink(missing_ok=True)
+
+
+def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, resume_from: Optional[Path] = None,
+                    overwrite: bool = False, replaced: Iterable[str] = (), is_main: bool = True) -> Path:
+    """:func:`resolve_output`, :func:`check_run_folder` and (main process) :func:`claim_run_folder` in one call;
+    returns the run folder."""
+    from .distributed import barrier
+    out = resolve_output(output, name, task, resume_from)
+    check_run_folder(out, resume_from, overwrite)
+    barrier()  # every process has checked before the main one changes anything
+    if is_main:
+        claim_run_folder(out, overwrite, replaced)
+    return out
