@@ -1,51 +1,312 @@
-"""Attention kinds: fast paths against their references, invariances, masks, precision, errors, modules."""
-from functools import partial
+"""Attention kinds against their oracles (forward, input and parameter gradients, masks, causal), invariances,
+attention dropout, errors and modules. Precision: test_attention_precision.py; SOFT specifics: test_soft.py."""
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import simattn  # noqa: F401  (registers everything)
-from simattn.attention import (attention_class, create_attention, get_attention_class, list_attentions,
-                               pinv_residual)
-from simattn.attention.elu import elu_attention, elu_attention_reference
-from simattn.attention.relu import ACTIVATIONS, relu_attention, relu_attention_reference
-from simattn.attention.sima import sima_attention, sima_attention_reference, sima_normalize
-from simattn.attention.soft import gaussian_kernel, pool_landmarks, soft_attention, soft_attention_reference
-from simattn.attention.softmax import softmax_attention, softmax_attention_reference
-from simattn.attention.xca import xca_attention, xca_attention_reference
-from simattn.attention.xnorm import xnorm_attention, xnorm_attention_reference
+from simattn.attention import attention_class, create_attention, get_attention_class, list_attentions
+from simattn.attention import reference as R
+from simattn.attention.elu import elu_attention
+from simattn.attention.relu import ACTIVATIONS, relu_attention
+from simattn.attention.sima import resolve_sima_order, sima_attention
+from simattn.attention.soft import soft_attention
+from simattn.attention.softmax import softmax_attention
+from simattn.attention.xca import xca_attention
+from simattn.attention.xnorm import xnorm_attention
 
-H = 3
-TEMPERATURE = torch.tensor([0.5, 1.0, 2.0]).reshape(H, 1, 1)
-GAMMA_Q = torch.tensor([0.7, 1.0, 1.3]).reshape(H, 1, 1)
-GAMMA_KV = torch.tensor([1.5, 0.8, 1.1]).reshape(H, 1, 1)
+from attention_cases import CASES, H, assert_ratio, qkv, rms
 
-# name → (fast, reference, supports different q/k lengths)
-CASES = {
-    "sima_kv_first": (partial(sima_attention, order="kv_first"), partial(sima_attention_reference, order="kv_first"), True),
-    "sima_qk_first": (partial(sima_attention, order="qk_first"), partial(sima_attention_reference, order="qk_first"), True),
-    "sima_auto": (sima_attention, sima_attention_reference, True),
-    "softmax": (softmax_attention, softmax_attention_reference, True),
-    "xca": (partial(xca_attention, temperature=TEMPERATURE), partial(xca_attention_reference, temperature=TEMPERATURE), False),
-    "elu": (elu_attention, elu_attention_reference, True),
-    "xnorm": (partial(xnorm_attention, gamma_q=GAMMA_Q, gamma_kv=GAMMA_KV),
-              partial(xnorm_attention_reference, gamma_q=GAMMA_Q, gamma_kv=GAMMA_KV), True),
-    **{f"relu_{a}": (partial(relu_attention, activation=a, alpha=0.7), partial(relu_attention_reference, activation=a, alpha=0.7), True)
-       for a in ACTIVATIONS},
-}
-MASKABLE = [c for c in CASES]  # every functional kind except SOFT takes a token mask
+# error-ratio bounds (rms(fast − oracle) / rms(oracle)) per dtype: a few hundred ulps of the working precision
+TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
+SOFT_TOL = {torch.float32: 2e-4, torch.float64: 1e-9}  # (M + 0.01 I)⁻¹ amplifies round-off by its condition number
 
 
-def qkv(b=2, n=20, d=16, nk=None, dtype=torch.float32, scale=1.0, requires_grad=False):
-    nk = n if nk is None else nk
-    torch.manual_seed(n * 1000 + nk)
-    ts = [torch.randn(b, H, n, d, dtype=dtype) * scale] + [torch.randn(b, H, nk, d, dtype=dtype) * scale for _ in range(2)]
-    return [t.requires_grad_(requires_grad) for t in ts]
+def _tol(name, dtype):
+    return (SOFT_TOL if name.startswith("soft") else TOL)[dtype]
 
 
+def _check_against_oracle(fast, oracle, inputs, tol, what, grads=True, **kw):
+    out_f = fast(*inputs, **kw)
+    out_o = oracle(*inputs, **kw)
+    assert out_f.shape == out_o.shape and out_f.dtype == out_o.dtype
+    assert_ratio(out_f, out_o, tol, f"{what} forward")
+    if not grads:
+        return
+    g = torch.randn_like(out_o)
+    leaves = [t for t in inputs if t.requires_grad]
+    g_f = torch.autograd.grad(out_f, leaves, g, allow_unused=True)
+    g_o = torch.autograd.grad(out_o, leaves, g, allow_unused=True)
+    # relative to the largest input gradient: some vanish identically (e.g. d out / d q at N = 1), where a
+    # ratio to their own size would only compare round-off
+    scale = max(rms(b) for b in g_o if b is not None)
+    for i, (a, b) in enumerate(zip(g_f, g_o)):
+        if b is None:
+            assert a is None or not a.any(), f"{what}: gradient {i} where the oracle has none"
+            continue
+        err = rms(a.double() - b.double()) / scale
+        assert torch.isfinite(a).all() and err <= tol * 10, f"{what} gradient {i}: error {err:.3g} > {tol * 10:.3g}"
+
+
+# ---------------------------------------------------------------- functional ops vs oracles
+FUNCTIONAL = [(name, n) for name in CASES for n in ((20,) if name == "soft" else (1, 7, 40))]  # N = 1, < d, > d
+
+
+@pytest.mark.parametrize("name,n", FUNCTIONAL)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_functional_matches_oracle(name, n, dtype):
+    fast, oracle, _, _ = CASES[name]
+    q, k, v = qkv(n=n, dtype=dtype, requires_grad=True)
+    # d(q/|q|₁)/dq = 0 at N = 1: SimA's fp32 gradients there are pure cancellation noise on both sides (fp64 checks them)
+    grads = not (dtype == torch.float32 and n == 1 and name.startswith("sima"))
+    _check_against_oracle(fast, oracle, (q, k, v), _tol(name, dtype), name, grads=grads)
+
+
+@pytest.mark.parametrize("name", [c for c in CASES if c != "soft"])
+@pytest.mark.parametrize("b,n", [(1, 40), (3, 7)])
+def test_functional_on_fused_qkv_views(name, b, n):
+    """q, k, v as every module produces them: strided views of one (B, N, 3, H, d) projection."""
+    fast, oracle, _, _ = CASES[name]
+    torch.manual_seed(b * 100 + n)
+    fused = torch.randn(b, n, 3, H, 16, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(b, H, n, 16, dtype=torch.float64)
+    outs, grads = [], []
+    for fn in (fast, oracle):
+        out = fn(*fused.permute(2, 0, 3, 1, 4).unbind(0))
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, fused, g)[0])
+    assert_ratio(outs[0], outs[1], 1e-11, name)
+    assert_ratio(grads[0], grads[1], 1e-10, name)
+
+
+@pytest.mark.parametrize("name", [c for c, case in CASES.items() if case[2]])
+@pytest.mark.parametrize("nq,nk", [(5, 30), (30, 5), (1, 12)])
+def test_cross_attention_lengths(name, nq, nk):
+    fast, oracle, _, _ = CASES[name]
+    q, k, v = qkv(n=nq, nk=nk, dtype=torch.float64, requires_grad=True)
+    _check_against_oracle(fast, oracle, (q, k, v), 1e-11, name)
+
+
+def test_kinds_needing_equal_lengths_reject_others():
+    q, k, v = qkv(n=5, nk=7)
+    with pytest.raises(ValueError, match="equal query and key lengths"):
+        xca_attention(q, k, v)
+
+
+# ---------------------------------------------------------------- masks
+def _mask(b=2, n=12):
+    mask = torch.ones(b, n, dtype=torch.bool)
+    mask[0, [1, 4, 5]] = False
+    mask[1, [0, n - 1]] = False
+    return mask
+
+
+@pytest.mark.parametrize("name", [c for c, case in CASES.items() if case[3]])
+def test_masked_matches_oracle_and_kept_subset(name):
+    fast, oracle, _, _ = CASES[name]
+    q, k, v = qkv(b=2, n=12, dtype=torch.float64, requires_grad=True)
+    mask = _mask()
+    _check_against_oracle(fast, oracle, (q, k, v), 1e-11, f"{name} masked", mask=mask)
+    # masking = running on the kept tokens alone (the oracle on the subset: no fast path on either side)
+    out = fast(q, k, v, mask=mask)
+    for b in range(2):
+        keep = mask[b]
+        alone = oracle(q[b:b + 1, :, keep], k[b:b + 1, :, keep], v[b:b + 1, :, keep])
+        assert_ratio(out[b:b + 1, :, keep], alone, 1e-11, f"{name} kept subset")
+
+
+@pytest.mark.parametrize("order", ["kv_first", "qk_first"])
+def test_sima_query_mask_in_cross_attention(order):
+    q, k, v = qkv(b=2, n=9, nk=14, dtype=torch.float64, requires_grad=True)
+    mask, q_mask = _mask(2, 14), _mask(2, 9)
+    _check_against_oracle(lambda *t, **kw: sima_attention(*t, order=order, **kw),
+                          lambda *t, **kw: R.sima_reference(*t, order=order, **kw), (q, k, v), 1e-11,
+                          "sima q_mask", mask=mask, q_mask=q_mask)
+    out = sima_attention(q, k, v, order=order, mask=mask, q_mask=q_mask)
+    assert torch.all(out.transpose(1, 2)[~q_mask] == 0)  # removed query rows
+    kept = sima_attention(q[:1, :, q_mask[0]], k[:1, :, mask[0]], v[:1, :, mask[0]], order=order)
+    assert_ratio(out[:1, :, q_mask[0]], kept, 1e-11, "sima q_mask subset")
+
+
+def test_softmax_sdpa_masks_and_causal():
+    q, k, v = qkv(b=2, n=10, dtype=torch.float64, requires_grad=True)
+    bool4 = torch.rand(2, H, 10, 10, generator=torch.Generator().manual_seed(0)) > 0.3
+    bool4[..., 0] = True  # every query keeps a key
+    additive = torch.randn(2, 1, 10, 10, dtype=torch.float64)
+    for kw in (dict(mask=bool4), dict(mask=additive), dict(is_causal=True), dict(mask=_mask(2, 10))):
+        _check_against_oracle(softmax_attention, R.softmax_reference, (q, k, v), 1e-11, f"softmax {list(kw)}", **kw)
+    # causal: the first query sees only the first key
+    out = softmax_attention(q, k, v, is_causal=True)
+    assert_ratio(out[:, :, 0], v[:, :, 0], 1e-12, "causal first row")
+
+
+# ---------------------------------------------------------------- modules vs oracles (forward, input and parameter grads)
+def _layer_norm(t, norm):
+    if isinstance(norm, torch.nn.Identity):
+        return t
+    mu = t.mean(-1, keepdim=True)
+    var = (t - mu).square().mean(-1, keepdim=True)
+    return (t - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
+
+
+def _gelu(t):
+    return 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
+
+
+def _soft_module_oracle(m, q, v, grid):
+    B, Hh, N, d = q.shape
+    prefix = N - grid[0] * grid[1]
+    landmarks = None
+    if m.landmarks == "conv":
+        # the released code: a conv shared by the heads, LayerNorm(d_h) and GELU, on q / d^¼
+        s = d ** 0.25
+        img = (q[:, :, prefix:] / s).reshape(B * Hh, *grid, d).permute(0, 3, 1, 2)
+        lm = F.conv2d(img, m.landmark_conv.weight, stride=m.ratio).flatten(2).transpose(1, 2).reshape(B, Hh, -1, d)
+        landmarks = _gelu(_layer_norm(lm, m.landmark_norm)) * s
+    out = R.soft_reference(q, v, grid, ratio=m.ratio, num_prefix_tokens=prefix, landmarks=landmarks,
+                           num_iters=m.num_iters, init=m.newton_init)
+    if m.v_conv is not None:
+        ks = m.v_conv.kernel_size[0]
+        img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
+        conv = F.conv2d(img, m.v_conv.weight, m.v_conv.bias, padding=ks // 2, groups=Hh * d)
+        conv = conv.reshape(B, Hh, d, -1).transpose(-2, -1)
+        out = out + torch.cat([torch.zeros_like(out[:, :, :prefix]), conv], dim=2)
+    return out
+
+
+def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
+    """The module's forward from its parameters and the kind's oracle, in plain torch."""
+    B, N, C = x.shape
+    Hh, d = m.num_heads, m.head_dim
+    qkv_ = x @ m.qkv.weight.T + (m.qkv.bias if m.qkv.bias is not None else 0)
+    if m.separate_qk:
+        q, k, v = qkv_.reshape(B, N, 3, Hh, d).permute(2, 0, 3, 1, 4)
+        q, k = _layer_norm(q, m.q_norm), _layer_norm(k, m.k_norm)
+    else:
+        q, v = qkv_.reshape(B, N, 2, Hh, d).permute(2, 0, 3, 1, 4)
+        q = k = _layer_norm(q, m.q_norm)
+    kind = m.attn_name
+    if kind == "sima":
+        out = R.sima_reference(q, k, v, order=m.order, mask=mask, eps=m.eps)
+    elif kind == "softmax":
+        out = R.softmax_reference(q, k, v, mask=mask, is_causal=is_causal)
+    elif kind == "xca":
+        out = R.xca_reference(q, k, v, temperature=m.temperature, mask=mask, eps=m.eps)
+    elif kind == "elu":
+        out = R.elu_reference(q, k, v, mask=mask, eps=m.eps)
+    elif kind == "relu":
+        out = R.relu_reference(q, k, v, activation=m.activation, alpha=m.alpha, mask=mask)
+    elif kind == "xnorm":
+        out = R.xnorm_reference(q, k, v, gamma_q=m.gamma_q, gamma_kv=m.gamma_kv, mask=mask, eps=m.eps)
+    elif kind == "soft":
+        out = _soft_module_oracle(m, q, v, grid_size)
+    else:  # pragma: no cover - a kind registered without an oracle must get one here
+        raise AssertionError(f"no oracle for attention kind {kind!r}")
+    out = out.transpose(1, 2).reshape(B, N, C)
+    return out @ m.proj.weight.T + m.proj.bias
+
+
+MODULES = [
+    ("sima", {}), ("sima", {"order": "qk_first"}), ("softmax", {}), ("softmax", {"fused": False}),
+    ("xca", {}), ("elu", {}), ("relu", {"activation": "gelu", "alpha": 0.5}), ("relu", {"qk_norm": True}),
+    ("xnorm", {}),
+    ("soft", {"backward": "iterative", "num_prefix_tokens": 1}),
+    ("soft", {"backward": "iterative", "landmarks": "conv", "v_conv_kernel": 3, "num_prefix_tokens": 0}),
+    ("soft", {"backward": "iterative", "newton_init": "paper", "num_prefix_tokens": 0}),
+]
+
+
+def test_every_registered_kind_has_a_module_oracle_case():
+    assert {kind for kind, _ in MODULES} == set(list_attentions())
+
+
+@pytest.mark.parametrize("kind,options", MODULES, ids=[f"{k}-{'-'.join(map(str, o.values()))}" for k, o in MODULES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_module_matches_oracle(kind, options, dtype):
+    torch.manual_seed(0)
+    m = create_attention(kind, 24, num_heads=2, qkv_bias=True, **options).to(dtype)
+    for p in m.parameters():  # move XCA's temperature, XNorm's γ, LayerNorms off their initial values
+        if p.dim() <= 3 and p.numel() <= 48:
+            p.data.add_(0.3 * torch.randn_like(p))
+    n, calls = 20, [{}]
+    if kind == "soft":
+        n = 21 if m.num_prefix_tokens == 1 else 20
+        calls = [{"grid_size": (4, 5)}]
+    elif m.supports_mask:
+        calls.append({"mask": _mask(2, n)})
+    if m.supports_causal:
+        calls.append({"is_causal": True})
+    x = torch.randn(2, n, 24, dtype=dtype, requires_grad=True)
+    params = [p for p in m.parameters()]
+    tol = _tol(kind, dtype) * 10  # two extra projections
+    for kw in calls:
+        fwd_kw = dict(kw)
+        if "mask" in fwd_kw:
+            fwd_kw["attn_mask"] = fwd_kw.pop("mask")
+        y = m(x, **fwd_kw)
+        y_o = module_oracle(m, x, **kw)
+        assert_ratio(y, y_o, tol, f"{kind} {kw} forward")
+        g = torch.randn_like(y)
+        for a, b, name in zip(torch.autograd.grad(y, [x] + params, g), torch.autograd.grad(y_o, [x] + params, g),
+                              ["x"] + [n for n, _ in m.named_parameters()]):
+            assert_ratio(a, b, tol * 10, f"{kind} {kw} d/d{name}")
+
+
+@pytest.mark.parametrize("kind", sorted(set(list_attentions()) - {"softmax"}))
+def test_kinds_without_causal_support_raise(kind):
+    m = create_attention(kind, 16, num_heads=2)
+    with pytest.raises(ValueError, match="does not support causal"):
+        m(torch.randn(1, 16, 16), is_causal=True)
+
+
+# ---------------------------------------------------------------- attention dropout
+@pytest.mark.parametrize("kind", ["sima", "elu", "xnorm", "soft"])
+def test_kinds_without_weight_matrix_reject_attn_drop(kind):
+    cls = get_attention_class(kind)
+    assert not cls.supports_attn_drop
+    with pytest.raises(ValueError, match=r"attn_drop=0\.1 is not supported; allowed: only 0"):
+        create_attention(kind, 16, num_heads=2, attn_drop=0.1)
+    create_attention(kind, 16, num_heads=2, attn_drop=0.0)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "xca", "relu"])
+def test_attn_drop_applied_in_training_only(kind):
+    assert get_attention_class(kind).supports_attn_drop
+    torch.manual_seed(0)
+    m = create_attention(kind, 16, num_heads=2, attn_drop=0.5)
+    x = torch.randn(2, 9, 16)
+    m.train()
+    assert not torch.allclose(m(x), m(x))
+    m.eval()
+    torch.testing.assert_close(m(x), m(x), rtol=0, atol=0)
+    ref = create_attention(kind, 16, num_heads=2).eval()
+    ref.load_state_dict(m.state_dict())
+    torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="allowed: 0 <= attn_drop < 1"):
+        create_attention(kind, 16, num_heads=2, attn_drop=1.0)
+
+
+def test_xca_attn_drop_drops_channel_weights():
+    """Dropout acts on the d×d weights (as XCiT): with p → the kept weights scaled by 1/(1-p), zeros elsewhere."""
+    torch.manual_seed(0)
+    m = create_attention("xca", 16, num_heads=2, attn_drop=0.5).train()
+    seen = []
+    m.attn_weights.register_forward_hook(lambda mod, inp, out: seen.append(out))
+    dropped = []
+    m.attn_drop.register_forward_hook(lambda mod, inp, out: dropped.append((inp[0], out)))
+    m(torch.randn(2, 9, 16))
+    w_in, w_out = dropped[0]
+    assert w_in.shape == (2, 2, 8, 8) and w_in is seen[0]
+    zero = w_out == 0
+    assert 0.2 < zero.float().mean() < 0.8
+    torch.testing.assert_close(w_out[~zero], 2 * w_in[~zero])
+
+
+# ---------------------------------------------------------------- SimA specifics
 def official_sima(q, k, v):
-    """Verbatim the official code's formulation (Algorithm 1 of the supplement)."""
+    """The official code's formulation: ``normalize(p=1, dim=-2)`` on q and k, order by N / d < 1."""
     k = F.normalize(k, p=1.0, dim=-2)
     q = F.normalize(q, p=1.0, dim=-2)
     n, d = q.shape[-2], q.shape[-1]
@@ -54,59 +315,15 @@ def official_sima(q, k, v):
     return q @ (k.transpose(-2, -1) @ v)
 
 
-# ---------------------------------------------------------------- fast path vs reference
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("n", [1, 7, 40])  # N = 1, N < d, N > d (d = 16)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_fast_matches_reference_forward_and_grad(name, n, dtype):
-    fast, ref, _ = CASES[name]
-    q, k, v = qkv(n=n, dtype=dtype, requires_grad=True)
-    out_f = fast(q, k, v)
-    g = torch.randn_like(out_f)
-    grads_f = torch.autograd.grad(out_f, (q, k, v), g)
-    out_r = ref(q, k, v)
-    grads_r = torch.autograd.grad(out_r, (q, k, v), g, allow_unused=True)
-    assert out_f.shape == (2, H, n, 16) and out_f.dtype == dtype
-    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(out_f, out_r, **tol)
-    if dtype == torch.float32 and n == 1 and name.startswith("sima"):
-        return  # d(q/|q|)/dq = 0 at N = 1: both fp32 sides are pure cancellation noise (checked in fp64)
-    for gf, gr in zip(grads_f, grads_r):
-        gr = torch.zeros_like(gf) if gr is None else gr
-        torch.testing.assert_close(gf, gr, rtol=tol["rtol"] * 10, atol=tol["atol"] * 10)
-
-
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("b,n", [(1, 40), (2, 7), (3, 40)])
-def test_fast_matches_reference_on_fused_qkv_views(name, b, n):
-    """q, k, v as every module produces them: strided views of one (B, N, 3, H, d) projection (for B > 1 they
-    cannot be folded to (B·H, N, d) without a copy)."""
-    fast, ref, _ = CASES[name]
-    torch.manual_seed(b * 100 + n)
-    fused = torch.randn(b, n, 3, H, 16, dtype=torch.float64, requires_grad=True)
-    g = torch.randn(b, H, n, 16, dtype=torch.float64)
-    outs, grads = [], []
-    for fn in (fast, ref):
-        out = fn(*fused.permute(2, 0, 3, 1, 4).unbind(0))
-        outs.append(out)
-        grads.append(torch.autograd.grad(out, fused, g)[0])
-    torch.testing.assert_close(outs[0], outs[1], rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(grads[0], grads[1], rtol=1e-8, atol=1e-9)
-    assert outs[0].transpose(1, 2).reshape(b, n, H * 16).shape == (b, n, H * 16)
-
-
-def test_sima_orders_agree_and_match_official_code():
-    for n in (1, 5, 16, 63, 64, 65, 300):  # around N = d = 64
-        q, k, v = qkv(n=n, d=64)
+def test_sima_orders_match_official_code():
+    for n in (1, 5, 63, 64, 65, 300):  # around N = d = 64
+        q, k, v = qkv(n=n, d=64, dtype=torch.float64)
         official = official_sima(q, k, v)
         for order in ("auto", "kv_first", "qk_first"):
-            # fp32 round-off: relative to the output's scale
-            torch.testing.assert_close(sima_attention(q, k, v, order=order), official, rtol=1e-5,
-                                       atol=1e-6 * official.abs().max().item())
+            assert_ratio(sima_attention(q, k, v, order=order), official, 1e-12, f"sima {order} N={n}")
 
 
-def test_sima_auto_order_follows_official_rule(monkeypatch):
-    from simattn.attention.sima import resolve_sima_order
+def test_sima_auto_order_follows_official_rule():
     assert resolve_sima_order("auto", 63, 63, 64) == "qk_first"
     assert resolve_sima_order("auto", 64, 64, 64) == "kv_first"
     assert resolve_sima_order("auto", 197, 197, 64) == "kv_first"
@@ -118,7 +335,7 @@ def test_sima_auto_order_follows_official_rule(monkeypatch):
 def test_sima_gradcheck_double():
     for order in ("kv_first", "qk_first"):
         q, k, v = qkv(b=1, n=5, d=4, dtype=torch.float64, requires_grad=True)
-        assert torch.autograd.gradcheck(partial(sima_attention, order=order), (q, k, v))
+        assert torch.autograd.gradcheck(lambda *t: sima_attention(*t, order=order), (q, k, v))
 
 
 def test_sima_fast_path_does_not_materialize_normalized_qk(monkeypatch):
@@ -129,137 +346,64 @@ def test_sima_fast_path_does_not_materialize_normalized_qk(monkeypatch):
     assert calls == []
 
 
-# ---------------------------------------------------------------- invariances and shapes
-@pytest.mark.parametrize("name", [c for c in CASES if c not in ("sima_qk_first",)] + ["sima_qk_first"])
+def test_sima_output_bound():
+    """|out[n, e]| ≤ d · max_j |v[j, e]| and Σ_n |out[n, e]| ≤ d · max_j |v[j, e]| (the docstring's bound),
+    reached at N = 1 with q = k (every q̂, k̂ entry ±1, out = d · v)."""
+    d = 16
+    for n in (1, 3, 50):
+        q, k, v = qkv(n=n, d=d, dtype=torch.float64, scale=1e4)
+        for order in ("kv_first", "qk_first"):
+            out = sima_attention(q, k, v, order=order)
+            vmax = v.abs().amax(-2, keepdim=True)  # (B, H, 1, d)
+            assert (out.abs() <= d * vmax * (1 + 1e-12)).all()
+            assert (out.abs().sum(-2, keepdim=True) <= d * vmax * (1 + 1e-12)).all()
+    q, _, v = qkv(n=1, d=d, dtype=torch.float64, scale=1e4)
+    assert_ratio(sima_attention(q, q, v), d * v, 1e-14, "bound reached at N = 1")
+    # what the bound means for fp16: under fp16 autocast the op returns fp32, so d·|v| > 65504 stays finite
+    v = torch.full_like(v, 5000.0)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = sima_attention(q.half(), q.half(), v.half())
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert out.abs().max().item() == pytest.approx(d * 5000.0)
+
+
+def test_sima_module_hook_point_sees_normalized_qk():
+    m = create_attention("sima", 32, num_heads=4, qkv_bias=True)
+    x = torch.randn(2, 10, 32, dtype=torch.float64)
+    m = m.double()
+    seen = []
+    handle = m.qk_hook.register_forward_hook(lambda mod, inp, out: seen.append(inp))
+    m(x)
+    handle.remove()
+    q, k, _ = m.qkv(x).reshape(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+    q_hat, k_hat = seen[0]
+    assert_ratio(q_hat, q / q.abs().sum(-2, keepdim=True), 1e-14, "q̂")
+    assert_ratio(k_hat, k / k.abs().sum(-2, keepdim=True), 1e-14, "k̂")
+
+
+def test_sima_hook_point_costs_nothing_when_unused(monkeypatch):
+    import simattn.attention.sima as sima_mod
+    calls = []
+    real = sima_mod.sima_normalize
+    monkeypatch.setattr(sima_mod, "sima_normalize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    m = create_attention("sima", 32, num_heads=4)
+    m(torch.randn(1, 5, 32))
+    assert calls == []
+    h = m.qk_hook.register_forward_hook(lambda *a: None)
+    m(torch.randn(1, 5, 32))
+    h.remove()
+    assert calls == [1]
+
+
+# ---------------------------------------------------------------- invariances
+@pytest.mark.parametrize("name", [c for c in CASES if c != "soft"])
 def test_token_permutation_equivariance(name):
-    fast, _, _ = CASES[name]
-    q, k, v = qkv(n=24)
-    perm = torch.randperm(24)
+    fast, _, _, _ = CASES[name]
+    q, k, v = qkv(n=24, dtype=torch.float64)
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(0))
     out = fast(q, k, v)
     out_p = fast(q[:, :, perm], k[:, :, perm], v[:, :, perm])
-    torch.testing.assert_close(out_p, out[:, :, perm], rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.parametrize("name", [c for c, (_, _, cross) in CASES.items() if cross])
-@pytest.mark.parametrize("nq,nk", [(5, 30), (30, 5), (1, 12)])
-def test_cross_attention_lengths(name, nq, nk):
-    fast, ref, _ = CASES[name]
-    q, k, v = qkv(n=nq, nk=nk)
-    out = fast(q, k, v)
-    assert out.shape == (2, H, nq, 16)
-    torch.testing.assert_close(out, ref(q, k, v), rtol=1e-4, atol=1e-5)
-
-
-def test_xca_rejects_different_lengths():
-    q, k, v = qkv(n=5, nk=7)
-    with pytest.raises(ValueError, match="equal query and key lengths"):
-        xca_attention(q, k, v)
-
-
-# ---------------------------------------------------------------- masks
-@pytest.mark.parametrize("name", MASKABLE)
-def test_masked_equals_kept_subset(name):
-    fast, ref, _ = CASES[name]
-    q, k, v = qkv(b=2, n=12)
-    mask = torch.ones(2, 12, dtype=torch.bool)
-    mask[0, [1, 4, 5]] = False
-    mask[1, [0, 11]] = False
-    out = fast(q, k, v, mask=mask)
-    out_ref = ref(q, k, v, mask=mask)
-    for b in range(2):
-        keep = mask[b]
-        alone = fast(q[b:b + 1, :, keep], k[b:b + 1, :, keep], v[b:b + 1, :, keep])
-        torch.testing.assert_close(out[b:b + 1, :, keep], alone, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(out_ref[b:b + 1, :, keep], alone, rtol=1e-4, atol=1e-5)
-
-
-def test_masked_sima_both_orders():
-    q, k, v = qkv(b=1, n=10, d=16)
-    mask = torch.tensor([[True] * 6 + [False] * 4])
-    alone = sima_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6])
-    for order in ("kv_first", "qk_first"):
-        out = sima_attention(q, k, v, order=order, mask=mask)
-        torch.testing.assert_close(out[:, :, :6], alone, rtol=1e-5, atol=1e-6)
-        assert torch.all(out[:, :, 6:] == 0)  # removed query rows
-
-
-# ---------------------------------------------------------------- precision
-PRECISIONS = [torch.float16, torch.bfloat16]
-
-
-@pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("dtype", PRECISIONS)
-@pytest.mark.parametrize("inputs", ["scaled_1e4", "all_zero", "some_zero_tokens"])
-def test_autocast_stays_finite(name, dtype, inputs):
-    fast, _, _ = CASES[name]
-    q, k, v = qkv(n=50, d=16, scale=1e4 if inputs == "scaled_1e4" else 1.0)
-    if inputs == "all_zero":
-        q, k, v = (torch.zeros_like(t) for t in (q, k, v))
-    elif inputs == "some_zero_tokens":
-        for t in (q, k, v):
-            t[:, :, 10:30] = 0
-    with torch.autocast("cpu", dtype=dtype):
-        out = fast(q.to(dtype), k.to(dtype), v.to(dtype))  # as if produced by a low-precision projection
-        out2 = fast(q, k, v)
-    assert torch.isfinite(out).all() and torch.isfinite(out2).all()
-
-
-@pytest.mark.parametrize("attn", sorted(set(list_attentions())))
-@pytest.mark.parametrize("dtype", PRECISIONS)
-def test_module_autocast_finite_large_inputs(attn, dtype):
-    # ReLU attention's output grows with |q||k||v| (no normalization at all): finite only with its published
-    # qk-LayerNorm, which the ReLU ViTs use.
-    m = create_attention(attn, 32, num_heads=2, qkv_bias=True, qk_norm=attn == "relu")
-    x = torch.randn(2, 17, 32) * 1e4
-    with torch.autocast("cpu", dtype=dtype):
-        y = m(x)
-        y0 = m(torch.zeros(2, 17, 32))
-    assert torch.isfinite(y).all() and torch.isfinite(y0).all()
-
-
-# ---------------------------------------------------------------- SOFT
-def _well_separated(b=1, n_side=8, d=16):
-    return torch.randn(b, H, n_side * n_side, d) * 0.5
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_soft_matches_reference_when_converged(dtype):
-    q = _well_separated().to(dtype).requires_grad_()
-    v = torch.randn(1, H, 64, 16, dtype=dtype).requires_grad_()
-    out = soft_attention(q, q, v, ratio=2, num_iters=60)
-    ref = soft_attention_reference(q, q, v, ratio=2)
-    # the landmark kernel's condition number is ~500 here: fp32 loses ~3 digits in either pseudo-inverse
-    tol = dict(rtol=1e-3, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-7, atol=1e-8)
-    torch.testing.assert_close(out, ref, **tol)
-    g = torch.randn_like(out)
-    gr = torch.autograd.grad(ref, (q, v), g)
-    for backward in ("exact", "iterative"):
-        o = soft_attention(q, q, v, ratio=2, num_iters=60, backward=backward)
-        gf = torch.autograd.grad(o, (q, v), g)
-        for a, b in zip(gf, gr):
-            scale = b.abs().max().item()
-            torch.testing.assert_close(a, b, rtol=tol["rtol"] * 10, atol=tol["atol"] * 100 * scale)
-
-
-def test_soft_residual_decreases_with_iterations():
-    q = _well_separated(b=2)
-    lm = pool_landmarks(q, (8, 8), 2)
-    core = gaussian_kernel(lm, lm)
-    res = [pinv_residual(core, it).max().item() for it in (1, 3, 6, 12, 25)]
-    assert all(a > b for a, b in zip(res, res[1:])), res
-    assert res[-1] < 1e-4
-
-
-def test_soft_prefix_token_and_grid_inference():
-    q = torch.randn(1, H, 1 + 36, 16) * 0.5
-    v = torch.randn(1, H, 37, 16)
-    out = soft_attention(q, q, v, ratio=2, num_iters=40)  # CLS + 6×6 grid inferred
-    ref = soft_attention_reference(q, q, v, ratio=2)
-    torch.testing.assert_close(out, ref, rtol=1e-3, atol=1e-4)
-    with pytest.raises(ValueError, match="square token grid"):
-        soft_attention(q[:, :, :30], q[:, :, :30], v[:, :, :30])
-    out_g = soft_attention(q[:, :, 1:31], q[:, :, 1:31], v[:, :, 1:31], grid_size=(5, 6), ratio=2)
-    assert out_g.shape == (1, H, 30, 16)
+    assert_ratio(out_p, out[:, :, perm], 1e-12, name)
 
 
 # ---------------------------------------------------------------- errors
@@ -287,6 +431,8 @@ def test_bad_options():
         sima_attention(q, k, v, mask=torch.ones(2, 20))
     with pytest.raises(ValueError, match="unknown backward"):
         soft_attention(q, q, v[:, :, :20], grid_size=(4, 5), backward="magic")
+    with pytest.raises(ValueError, match="unknown newton_init 'magic'; expected one of released, paper"):
+        soft_attention(q, q, v[:, :, :20], grid_size=(4, 5), newton_init="magic")
     with pytest.raises(ValueError, match="does not support attention masks"):
         create_attention("soft", 32, 2)(torch.randn(1, 16, 32), attn_mask=torch.ones(1, 16, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"expected x of shape \(B, N, 32\)"):
@@ -304,7 +450,7 @@ def test_registry():
     assert issubclass(cls, get_attention_class("sima")) and cls(32, 2).order == "qk_first"
 
 
-# ---------------------------------------------------------------- modules
+# ---------------------------------------------------------------- modules in timm
 @pytest.mark.parametrize("attn", sorted(list_attentions()))
 def test_module_in_timm_vit_trains(attn):
     from timm.models.vision_transformer import VisionTransformer
@@ -331,55 +477,13 @@ def test_module_matches_timm_parameter_names():
     ours.load_state_dict(theirs.state_dict())  # softmax-free module takes a softmax checkpoint
 
 
-def test_sima_module_matches_functional_and_hook_point():
-    m = create_attention("sima", 32, num_heads=4, qkv_bias=True)
-    x = torch.randn(2, 10, 32)
-    seen = []
-    handle = m.qk_hook.register_forward_hook(lambda mod, inp, out: seen.append(inp))
-    y = m(x)
-    handle.remove()
-    q, k, v = m.qkv(x).reshape(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
-    expected = m.proj(official_sima(q, k, v).transpose(1, 2).reshape(2, 10, 32))
-    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
-    q_hat, k_hat = seen[0]
-    torch.testing.assert_close(q_hat.abs().sum(-2), torch.ones(2, 4, 8))
-    torch.testing.assert_close(k_hat, F.normalize(k, p=1.0, dim=-2))
-
-
-def test_sima_hook_point_costs_nothing_when_unused(monkeypatch):
-    import simattn.attention.sima as sima_mod
-    calls = []
-    real = sima_mod.sima_normalize
-    monkeypatch.setattr(sima_mod, "sima_normalize", lambda *a, **k: calls.append(1) or real(*a, **k))
-    m = create_attention("sima", 32, num_heads=4)
-    m(torch.randn(1, 5, 32))
-    assert calls == []
-    h = m.qk_hook.register_forward_hook(lambda *a: None)
-    m(torch.randn(1, 5, 32))
-    h.remove()
-    assert calls == [1]
-
-
-def test_softmax_explicit_path_equals_fused_and_exposes_weights():
-    fused = create_attention("softmax", 32, num_heads=4)
+def test_softmax_explicit_path_exposes_weights():
     explicit = create_attention("softmax", 32, num_heads=4, fused=False)
-    explicit.load_state_dict(fused.state_dict())
-    x = torch.randn(2, 9, 32)
-    mask = torch.ones(2, 9, dtype=torch.bool)
-    mask[1, 3:] = False
-    torch.testing.assert_close(fused(x, attn_mask=mask), explicit(x, attn_mask=mask), rtol=1e-5, atol=1e-6)
     seen = []
     explicit.attn_weights.register_forward_hook(lambda mod, inp, out: seen.append(out))
-    explicit(x)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 3:] = False
+    explicit(torch.randn(2, 9, 32), attn_mask=mask)
     assert seen[0].shape == (2, 4, 9, 9)
     torch.testing.assert_close(seen[0].sum(-1), torch.ones(2, 4, 9))
-
-
-def test_soft_module_conv_landmarks_and_value_conv():
-    m = create_attention("soft", 32, num_heads=2, landmarks="conv", ratio=2, v_conv_kernel=3)
-    y = m(torch.randn(2, 1 + 16, 32))
-    assert y.shape == (2, 17, 32)
-    y.sum().backward()
-    assert m.landmark_conv.weight.grad is not None and m.v_conv.weight.grad is not None
-    y2 = m(torch.randn(1, 20, 32), grid_size=(4, 5))
-    assert y2.shape == (1, 20, 32)
+    assert torch.all(seen[0][1, :, :, 3:] == 0)

@@ -1,4 +1,4 @@
-"""Attention kinds: one file each, a functional op, a reference implementation and a timm-compatible module.
+"""Attention kinds: one file each, a functional op and a timm-compatible module; ``reference`` holds the oracles.
 
 >>> from simattn.attention import create_attention, list_attentions
 >>> attn = create_attention("sima", dim=384, num_heads=6)
@@ -9,7 +9,7 @@ from .base import TokenAttention
 from .elu import ELUAttention, elu_attention, elu_attention_reference
 from .relu import ReLUAttention, relu_attention, relu_attention_reference
 from .sima import SimAAttention, sima_attention, sima_attention_reference, sima_normalize
-from .soft import SoftAttention, pinv_residual, soft_attention, soft_attention_reference
+from .soft import SoftAttention, pinv_residual, soft_attention
 from .softmax import SoftmaxAttention, softmax_attention, softmax_attention_reference
 from .xca import XCAttention, xca_attention, xca_attention_reference
 from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
@@ -22,5 +22,5 @@ __all__ = [
     "ELUAttention", "elu_attention", "elu_attention_reference",
     "ReLUAttention", "relu_attention", "relu_attention_reference",
     "XNormAttention", "xnorm_attention", "xnorm_attention_reference",
-    "SoftAttention", "soft_attention", "soft_attention_reference", "pinv_residual",
+    "SoftAttention", "soft_attention", "pinv_residual",
 ]

@@ -30,6 +30,9 @@ class TokenAttention(nn.Module):
     supports_causal: bool = False
     #: Whether q and k come out of the projection (False for SOFT, whose q = k).
     separate_qk: bool = True
+    #: Whether ``attn_drop`` is applied (to an explicit attention weight matrix). Kinds without one reject
+    #: ``attn_drop > 0`` at construction rather than ignore it.
+    supports_attn_drop: bool = False
 
     def __init__(
             self,
@@ -49,6 +52,10 @@ class TokenAttention(nn.Module):
         super().__init__()
         if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
             raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
+        if not 0 <= attn_drop < 1 or (attn_drop > 0 and not self.supports_attn_drop):
+            allowed = "0 <= attn_drop < 1" if self.supports_attn_drop else \
+                f"only 0: {self.attn_name} attention has no weight matrix to drop"
+            raise ValueError(f"{type(self).__name__}: attn_drop={attn_drop} is not supported; allowed: {allowed}")
         norm_layer = norm_layer or nn.LayerNorm
         dd = {"device": device, "dtype": dtype}
         self.dim = dim

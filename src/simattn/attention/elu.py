@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import elu_reference as elu_attention_reference
 
 __all__ = ["elu_attention", "elu_attention_reference", "elu_feature_map", "ELUAttention"]
 
@@ -36,18 +37,11 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     return out.to(dt)
 
 
-def elu_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                            mask: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
-    """Quadratic form: A = φ(q)φ(k)ᵀ (masked keys zeroed), out = A v / rowsum(A)."""
-    check_qkv(q, k, v, "elu")
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
-    attn = elu_feature_map(q) @ apply_token_mask(elu_feature_map(k), mask).transpose(-2, -1)
-    return (attn @ v) / (attn.sum(dim=-1, keepdim=True) + eps)
-
-
 @register_attention("elu")
 class ELUAttention(TokenAttention):
-    """ELU linear attention module with timm's ``Attention`` signature; extra option ``eps``."""
+    """ELU linear attention module with timm's ``Attention`` signature; extra option ``eps``.
+
+    No weight matrix is formed (φ(q)(φ(k)ᵀv)), so ``attn_drop > 0`` is rejected."""
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)

@@ -6,9 +6,11 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, apply_token_mask, check_qkv, check_token_mask, no_autocast, range_safe_dtype
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_qkv, check_token_mask, no_autocast,
+                      range_safe_dtype)
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import relu_reference as relu_attention_reference
 
 __all__ = ["relu_attention", "relu_attention_reference", "relu_weights", "ACTIVATIONS", "ReLUAttention"]
 
@@ -42,18 +44,24 @@ def _length(k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     return mask.sum(-1).clamp_min(1).to(dtype).reshape(-1, 1, 1, 1)
 
 
+def _out_dtype(t: torch.Tensor) -> torch.dtype:
+    """Output dtype: the input's own without autocast; under autocast its dtype, with fp16 lifted to fp32 because
+    the output (unnormalized: up to |q||k||v|·L^(1-a)/√d) can exceed fp16's range."""
+    return range_safe_dtype(t) if torch.is_autocast_enabled(t.device.type) else t.dtype
+
+
 def relu_weights(q: torch.Tensor, k: torch.Tensor, *, activation: str = "relu", alpha: float = 1.0,
                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The explicit (B, H, Nq, Nk) weights L^(-alpha) · h(q kᵀ/√d); masked keys get weight 0.
 
-    Under fp16 the logits are computed in fp32 (q·k overflows fp16 for large activations)."""
+    Computed in fp32 (fp64 for fp64 inputs) even under autocast: the scores overflow fp16 for large activations,
+    and in bf16 their rounding flips the sign tests of relu-like h near 0, which the gradient feels."""
     h = _activation(activation)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
-    dt = range_safe_dtype(q)
     with no_autocast(q):
-        q, k = q.to(dt), k.to(dt)
-        w = h((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5) * _length(k, mask).pow(-alpha).to(dt)
-        return w if mask is None else w * mask[:, None, None, :].to(dt)
+        q, k = q.to(acc_dtype(q)), k.to(acc_dtype(k))
+        w = h((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5) * _length(k, mask).pow(-alpha)
+        return w if mask is None else w * mask[:, None, None, :].to(w.dtype)
 
 
 def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
@@ -62,34 +70,28 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
 
     Fast path: for positively homogeneous h (relu, relu2, identity) the scalars √d⁻¹ and L^(-alpha) are folded into
     q (Nq×d work instead of Nq×Nk); masked keys are zeroed in k and v (h(0) = 0 for those h), and h runs in place.
-    Under fp16 the work runs in fp32.
+    Everything runs in fp32 under autocast (see :func:`relu_weights`); the output is fp32 under fp16 autocast
+    (it is unnormalized and can exceed fp16's range), the autocast dtype under bf16.
     """
     check_qkv(q, k, v, "relu")
     _activation(activation)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
     degree = _HOMOGENEOUS_DEGREE.get(activation)
-    dt = range_safe_dtype(q)
+    out_dtype = _out_dtype(q)
     if degree is None:
         weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
         with no_autocast(q):
-            return weights @ v.to(dt)
+            return (weights @ v.to(weights.dtype)).to(out_dtype)
+    acc = acc_dtype(q)
     with no_autocast(q):
-        q, k, v = q.to(dt), k.to(dt), v.to(dt)
-        q = q * (q.shape[-1] ** -0.5 * _length(k, mask).pow(-alpha / degree)).to(dt)
+        q, k, v = q.to(acc), k.to(acc), v.to(acc)
+        q = q * (q.shape[-1] ** -0.5 * _length(k, mask).pow(-alpha / degree))
         logits = q @ apply_token_mask(k, mask).transpose(-2, -1)
         if activation == "relu":
             logits = logits.relu_()
         elif activation == "relu2":
             logits = logits.relu_().square()
-        return logits @ apply_token_mask(v, mask)
-
-
-def relu_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
-                             alpha: float = 1.0, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Written as the paper states it: explicit weights, then weights @ v."""
-    check_qkv(q, k, v, "relu")
-    weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
-    return weights @ v.to(weights.dtype)
+        return (logits @ apply_token_mask(v, mask)).to(out_dtype)
 
 
 @register_attention("relu")
@@ -98,8 +100,16 @@ class ReLUAttention(TokenAttention):
 
     Extra options: ``activation`` (h: relu, relu2, gelu, softplus, identity, relu6, sigmoid), ``alpha`` (the
     sequence-length exponent a, default 1). qk-LayerNorm is timm's ``qk_norm=True``; the gate is ``gated=True``.
-    ``attn_weights`` is a hook point; when hooked, the explicit weights are materialized and passed through it.
+    ``attn_weights`` is a hook point; when hooked, or when ``attn_drop`` is active (training), the explicit weights
+    are materialized, passed through it and dropped.
+
+    Precision: scores, h and the L^(-a) scale run in fp32 under autocast. The output is unnormalized (it grows
+    like |q||k||v|/√d), so without qk-LayerNorm large activations can exceed fp16's range in the layers after
+    it, and gradients with respect to fp16 tensors overflow where their true values exceed 65504: the method's
+    range, not round-off. The published qk-LayerNorm (``qk_norm=True``) bounds the scores.
     """
+
+    supports_attn_drop = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, activation: str = "relu", alpha: float = 1.0,
                  **kwargs) -> None:
@@ -112,7 +122,8 @@ class ReLUAttention(TokenAttention):
     def attend(self, q, k, v, mask):
         if self.attn_weights.has_hooks or self.attn_drop.p > 0 and self.training:
             w = self.attn_weights(relu_weights(q, k, activation=self.activation, alpha=self.alpha, mask=mask))
-            return self.attn_drop(w) @ v
+            with no_autocast(v):
+                return (self.attn_drop(w) @ v.to(w.dtype)).to(_out_dtype(v))
         return relu_attention(q, k, v, activation=self.activation, alpha=self.alpha, mask=mask)
 
     def extra_repr(self) -> str:

@@ -6,6 +6,16 @@ tokens) or (q̂ k̂ᵀ) v (cost linear in channels). No softmax, no exp, no scal
 The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 norms,
 ``q̂ (k̂ᵀ v) = q · (kᵀv / (s_q s_k)[:, None])`` so the whole normalization lands on the d×d matrix, and
 ``(q̂ k̂ᵀ) v = (q / (s_q s_k)) kᵀ v`` in the other order.
+
+Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
+out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
+
+    |out[n, e]| ≤ (Σ_c |q̂_nc|) · max_j |v_je| ≤ d · max_j |v_je|   and   Σ_n |out[n, e]| ≤ d · max_j |v_je|.
+
+The first bound is reached at N = 1, where every entry of q̂ and k̂ is ±1 and out = (Σ_c sign(q_c k_c)) · v;
+over N tokens the average |out| is at most d · max|v| / N. In fp16 terms: under fp16 autocast the op computes and
+returns its output in fp32, so the attention itself cannot overflow, but the fp16 layer after it (the output
+projection) overflows once d · max|v| > 65504, e.g. d = 64 with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
@@ -18,6 +28,7 @@ from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_qkv, n
                       resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order", "SimAAttention"]
 
@@ -91,31 +102,13 @@ def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor
     return q_hat, k_hat
 
 
-def sima_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
-                             mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
-                             eps: float = 1e-12) -> torch.Tensor:
-    """The official formulation, written for clarity: ``normalize(p=1, dim=-2)`` on q and k, then the two matmuls.
-
-    With ``order='auto'`` and equal lengths it is exactly the official code (quadratic order when N < d).
-    Masks zero the removed tokens before the normalization (the authors' advice). Used as the test oracle and as
-    the "official" column of ``simattn bench attention``.
-    """
-    check_qkv(q, k, v, "sima")
-    mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
-    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    q = F.normalize(apply_token_mask(q, q_mask), p=1.0, dim=-2, eps=eps)
-    k = F.normalize(apply_token_mask(k, mask), p=1.0, dim=-2, eps=eps)
-    if order == "qk_first":
-        return (q @ k.transpose(-2, -1)) @ v
-    return q @ (k.transpose(-2, -1) @ v)
-
-
 @register_attention("sima")
 class SimAAttention(TokenAttention):
     """SimA multi-head attention with timm's ``Attention`` constructor signature.
 
     Extra options: ``order`` ('auto' | 'kv_first' | 'qk_first'), ``eps`` (l1 norm floor).
-    ``attn_drop`` is accepted for signature compatibility and, as in the official code, never applied.
+    The official code builds ``attn_drop`` but never applies it (the q̂(k̂ᵀv) order forms no weight matrix), so
+    ``attn_drop > 0`` is rejected here rather than silently ignored.
     ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
     """
 

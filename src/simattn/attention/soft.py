@@ -1,11 +1,21 @@
 """SOFT: softmax-free attention with a Gaussian kernel and a Nyström low-rank approximation (Lu et al.).
 
 S_ij = exp(-‖q_i − k_j‖² / (2√d)) with Q = K (one shared projection). With landmarks Q̃, K̃ pooled from the 2-D
-token grid, Ŝ = exp(Q ⊖ K̃) · exp(Q̃ ⊖ K̃)⁺ · exp(Q̃ ⊖ K), and Ŝ V is computed right to left (linear in N). The
-pseudo-inverse uses Newton–Raphson iterations A_{k+1} = 2A_k − A_k M A_k from A_0 = α Mᵀ with, per (batch, head),
-α = 1.8 / (‖M‖₁ ‖M‖∞) (< 2/σ_max², so the iteration converges; for a symmetric M this is the released code's
-0.9·2/(max row sum)²). The backward either runs through the iterations or uses the inverse's gradient −Xᵀ G Xᵀ.
-All kernel work runs in fp32.
+token grid, Ŝ = exp(Q ⊖ K̃) · exp(Q̃ ⊖ K̃)⁺ · exp(Q̃ ⊖ K), and Ŝ V is computed right to left (linear in N).
+
+The inverse of the m×m landmark kernel M uses Newton–Raphson iterations V ← 2V − V P V, ``newton_init``:
+
+- ``'released'`` (default; the released code, which produced the published numbers): P = M + 0.01·I and
+  V₀ = α P with α = 0.9·2 / (max row sum of M)² per (batch, head), 20 iterations. The 0.01·I keeps P
+  well conditioned, so the result approximates (M + 0.01·I)⁻¹, not M⁺.
+- ``'paper'`` (the paper's Sec. 3.3): P = M and V₀ = α M with α = 2βⁿ / ‖M‖₁², β = ½, n the smallest integer ≥ 0
+  with ‖I − α M‖₁ ≤ 1; the iteration converges to M⁺ (slowly when M is ill conditioned).
+
+The backward either runs through the iterations or, as the released code does, uses the inverse's gradient
+dP = −Vᵀ G Vᵀ (exact once the iteration has converged). All kernel work runs in fp32 (fp64 for fp64 inputs).
+Precision limit: the kernel is exp of minus a squared distance, so for far-apart tokens (e.g. activations of
+order 1e4) it underflows to exactly 0 in every float format, and the output and its gradient are 0: the method's
+range, not round-off.
 """
 from __future__ import annotations
 
@@ -21,7 +31,7 @@ from ._registry import register_attention
 from .base import TokenAttention
 
 __all__ = [
-    "soft_attention", "soft_attention_reference", "gaussian_kernel", "newton_pinv", "pinv_residual",
+    "soft_attention", "gaussian_kernel", "newton_pinv", "pinv_residual",
     "pool_landmarks", "infer_grid", "SoftAttention",
 ]
 
@@ -36,21 +46,50 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.exp(sq.clamp_min(0) * (-0.5 / math.sqrt(a.shape[-1])))
 
 
-def _nr_iterate(m: torch.Tensor, num_iters: int) -> torch.Tensor:
-    norm_1 = m.abs().sum(-2).amax(-1)  # max column sum, per (batch, head)
-    norm_inf = m.abs().sum(-1).amax(-1)  # max row sum
-    x = (1.8 / (norm_1 * norm_inf).clamp_min(1e-30))[..., None, None] * m.transpose(-2, -1)
+_NEWTON_INITS = ("released", "paper")
+
+
+def _paper_alpha(m: torch.Tensor, max_halvings: int = 40) -> torch.Tensor:
+    """α = 2βⁿ/‖M‖₁² (β = ½) with the smallest n ≥ 0 such that ‖I − αM‖₁ ≤ 1, per matrix (…,)."""
+    norm_1 = m.abs().sum(-2).amax(-1).clamp_min(1e-30)  # max column sum
+    eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+    alpha = torch.zeros_like(norm_1)
+    done = torch.zeros_like(norm_1, dtype=torch.bool)
+    for n in range(max_halvings + 1):
+        a = 2 * 0.5 ** n / norm_1.square()
+        ok = ((eye - a[..., None, None] * m).abs().sum(-2).amax(-1) <= 1) | (n == max_halvings)
+        alpha = torch.where(done, alpha, a)
+        done = done | ok
+        if bool(done.all()):
+            break
+    return alpha
+
+
+def _nr_iterate(m: torch.Tensor, num_iters: int, init: str = "released") -> torch.Tensor:
+    if init == "released":
+        p = m + 0.01 * torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+        alpha = 1.8 / m.abs().sum(-1).amax(-1).square().clamp_min(1e-30)  # max row sum of M (≥ 0 entries)
+    else:
+        p = m
+        alpha = _paper_alpha(m)
+    # V₀ = α Pᵀ (= α P for SOFT's symmetric kernel; the transpose keeps the iteration a pseudo-inverse otherwise)
+    x = alpha[..., None, None] * p.transpose(-2, -1)
     for _ in range(num_iters):
-        x = 2 * x - x @ m @ x
+        x = 2 * x - x @ p @ x
     return x
 
 
+def _check_newton_init(init: str) -> None:
+    if init not in _NEWTON_INITS:
+        raise ValueError(f"soft: unknown newton_init {init!r}; expected one of {', '.join(_NEWTON_INITS)}")
+
+
 class _NewtonPinvExact(torch.autograd.Function):
-    """Iterations without a graph; backward as for a true inverse, dM = −Xᵀ G Xᵀ (the released code's choice)."""
+    """Iterations without a graph; backward as for a true inverse, dP = −Xᵀ G Xᵀ (the released code's choice)."""
 
     @staticmethod
-    def forward(ctx, m, num_iters):
-        x = _nr_iterate(m, num_iters)
+    def forward(ctx, m, num_iters, init):
+        x = _nr_iterate(m, num_iters, init)
         ctx.save_for_backward(x)
         return x
 
@@ -58,25 +97,32 @@ class _NewtonPinvExact(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         xt = x.transpose(-2, -1)
-        return -(xt @ grad @ xt), None
+        return -(xt @ grad @ xt), None, None
 
 
-def newton_pinv(m: torch.Tensor, num_iters: int = 20, backward: str = "exact") -> torch.Tensor:
-    """Moore–Penrose pseudo-inverse of the (…, m, m) matrix ``m`` by Newton–Raphson iterations."""
+def newton_pinv(m: torch.Tensor, num_iters: int = 20, backward: str = "exact",
+                newton_init: str = "released") -> torch.Tensor:
+    """Newton–Raphson inverse of the (…, m, m) landmark kernel ``m``: (M + 0.01·I)⁻¹ with ``newton_init='released'``,
+    M⁺ with ``'paper'`` (see the module docstring)."""
     if backward not in _BACKWARDS:
         raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
+    _check_newton_init(newton_init)
     if num_iters < 0:
         raise ValueError(f"soft: num_iters must be >= 0, got {num_iters}")
     if backward == "exact":
-        return _NewtonPinvExact.apply(m, num_iters)
-    return _nr_iterate(m, num_iters)
+        return _NewtonPinvExact.apply(m, num_iters, newton_init)
+    return _nr_iterate(m, num_iters, newton_init)
 
 
-def pinv_residual(m: torch.Tensor, num_iters: int = 20) -> torch.Tensor:
-    """Convergence residual ‖M X M − M‖_F / ‖M‖_F per (batch, head) after ``num_iters`` iterations."""
+def pinv_residual(m: torch.Tensor, num_iters: int = 20, newton_init: str = "released") -> torch.Tensor:
+    """Convergence residual ‖P X P − P‖_F / ‖P‖_F per (batch, head) after ``num_iters`` iterations, with P the
+    matrix the iteration inverts (M + 0.01·I for 'released', M for 'paper')."""
+    _check_newton_init(newton_init)
     with torch.no_grad():
         m = m.to(torch.promote_types(m.dtype, torch.float32))
-        x = _nr_iterate(m, num_iters)
+        x = _nr_iterate(m, num_iters, newton_init)
+        if newton_init == "released":
+            m = m + 0.01 * torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
         return torch.linalg.matrix_norm(m @ x @ m - m) / torch.linalg.matrix_norm(m).clamp_min(1e-30)
 
 
@@ -114,12 +160,13 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                    grid_size: Optional[Tuple[int, int]] = None, ratio: int = 2,
                    num_prefix_tokens: Optional[int] = None, q_landmarks: Optional[torch.Tensor] = None,
                    k_landmarks: Optional[torch.Tensor] = None, num_iters: int = 20, backward: str = "exact",
-                   mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   newton_init: str = "released", mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SOFT attention on q (B, H, Nq, d), k, v (B, H, Nk, ·); in the paper k is q.
 
     Landmarks default to ratio×ratio average pooling of the key grid (``grid_size`` (H, W) or inferred for a square
     grid, after ``num_prefix_tokens`` leading tokens such as CLS, which take part as queries and keys but not in the
-    pooling). Pass ``q_landmarks`` / ``k_landmarks`` (B, H, m, d) to use others (e.g. a learned conv).
+    pooling). Pass ``q_landmarks`` / ``k_landmarks`` (B, H, m, d) to use others (e.g. a learned conv), in the same
+    (unscaled) space as q and k. ``newton_init``: 'released' | 'paper' (module docstring).
     """
     if mask is not None:
         raise ValueError("soft: token masks are not supported (landmarks are pooled over the whole grid)")
@@ -133,30 +180,21 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         left = gaussian_kernel(q, k_landmarks)  # (B, H, Nq, m)
         core = gaussian_kernel(q_landmarks, k_landmarks)  # (B, H, m, m)
         right = gaussian_kernel(q_landmarks, k)  # (B, H, m, Nk)
-        out = left @ (newton_pinv(core, num_iters, backward) @ (right @ v.to(left.dtype)))
+        out = left @ (newton_pinv(core, num_iters, backward, newton_init) @ (right @ v.to(left.dtype)))
     return out.to(dt)
-
-
-def soft_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                             grid_size: Optional[Tuple[int, int]] = None, ratio: int = 2,
-                             num_prefix_tokens: Optional[int] = None) -> torch.Tensor:
-    """Quadratic, literal form: materialize Ŝ = exp(Q⊖K̃) pinv(exp(Q̃⊖K̃)) exp(Q̃⊖K) with an exact
-    ``torch.linalg.pinv``, then Ŝ V."""
-    grid, prefix = _check_soft(q, k, v, grid_size, num_prefix_tokens)
-    k_l = pool_landmarks(k, grid, ratio, prefix)
-    q_l = pool_landmarks(q, grid, ratio, prefix)
-    s_hat = gaussian_kernel(q, k_l) @ torch.linalg.pinv(gaussian_kernel(q_l, k_l)) @ gaussian_kernel(q_l, k)
-    return s_hat @ v.to(s_hat.dtype)
 
 
 @register_attention("soft")
 class SoftAttention(TokenAttention):
     """SOFT attention module with timm's ``Attention`` signature; q and k share one projection (``qkv`` holds q, v).
 
-    Extra options: ``ratio`` (landmark pooling k = stride), ``landmarks`` ('pool' | 'conv': a stride-``ratio`` conv
-    + LayerNorm + GELU as in the released code), ``num_iters``, ``backward`` ('exact' | 'iterative'),
-    ``v_conv_kernel`` (depthwise conv on V over the grid, added to the output; 0 = off), ``num_prefix_tokens``
-    (None = infer 0 or 1). ``forward(x, grid_size=(H, W))`` for non-square grids.
+    Extra options: ``ratio`` (landmark window and stride), ``landmarks`` ('pool': ratio×ratio average pooling;
+    'conv': the released code's learned landmarks, one ``Conv2d(d_h, d_h, ratio, stride=ratio, bias=False)``
+    shared by all heads, then ``LayerNorm(d_h)`` and GELU, applied to q / d^¼), ``num_iters``, ``backward``
+    ('exact' | 'iterative'), ``newton_init`` ('released' | 'paper', see the module docstring), ``v_conv_kernel``
+    (depthwise conv on V over the grid, added to the output; 0 = off), ``num_prefix_tokens`` (None = infer 0 or
+    1). ``forward(x, grid_size=(H, W))`` for non-square grids. With ``ratio=1`` the landmarks are the tokens
+    themselves (exact kernel, no conv). There is no token-token weight matrix, so ``attn_drop > 0`` is rejected.
     """
 
     supports_mask = False
@@ -164,21 +202,22 @@ class SoftAttention(TokenAttention):
     separate_qk = False
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",
-                 num_iters: int = 20, backward: str = "exact", v_conv_kernel: int = 0,
-                 num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
+                 num_iters: int = 20, backward: str = "exact", newton_init: str = "released",
+                 v_conv_kernel: int = 0, num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         if landmarks not in ("pool", "conv"):
             raise ValueError(f"soft: unknown landmarks {landmarks!r}; expected 'pool' or 'conv'")
         if backward not in _BACKWARDS:
             raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
+        _check_newton_init(newton_init)
         if ratio < 1:
             raise ValueError(f"soft: ratio must be >= 1, got {ratio}")
-        self.ratio, self.num_iters, self.backward = ratio, num_iters, backward
+        self.ratio, self.num_iters, self.backward, self.newton_init = ratio, num_iters, backward, newton_init
         self.num_prefix_tokens = num_prefix_tokens
         self.landmarks = landmarks
         if landmarks == "conv" and ratio > 1:
-            self.landmark_conv = nn.Conv2d(dim, dim, ratio, stride=ratio)
-            self.landmark_norm = nn.LayerNorm(dim)
+            self.landmark_conv = nn.Conv2d(self.head_dim, self.head_dim, ratio, stride=ratio, bias=False)
+            self.landmark_norm = nn.LayerNorm(self.head_dim)
         self.v_conv = nn.Conv2d(dim, dim, v_conv_kernel, padding=v_conv_kernel // 2, groups=dim) \
             if v_conv_kernel else None
 
@@ -188,21 +227,26 @@ class SoftAttention(TokenAttention):
         img = t[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
         return fn(img)
 
+    def conv_landmarks(self, q: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
+        """The released code's learned landmarks of q (B, H, N, d) → (B, H, m, d), in q's (unscaled) space."""
+        B, Hh, N, d = q.shape
+        scale = d ** 0.25  # the released code works on q / d^¼, where the kernel is exp(-dist / 2)
+        img = (q[:, :, prefix:] / scale).reshape(B * Hh, *grid, d).permute(0, 3, 1, 2)  # heads share the conv
+        lm = self.landmark_conv(img).flatten(2).transpose(1, 2).reshape(B, Hh, -1, d)
+        return F.gelu(self.landmark_norm(lm)) * scale
+
     def attend(self, q, k, v, mask, grid_size=None):
         grid, prefix = infer_grid(q.shape[-2], grid_size, self.num_prefix_tokens)
         B, Hh, N, d = q.shape
-        q_landmarks = None
-        if self.landmarks == "conv" and self.ratio > 1:
-            lm = self._grid_map(q, grid, prefix, self.landmark_conv).flatten(2).transpose(1, 2)  # (B, m, C)
-            lm = F.gelu(self.landmark_norm(lm))
-            q_landmarks = lm.reshape(B, -1, Hh, d).transpose(1, 2)
+        landmarks = self.conv_landmarks(q, grid, prefix) if self.landmarks == "conv" and self.ratio > 1 else None
         out = soft_attention(q, q, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,
-                             q_landmarks=q_landmarks, k_landmarks=q_landmarks, num_iters=self.num_iters,
-                             backward=self.backward)
+                             q_landmarks=landmarks, k_landmarks=landmarks, num_iters=self.num_iters,
+                             backward=self.backward, newton_init=self.newton_init)
         if self.v_conv is not None:
             conv = self._grid_map(v, grid, prefix, self.v_conv).reshape(B, Hh, d, -1).transpose(-2, -1)
             out = out + F.pad(conv.to(out.dtype), (0, 0, prefix, 0))
         return out
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, ratio={self.ratio}, landmarks={self.landmarks!r}, num_iters={self.num_iters}"
+        return (f"{super().extra_repr()}, ratio={self.ratio}, landmarks={self.landmarks!r}, "
+                f"num_iters={self.num_iters}, newton_init={self.newton_init!r}")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from ._common import HookPoint, acc_dtype, check_qkv, matmul_dtype
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import softmax_reference as softmax_attention_reference
 
 __all__ = ["softmax_attention", "softmax_attention_reference", "softmax_weights", "SoftmaxAttention"]
 
@@ -35,13 +36,6 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask
                                           is_causal=is_causal)
 
 
-def softmax_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                                mask: Optional[torch.Tensor] = None, scale: Optional[float] = None) -> torch.Tensor:
-    """The explicit formulation: weights = softmax(q kᵀ · scale) (masked keys at -inf), then weights @ v."""
-    check_qkv(q, k, v, "softmax")
-    return softmax_weights(q, k, _sdpa_mask(mask, q, k), scale) @ v
-
-
 def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     scale: Optional[float] = None) -> torch.Tensor:
     """The (B, H, Nq, Nk) weights softmax(q kᵀ · scale); ``mask`` is SDPA-style (bool keep or additive)."""
@@ -56,23 +50,26 @@ def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tenso
 class SoftmaxAttention(TokenAttention):
     """Softmax attention with timm's ``Attention`` signature and parameter names.
 
+    ``attn_drop`` drops attention weights in training; ``is_causal=True`` lets query i see keys j <= i.
     ``fused=True`` (default) runs SDPA; ``fused=False`` runs the explicit path, which materializes the weights and
     passes them through the ``attn_weights`` hook point (export- and inspection-friendly).
     """
+
+    supports_causal = True
+    supports_attn_drop = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, fused: bool = True, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.fused = fused
         self.attn_weights = HookPoint()
 
-    supports_causal = True
 
     def attend(self, q, k, v, mask, is_causal=False):
         if self.fused and not self.attn_weights.has_hooks:
             return softmax_attention(q, k, v, mask=mask, scale=self.scale,
                                      dropout_p=self.attn_drop.p if self.training else 0., is_causal=is_causal)
         if is_causal:
-            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+            causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()[None, None]
             mask = causal if mask is None else _sdpa_mask(mask, q, k) & causal
         weights = self.attn_weights(softmax_weights(q, k, _sdpa_mask(mask, q, k), self.scale))
         return self.attn_drop(weights) @ v

@@ -10,12 +10,13 @@ from torch import nn
 from ._common import HookPoint, acc_dtype, apply_token_mask, check_qkv, matmul_dtype, no_autocast, resolve_masks
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import xca_reference as xca_attention_reference
 
 __all__ = ["xca_attention", "xca_attention_reference", "xca_weights", "XCAttention"]
 
 
 def _temperature(temperature, q):
-    t = torch.as_tensor(temperature, dtype=torch.float32, device=q.device)
+    t = torch.as_tensor(temperature, dtype=acc_dtype(q), device=q.device)
     return t.reshape(1, -1, 1, 1) if t.dim() >= 1 and t.numel() > 1 else t
 
 
@@ -35,7 +36,7 @@ def xca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 def xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
                 mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
-    """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32 ."""
+    """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32."""
     with no_autocast(q):
         q_hat = F.normalize(apply_token_mask(q.to(acc_dtype(q)), mask), dim=-2, eps=eps)
         k_hat = F.normalize(apply_token_mask(k.to(acc_dtype(k)), mask), dim=-2, eps=eps)
@@ -46,28 +47,17 @@ def _apply_weights(v: torch.Tensor, weights: torch.Tensor, mask: Optional[torch.
     return apply_token_mask(v, mask) @ weights.to(matmul_dtype(v)).transpose(-2, -1)
 
 
-def xca_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                            temperature: Union[float, torch.Tensor] = 1.0, mask: Optional[torch.Tensor] = None,
-                            eps: float = 1e-12) -> torch.Tensor:
-    """XCiT's own formulation: transpose to (B, H, d, N), normalize over tokens, (d×d) softmax, apply to v."""
-    check_qkv(q, k, v, "xca", same_length=True)
-    mask, _ = resolve_masks(q, k, mask, None, "xca")
-    q, k, v = (apply_token_mask(t, mask).transpose(-2, -1) for t in (q, k, v))
-    q = F.normalize(q, dim=-1, eps=eps)
-    k = F.normalize(k, dim=-1, eps=eps)
-    attn = (q @ k.transpose(-2, -1)) * _temperature(temperature, q)
-    return (attn.softmax(dim=-1) @ v).transpose(-2, -1)
-
-
 @register_attention("xca")
 class XCAttention(TokenAttention):
     """XCiT cross-covariance attention with a learnable per-head ``temperature`` (initialised to 1).
 
-    ``attn_weights`` is a hook point on the (B, H, d, d) channel weights. Parameter names follow timm's XCiT
+    ``attn_weights`` is a hook point on the (B, H, d, d) channel weights; ``attn_drop`` drops entries of those
+    weights in training, as XCiT does. Parameter names follow timm's XCiT
     (``qkv``, ``temperature``, ``proj``).
     """
 
     supports_cross_length = False
+    supports_attn_drop = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-12, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
@@ -79,7 +69,7 @@ class XCAttention(TokenAttention):
         check_qkv(q, k, v, "xca", same_length=True)
         mask, _ = resolve_masks(q, k, mask, None, "xca")
         weights = self.attn_weights(xca_weights(q, k, self.temperature, mask, self.eps))
-        return _apply_weights(v, weights, mask)
+        return _apply_weights(v, self.attn_drop(weights), mask)
 
     def no_weight_decay(self):
         return {"temperature"}

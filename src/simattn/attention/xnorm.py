@@ -15,6 +15,7 @@ from torch import nn
 from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
+from .reference import xnorm_reference as xnorm_attention_reference
 
 __all__ = ["xnorm_attention", "xnorm_attention_reference", "xnorm", "XNormAttention"]
 
@@ -44,21 +45,12 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     return out.to(dt)
 
 
-def xnorm_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_q: Gamma = 1.0,
-                              gamma_kv: Gamma = 1.0, mask: Optional[torch.Tensor] = None,
-                              eps: float = 1e-6) -> torch.Tensor:
-    """Literal form: XN(Q) over channels per token, XN(KᵀV) over key channels per column, then the product."""
-    check_qkv(q, k, v, "xnorm")
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm")
-    kv = apply_token_mask(k, mask).transpose(-2, -1) @ v
-    return xnorm(q, dim=-1, gamma=gamma_q, eps=eps) @ xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps)
-
-
 @register_attention("xnorm")
 class XNormAttention(TokenAttention):
     """UFO-ViT multi-head XNorm attention with timm's ``Attention`` signature.
 
     Parameters ``gamma_q`` and ``gamma_kv`` (per head, init 1) are the two XN scales; extra option ``eps``.
+    No token-token weight matrix is formed, so ``attn_drop > 0`` is rejected.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:

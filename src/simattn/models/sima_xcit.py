@@ -71,8 +71,9 @@ class ClassAttention(ClassAttn):
     """Class attention (the CLS query over all tokens) with timm's parameters (``q``, ``k``, ``v``, ``proj``).
 
     ``kind='softmax'``: CaiT/XCiT's softmax(q₀kᵀ/√d) (timm's fused path unless observed). ``kind='sima'``: the
-    official SimA class attention, softmax-free (see :func:`sima_class_attention_weights`); like SimA's blocks it
-    never applies attention dropout. ``attn_weights`` is a hook point on the (B, H, 1, N) weights.
+    official SimA class attention, softmax-free (see :func:`sima_class_attention_weights`). Both kinds drop
+    entries of the (B, H, 1, N) weights with ``attn_drop`` in training, as the official code does;
+    ``attn_weights`` is a hook point on those weights.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, qkv_bias: bool = False, attn_drop: float = 0.,
@@ -98,7 +99,7 @@ class ClassAttention(ClassAttn):
             # Every token's query is needed: the l1 norms over tokens scale the CLS query.
             weights = self.attn_weights(sima_class_attention_weights(heads(self.q(x)), k, self.eps))
             with no_autocast(v):  # weights lie in [-d, d]: keep the product in fp32
-                x_cls = (weights @ v.to(weights.dtype)).to(v.dtype)
+                x_cls = (self.attn_drop(weights) @ v.to(weights.dtype)).to(v.dtype)
         else:
             weights = self.attn_weights(softmax_weights(heads(self.q(x[:, :1])), k, scale=self.scale))
             x_cls = self.attn_drop(weights) @ v

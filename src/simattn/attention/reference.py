@@ -1,0 +1,214 @@
+"""Oracles: every attention kind written straight from its paper's (or released code's) formula.
+
+Plain torch operations only, in the inputs' own dtype: nothing here calls a helper of the fast paths (masking,
+weighting, kernels, feature maps, key lengths, norms), so a bug in a shared helper cannot hide by changing a fast
+path and its oracle alike. The tests run these in fp64 as ground truth; ``simattn bench`` runs
+:func:`sima_reference` as the official code's formulation. No input checking: callers pass valid (B, H, N, d) tensors.
+
+Masks are boolean keep-masks of shape (B, N) (True = the token takes part).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+
+__all__ = [
+    "sima_reference", "softmax_reference", "xca_reference", "elu_reference", "relu_reference", "RELU_H",
+    "xnorm_reference", "gaussian_kernel_reference", "pool_landmarks_reference", "newton_inverse_reference",
+    "soft_reference", "sima_class_attention_reference", "softmax_class_attention_reference",
+]
+
+
+def _keep(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return t if mask is None else t * mask[:, None, :, None].to(t.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------- SimA
+def sima_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
+                   mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
+                   eps: float = 1e-12) -> torch.Tensor:
+    """SimA: q̂ = q / max(Σ_tokens |q|, eps) per channel (likewise k̂), out = q̂ k̂ᵀ v.
+
+    ``order``: 'kv_first' = q̂(k̂ᵀv), 'qk_first' = (q̂k̂ᵀ)v, 'auto' = the official rule (qk_first when Nq < d).
+    ``mask`` removes key tokens before the normalization (and query tokens too when the lengths are equal and no
+    ``q_mask`` is given); ``q_mask`` removes query tokens.
+    """
+    if q_mask is None and mask is not None and q.shape[-2] == k.shape[-2]:
+        q_mask = mask
+    q, k = _keep(q, q_mask), _keep(k, mask)
+    q_hat = q / q.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    k_hat = k / k.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    if order == "auto":
+        order = "qk_first" if q.shape[-2] < q.shape[-1] else "kv_first"
+    if order == "qk_first":
+        return (q_hat @ k_hat.transpose(-2, -1)) @ v
+    return q_hat @ (k_hat.transpose(-2, -1) @ v)
+
+
+def sima_class_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                   eps: float = 1e-6) -> torch.Tensor:
+    """SimA's class attention (official ``ClassAttention``): l1-normalize q, k of all N tokens over tokens, the CLS
+    query (index 0) weights the values by its dot products with every key → (B, H, 1, dv)."""
+    q_hat = q / q.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    k_hat = k / k.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    weights = (q_hat[:, :, :1] * k_hat).sum(-1)  # (B, H, N)
+    return weights.unsqueeze(-2) @ v
+
+
+# ---------------------------------------------------------------------------------------------------- softmax
+def softmax_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
+                      scale: Optional[float] = None, is_causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v, scale = d^-½. ``mask``: (B, Nk) or 4-D boolean keep-mask, or an additive float mask.
+    ``is_causal``: query i sees keys j ≤ i (top-left aligned, as SDPA)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = (q @ k.transpose(-2, -1)) * scale
+    if mask is not None:
+        if mask.dim() == 2:
+            mask = mask[:, None, None, :]
+        logits = logits.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else logits + mask
+    if is_causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        allowed = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None]
+        logits = logits.masked_fill(~allowed, -math.inf)
+    return torch.softmax(logits, dim=-1) @ v
+
+
+def softmax_class_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """CaiT/XCiT class attention: softmax(q₀ kᵀ / √d) v with q₀ the CLS query (index 0) → (B, H, 1, dv)."""
+    return softmax_reference(q[:, :, :1], k, v)
+
+
+# ---------------------------------------------------------------------------------------------------- XCA
+def xca_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                  temperature: Union[float, torch.Tensor] = 1.0, mask: Optional[torch.Tensor] = None,
+                  eps: float = 1e-12) -> torch.Tensor:
+    """XCiT's XCA: q, k l2-normalized over tokens (divisor max(‖·‖₂, eps)), A = softmax(q̂ᵀk̂ · τ) over key
+    channels (d×d), out = (A vᵀ)ᵀ. ``temperature``: float or per-head (H, 1, 1). ``mask`` removes tokens."""
+    q, k, v = _keep(q, mask), _keep(k, mask), _keep(v, mask)
+    q_hat = q / q.square().sum(dim=-2, keepdim=True).sqrt().clamp_min(eps)
+    k_hat = k / k.square().sum(dim=-2, keepdim=True).sqrt().clamp_min(eps)
+    attn = torch.softmax((q_hat.transpose(-2, -1) @ k_hat) * temperature, dim=-1)  # (B, H, d, d)
+    return (attn @ v.transpose(-2, -1)).transpose(-2, -1)
+
+
+# ---------------------------------------------------------------------------------------------------- ELU
+def elu_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
+                  eps: float = 1e-6) -> torch.Tensor:
+    """Katharopoulos et al.: φ(x) = x + 1 (x > 0), eˣ (x ≤ 0); A = φ(q)φ(k)ᵀ (removed keys: 0), out = A v / (A 1 + eps)."""
+    def phi(x):
+        return torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0)))
+
+    attn = phi(q) @ _keep(phi(k), mask).transpose(-2, -1)
+    return (attn @ v) / (attn.sum(dim=-1, keepdim=True) + eps)
+
+
+# ---------------------------------------------------------------------------------------------------- ReLU
+#: h of "Replacing softmax with ReLU in Vision Transformers", each from its definition.
+RELU_H = {
+    "relu": lambda x: x.clamp_min(0),
+    "relu2": lambda x: x.clamp_min(0) ** 2,
+    "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
+    "softplus": lambda x: torch.logaddexp(x, torch.zeros_like(x)),
+    "identity": lambda x: x,
+    "relu6": lambda x: x.clamp(0, 6),
+    "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
+}
+
+
+def relu_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
+                   alpha: float = 1.0, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """α_ij = L^(-a) · h(q_iᵀk_j / √d), out = α v, with L the number of (kept) keys; removed keys get α = 0."""
+    logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    weights = RELU_H[activation](logits)
+    if mask is None:
+        length = torch.full((q.shape[0], 1, 1, 1), float(k.shape[-2]), dtype=q.dtype, device=q.device)
+    else:
+        length = mask.sum(dim=-1).clamp_min(1).to(q.dtype).reshape(-1, 1, 1, 1)
+        weights = weights * mask[:, None, None, :].to(weights.dtype)
+    return (weights * length ** -alpha) @ v
+
+
+# ---------------------------------------------------------------------------------------------------- XNorm
+def xnorm_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_q: Union[float, torch.Tensor] = 1.0,
+                    gamma_kv: Union[float, torch.Tensor] = 1.0, mask: Optional[torch.Tensor] = None,
+                    eps: float = 1e-6) -> torch.Tensor:
+    """UFO-ViT: XN(a) = γ a / (‖a‖₂ + eps); out = XN(Q) over each token's channels · XN(KᵀV) over each column's
+    key channels. ``mask`` removes keys."""
+    kv = _keep(k, mask).transpose(-2, -1) @ v  # (B, H, d, dv)
+    q_n = gamma_q * q / (q.square().sum(dim=-1, keepdim=True).sqrt() + eps)
+    kv_n = gamma_kv * kv / (kv.square().sum(dim=-2, keepdim=True).sqrt() + eps)
+    return q_n @ kv_n
+
+
+# ---------------------------------------------------------------------------------------------------- SOFT
+def gaussian_kernel_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """exp(-‖a_i − b_j‖² / (2√d)) from the explicit differences (B, H, Na, Nb, d)."""
+    diff = a.unsqueeze(-2) - b.unsqueeze(-3)
+    return torch.exp(-diff.square().sum(-1) / (2 * math.sqrt(a.shape[-1])))
+
+
+def pool_landmarks_reference(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int,
+                             num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Mean of the grid tokens in each ratio×ratio window (windows clipped at the grid's edge), row-major."""
+    gh, gw = grid_size
+    grid = x[:, :, num_prefix_tokens:]
+    out = []
+    for top in range(0, gh, ratio):
+        for left in range(0, gw, ratio):
+            idx = [r * gw + c for r in range(top, min(top + ratio, gh)) for c in range(left, min(left + ratio, gw))]
+            out.append(grid[:, :, idx].mean(dim=-2))
+    return torch.stack(out, dim=-2)
+
+
+def newton_inverse_reference(m: torch.Tensor, num_iters: int = 20, init: str = "released") -> torch.Tensor:
+    """Newton–Raphson inverse V ← 2V − V P V of SOFT's landmark kernel M (symmetric, entries ≥ 0).
+
+    ``init='released'`` (the released code's ``newton_inv``): P = M + 0.01·I, V₀ = αP with
+    α = 0.9·2 / (max row sum of M)² per matrix. ``init='paper'``: P = M, V₀ = αM with α = 2βⁿ/‖M‖₁², β = ½, n the
+    smallest integer ≥ 0 with ‖I − αM‖₁ ≤ 1 (‖·‖₁ = max column sum), searched up to n = 40.
+    """
+    eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
+    if init == "released":
+        p = m + 0.01 * eye
+        alpha = 0.9 * 2 / m.sum(dim=-1).max(dim=-1).values ** 2
+        v = alpha[..., None, None] * p
+    else:
+        p = m
+        norm1 = m.abs().sum(dim=-2).max(dim=-1).values
+        flat_m = m.reshape(-1, *m.shape[-2:])
+        alphas = []
+        for mi, ni in zip(flat_m, norm1.reshape(-1)):
+            for n in range(41):
+                a = 2 * 0.5 ** n / ni ** 2
+                if (eye - a * mi).abs().sum(dim=-2).max() <= 1 or n == 40:
+                    alphas.append(a)
+                    break
+        v = torch.stack(alphas).reshape(m.shape[:-2])[..., None, None] * m
+    for _ in range(num_iters):
+        v = 2 * v - v @ p @ v
+    return v
+
+
+def soft_reference(q: torch.Tensor, v: torch.Tensor, grid_size: Tuple[int, int], *, ratio: int = 2,
+                   num_prefix_tokens: int = 0, landmarks: Optional[torch.Tensor] = None,
+                   num_iters: Optional[int] = 20, init: str = "released") -> torch.Tensor:
+    """SOFT with Q = K: Ŝ = exp(Q⊖K̃) · inv(exp(Q̃⊖K̃)) · exp(Q̃⊖K), out = Ŝ V (quadratic, materialized).
+
+    Landmarks Q̃ = K̃: ratio×ratio average pooling of the grid tokens, or ``landmarks`` (B, H, m, d) given in the
+    kernel's unscaled space. The inverse: ``num_iters`` Newton–Raphson steps (:func:`newton_inverse_reference`),
+    or with ``num_iters=None`` the exact inverse of what the iteration converges to (``torch.linalg.inv`` of
+    M + 0.01·I for 'released', ``torch.linalg.pinv`` of M for 'paper').
+    """
+    lm = pool_landmarks_reference(q, grid_size, ratio, num_prefix_tokens) if landmarks is None else landmarks
+    core = gaussian_kernel_reference(lm, lm)
+    if num_iters is None:
+        if init == "released":
+            inv = torch.linalg.inv(core + 0.01 * torch.eye(core.shape[-1], dtype=core.dtype, device=core.device))
+        else:
+            inv = torch.linalg.pinv(core)
+    else:
+        inv = newton_inverse_reference(core, num_iters, init)
+    s_hat = gaussian_kernel_reference(q, lm) @ inv @ gaussian_kernel_reference(lm, q)
+    return s_hat @ v

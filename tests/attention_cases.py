@@ -1,0 +1,83 @@
+"""Shared by the attention tests: each kind's fast functional op beside its oracle, and helpers.
+
+The oracles (``simattn.attention.reference``) share no code with the fast paths; every comparison here is
+fast path vs oracle, never a function against itself.
+"""
+from functools import partial
+
+import torch
+
+from simattn.attention import reference as R
+from simattn.attention.elu import elu_attention
+from simattn.attention.relu import ACTIVATIONS, relu_attention
+from simattn.attention.sima import sima_attention
+from simattn.attention.soft import soft_attention
+from simattn.attention.softmax import softmax_attention
+from simattn.attention.xca import xca_attention
+from simattn.attention.xnorm import xnorm_attention
+
+H = 3
+TEMPERATURE = torch.tensor([0.5, 1.0, 2.0]).reshape(H, 1, 1)
+GAMMA_Q = torch.tensor([0.7, 1.0, 1.3]).reshape(H, 1, 1)
+GAMMA_KV = torch.tensor([1.5, 0.8, 1.1]).reshape(H, 1, 1)
+SOFT_GRID = (4, 5)
+
+
+def _soft_fast(q, k, v, **kw):
+    # SOFT's q is its k; the iterative backward differentiates the same 20 iterations the oracle runs
+    return soft_attention(q, q, v, grid_size=SOFT_GRID, ratio=2, backward="iterative", **kw)
+
+
+def _soft_oracle(q, k, v, **kw):
+    return R.soft_reference(q, v, SOFT_GRID, ratio=2, **kw)
+
+
+def _with(fn, **fixed):
+    """fn with tensor options moved to the inputs' dtype (so fp64 runs stay fp64)."""
+    def call(q, k, v, **kw):
+        opts = {key: val.to(q.dtype) if torch.is_tensor(val) else val for key, val in fixed.items()}
+        return fn(q, k, v, **opts, **kw)
+    return call
+
+
+# name → (fast op, oracle, takes different query/key lengths, takes a key mask)
+CASES = {
+    "sima_kv_first": (partial(sima_attention, order="kv_first"), partial(R.sima_reference, order="kv_first"), True, True),
+    "sima_qk_first": (partial(sima_attention, order="qk_first"), partial(R.sima_reference, order="qk_first"), True, True),
+    "sima_auto": (sima_attention, R.sima_reference, True, True),
+    "softmax": (softmax_attention, R.softmax_reference, True, True),
+    "xca": (_with(xca_attention, temperature=TEMPERATURE), _with(R.xca_reference, temperature=TEMPERATURE), False, True),
+    "elu": (elu_attention, R.elu_reference, True, True),
+    "xnorm": (_with(xnorm_attention, gamma_q=GAMMA_Q, gamma_kv=GAMMA_KV),
+              _with(R.xnorm_reference, gamma_q=GAMMA_Q, gamma_kv=GAMMA_KV), True, True),
+    **{f"relu_{a}": (partial(relu_attention, activation=a, alpha=0.7), partial(R.relu_reference, activation=a, alpha=0.7),
+                     True, True) for a in ACTIVATIONS},
+    "relu_alpha0": (partial(relu_attention, alpha=0.0), partial(R.relu_reference, alpha=0.0), True, True),
+    "soft": (_soft_fast, _soft_oracle, False, False),
+}
+
+
+def qkv(b=2, n=20, d=16, nk=None, dtype=torch.float32, scale=1.0, requires_grad=False, seed=None):
+    """Random q (b, H, n, d), k, v (b, H, nk, d)."""
+    nk = n if nk is None else nk
+    torch.manual_seed(n * 1000 + nk if seed is None else seed)
+    ts = [torch.randn(b, H, n, d, dtype=dtype) * scale] + [torch.randn(b, H, nk, d, dtype=dtype) * scale
+                                                           for _ in range(2)]
+    return [t.requires_grad_(requires_grad) for t in ts]
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.double().square().mean().sqrt().item()
+
+
+def error_ratio(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """flash-linear-attention's measure: rms(actual − expected) / rms(expected)."""
+    return rms(actual.double() - expected.double()) / max(rms(expected), 1e-300)
+
+
+def assert_ratio(actual: torch.Tensor, expected: torch.Tensor, tol: float, what: str = "") -> None:
+    """error_ratio ≤ tol; where the expected value is exactly zero (e.g. a gradient that vanishes), rms(actual) ≤ tol
+    (the inputs here are of unit scale)."""
+    assert torch.isfinite(actual).all(), f"{what}: non-finite values"
+    err = error_ratio(actual, expected) if rms(expected) > 0 else rms(actual)
+    assert err <= tol, f"{what}: error ratio {err:.3g} > {tol:.3g}"
