@@ -38,10 +38,14 @@ def test_cli_writes_panels_and_overlays(tmp_path, capsys):
     out = tmp_path / "viz"
     rc = viz_main(["--model", DEIT, *KWARGS, "--image", "skimage:astronaut", "sklearn:china.jpg", str(photo),
                    "--out", str(out)])
-    assert rc == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 0, err
     summary = json.loads((out / "viz.json").read_text())
+    # no --weights: said on stderr, in viz.json and in every figure title
+    assert "warning: random weights" in err and summary["warning"].startswith("random weights")
     assert [r["image"] for r in summary["images"]] == ["skimage:astronaut", "sklearn:china.jpg", str(photo)]
     for record in summary["images"]:
+        assert record["title"].endswith(f"warning: {summary['warning']}")
         assert record["block"] == 1 and record["num_blocks"] == 2
         assert record["grids"] == {"q_hat_norm": [8, 8], "k_hat_norm": [8, 8]}
         assert record["prefix_tokens"] == {"q_hat_norm": 1, "k_hat_norm": 1}  # the CLS token was dropped
@@ -148,7 +152,9 @@ def test_token_grid():
 # every family: which hook point it exposes, and the grids its maps land on at 64 px
 FAMILY_CASES = {
     "relu_vit_small_patch32_224": (dict(patch_size=8, embed_dim=32, depth=2, num_heads=2),
-                                   {"mean_attention_received": (8, 8)}),  # no CLS token: mean attention received
+                                   {"cls_attention": (8, 8)}),  # big_vision vit_i1k: a class token
+    "relu_vit_small_patch32_gap_224": (dict(patch_size=8, embed_dim=32, depth=2, num_heads=2),
+                                       {"mean_attention_received": (8, 8)}),  # no CLS token: attention received
     "sima_nano_12_p8": (dict(embed_dim=32, depth=2, num_heads=2, cls_attn_layers=1),
                         {"q_hat_norm": (8, 8), "k_hat_norm": (8, 8)}),
     "ufo_vit_tiny": (dict(patch_size=8, embed_dim=32, depth=2, num_heads=2, cls_attn_layers=1),
@@ -162,8 +168,7 @@ FAMILY_CASES = {
 
 @pytest.mark.parametrize("name", sorted(FAMILY_CASES))
 def test_family_maps(name):
-    if name not in simattn.list_models():
-        pytest.skip(f"{name} is not registered yet")
+    assert name in simattn.list_models()
     kwargs, grids = FAMILY_CASES[name]
     torch.manual_seed(0)
     model = timm.create_model(name, img_size=64, **kwargs).eval()
@@ -175,3 +180,17 @@ def test_family_maps(name):
     for heat in result.maps.values():
         assert heat.shape == (64, 64) and heat.min() == 0.0 and heat.max() == pytest.approx(1.0)
         assert heat.std() > 0.05
+
+
+def test_dino_backbone_weights_draw_maps_without_warning(tmp_path, capsys):
+    """A backbone saved by simattn ssl (no classifier) opens by its file alone; trained weights: no warning."""
+    from simattn.ssl.dino import build_backbone, save_backbone
+    model = {"name": DEIT, "kwargs": {k: v for k, v in TINY.items() if k != "num_classes"}}
+    weights = tmp_path / "backbone.safetensors"
+    save_backbone(build_backbone(model), weights, model, {"img_size": 32, "crop_pct": 1.0})
+    out = tmp_path / "viz"
+    assert viz_main(["--weights", str(weights), "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    summary = json.loads((out / "viz.json").read_text())
+    assert "warning" not in summary and summary["model_kwargs"]["num_classes"] == 0
+    assert summary["input_size"] == [3, 32, 32] and "warning" not in summary["images"][0]["title"]

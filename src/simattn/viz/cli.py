@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["main", "build_parser", "visualize"]
+__all__ = ["main", "build_parser", "visualize", "RANDOM_WEIGHTS_WARNING"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,9 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: said on stderr, in every figure title and in viz.json when no --weights are given
+RANDOM_WEIGHTS_WARNING = "random weights (no --weights): these maps show an untrained network"
+
+
 def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_name: str, block: int = -1,
-              alpha: float = 0.5, cmap: str = "jet") -> List[Dict[str, Any]]:
-    """Heatmaps of ``model`` for each image source, written under ``out_dir``; returns one record per image."""
+              alpha: float = 0.5, cmap: str = "jet", note: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Heatmaps of ``model`` for each image source, written under ``out_dir``; returns one record per image.
+    ``note`` (e.g. a warning) is added to every figure title."""
     from .heatmaps import render_panels, save_overlay, token_maps
     from ..data.images import image_label, image_tensor, load_image
 
@@ -48,12 +53,13 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
         result = token_maps(model, x, shown, block)
         stem = f"{model_name}_{image_label(source)}_block{result.block}"
         panel = out_dir / f"{stem}.png"
-        size = render_panels(result, panel, alpha=alpha, cmap=cmap,
-                             title=f"{model_name}: {result.module} "
-                                   f"(block {result.block} of {result.num_blocks}, 0-based)")
+        title = (f"{model_name}: {result.module} (block {result.block} of {result.num_blocks}, 0-based)"
+                 + (f"\n{note}" if note else ""))
+        size = render_panels(result, panel, alpha=alpha, cmap=cmap, title=title)
         overlays = {name: str(save_overlay(shown, heat, out_dir / f"{stem}_{name}.png", alpha, cmap))
                     for name, heat in result.maps.items()}
-        records.append({"image": source, "panel": str(panel), "panel_size": list(size), "overlays": overlays,
+        records.append({"image": source, "panel": str(panel), "title": title, "panel_size": list(size),
+                        "overlays": overlays,
                         "block": result.block, "num_blocks": result.num_blocks, "module": result.module,
                         "grids": {k: list(g) for k, g in result.grids.items()}, "prefix_tokens": result.prefix_tokens,
                         "raw_range": result.raw_range})
@@ -72,11 +78,15 @@ def run(args: argparse.Namespace) -> int:
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     out_dir = Path(args.out)
+    warning = RANDOM_WEIGHTS_WARNING if args.weights is None else None
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     torch.manual_seed(0)
     records = visualize(model, data_config, args.image, out_dir, model_name=spec["model"], block=args.block,
-                        alpha=args.alpha, cmap=args.cmap)
+                        alpha=args.alpha, cmap=args.cmap, note=warning and f"warning: {warning}")
     summary = out_dir / "viz.json"
     atomic_write_json({"model": spec["model"], "model_kwargs": spec["config"], "weights": spec["weights"],
+                       **({"warning": warning} if warning else {}),
                        "input_size": list(data_config["input_size"]), "images": records}, summary)
     print(f"summary: {summary}")
     return 0
