@@ -249,6 +249,9 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
         raise CheckpointError(f"initial weights {path} do not fit {name} exactly: "
                               + "; ".join(f"{what}: {_names(names)}" for what, names in
                                           (("missing", report.missing), ("unexpected", report.unexpected)) if names))
-    report.loaded = list(keep)
+    order = {k: i for i, k in enumerate(own)}  # the model's order, whatever the file's (safetensors sorts)
+    for names in (report.reset, report.missing):
+        names.sort(key=order.__getitem__)
+    report.loaded = sorted(keep, key=order.__getitem__)
     model.load_state_dict(keep, strict=False)
     return report
