@@ -15,8 +15,8 @@ from simattn.bench.model import BenchSpec, build_model, measure, speedups
 
 DEIT = "sima_deit_small_patch16_224"
 TINY = {"depth": 1, "embed_dim": 32, "num_heads": 2}
-TINY_ARGS = ["--models", DEIT, "--img-size", "32", "--model-kwargs", json.dumps(TINY), "--warmup", "0",
-             "--repeats", "1", "--batch-size", "2"]
+TINY_ARGS = ["--models", DEIT, "--img-size", "32", "--model-kwargs", *(f"{k}={v}" for k, v in TINY.items()),
+             "--warmup", "0", "--repeats", "1", "--batch-size", "2"]
 
 
 def _read_png(path):
@@ -38,22 +38,23 @@ def test_cli_runs_tiny_models_in_subprocesses_and_writes_results(tmp_path, capsy
     rows = {r["attn"]: r for r in data["rows"]}
     assert set(rows) == {"sima", "softmax"}
     for row in rows.values():
-        assert row["threads"] == 1 and row["tokens"] == 5 and "error" not in row
-        assert 0 < row["infer_p50_ms"] <= row["infer_p90_ms"]
-        assert 0 < row["train_p50_ms"] <= row["train_p90_ms"]
-        assert row["infer_ips"] > 0 and row["train_ips"] > 0
+        assert row["threads"] == 1 and row["tokens"] == 5 and "error" not in row and row["runtime"] == "eager"
+        assert 0 < row["infer_p10_ms"] <= row["infer_p50_ms"] <= row["infer_p90_ms"]
+        assert 0 < row["train_p10_ms"] <= row["train_p50_ms"] <= row["train_p90_ms"]
+        assert 0 < row["infer_ips_p10"] <= row["infer_ips"] <= row["infer_ips_p90"] and row["train_ips"] > 0
         assert row["peak_train_mb"] > row["peak_fwd_mb"] > 0
     assert rows["softmax"]["exp_softmax"] == 1 * 2 * 5 * 5  # depth · H · N²
     assert rows["sima"]["exp_softmax"] == 0
     assert rows["sima"]["exp_activation"] == rows["softmax"]["exp_activation"] == 5 * 4 * 32  # GELU
     assert rows["sima"]["gflops"] > 0 and rows["softmax"]["attn_gflops"] > 0
     assert [s["label"] for s in data["speedups"]] == ["sima"]
-    assert data["speedups"][0]["infer_speedup"] == pytest.approx(
-        rows["softmax"]["infer_p50_ms"] / rows["sima"]["infer_p50_ms"])
 
     with open(out / "bench_model.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert len(header) == len(set(header)), "CSV columns repeat"
+    with open(out / "bench_model.csv", newline="") as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 2 and {"infer_p50_ms", "train_ips", "exp_total", "peak_fwd_mb"} <= set(table[0])
+    assert len(table) == 2 and {"infer_p50_ms", "infer_p10_ms", "train_ips", "exp_total", "runtime"} <= set(table[0])
     assert float(table[0]["infer_p50_ms"]) > 0
     assert "| sima |" in (out / "bench_model.md").read_text()
     _read_png(out / "bench_model.png")
@@ -71,14 +72,26 @@ def test_fixed_order_forces_sima_quadratic_order():
 
 
 def test_attention_options_reach_the_modules_and_the_label():
-    name, options = bench_model.parse_attn("softmax:fused=false")
-    assert (name, options) == ("softmax", {"fused": False})
-    assert bench_model.parse_attn("relu:activation=relu2,alpha=0.5") == ("relu", {"activation": "relu2", "alpha": 0.5})
-    spec = BenchSpec(model=DEIT, attn=name, attn_kwargs=options, img_size=32, model_kwargs=TINY)
-    assert spec.label == "softmax:fused=false"
+    parsed = bench_model.parse_attn(["sima", "softmax", "explicit=softmax", "relu"],
+                                    ["explicit.fused=false", "relu.activation=relu2", "relu.alpha=0.5"])
+    assert parsed == [("sima", "sima", {}), ("softmax", "softmax", {}), ("explicit", "softmax", {"fused": False}),
+                      ("relu", "relu", {"activation": "relu2", "alpha": 0.5})]
+    label, name, options = parsed[2]
+    spec = BenchSpec(model=DEIT, attn=name, attn_kwargs=options, label=label, img_size=32, model_kwargs=TINY)
     assert {m.fused for m in build_model(spec).modules() if hasattr(m, "fused")} == {False}
-    with pytest.raises(ValueError, match="not key=value"):
-        bench_model.parse_attn("softmax:fused")
+
+
+@pytest.mark.parametrize("attn, kwargs, message", [
+    (["softmax:fused=false"], [], "is not KIND or LABEL=KIND"),
+    (["sima", "sima"], [], "lists 'sima' twice"),
+    (["sima"], ["softmax.fused=false"], "'softmax' is not one of --attn (sima)"),
+    (["sima"], ["sima=qk_first"], "gives no option name"),
+    (["sima"], ["order"], "not KEY=VALUE"),
+])
+def test_attention_option_errors_are_one_line(attn, kwargs, message):
+    with pytest.raises(ValueError) as info:
+        bench_model.parse_attn(attn, kwargs)
+    assert message in str(info.value) and "\n" not in str(info.value)
 
 
 def test_measure_in_process_selected_measures_and_precision():
@@ -87,6 +100,31 @@ def test_measure_in_process_selected_measures_and_precision():
     row = measure(spec)
     assert row["precision"] == "bf16" and row["sima_order"] == "qk_first" and row["exp_softmax"] == 0
     assert row["infer_p50_ms"] > 0 and "train_p50_ms" not in row and "peak_fwd_mb" not in row
+
+
+def test_compiled_and_onnxruntime_runtimes_on_a_tiny_model(tmp_path, capsys):
+    # in-process to keep it short; the 'eager' dynamo backend compiles without generating C++ code
+    base = TINY_ARGS + ["--attn", "sima", "softmax", "--threads", "1", "--in-process", "--measure", "latency",
+                        "throughput"]
+    assert bench_model.main(base + ["--compile", "--compile-backend", "eager", "--channels-last",
+                                    "--out", str(tmp_path / "compiled")]) == 0
+    assert bench_model.main(base + ["--runtime", "onnxruntime", "--onnx-exporter", "torchscript", "--measure",
+                                    "latency", "counts", "train-latency", "--out", str(tmp_path / "ort")]) == 0
+    printed = capsys.readouterr().out
+    assert "--runtime onnxruntime: not measured: throughput" not in printed
+    assert "not measured: train-latency (inference only)" in printed
+    compiled = json.loads((tmp_path / "compiled" / "bench_model.json").read_text())["rows"]
+    ort = json.loads((tmp_path / "ort" / "bench_model.json").read_text())["rows"]
+    assert [r["runtime"] for r in compiled] == ["compiled, channels-last"] * 2
+    assert [r["runtime"] for r in ort] == ["onnxruntime"] * 2
+    for r in compiled + ort:
+        assert "error" not in r and 0 < r["infer_p10_ms"] <= r["infer_p50_ms"] <= r["infer_p90_ms"]
+    assert all(r["infer_ips"] > 0 for r in compiled)
+    for r in ort:  # the exported graph computes the model's logits; counts are the eager model's
+        assert r["onnx_max_abs_diff"] < 1e-4 and "train_p50_ms" not in r and "infer_ips" not in r
+    assert {r["label"]: r["exp_softmax"] for r in ort} == {"sima": 0, "softmax": 1 * 2 * 5 * 5}
+    with open(tmp_path / "ort" / "bench_model.csv", newline="") as f:
+        assert [row["runtime"] for row in csv.DictReader(f)] == ["onnxruntime"] * 2
 
 
 def test_speedups_pair_rows_with_the_baseline():
@@ -116,7 +154,11 @@ def test_failed_worker_becomes_an_error_row(monkeypatch):
 @pytest.mark.parametrize("argv, message", [
     (["--models", "no_such_model"], "unknown model 'no_such_model'"),
     (["--attn", "nope"], "unknown attention 'nope'"),
-    (["--model-kwargs", "[1]"], "must be a JSON object"),
+    (["--model-kwargs", "depth"], "not KEY=VALUE"),
+    (["--runtime", "onnxruntime", "--compile"], "apply to --runtime torch"),
+    (["--runtime", "onnxruntime", "--precision", "bf16"], "runs fp32 on cpu"),
+    (["--runtime", "onnxruntime", "--measure", "memory"], "measures latency, throughput, counts"),
+    (["--compile", "--compile-backend", "nope"], "--compile-backend 'nope' is not one of"),
     (["--img-size", "0"], "must be positive"),
     (["--device", "cuda:0"], None),
 ])

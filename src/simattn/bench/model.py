@@ -10,12 +10,24 @@ see :func:`simattn.utils.timing.keep_freed_memory`, so calls do not page-fault t
 * exp-like evaluations and op calls per forward, FLOPs (total and attention core) — :mod:`simattn.bench.counters`;
 * peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting).
 
+Every timing comes with its p10 and p90 (throughput: batch / p90 and batch / p10), and a one-line warning names
+the timings whose p10-p90 range is wider than :data:`simattn.bench.report.WIDE_SPREAD` of the median.
+
+What runs the model (the ``runtime`` column): ``eager`` PyTorch, ``compiled`` (``--compile``, ``torch.compile``;
+the first, compiling call is part of the warm-up) or ``onnxruntime`` (``--runtime onnxruntime``: the model is
+exported with :mod:`simattn.utils.onnx`, the core ``simattn export`` uses, checked against PyTorch and timed in an
+onnxruntime CPU session; inference only), with ``channels-last`` added under ``--channels-last``. Exp/FLOP counts
+and memory are always those of the eager model.
+
 Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
-isolating the cost of exp. Attention options ride on the kind (``softmax:fused=false`` is the explicit N×N
-softmax, whose memory grows quadratically; fused SDPA's does not). Examples::
+isolating the cost of exp. ``--attn`` lists the kinds (``LABEL=KIND`` runs a kind twice under another name),
+``--attn-kwargs`` gives each its options (``softmax.fused=false`` is the explicit N×N softmax, whose memory grows
+quadratically; fused SDPA's does not). Examples::
 
     simattn bench model --models sima_deit_small_patch16_224 --attn sima softmax --img-size 224 512 1024
-    simattn bench model --attn sima softmax softmax:fused=false --measure memory counts --img-size 224 384 512
+    simattn bench model --attn sima softmax explicit=softmax --attn-kwargs explicit.fused=false \\
+        --measure memory counts --img-size 224 384 512
+    simattn bench model --attn sima softmax --compile --measure latency throughput
 """
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -34,17 +47,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.factory import parse_model_kwargs
+from ..models.factory import MODEL_KWARGS_HELP, create_model, parse_model_kwargs
+from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
-from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
-    write_text
+from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
+    spread_warning, write_csv, write_json, write_text
 
-__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "measure", "run_specs", "speedups", "plot_results", "main"]
+__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "RUNTIMES", "measure", "run_specs", "speedups", "plot_results",
+           "parse_attn", "runtime_name", "main"]
 
 #: precision name → autocast dtype (None = plain fp32, no autocast)
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MEASURES = ("latency", "throughput", "train-latency", "train-throughput", "counts", "memory")
 SIMA_ORDERS = ("auto", "kv_first", "qk_first")
+RUNTIMES = ("torch", "onnxruntime")
+#: what onnxruntime can measure: inference only (training steps and torch memory describe PyTorch)
+ORT_MEASURES = ("latency", "throughput", "counts")
 DEFAULT_ATTN = "default"  # keep the model's own attention kind
 _RESULT_TAG = "SIMATTN_BENCH_RESULT "
 MB = 2 ** 20
@@ -56,8 +74,10 @@ class BenchSpec:
 
     ``attn``: attention kind passed as ``attn_type`` (``'default'`` keeps the model's own), ``attn_kwargs`` its
     options (e.g. ``{'fused': False}`` for explicit softmax). ``sima_order`` forces every SimA module's matmul
-    order. ``model_kwargs`` go to ``timm.create_model`` (e.g. ``depth``, ``act_layer``,
+    order. ``model_kwargs`` go to :func:`~simattn.models.factory.create_model` (e.g. ``depth``, ``act_layer``,
     ``attn_kwargs``). ``latency_batch`` is the batch of the latency timings (1 unless a caller needs otherwise).
+    ``runtime``: ``'torch'`` (eager, or ``compile`` for ``torch.compile``) or ``'onnxruntime'`` (the model exported
+    with ``onnx_exporter``); ``channels_last`` runs the model and its inputs in channels-last memory format.
     """
 
     model: str
@@ -76,6 +96,11 @@ class BenchSpec:
     repeats: int = 10
     max_time: float = 30.0
     label: str = ""
+    runtime: str = "torch"
+    compile: bool = False
+    compile_backend: str = "inductor"
+    channels_last: bool = False
+    onnx_exporter: str = "auto"
 
     def __post_init__(self) -> None:
         self.measures = tuple(self.measures)
@@ -96,12 +121,15 @@ class BenchSpec:
 
 def _default_label(spec: BenchSpec) -> str:
     label = spec.attn if spec.attn != DEFAULT_ATTN else spec.model
-    if spec.attn_kwargs:
-        label += ":" + ",".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
-                                for k, v in spec.attn_kwargs.items())  # as written on the command line
     if spec.sima_order and spec.sima_order != "auto":
         label += f" ({spec.sima_order})"
     return label
+
+
+def runtime_name(spec: BenchSpec) -> str:
+    """What ran the timed calls: 'eager', 'compiled' or 'onnxruntime', with ', channels-last' when set."""
+    name = "onnxruntime" if spec.runtime == "onnxruntime" else "compiled" if spec.compile else "eager"
+    return name + (", channels-last" if spec.channels_last else "")
 
 
 def validate_spec(spec: BenchSpec) -> None:
@@ -117,7 +145,8 @@ def validate_spec(spec: BenchSpec) -> None:
     if spec.attn != DEFAULT_ATTN and spec.attn not in list_attentions():
         raise ValueError(f"unknown attention {spec.attn!r}; known: {DEFAULT_ATTN}, {', '.join(list_attentions())}")
     if spec.attn == DEFAULT_ATTN and spec.attn_kwargs:
-        raise ValueError("attention options need an attention kind, e.g. softmax:fused=false")
+        raise ValueError("attention options need an attention kind, e.g. --attn softmax --attn-kwargs "
+                         "softmax.fused=false")
     if spec.precision not in PRECISIONS:
         raise ValueError(f"unknown precision {spec.precision!r}; expected one of {', '.join(PRECISIONS)}")
     if spec.sima_order is not None and spec.sima_order not in SIMA_ORDERS:
@@ -131,16 +160,32 @@ def validate_spec(spec: BenchSpec) -> None:
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {spec.device!r} requested but CUDA is not available")
+    if spec.compile:
+        from torch._dynamo import list_backends
+
+        if spec.compile_backend not in list_backends(exclude_tags=()):
+            raise ValueError(f"--compile-backend {spec.compile_backend!r} is not one of "
+                             f"{', '.join(list_backends(exclude_tags=()))}")
+    if spec.runtime not in RUNTIMES:
+        raise ValueError(f"--runtime {spec.runtime!r} is not one of {', '.join(RUNTIMES)}")
+    if spec.runtime == "onnxruntime":
+        if spec.compile or spec.channels_last:
+            raise ValueError("--compile and --channels-last apply to --runtime torch, not onnxruntime")
+        if spec.precision != "fp32" or device.type != "cpu":
+            raise ValueError(f"--runtime onnxruntime runs fp32 on cpu, got precision {spec.precision!r} on "
+                             f"{spec.device!r}")
+        other = set(spec.measures) - set(ORT_MEASURES)
+        if other:
+            raise ValueError(f"--runtime onnxruntime measures {', '.join(ORT_MEASURES)} only, not "
+                             f"{', '.join(sorted(other))}")
 
 
 # ------------------------------------------------------------------------------------------------ the worker
 
 
 def build_model(spec: BenchSpec) -> nn.Module:
-    """``timm.create_model`` for ``spec`` (built for ``img_size`` when the model takes it, so position embeddings
-    are not resampled on every forward), with the SimA order forced when asked."""
-    import timm
-
+    """The model of ``spec`` from the model factory (built for ``img_size`` when the model takes it, so position
+    embeddings are not resampled on every forward), with the SimA order forced when asked."""
     from ..attention import SimAAttention
 
     kwargs = dict(spec.model_kwargs)
@@ -152,11 +197,11 @@ def build_model(spec: BenchSpec) -> nn.Module:
         if attn_kwargs:
             kwargs["attn_kwargs"] = attn_kwargs
     try:
-        model = timm.create_model(spec.model, pretrained=False, img_size=spec.img_size, **kwargs)
-    except TypeError as e:
+        model = create_model(spec.model, img_size=spec.img_size, **kwargs)
+    except ValueError as e:
         if "img_size" not in str(e):
             raise
-        model = timm.create_model(spec.model, pretrained=False, **kwargs)
+        model = create_model(spec.model, **kwargs)
     if spec.sima_order:
         # Models whose default attention is SimA (or that mix kinds) get the order on every SimA module too.
         for module in model.modules():
@@ -183,15 +228,41 @@ def _first_tensor(out: Any) -> torch.Tensor:
 class _Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
-    def __init__(self, spec: BenchSpec) -> None:
+    def __init__(self, spec: BenchSpec, onnx_dir: Optional[str] = None) -> None:
         self.spec = spec
         self.device = torch.device(spec.device)
         self.dtype = PRECISIONS[spec.precision]
-        self.model = build_model(spec).to(self.device)
+        self.memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
+        self.model = build_model(spec).to(self.device, memory_format=self.memory_format)
         in_chans = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
         self.shape = (in_chans, spec.img_size, spec.img_size)
+        # the module the timed calls run (counts and memory use the eager self.model)
+        # static shapes: the latency and throughput batches each get their own specialized graph
+        self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
+                      else self.model)
+        self.session = None
+        self.onnx_max_abs_diff: Optional[float] = None
+        if spec.runtime == "onnxruntime":
+            self._export(onnx_dir)
         self.optimizer = None
         self.scaler = None
+
+    def _export(self, onnx_dir: Optional[str]) -> None:
+        """Export the model with the one ONNX core, check it against PyTorch on one input, open a session."""
+        from ..data.images import resolve_data_config
+        from ..utils.onnx import check_parity, export_onnx, onnx_metadata, ort_session
+
+        model = self.model.eval()
+        data_config = {**resolve_data_config(model), "input_size": self.shape}
+        meta = onnx_metadata(self.spec.model, getattr(model, "attn_type", self.spec.attn), data_config,
+                             self.spec.model_kwargs)
+        path = os.path.join(onnx_dir, "model.onnx")
+        export_onnx(model, path, meta, exporter=self.spec.onnx_exporter, dynamic_spatial=False)
+        self.session = ort_session(path, threads=self.spec.threads)
+        parity = check_parity(model, self.session, {"random": self.inputs(1)}, atol=float("inf"))["random"]
+        if "error" in parity:
+            raise RuntimeError(f"onnxruntime cannot run the exported model: {parity['error']}")
+        self.onnx_max_abs_diff = parity["max_abs_diff"]
 
     def autocast(self):
         if self.dtype is None:
@@ -199,15 +270,21 @@ class _Runner:
         return torch.autocast(self.device.type, dtype=self.dtype)
 
     def inputs(self, batch: int) -> torch.Tensor:
-        return torch.randn(batch, *self.shape, device=self.device)
+        return torch.randn(batch, *self.shape, device=self.device).contiguous(memory_format=self.memory_format)
 
-    def infer_fn(self, batch: int):
+    def infer_fn(self, batch: int, timed: bool = True):
+        """One inference call; ``timed`` runs what is timed (compiled module, onnxruntime session), else the
+        eager model (for counts and memory)."""
         self.model.eval()
         x = self.inputs(batch)
+        if timed and self.session is not None:
+            feed = {self.session.get_inputs()[0].name: x.numpy()}
+            return lambda: self.session.run(None, feed)
+        model = self.timed if timed else self.model
 
         def infer():
             with torch.inference_mode(), self.autocast():
-                return self.model(x)
+                return model(x)
 
         return infer
 
@@ -227,7 +304,7 @@ class _Runner:
         def step():
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast():
-                loss = F.cross_entropy(_first_tensor(self.model(x)).float(), target)
+                loss = F.cross_entropy(_first_tensor(self.timed(x)).float(), target)
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
                 self.scaler.step(self.optimizer)
@@ -245,42 +322,55 @@ class _Runner:
 
 def measure(spec: BenchSpec) -> Dict[str, Any]:
     """Measure one configuration in this process and return its result row (what a worker sends back)."""
+    validate_spec(spec)
+    with tempfile.TemporaryDirectory(prefix="simattn_bench_") as onnx_dir:
+        return _measure(spec, onnx_dir)
+
+
+def _measure(spec: BenchSpec, onnx_dir: str) -> Dict[str, Any]:
     from .counters import count_flops, peak_memory, trace_ops
 
-    validate_spec(spec)
     threads = set_threads(spec.threads)
     allocator = keep_freed_memory()
     torch.manual_seed(0)
-    run = _Runner(spec)
+    run = _Runner(spec, onnx_dir)
     model = run.model
     row: Dict[str, Any] = {
-        "model": spec.model, "label": spec.label, "attn": spec.attn,
+        "model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
+        "attn_kwargs": json.dumps(spec.attn_kwargs) if spec.attn_kwargs else "",
         "attn_type": getattr(model, "attn_type", spec.attn), "sima_order": spec.sima_order or "",
         "img_size": spec.img_size, "tokens": _token_count(model, spec.img_size), "precision": spec.precision,
         "device": spec.device, "threads": threads, "allocator": allocator, "batch_size": spec.batch_size,
         "latency_batch": spec.latency_batch, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
+    if run.onnx_max_abs_diff is not None:
+        row["onnx_max_abs_diff"] = run.onnx_max_abs_diff
     b1 = spec.latency_batch
     if "counts" in spec.measures:
-        infer = run.infer_fn(b1)
+        infer = run.infer_fn(b1, timed=False)
         trace = trace_ops(infer)
         row.update({k: v for k, v in trace.summary().items()})
         flops = count_flops(infer, model)
         row["gflops"] = flops.total / 1e9 / b1
         row["attn_gflops"] = flops.attention / 1e9 / b1
     if "memory" in spec.measures:
-        row["peak_fwd_mb"] = peak_memory(run.infer_fn(b1), run.device) / MB
+        row["peak_fwd_mb"] = peak_memory(run.infer_fn(b1, timed=False), run.device) / MB
+        timed, run.timed = run.timed, run.model  # memory of the eager step
         step = run.train_fn(b1)
         step()  # optimizer state exists from here on: measure a steady-state step
         row["peak_train_mb"] = peak_memory(step, run.device) / MB
+        run.timed = timed
     for prefix, measure, make_fn in (("infer", "", run.infer_fn), ("train", "train-", run.train_fn)):
         if measure + "latency" in spec.measures:
             t = run.time(make_fn(b1))
-            row.update({f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p90_ms": t["p90_ms"],
-                        f"{prefix}_min_ms": t["min_ms"], f"{prefix}_runs": t["runs"]})
+            row.update({f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p10_ms": t["p10_ms"],
+                        f"{prefix}_p90_ms": t["p90_ms"], f"{prefix}_min_ms": t["min_ms"],
+                        f"{prefix}_runs": t["runs"]})
         if measure + "throughput" in spec.measures:
             t = run.time(make_fn(spec.batch_size))
-            row[f"{prefix}_ips"] = spec.batch_size * 1e3 / t["median_ms"]
+            ips = spec.batch_size * 1e3
+            row.update({f"{prefix}_ips": ips / t["median_ms"], f"{prefix}_ips_p10": ips / t["p90_ms"],
+                        f"{prefix}_ips_p90": ips / t["p10_ms"]})
     sync(run.device)
     return row
 
@@ -310,13 +400,14 @@ def _run_worker(spec: BenchSpec, timeout: Optional[float]) -> Dict[str, Any]:
 
 
 def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
-    return {"model": spec.model, "label": spec.label, "attn": spec.attn, "sima_order": spec.sima_order or "",
+    return {"model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
+            "sima_order": spec.sima_order or "",
             "img_size": spec.img_size, "precision": spec.precision, "device": spec.device, "threads": spec.threads,
             "error": message}
 
 
-_TIMING_KEYS = ("infer_p50_ms", "infer_p90_ms", "infer_min_ms", "infer_ips", "train_p50_ms", "train_p90_ms",
-                "train_min_ms", "train_ips")
+_TIMING_KEYS = tuple(f"{prefix}_{key}" for prefix in ("infer", "train")
+                     for key in ("p50_ms", "p10_ms", "p90_ms", "min_ms", "ips", "ips_p10", "ips_p90"))
 
 
 def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
@@ -362,10 +453,10 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
 def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[Dict[str, Any]]:
     """Baseline time / row time for every row that has a baseline row (the one labelled ``baseline``, e.g.
     ``softmax`` or ``softmax:fused=False``) with the same model, size, precision
-    and device (inference and training, p50 and min — the min is the steadier on a busy machine; >1 means faster
-    than the baseline)."""
+    device and runtime (inference and training, p50 and min — the min is the steadier on a busy machine; >1 means
+    faster than the baseline)."""
     def key(r):
-        return r["model"], r["img_size"], r["precision"], r["device"]
+        return r["model"], r["img_size"], r["precision"], r["device"], r.get("runtime")
 
     base = {key(r): r for r in rows if r.get("label") == baseline and "error" not in r}
     out = []
@@ -374,7 +465,7 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
         if b is None or r is b or "error" in r:
             continue
         entry = {"model": r["model"], "label": r["label"], "baseline": b["label"], "img_size": r["img_size"],
-                 "precision": r["precision"], "device": r["device"]}
+                 "precision": r["precision"], "device": r["device"], "runtime": r.get("runtime")}
         for metric, name in (("infer_p50_ms", "infer_speedup"), ("infer_min_ms", "infer_speedup_min"),
                              ("train_p50_ms", "train_speedup"), ("train_min_ms", "train_speedup_min")):
             if r.get(metric) and b.get(metric):
@@ -382,7 +473,7 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
         for metric, name in (("infer_ips", "infer_ips_ratio"), ("train_ips", "train_ips_ratio")):
             if r.get(metric) and b.get(metric):
                 entry[name] = r[metric] / b[metric]
-        if len(entry) > 6:  # some timing was measured on both
+        if len(entry) > 7:  # some timing was measured on both
             out.append(entry)
     return out
 
@@ -436,11 +527,12 @@ def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") ->
     save_figure(fig, path)
 
 
-RESULT_COLUMNS = ["model", "label", "attn", "sima_order", "img_size", "tokens", "precision", "device", "threads",
-                  "params_m", "infer_p50_ms", "infer_p90_ms", "infer_min_ms", "infer_ips", "train_p50_ms",
-                  "train_p90_ms", "train_min_ms", "train_ips", "batch_size", "gflops", "attn_gflops", "exp_total",
-                  "exp_softmax", "exp_activation", "exp_calls", "op_calls", "peak_fwd_mb", "peak_train_mb", "rounds",
-                  "error"]
+RESULT_COLUMNS = ["model", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens", "precision",
+                  "device", "threads", "params_m", "infer_p50_ms", "infer_p10_ms", "infer_p90_ms", "infer_min_ms",
+                  "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
+                  "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
+                  "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
+                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "rounds", "error"]
 
 
 def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str, Any],
@@ -450,7 +542,8 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     ups = speedups(rows, baseline)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
     write_json({"meta": meta, "rows": list(rows), "speedups": ups}, paths["json"])
-    write_csv(rows, paths["csv"], RESULT_COLUMNS + [c for r in rows for c in r if c not in RESULT_COLUMNS])
+    extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
+    write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
     write_text(summary_markdown(rows, ups, meta) + "\n", paths["md"])
     plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
                                           f"torch {meta.get('torch')}")
@@ -458,15 +551,24 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
 
 
 def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
-    """Results and speedups as markdown tables."""
-    cols = ["model", "label", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p90_ms", "infer_ips",
-            "train_p50_ms", "train_ips", "gflops", "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb",
-            "peak_train_mb", "error"]
+    """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
+    cols = ["model", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
+            "infer_p90_ms", "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms",
+            "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops", "attn_gflops", "exp_softmax",
+            "exp_total", "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "error"]
     present = [c for c in cols if any(r.get(c) is not None for r in rows)]
-    parts = [f"Device {meta.get('device')}, {meta.get('threads')} threads, torch {meta.get('torch')}.", "",
+    parts = [f"Device {meta.get('device')}, {meta.get('threads')} threads, torch {meta.get('torch')}. Times in ms "
+             f"(p50 = median; p10/p90 beside it), throughput in images/s.", "",
              markdown_table(rows, present)]
+    spreads = {f"{r['label']} {r['img_size']}px {prefix}": relative_spread(r.get(f"{prefix}_p10_ms"),
+                                                                           r.get(f"{prefix}_p90_ms"),
+                                                                           r.get(f"{prefix}_p50_ms"))
+               for r in rows for prefix in ("infer", "train") if r.get(f"{prefix}_p50_ms")}
+    warning = spread_warning(spreads)
+    if warning:
+        parts += ["", warning]
     if ups:
-        ucols = [c for c in ("model", "label", "baseline", "img_size", "precision", "infer_speedup",
+        ucols = [c for c in ("model", "label", "baseline", "runtime", "img_size", "precision", "infer_speedup",
                              "infer_speedup_min", "train_speedup", "train_speedup_min", "infer_ips_ratio",
                              "train_ips_ratio") if any(u.get(c) for u in ups)]
         parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster):", "",
@@ -477,21 +579,31 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def parse_attn(token: str) -> Tuple[str, Dict[str, Any]]:
-    """``'softmax:fused=false,scale=0.1'`` → ``('softmax', {'fused': False, 'scale': 0.1})``; values are read as
-    JSON (Python's True/False/None too), else kept as strings."""
-    name, _, options = token.partition(":")
-    kwargs: Dict[str, Any] = {}
-    for item in filter(None, options.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ValueError(f"attention option {item!r} in {token!r} is not key=value")
-        value = {"True": "true", "False": "false", "None": "null"}.get(value, value)
-        try:
-            kwargs[key] = json.loads(value)
-        except json.JSONDecodeError:
-            kwargs[key] = value
-    return name, kwargs
+def parse_attn(entries: Sequence[str], kwargs_items: Sequence[str] = ()) -> List[Tuple[str, str, Dict[str, Any]]]:
+    """``--attn`` entries and ``--attn-kwargs`` items → ``(label, kind, options)`` per entry.
+
+    An entry is a kind (``sima``) or ``LABEL=KIND`` (``explicit=softmax``: the kind again under another label);
+    ``--attn-kwargs`` items are ``LABEL.OPTION=VALUE`` in the one option mini-language
+    (:func:`simattn.utils.options.parse_assignments`), e.g. ``sima.order=qk_first softmax.fused=false``.
+    """
+    labels: Dict[str, str] = {}
+    for entry in entries:
+        label, sep, kind = entry.partition("=")
+        label, kind = label.strip(), (kind if sep else label).strip()
+        if not label or not kind or "." in label or ":" in entry:
+            raise ValueError(f"--attn {entry!r} is not KIND or LABEL=KIND (e.g. sima, explicit=softmax); options "
+                             f"go in --attn-kwargs KIND.OPTION=VALUE")
+        if label in labels:
+            raise ValueError(f"--attn lists {label!r} twice; give one a label, e.g. {label}2={kind}")
+        labels[label] = kind
+    options = parse_assignments(kwargs_items, what="--attn-kwargs item")
+    for label, value in options.items():
+        if label not in labels:
+            raise ValueError(f"--attn-kwargs {label!r} is not one of --attn ({', '.join(labels)})")
+        if not isinstance(value, dict):
+            raise ValueError(f"--attn-kwargs {label}={value!r} gives no option name; write {label}.OPTION=VALUE "
+                             f"(e.g. softmax.fused=false)")
+    return [(label, kind, dict(options.get(label, {}))) for label, kind in labels.items()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -500,9 +612,11 @@ def build_parser() -> argparse.ArgumentParser:
                                             "registered models, each configuration in its own subprocess.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", default=["sima_deit_small_patch16_224"], help="registered model names")
-    p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN],
-                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own), with options "
-                        f"as kind:key=value,... (e.g. softmax:fused=false for the explicit N×N softmax)")
+    p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN], metavar="KIND",
+                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own); LABEL=KIND runs a "
+                        f"kind again under another label (e.g. explicit=softmax)")
+    p.add_argument("--attn-kwargs", nargs="*", default=[], metavar="KIND.OPTION=VALUE",
+                   help=f"options of each --attn entry, {OPTIONS_HELP}: e.g. sima.order=qk_first softmax.fused=false")
     p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
     p.add_argument("--precision", nargs="+", default=["fp32"], choices=list(PRECISIONS),
                    help="fp32, or bf16/fp16 autocast")
@@ -516,9 +630,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
                             "difference is the cost of exp alone (the paper's comparison)")
     order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra timm.create_model kwargs as KEY=VALUE items (YAML values) or one JSON mapping, "
-                        "e.g. act_layer=relu depth=6 or '{\"act_layer\": \"relu\", \"depth\": 6}'")
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE", help=MODEL_KWARGS_HELP)
+    p.add_argument("--runtime", choices=RUNTIMES, default="torch",
+                   help="run the model in PyTorch, or export it to ONNX and run it in onnxruntime (CPU, fp32, "
+                        "inference only)")
+    p.add_argument("--compile", action="store_true", help="time the torch.compile'd model (runtime torch)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend (see torch._dynamo.list_backends())")
+    p.add_argument("--channels-last", action="store_true",
+                   help="model and inputs in channels-last memory format (runtime torch)")
+    p.add_argument("--onnx-exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
+                   help="torch.onnx exporter for --runtime onnxruntime (auto: dynamo, else TorchScript)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (at least)")
     p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
@@ -542,21 +664,31 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     kwargs = parse_model_kwargs(args.model_kwargs)
-    attns = [parse_attn(token) for token in args.attn]
-    specs = [BenchSpec(model=m, attn=name, attn_kwargs=attn_kwargs, img_size=s, precision=p,
-                       device=args.device, threads=threads, batch_size=args.batch_size, sima_order=order,
-                       model_kwargs=kwargs,
-                       measures=tuple(args.measure), warmup=args.warmup, repeats=args.repeats,
-                       max_time=args.max_time)
-             for m in args.models for name, attn_kwargs in attns for s in args.img_size
+    attns = parse_attn(args.attn, args.attn_kwargs)
+    measures = tuple(args.measure)
+    if args.runtime == "onnxruntime":
+        skipped = [m for m in measures if m not in ORT_MEASURES]
+        measures = tuple(m for m in measures if m in ORT_MEASURES)
+        if skipped:
+            print(f"--runtime onnxruntime: not measured: {', '.join(skipped)} (inference only)", flush=True)
+        if not measures:
+            raise ValueError(f"--runtime onnxruntime measures {', '.join(ORT_MEASURES)}; --measure gave none of them")
+    specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
+                       img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,
+                       sima_order=order, model_kwargs=kwargs, measures=measures, warmup=args.warmup,
+                       repeats=args.repeats, max_time=args.max_time, runtime=args.runtime, compile=args.compile,
+                       compile_backend=args.compile_backend,
+                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter)
+             for m in args.models for label, kind, attn_kwargs in attns for s in args.img_size
              for p in args.precision]
     for spec in specs:
         validate_spec(spec)
     meta = {**machine_info(args.device, threads), "sima_order": order or "model default",
+            "runtime": runtime_name(specs[0]),
             "model_kwargs": kwargs, "batch_size": args.batch_size, "rounds": args.rounds,
             "command": "simattn bench model " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench model: {len(specs)} configuration(s) on {args.device}, {threads} CPU threads "
-          f"(fixed in every worker), SimA order: {meta['sima_order']}", flush=True)
+          f"(fixed in every worker), runtime {runtime_name(specs[0])}, SimA order: {meta['sima_order']}", flush=True)
     rows = run_specs(specs, rounds=args.rounds, in_process=args.in_process, timeout=args.timeout)
     paths = write_results(rows, args.out, meta, baseline=args.baseline)
     print(summary_markdown(rows, speedups(rows, args.baseline), meta))
