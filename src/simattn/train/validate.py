@@ -153,6 +153,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         try:
             atomic_write_json(result, args.output)
         except OSError as e:
-            raise ValueError(f"--output {args.output}: cannot write the results ({e.strerror or e}); they are "
-                             "printed above") from None
+            reason = f"{e.strerror}: {e.filename}" if e.strerror and e.filename else str(e)
+            raise ValueError(f"--output {args.output}: cannot write the results ({reason}); they are printed "
+                             "above") from None
     return 0
