@@ -17,7 +17,7 @@ from simattn.attention.softmax import softmax_attention
 from simattn.attention.xca import xca_attention
 from simattn.attention.xnorm import xnorm_attention
 
-from attention_cases import CASES, H, assert_ratio, qkv, rms
+from attention_cases import CASES, H, assert_ratio, module_oracle, qkv, rms
 
 # error-ratio bounds (rms(fast − oracle) / rms(oracle)) per dtype: a few hundred ulps of the working precision
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
@@ -143,71 +143,6 @@ def test_softmax_sdpa_masks_and_causal():
 
 
 # ---------------------------------------------------------------- modules vs oracles (forward, input and parameter grads)
-def _layer_norm(t, norm):
-    if isinstance(norm, torch.nn.Identity):
-        return t
-    mu = t.mean(-1, keepdim=True)
-    var = (t - mu).square().mean(-1, keepdim=True)
-    return (t - mu) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
-
-
-def _gelu(t):
-    return 0.5 * t * (1 + torch.erf(t / math.sqrt(2)))
-
-
-def _soft_module_oracle(m, q, v, grid):
-    B, Hh, N, d = q.shape
-    prefix = N - grid[0] * grid[1]
-    landmarks = None
-    if m.landmarks == "conv":
-        # the released code: a conv shared by the heads, LayerNorm(d_h) and GELU, on q / d^¼
-        s = d ** 0.25
-        img = (q[:, :, prefix:] / s).reshape(B * Hh, *grid, d).permute(0, 3, 1, 2)
-        lm = F.conv2d(img, m.landmark_conv.weight, stride=m.ratio).flatten(2).transpose(1, 2).reshape(B, Hh, -1, d)
-        landmarks = _gelu(_layer_norm(lm, m.landmark_norm)) * s
-    out = R.soft_reference(q, v, grid, ratio=m.ratio, num_prefix_tokens=prefix, landmarks=landmarks,
-                           num_iters=m.num_iters, init=m.newton_init)
-    if m.v_conv is not None:
-        ks = m.v_conv.kernel_size[0]
-        img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
-        conv = F.conv2d(img, m.v_conv.weight, m.v_conv.bias, padding=ks // 2, groups=Hh * d)
-        conv = conv.reshape(B, Hh, d, -1).transpose(-2, -1)
-        out = out + torch.cat([torch.zeros_like(out[:, :, :prefix]), conv], dim=2)
-    return out
-
-
-def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
-    """The module's forward from its parameters and the kind's oracle, in plain torch."""
-    B, N, C = x.shape
-    Hh, d = m.num_heads, m.head_dim
-    qkv_ = x @ m.qkv.weight.T + (m.qkv.bias if m.qkv.bias is not None else 0)
-    if m.separate_qk:
-        q, k, v = qkv_.reshape(B, N, 3, Hh, d).permute(2, 0, 3, 1, 4)
-        q, k = _layer_norm(q, m.q_norm), _layer_norm(k, m.k_norm)
-    else:
-        q, v = qkv_.reshape(B, N, 2, Hh, d).permute(2, 0, 3, 1, 4)
-        q = k = _layer_norm(q, m.q_norm)
-    kind = m.attn_name
-    if kind == "sima":
-        out = R.sima_reference(q, k, v, order=m.order, mask=mask, eps=m.eps)
-    elif kind == "softmax":
-        out = R.softmax_reference(q, k, v, mask=mask, is_causal=is_causal)
-    elif kind == "xca":
-        out = R.xca_reference(q, k, v, temperature=m.temperature, mask=mask, eps=m.eps)
-    elif kind == "elu":
-        out = R.elu_reference(q, k, v, mask=mask, eps=m.eps)
-    elif kind == "relu":
-        out = R.relu_reference(q, k, v, activation=m.activation, alpha=m.alpha, mask=mask)
-    elif kind == "xnorm":
-        out = R.xnorm_reference(q, k, v, gamma_q=m.gamma_q, gamma_kv=m.gamma_kv, mask=mask, eps=m.eps)
-    elif kind == "soft":
-        out = _soft_module_oracle(m, q, v, grid_size)
-    else:  # pragma: no cover - a kind registered without an oracle must get one here
-        raise AssertionError(f"no oracle for attention kind {kind!r}")
-    out = out.transpose(1, 2).reshape(B, N, C)
-    return out @ m.proj.weight.T + m.proj.bias
-
-
 MODULES = [
     ("sima", {}), ("sima", {"order": "qk_first"}), ("softmax", {}), ("softmax", {"fused": False}),
     ("xca", {}), ("elu", {}), ("relu", {"activation": "gelu", "alpha": 0.5}), ("relu", {"qk_norm": True}),

@@ -9,7 +9,9 @@ The inverse of the m×m landmark kernel M uses Newton–Raphson iterations V ←
   V₀ = α P with α = 0.9·2 / (max row sum of M)² per (batch, head), 20 iterations. The 0.01·I keeps P
   well conditioned, so the result approximates (M + 0.01·I)⁻¹, not M⁺.
 - ``'paper'`` (the paper's Sec. 3.3): P = M and V₀ = α M with α = 2βⁿ / ‖M‖₁², β = ½, n the smallest integer ≥ 0
-  with ‖I − α M‖₁ ≤ 1; the iteration converges to M⁺ (slowly when M is ill conditioned).
+  with ‖I − α M‖₁ ≤ 1, searched up to n = 10 (the limit of the released code's own search of this kind; a kernel
+  that is not diagonally dominant never meets the inequality and gets n = 10). The iteration converges to M⁺,
+  slowly when M is ill conditioned (close landmarks): expose it with :func:`pinv_residual`.
 
 The backward either runs through the iterations or, as the released code does, uses the inverse's gradient
 dP = −Vᵀ G Vᵀ (exact once the iteration has converged). All kernel work runs in fp32 (fp64 for fp64 inputs).
@@ -49,7 +51,7 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 _NEWTON_INITS = ("released", "paper")
 
 
-def _paper_alpha(m: torch.Tensor, max_halvings: int = 40) -> torch.Tensor:
+def _paper_alpha(m: torch.Tensor, max_halvings: int = 10) -> torch.Tensor:
     """α = 2βⁿ/‖M‖₁² (β = ½) with the smallest n ≥ 0 such that ‖I − αM‖₁ ≤ 1, per matrix (…,)."""
     norm_1 = m.abs().sum(-2).amax(-1).clamp_min(1e-30)  # max column sum
     eye = torch.eye(m.shape[-1], dtype=m.dtype, device=m.device)
