@@ -27,8 +27,12 @@ Choices where the paper and the released code differ, and why:
   ``v_conv_kernels=(0, 0, 0)`` turns it off. Here it is a per-channel depthwise conv
   (:class:`simattn.attention.SoftAttention` ``v_conv_kernel``), where the released code shares one per-head
   kernel across a head's channels.
-- Landmarks are average-pooled (the paper's ablation prefers pooling; the released code uses a conv + LayerNorm +
-  GELU): pass ``attn_kwargs={'landmarks': 'conv'}`` for that.
+- Landmarks are average-pooled (the paper's ablation prefers pooling). ``attn_kwargs={'landmarks': 'conv'}`` gives
+  the released code's learned landmarks: one ratio×ratio stride-ratio conv (head dim to head dim, no bias) shared
+  by the heads, then LayerNorm and GELU, on q / d^¼; SOFT-Tiny then has 13.09M parameters (paper Table 4b: 13.07M).
+- The landmark kernel's inverse is the released code's Newton–Raphson (M + 0.01·I, its step size, 20 steps),
+  which produced the published numbers; ``attn_kwargs={'newton_init': 'paper'}`` gives the paper's
+  (:mod:`simattn.attention.soft`).
 - The released SOFT blocks are post-norm; these are pre-norm like the stage-4 blocks and the rest of timm.
 
 Pooling ratios are fixed at build time from ``img_size`` (so that m ≤ ``num_landmarks``, exactly 49 at 224);
@@ -93,6 +97,7 @@ class SoftViT(PyramidTransformer):
         v_conv_kernels: depthwise conv on V in stages 1-3 (0 = none).
         stem_chans: channels inside the stem.
         attn_type, attn_kwargs: attention of stages 1-3 and its options (SOFT's ratio / V conv are filled in).
+            ``attn_drop_rate > 0`` needs kinds with a weight matrix (SOFT has none and rejects it).
         last_attn_type, last_attn_kwargs: attention of stage 4.
         act_layer: MLP activation (name or class).
     """
