@@ -193,18 +193,25 @@ def test_paper_table3_and_figure_a1_tiny(tmp_path, monkeypatch, capsys):
                            "--warmup-models", "0", "--rounds-models", "1", "--out", str(out)])
     assert rc == 0
     report = (out / "paper.md").read_text()
-    assert "D=64 N=256 H=8" in report and "D=256 N=64 H=8" in report
-    assert "177.4" in report and "63.6" in report  # the paper's numbers printed beside ours
-    assert "+58% slower than SimA at 1536" in report
+    assert "D=64 N=256 H=8, D per head" in report and "D=256 N=64 H=8, D total" in report
+    # the counted exps decide the reading: XCA's H·d² is 8·256² with D per head, 8·32² with D total
+    assert "524,288 with D per head, 8,192 with D total" in report
+    assert "D per head matches the paper's exp-count column" in report
 
     table = json.loads((out / "table3.json").read_text())["rows"]
-    assert len(table) == 10
-    refs = [r for r in table if r["method"].endswith("★")]
-    assert len(refs) == 2 and all(r["ours_vs_sima"] == 1.0 for r in refs)
-    vanilla = next(r for r in table if r["method"].startswith("vanilla"))
-    assert vanilla["paper_ms_Jetson Nano"] == 177.4
-    assert vanilla["paper_vs_sima_Jetson Nano"] == pytest.approx(177.4 / 63.6)
-    assert vanilla["ours_ms"] > 0
+    assert len(table) == 20
+    by = {(r["D"], r["reading"], r["method"]): r for r in table}
+    assert {(r["D"], r["reading"]): r["token_dim"] for r in table} == {
+        (64, "D per head"): 512, (256, "D per head"): 2048, (64, "D total"): 64, (256, "D total"): 256}
+    for reading in ("D per head", "D total"):
+        assert by[(64, reading, "vanilla softmax(qkᵀ)v")]["exps"] == 8 * 256 * 256  # H·N² at N=256
+        assert by[(256, reading, "SimA (q̂k̂ᵀ)v ★")]["exps"] == 0
+    # the starred rows (the reference of each setting and reading) follow the caption's (q̂k̂ᵀ)v order
+    assert sorted((r["D"], r["reading"]) for r in table if r["method"].endswith("★")) == sorted(
+        {(r["D"], r["reading"]) for r in table})
+    assert {r["method"] for r in table if r["method"].endswith("★")} == {"SimA (q̂k̂ᵀ)v ★"}
+    assert by[(256, "D total", "SimA q̂(k̂ᵀv), linear order")]["paper_ms_Jetson Nano"] is None
+    assert all(r["ours_ms"] > 0 for r in table)
 
     figure = json.loads((out / "figure_a1.json").read_text())["rows"]
     assert {(r["panel"], r["x"]) for r in figure} == {("deit", 32), ("deit", 48), ("xcit", 16)}
@@ -212,4 +219,18 @@ def test_paper_table3_and_figure_a1_tiny(tmp_path, monkeypatch, capsys):
     assert all((r["slower_than_sima_pct"] is None) == (not r["baseline"]) for r in figure)
     for name in ("table3.png", "figure_a1.png"):
         _read_png(out / name)
-    assert (out / "table3.csv").read_text().startswith("D,N,H,batch,method")
+    assert (out / "table3.csv").read_text().startswith("D,N,H,reading,token_dim,head_dim,batch,method")
+
+
+def test_table3_ratios_and_reading_verdict_from_known_numbers():
+    rows = [r for r in bench_paper.table3_rows(["total"]) if r.setting == (64, 256, 8)]
+    for row, ms in zip(rows, (30.0, 6.0, 24.0, 12.0)):
+        row.result = {"median_ms": ms, "exps": 0}
+    records = bench_paper.table3_records(rows, batch=16)
+    assert [r["ours_vs_sima"] for r in records] == [2.5, 0.5, 2.0, 1.0]  # by hand: time / 12
+    assert records[0]["head_dim"] == 8 and records[0]["paper_vs_sima_Apple M1"] == pytest.approx(35.8 / 20.4)
+    xca = {"method": "XCA softmax(q̂ᵀk̂) on v", "D": 256, "H": 8}
+    verdict = bench_paper.reading_verdict([{**xca, "reading": "D per head", "exps": 8 * 256 ** 2},
+                                           {**xca, "reading": "D total", "exps": 8 * 32 ** 2}])
+    assert verdict.endswith("D per head matches the paper's exp-count column.")
+    assert "neither reading matches" in bench_paper.reading_verdict([{**xca, "reading": "D total", "exps": 5}])

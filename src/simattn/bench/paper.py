@@ -1,10 +1,13 @@
 """``simattn bench paper``: the SimA paper's speed results (Table 3, Figure A1) regenerated on this machine.
 
 * Table 3: one attention block (qkv projection, attention, output projection) at D=64 N=256 H=8 (vanilla, ELU,
-  SimA) and D=256 N=64 H=8 (SOFT, XCA, ELU, SimA); D is the token dimension, so the head dim is D/H. The paper
-  fixes the matmul order so every method does the same products and only exp differs: in the N>D setting all run
-  quadratically ((q̂k̂ᵀ)v, as softmax must); in the N<D setting the reference rows use the channel-quadratic
-  order q̂(k̂ᵀv) of XCA, and the other order is shown too (the paper does not say which it used there).
+  SimA) and D=256 N=64 H=8 (SOFT, XCA, ELU, SimA). The paper does not say whether D is the token dimension (head
+  dim D/H: 8 and 32) or the dimension per head (token dim D·H: 512 and 2048); its exp-count column (H·D² for XCA,
+  Table 1) only holds with D per head. Both readings are run, every ratio is printed beside its reading, and the
+  exp evaluations of each block are counted (:mod:`simattn.bench.counters`) to show which reading gives the
+  paper's counts. The caption fixes the order to (QKᵀ)V so every method does the same products and only exp
+  differs: the ★ SimA rows (the reference of each setting) and the paper's ELU rows run (q̂k̂ᵀ)v; the linear orders
+  q̂(k̂ᵀv) and φ(q)(φ(k)ᵀv) are extra, labelled rows.
 * Figure A1: whole models, inference latency. Left: DeiT-S vs SimA (dim 384) as the resolution grows, SimA in
   (q̂k̂ᵀ)v order so both are O(N²D). Right: XCiT vs SimA as the channel dim grows at 224 px, SimA in q̂(k̂ᵀv)
   order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.run_specs`).
@@ -33,7 +36,8 @@ from .model import BenchSpec, run_specs
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
-__all__ = ["PAPER_TABLE3", "PAPER_DEVICES", "PAPER_FIGURE_A1", "Table3Row", "table3_rows", "run_table3",
+__all__ = ["PAPER_TABLE3", "PAPER_DEVICES", "PAPER_FIGURE_A1", "READINGS", "Table3Row", "table3_rows", "run_table3",
+           "table3_records", "reading_verdict",
            "run_figure_a1", "main"]
 
 PAPER_DEVICES = ("Jetson Nano", "Apple M1", "Raspberry Pi 4")
@@ -48,6 +52,13 @@ PAPER_FIGURE_A1 = {"deit": {"at": 1536, "axis": "px", "slower": 0.58},
                    "xcit": {"at": 8192, "axis": "channels", "slower": 0.22}}
 
 
+#: how Table 3's D is read: name → (description, token dim for the paper's D and H)
+READINGS: Dict[str, Tuple[str, Callable[[int, int], int]]] = {
+    "per_head": ("D per head", lambda d, h: d * h),
+    "total": ("D total", lambda d, h: d),
+}
+
+
 class QuadraticELUAttention(ELUAttention):
     """ELU attention computed as (φ(q)φ(k)ᵀ)v, the O(N²) order vanilla attention is stuck with."""
 
@@ -57,73 +68,97 @@ class QuadraticELUAttention(ELUAttention):
 
 @dataclass
 class Table3Row:
-    """One block of Table 3: ``paper`` names the paper's method whose numbers belong beside it (None: extra row);
-    ``reference`` marks the SimA row the others are compared with."""
+    """One block of Table 3 under one reading of D: ``paper`` names the paper's method whose numbers belong beside
+    it (None: extra row); ``reference`` marks the SimA row the others are compared with."""
 
     setting: Tuple[int, int, int]
     label: str
     build: Callable[[int, int], nn.Module]
     paper: Optional[str] = None
     reference: bool = False
+    reading: str = "per_head"
     result: Dict[str, float] = field(default_factory=dict)
 
+    @property
+    def dim(self) -> int:
+        """The block's token dimension under this row's reading of D."""
+        d, _, h = self.setting
+        return READINGS[self.reading][1](d, h)
 
-def table3_rows() -> List[Table3Row]:
-    """The blocks Table 3 compares (plus SDPA softmax and the other matmul order, for context)."""
+
+def table3_rows(readings: Sequence[str] = tuple(READINGS)) -> List[Table3Row]:
+    """The blocks Table 3 compares (plus SDPA softmax and the linear orders, labelled), once per reading of D."""
     top, bottom = (64, 256, 8), (256, 64, 8)
 
     def block(cls, **options):
         return lambda dim, heads: cls(dim, heads, qkv_bias=True, **options)
 
-    return [
-        Table3Row(top, "vanilla softmax(qkᵀ)v", block(SoftmaxAttention, fused=False), paper="vanilla"),
-        Table3Row(top, "softmax, fused SDPA", block(SoftmaxAttention)),
-        Table3Row(top, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention), paper="elu"),
-        Table3Row(top, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first"), paper="sima", reference=True),
-        Table3Row(bottom, "SOFT (Nyström, 2×2 pooled landmarks)", block(SoftAttention), paper="soft"),
-        Table3Row(bottom, "XCA softmax(q̂ᵀk̂) on v", block(XCAttention), paper="xca"),
-        Table3Row(bottom, "ELU φ(q)(φ(k)ᵀv)", block(ELUAttention), paper="elu"),
-        Table3Row(bottom, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention)),
-        Table3Row(bottom, "SimA q̂(k̂ᵀv)", block(SimAAttention, order="kv_first"), paper="sima", reference=True),
-        Table3Row(bottom, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first")),
-    ]
+    rows = []
+    for reading in readings:
+        if reading not in READINGS:
+            raise ValueError(f"unknown reading of D {reading!r}; expected one of {', '.join(READINGS)}")
+        rows += [
+            Table3Row(top, "vanilla softmax(qkᵀ)v", block(SoftmaxAttention, fused=False), paper="vanilla"),
+            Table3Row(top, "softmax, fused SDPA", block(SoftmaxAttention)),
+            Table3Row(top, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention), paper="elu"),
+            Table3Row(top, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first"), paper="sima", reference=True),
+            Table3Row(bottom, "SOFT (Nyström, 2×2 pooled landmarks)", block(SoftAttention), paper="soft"),
+            Table3Row(bottom, "XCA softmax(q̂ᵀk̂) on v", block(XCAttention), paper="xca"),
+            Table3Row(bottom, "ELU (φ(q)φ(k)ᵀ)v", block(QuadraticELUAttention), paper="elu"),
+            Table3Row(bottom, "ELU φ(q)(φ(k)ᵀv), linear order", block(ELUAttention)),
+            Table3Row(bottom, "SimA (q̂k̂ᵀ)v", block(SimAAttention, order="qk_first"), paper="sima", reference=True),
+            Table3Row(bottom, "SimA q̂(k̂ᵀv), linear order", block(SimAAttention, order="kv_first")),
+        ]
+        for row in rows[-10:]:
+            row.reading = reading
+    return rows
 
 
 def run_table3(rows: Sequence[Table3Row], *, batch: int, device: str, warmup: int, repeats: int,
                rounds: int) -> List[Dict[str, Any]]:
     """Time every block (forward, inference mode, fp32). Rounds interleave the blocks so a slow phase of a
     shared machine hits all of them; the reported time is the median over rounds of each round's median."""
+    from .counters import trace_ops
+
     torch.manual_seed(0)
-    blocks, inputs = [], []
+    blocks, inputs, exps = [], [], []
     for row in rows:
-        dim, tokens, heads = row.setting
-        blocks.append(row.build(dim, heads).to(device).eval())
-        inputs.append(torch.randn(batch, tokens, dim, device=device))
-    medians: List[List[float]] = [[] for _ in rows]
-    means: List[List[float]] = [[] for _ in rows]
+        _, tokens, heads = row.setting
+        blocks.append(row.build(row.dim, heads).to(device).eval())
+        inputs.append(torch.randn(batch, tokens, row.dim, device=device))
+        with torch.inference_mode():
+            exps.append(trace_ops(lambda: blocks[-1](inputs[-1][:1])).exp_total)  # feature maps included
+    stats: List[List[Dict[str, float]]] = [[] for _ in rows]
     jobs = [(r, i) for r in range(rounds) for i in range(len(rows))]
-    for r, i in progress(jobs, "table 3", lambda job: f"{rows[job[1]].label} (round {job[0] + 1})"):
+    def describe(job):
+        row = rows[job[1]]
+        return f"{row.label}, {READINGS[row.reading][0]} (round {job[0] + 1})"
+
+    for r, i in progress(jobs, "table 3", describe):
         block, x = blocks[i], inputs[i]
         with torch.inference_mode():
-            t = time_fn(lambda: block(x), warmup=warmup, repeats=repeats, device=device)
-        medians[i].append(t["median_ms"])
-        means[i].append(t["mean_ms"])
-    out = []
-    for row, med, mean in zip(rows, medians, means):
-        row.result = {"median_ms": statistics.median(med), "mean_ms": statistics.median(mean)}
-        out.append(row)
-    return _table3_records(out, batch)
+            stats[i].append(time_fn(lambda: block(x), warmup=warmup, repeats=repeats, device=device))
+    for row, st, n_exp in zip(rows, stats, exps):
+        row.result = {key: statistics.median(t[key] for t in st) for key in ("median_ms", "p10_ms", "p90_ms",
+                                                                             "mean_ms")}
+        row.result["exps"] = n_exp
+    return table3_records(rows, batch)
 
 
-def _table3_records(rows: Sequence[Table3Row], batch: int) -> List[Dict[str, Any]]:
-    refs = {row.setting: row.result["median_ms"] for row in rows if row.reference}
+def table3_records(rows: Sequence[Table3Row], batch: int) -> List[Dict[str, Any]]:
+    """One record per row (``row.result`` holds median/p10/p90/mean ms and ``exps``, the exp evaluations of one
+    image): times, time relative to the ★ SimA row of the same setting and reading, the paper's numbers."""
+    refs = {(row.setting, row.reading): row.result["median_ms"] for row in rows if row.reference}
     records = []
     for row in rows:
         dim, tokens, heads = row.setting
-        rec: Dict[str, Any] = {"D": dim, "N": tokens, "H": heads, "batch": batch,
+        res = row.result
+        rec: Dict[str, Any] = {"D": dim, "N": tokens, "H": heads, "reading": READINGS[row.reading][0],
+                               "token_dim": row.dim, "head_dim": row.dim // heads, "batch": batch,
                                "method": row.label + (" ★" if row.reference else ""),
-                               "ours_ms": row.result["median_ms"], "ours_mean_ms": row.result["mean_ms"],
-                               "ours_vs_sima": row.result["median_ms"] / refs[row.setting]}
+                               "exps": res.get("exps"), "ours_ms": res["median_ms"], "ours_p10_ms": res.get("p10_ms"),
+                               "ours_p90_ms": res.get("p90_ms"), "ours_mean_ms": res.get("mean_ms"),
+                               "ours_vs_sima": res["median_ms"] / refs[(row.setting, row.reading)]}
         paper = PAPER_TABLE3[row.setting].get(row.paper) if row.paper else None
         paper_sima = PAPER_TABLE3[row.setting]["sima"]
         for j, device in enumerate(PAPER_DEVICES):
@@ -133,18 +168,33 @@ def _table3_records(rows: Sequence[Table3Row], batch: int) -> List[Dict[str, Any
     return records
 
 
+def reading_verdict(records: Sequence[Dict[str, Any]]) -> str:
+    """Which reading of D gives the paper's exp count for XCA (H·D², Table 1), from the counted exps."""
+    counted = {r["reading"]: r["exps"] for r in records if r["method"].startswith("XCA") and r["exps"] is not None}
+    xca = next((r for r in records if r["method"].startswith("XCA")), None)
+    if xca is None or not counted:
+        return "XCA was not run: no exp count to tell the readings of D apart."
+    paper = xca["H"] * xca["D"] ** 2
+    matches = [reading for reading, n in counted.items() if n == paper]
+    found = ", ".join(f"{n:,} with {reading}" for reading, n in counted.items())
+    verdict = (f"{' and '.join(matches)} matches" if matches else "neither reading matches")
+    return (f"Exp evaluations of the XCA block per image: {found}; the paper's H·D² with D={xca['D']}, H={xca['H']} "
+            f"is {paper:,}: {verdict} the paper's exp-count column.")
+
+
 def table3_markdown(records: Sequence[Dict[str, Any]]) -> str:
-    parts = []
-    for setting in dict.fromkeys((r["D"], r["N"], r["H"]) for r in records):
-        recs = [r for r in records if (r["D"], r["N"], r["H"]) == setting]
-        dim, tokens, heads = setting
-        short = {"Jetson Nano": "Nano", "Apple M1": "M1", "Raspberry Pi 4": "RPi4"}
-        cols = ["method", "ours_ms", "ours_vs_sima"] + [f"paper_ms_{d}" for d in PAPER_DEVICES] + \
-               [f"paper_vs_sima_{d}" for d in PAPER_DEVICES]
-        headers = ["method", "ours (ms)", "ours ×SimA"] + [f"paper {short[d]} (ms)" for d in PAPER_DEVICES] + \
-                  [f"paper {short[d]} ×SimA" for d in PAPER_DEVICES]
-        parts += [f"**D={dim} N={tokens} H={heads}** (head dim {dim // heads}, batch {recs[0]['batch']}; "
-                  f"×SimA = time / time of this setting's ★ SimA row, which has the paper's numbers)", "",
+    parts = [reading_verdict(records), ""]
+    short = {"Jetson Nano": "Nano", "Apple M1": "M1", "Raspberry Pi 4": "RPi4"}
+    for key in dict.fromkeys((r["D"], r["N"], r["H"], r["reading"]) for r in records):
+        recs = [r for r in records if (r["D"], r["N"], r["H"], r["reading"]) == key]
+        dim, tokens, heads, reading = key
+        cols = ["method", "reading", "exps", "ours_ms", "ours_p10_ms", "ours_p90_ms", "ours_vs_sima"] + \
+               [f"paper_ms_{d}" for d in PAPER_DEVICES] + [f"paper_vs_sima_{d}" for d in PAPER_DEVICES]
+        headers = ["method", "D read as", "exps / image", "ours (ms)", "p10", "p90", "ours ×SimA"] + \
+                  [f"paper {short[d]} (ms)" for d in PAPER_DEVICES] + [f"paper {short[d]} ×SimA" for d in PAPER_DEVICES]
+        parts += [f"**D={dim} N={tokens} H={heads}, {reading}** (token dim {recs[0]['token_dim']}, head dim "
+                  f"{recs[0]['head_dim']}, batch {recs[0]['batch']}; ×SimA = time / time of the ★ SimA row of this "
+                  f"setting and reading, the (q̂k̂ᵀ)v order of the caption)", "",
                   markdown_table(recs, cols, headers), ""]
     return "\n".join(parts)
 
@@ -153,10 +203,10 @@ def plot_table3(records: Sequence[Dict[str, Any]], path: Path) -> None:
     """Time relative to SimA: ours beside the paper's three devices, per block."""
     import numpy as np
 
-    settings = list(dict.fromkeys((r["D"], r["N"], r["H"]) for r in records))
-    fig, axes = new_figure(len(settings), size=6.0)
+    settings = list(dict.fromkeys((r["D"], r["N"], r["H"], r["reading"]) for r in records))
+    fig, axes = new_figure(min(2, len(settings)), (len(settings) + 1) // 2, size=6.0)
     for ax, setting in zip(axes, settings):
-        recs = [r for r in records if (r["D"], r["N"], r["H"]) == setting]
+        recs = [r for r in records if (r["D"], r["N"], r["H"], r["reading"]) == setting]
         xs = np.arange(len(recs))
         series = [("ours", "ours_vs_sima")] + [(f"paper {d}", f"paper_vs_sima_{d}") for d in PAPER_DEVICES]
         width = 0.8 / len(series)
@@ -166,7 +216,7 @@ def plot_table3(records: Sequence[Dict[str, Any]], path: Path) -> None:
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_xticks(xs, [r["method"] for r in recs], rotation=30, ha="right", fontsize=7)
         ax.set_ylabel("time / SimA time")
-        ax.set_title(f"D={setting[0]} N={setting[1]} H={setting[2]}")
+        ax.set_title(f"D={setting[0]} N={setting[1]} H={setting[2]}, {setting[3]}")
         ax.legend(fontsize=7)
     save_figure(fig, path)
 
@@ -293,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", choices=("table3", "figure_a1"), default=None, help="run one part only")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current count)")
+    p.add_argument("--readings", nargs="+", choices=list(READINGS), default=list(READINGS),
+                   help="Table 3: how D is read (per head: token dim D·H; total: token dim D)")
     p.add_argument("--table3-batch", type=int, default=16,
                    help="batch of the Table 3 blocks (the paper does not state it)")
     p.add_argument("--batch", type=int, default=None, help="batch of the Figure A1 runs (default: 8 on CUDA as "
@@ -349,7 +401,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"Command: `{meta['command']}`", ""]
     failed = False
     if args.only in (None, "table3"):
-        records = run_table3(table3_rows(), batch=args.table3_batch, device=args.device, warmup=5,
+        records = run_table3(table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5,
                              repeats=args.repeats, rounds=args.rounds)
         write_json({"meta": meta, "rows": records}, out / "table3.json")
         write_csv(records, out / "table3.csv")
