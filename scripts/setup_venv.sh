@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create .venv in the repo root if it is missing and install simattn into it.
+# Create .venv in the repo root if it is missing and install simattn into it, with the tested torch/torchvision
+# versions from constraints.txt (pyproject.toml itself only states version ranges).
 # Usage: scripts/setup_venv.sh [extras]   e.g. scripts/setup_venv.sh test
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,4 +11,4 @@ fi
 spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # Quiet unless it fails; the editable install is fast when everything is already there.
-.venv/bin/python -m pip install -q -e "$spec"
+.venv/bin/python -m pip install -q -c constraints.txt -e "$spec"

@@ -181,7 +181,7 @@ def test_xcit_sima_dino_epoch_linear_probe_and_resume(tmp_path, one_thread):
     assert len(first["history"]) == 1 and first["final"]["linear_feature_dim"] == 4 * 32
     assert first["final"]["feature_dim"] == 32 and 0 <= first["final"]["knn_top1"] <= 100
     resumed = pretrain(merge_recipe(recipe, {"train": {"epochs": 2}}), resume=True)
-    assert [h["epoch"] for h in resumed["history"]] == [0, 1]
+    assert [h["epoch"] for h in resumed["history"]] == [1, 2]
     assert resumed["history"][0] == first["history"][0]
 
 

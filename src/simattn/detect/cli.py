@@ -1,8 +1,8 @@
 """``simattn detect``: Mask R-CNN training and COCO box/mask AP evaluation on COCO-layout data.
 
     simattn detect shapes [--out data/shapes]                    # a tiny synthetic COCO-layout dataset
-    simattn detect train --config configs/detect_shapes_cpu.yaml [--set train.epochs=2 ...] [--resume]
-    simattn detect eval  --config configs/detect_shapes_cpu.yaml --weights runs/detect_shapes/checkpoint.pth
+    simattn detect train --config detect_shapes_cpu [--set train.epochs=2 ...] [--output DIR] [--resume]
+    simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/checkpoint.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\
         --set data.train_images=/data/coco/train2017 ...
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 from typing import List
+
+from ..utils.recipe import DETECT_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
 
 __all__ = ["main"]
 
@@ -22,12 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_ in (("train", "train Mask R-CNN, evaluating box and mask AP"),
                         ("eval", "box and mask AP of a trained checkpoint on the val data")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", help="YAML recipe (see configs/detect_*.yaml)")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a recipe entry, e.g. --set data.val_images=/data/val2017 (repeatable)")
-        p.add_argument("--output", help="output folder (overrides the recipe's 'output')")
-    sub.choices["train"].add_argument("--resume", action="store_true",
-                                      help="continue from OUTPUT/checkpoint.pth if it exists")
+        add_recipe_arguments(p, DETECT_SCHEMA, "data.val_images=/data/val2017", run=name == "train")
     sub.choices["eval"].add_argument("--weights", required=True, help="detector checkpoint (checkpoint.pth)")
     shapes = sub.add_parser("shapes", help="write a tiny synthetic COCO-layout dataset (train and val splits)")
     shapes.add_argument("--out", default=DEFAULT_SHAPES_ROOT,
@@ -48,21 +45,22 @@ def main(argv: List[str]) -> int:
             images, ann = make_shapes_dataset(args.out, split, n, args.size, seed=seed)
             print(f"{split}: {n} images in {images}, annotations {ann}")
         return 0
-    from ..utils.recipe import load_recipe
-    from .train import DEFAULTS, evaluate_checkpoint, train
-    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
-    recipe = load_recipe(DEFAULTS, args.config, overrides)
+    from ..utils.extras import require
+    require("pycocotools", f"simattn detect {args.action}")
+    from .train import evaluate_checkpoint, train
+    recipe = recipe_from_args(DETECT_SCHEMA, args)
+    name = recipe_name(args.config) or "detect"
     if args.action == "train":
-        results = train(recipe, resume=args.resume)
+        results = train(recipe, resume=args.resume, overwrite=args.overwrite, name=name)
         if results:
-            print(json.dumps({"output": recipe["output"], **_ap_summary(results.get("eval", {}))}))
+            print(json.dumps({"output": results["output"], **_ap_summary(results.get("eval", {}))}))
         return 0
-    from pathlib import Path
-
-    from ..utils.io import atomic_write_json
+    from ..utils.io import atomic_write_json, json_dumps
+    from ..utils.runs import results_folder
+    out = results_folder(recipe["output"], args.weights, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(recipe, args.weights)
-    atomic_write_json({"weights": args.weights, **results}, Path(recipe["output"]) / "eval.json")
-    print(json.dumps(_ap_summary(results)))
+    print(json_dumps(_ap_summary(results)), flush=True)  # shown before anything is written
+    atomic_write_json({"weights": args.weights, **results}, out / "eval.json")
     return 0
 
 

@@ -10,16 +10,21 @@ categories in label order), ``results.json`` (per-epoch losses and box/mask AP) 
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Optional
 
 import torch
+import yaml
 from torch import nn
 
 from ..utils.runlog import RunLog, progress
-from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
-from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint, load_weights
-from ..utils.recipe import DETECT_SCHEMA, defaults_of
+from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
+                                 init_distributed)
+from ..utils.io import (CheckpointError, atomic_torch_save, atomic_write_text, check_finite_weights,
+                        extract_state_dict, load_checkpoint, load_weights)
+from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
+from ..utils.recipe import DETECT_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import CocoInstances, collate_detection
 from .evaluate import evaluate_coco
@@ -52,8 +57,34 @@ def _checkpoint(model: nn.Module, dataset: CocoInstances, **extra) -> Dict[str, 
     return {"model": model.state_dict(), "categories": cats, **extra}
 
 
-def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
-    """Train Mask R-CNN as the recipe says, evaluating box/mask AP; returns the results (main process) or {}."""
+#: the files a detection run writes into its folder (``overwrite`` deletes them before a fresh run)
+RUN_FILES = ("checkpoint.pth", "results.json", "curves.png", "config.yaml")
+DETECT_STATE_FORMAT = "simattn-detect-state-v2"  # epochs counted from 1
+#: recipe entries a resumed run must share with its checkpoint (the network and the data it learns from)
+_SAME_RUN_KEYS = (("model", "backbone"), ("model", "backbone_kwargs"), ("model", "out_indices"),
+                  ("model", "min_size"), ("model", "max_size"), ("data", "train_images"),
+                  ("data", "train_annotations"))
+
+
+def _check_same_run(path: Path, ckpt: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
+    if ckpt.get("format") != DETECT_STATE_FORMAT:
+        raise CheckpointError(f"{path} is not a {DETECT_STATE_FORMAT} detection checkpoint; it cannot be resumed")
+    saved = ckpt.get("recipe") or {}
+    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in _SAME_RUN_KEYS
+             if saved.get(a, {}).get(b) != recipe[a][b]]
+    if diffs:
+        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
+                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
+
+
+def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = False,
+          name: Optional[str] = None) -> Dict[str, Any]:
+    """Train Mask R-CNN as the recipe says, evaluating box/mask AP; returns the results with the run folder as
+    ``output`` (main process) or {}.
+
+    ``resume`` continues from ``<output>/checkpoint.pth``; the run folder follows :mod:`simattn.utils.runs`
+    (``runs/<name>/<date-time>`` by default, another run's folder only with ``overwrite``). Epochs count from 1.
+    """
     from timm.optim import create_optimizer_v2
     from timm.scheduler import MultiStepLRScheduler
     from timm.utils import random_seed
@@ -65,11 +96,18 @@ def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
         t = recipe["train"]
         if t["batch_size"] % dist.world_size:
             raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {dist.world_size} processes")
+        if resume and not recipe["output"]:
+            raise ValueError("--resume continues the run in --output: give its folder")
+        ckpt_path = Path(recipe["output"]) / "checkpoint.pth" if resume else None
+        out_dir = resolve_output(recipe["output"], name, "detect", ckpt_path)
+        check_run_folder(out_dir, ckpt_path, overwrite)
+        ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
+        if ckpt is not None:
+            _check_same_run(ckpt_path, ckpt, recipe)
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
         datasets = load_datasets(recipe["data"])
         train_set = datasets["train"]
-        out_dir = Path(recipe["output"])
         model = build_mask_rcnn(recipe["model"], train_set.num_classes)
         if dist.distributed and dist.device.type == "cuda":
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
@@ -89,21 +127,29 @@ def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                                          t_in_epochs=False)
         use_amp = bool(t["amp"]) and dist.device.type == "cuda"
         scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": dict(recipe), "world_size": dist.world_size,
+        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
+                                                             "world_size": dist.world_size,
                                                              "categories": train_set.category_names})
-        ckpt_path = out_dir / "checkpoint.pth"
-        start_epoch, step = 0, 0
-        if resume and ckpt_path.is_file():
-            ckpt = load_checkpoint(ckpt_path, map_location=dist.device)
+        start_epoch, step, nonfinite, train_time = 0, 0, 0, 0.0  # start_epoch: epochs done
+        if ckpt is not None:
             model.load_state_dict(extract_state_dict(ckpt))
             optimizer.load_state_dict(ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
-            start_epoch, step = int(ckpt["epoch"]) + 1, int(ckpt["step"])
+            start_epoch, step = int(ckpt["epoch"]), int(ckpt["step"])
+            nonfinite, train_time = int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
             log.history = [dict(r) for r in ckpt.get("history", [])]
             if dist.is_main:
-                print(f"resumed from {ckpt_path} at epoch {start_epoch}", flush=True)
+                print(f"resumed from {ckpt_path} after epoch {start_epoch}", flush=True)
+
+        # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
+        barrier()
+        if dist.is_main:
+            claim_run_folder(out_dir, overwrite, () if resume else RUN_FILES)
+            atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), out_dir / "config.yaml")
+        segment_start = time.perf_counter()
 
         max_steps = t["max_steps"] or math.inf
+        # ``epoch`` counts from 0 inside the loop (sampler); people see epoch + 1
         for epoch in range(start_epoch, t["epochs"]):
             if step >= max_steps:
                 break
@@ -112,7 +158,7 @@ def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
             ddp.train()
             sums = torch.zeros(len(_LOSS_KEYS) + 1, device=dist.device)
             count = 0
-            for images, targets in progress(loader, f"epoch {epoch}", steps_per_epoch, dist.is_main):
+            for images, targets in progress(loader, f"epoch {epoch + 1}", steps_per_epoch, dist.is_main):
                 scheduler.step_update(step)
                 images = [img.to(dist.device, non_blocking=True) for img in images]
                 targets = [{k: (v.to(dist.device) if torch.is_tensor(v) else v) for k, v in tgt.items()}
@@ -120,9 +166,21 @@ def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                 with torch.autocast(dist.device.type, dtype=torch.float16, enabled=use_amp):
                     losses = ddp(images, targets)
                     loss = sum(losses.values())
-                if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f"detection loss is {loss.item()} at epoch {epoch} step {step}; "
-                                             f"parts: { {k: v.item() for k, v in losses.items()} }")
+                if not all_finite(loss):
+                    nonfinite += 1
+                    parts = ", ".join(f"{k} {v.item():.4g}" for k, v in losses.items())
+                    if nonfinite > t["max_nonfinite_steps"]:
+                        raise FloatingPointError(
+                            f"training diverged: the detection loss is {float(loss)} at epoch {epoch + 1} step "
+                            f"{step + 1} ({parts}; {nonfinite} non-finite so far, train.max_nonfinite_steps="
+                            f"{t['max_nonfinite_steps']}); no weights were written from this point. Lower train.lr, "
+                            "set train.clip_grad, or resume from the last checkpoint")
+                    if dist.is_main:
+                        print(f"warning: non-finite detection loss at epoch {epoch + 1} step {step + 1} ({parts}): "
+                              f"step skipped ({nonfinite} of at most {t['max_nonfinite_steps']})", flush=True)
+                    optimizer.zero_grad(set_to_none=True)
+                    step += 1
+                    continue
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
                 if t["clip_grad"]:
@@ -137,23 +195,30 @@ def train(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                     break
 
             means = all_reduce_mean(sums / max(count, 1)).tolist()
-            record: Dict[str, Any] = {"epoch": epoch, "step": step, "loss": means[0],
-                                      **dict(zip(_LOSS_KEYS, means[1:])), "lr": optimizer.param_groups[0]["lr"]}
+            record: Dict[str, Any] = {"epoch": epoch + 1, "step": step, "loss": means[0],
+                                      **dict(zip(_LOSS_KEYS, means[1:])), "lr": optimizer.param_groups[0]["lr"],
+                                      "nonfinite_skipped": nonfinite}
             last = epoch == t["epochs"] - 1 or step >= max_steps
             every = recipe["eval"]["every"]
             if dist.is_main and (last or (every and (epoch + 1) % every == 0)):
                 ap = evaluate_coco(model, datasets["val"], dist.device, recipe["eval"]["batch_size"],
                                    recipe["data"]["workers"])
                 record.update({"bbox_AP": ap["bbox"]["AP"], "segm_AP": ap["segm"]["AP"]})
-                log.results["eval"] = {"epoch": epoch, **ap}
+                log.results["eval"] = {"epoch": epoch + 1, **ap}
             log.log_epoch(record)
             if dist.is_main and (last or (epoch + 1) % max(1, t["save_every"]) == 0):
-                atomic_torch_save(_checkpoint(model, train_set, optimizer=optimizer.state_dict(),
-                                              scaler=scaler.state_dict(), epoch=epoch, step=step,
-                                              history=log.history), ckpt_path)
+                check_finite_weights(model, "the detector")
+                atomic_torch_save(_checkpoint(model, train_set, format=DETECT_STATE_FORMAT,
+                                              recipe=recipe_to_save(recipe), optimizer=optimizer.state_dict(),
+                                              scaler=scaler.state_dict(), epoch=epoch + 1, step=step,
+                                              nonfinite_skipped=nonfinite,
+                                              train_time_s=train_time + time.perf_counter() - segment_start,
+                                              history=log.history), out_dir / "checkpoint.pth")
             barrier()
 
         if dist.is_main:
+            log.results["output"] = str(out_dir)
+            log.results["train_time_s"] = train_time + time.perf_counter() - segment_start
             log.save()
             log.plot(["loss", "loss_classifier", "loss_mask", "bbox_AP", "segm_AP"],
                      title=f"Mask R-CNN {recipe['model']['backbone']}")

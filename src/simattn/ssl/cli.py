@@ -1,8 +1,8 @@
 """``simattn ssl``: DINO pretraining and frozen-feature evaluation.
 
-    simattn ssl train --config configs/ssl_digits.yaml [--set train.epochs=5 ...] [--output DIR] [--resume]
-    simattn ssl eval  --config configs/ssl_digits.yaml --weights runs/ssl_digits/backbone.safetensors
-    torchrun --nproc_per_node=8 -m simattn ssl train --config configs/ssl_dino_sima_small_12_p16.yaml
+    simattn ssl train --config ssl_digits [--set train.epochs=5 ...] [--output DIR] [--resume] [--overwrite]
+    simattn ssl eval  --config ssl_digits --weights runs/ssl_digits/<date-time>/backbone.safetensors
+    torchrun --nproc_per_node=8 -m simattn ssl train --config ssl_dino_sima_small_12_p16
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import List
 
-from ..utils.io import atomic_write_json
+from ..utils.recipe import SSL_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
 
 __all__ = ["main"]
 
@@ -22,12 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_ in (("train", "DINO pretraining (then k-NN and linear probe of the teacher)"),
                         ("eval", "k-NN and linear probe of a backbone's frozen features")):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--config", help="YAML recipe (see configs/ssl_*.yaml); defaults are the paper's recipe")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a recipe entry, e.g. --set train.epochs=3 (repeatable)")
-        p.add_argument("--output", help="output folder (overrides the recipe's 'output')")
-    sub.choices["train"].add_argument("--resume", action="store_true",
-                                      help="continue from OUTPUT/checkpoint.pth if it exists")
+        add_recipe_arguments(p, SSL_SCHEMA, "train.epochs=3", run=name == "train")
     ev = sub.choices["eval"]
     ev.add_argument("--weights", help="backbone weights (.pth checkpoint or .safetensors); omit for random init")
     ev.add_argument("--ema", action="store_true", help="use the checkpoint's EMA weights")
@@ -36,32 +31,32 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
-    from .dino import DEFAULTS
-    from ..utils.recipe import load_recipe
-    overrides = list(args.overrides) + ([f"output={args.output}"] if args.output else [])
-    recipe = load_recipe(DEFAULTS, args.config, overrides)
+    recipe = recipe_from_args(SSL_SCHEMA, args)
+    name = recipe_name(args.config) or "ssl"
     if args.action == "train":
+        from ..utils.extras import require
+        require("lightly", "simattn ssl train")
         from .dino import pretrain
-        results = pretrain(recipe, resume=args.resume)
+        results = pretrain(recipe, resume=args.resume, overwrite=args.overwrite, name=name)
         if results:
-            print(json.dumps({"output": recipe["output"], **results.get("final", {})}))
+            print(json.dumps({"output": results["output"], **results.get("final", {})}))
         return 0
-    return _evaluate(recipe, args)
+    return _evaluate(recipe, args, name)
 
 
-def _evaluate(recipe, args) -> int:
-    from pathlib import Path
-
+def _evaluate(recipe, args, name: str) -> int:
     from ..utils.distributed import init_distributed
-    from ..utils.io import load_weights
+    from ..utils.io import atomic_write_json, json_dumps, load_weights
+    from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone
     device = init_distributed(recipe["train"]["device"]).device
     backbone = build_backbone(recipe["model"]).to(device)
     if args.weights:
         load_weights(backbone, args.weights, use_ema=args.ema)
+    out = results_folder(recipe["output"], args.weights, f"{name}_eval", "ssl_eval")
     results = evaluate_backbone(backbone, recipe["data"], recipe["eval"], device=device, seed=recipe["train"]["seed"])
     results = {"model": recipe["model"]["name"], "weights": args.weights or "random init", **results}
-    atomic_write_json(results, Path(recipe["output"]) / "eval.json")
-    print(json.dumps(results))
+    print(json_dumps(results), flush=True)  # shown before anything is written
+    atomic_write_json(results, out / "eval.json")
     return 0

@@ -18,16 +18,20 @@ history, k-NN / linear top-1) and ``curves.png``.
 from __future__ import annotations
 
 import itertools
-import math
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
+import yaml
 from torch import nn
 
-from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
-from ..utils.io import atomic_torch_save, extract_state_dict, load_checkpoint
-from ..utils.recipe import SSL_SCHEMA, defaults_of
+from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
+                                 init_distributed)
+from ..utils.io import (CheckpointError, atomic_torch_save, atomic_write_text, check_finite_weights,
+                        extract_state_dict, load_checkpoint)
+from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
+from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
@@ -153,11 +157,36 @@ def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
                              recalibrate_bn=random_init or recipe["eval"]["recalibrate_bn"])
 
 
-def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
+SSL_STATE_FORMAT = "simattn-ssl-state-v2"  # epochs counted from 1
+
+
+def _check_same_run(path: Path, ckpt: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
+    """Refuse to resume a checkpoint of another network or data (one line naming what differs)."""
+    if ckpt.get("format") != SSL_STATE_FORMAT:
+        raise CheckpointError(f"{path} is not a {SSL_STATE_FORMAT} DINO checkpoint; it cannot be resumed")
+    saved = ckpt.get("recipe") or {}
+    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in _SAME_RUN_KEYS
+             if saved.get(a, {}).get(b) != recipe[a][b]]
+    if diffs:
+        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
+                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
+
+
+#: the files a DINO run writes into its folder (``overwrite`` deletes them before a fresh run)
+RUN_FILES = ("checkpoint.pth", "backbone.safetensors", "results.json", "curves.png", "config.yaml")
+#: recipe entries a resumed run must share with its checkpoint (the network and the data it learns from)
+_SAME_RUN_KEYS = (("model", "name"), ("model", "kwargs"), ("head", "output_dim"), ("data", "name"), ("data", "root"),
+                  ("data", "global_crop_size"), ("data", "local_crop_size"))
+
+
+def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = False,
+             name: Optional[str] = None) -> Dict[str, Any]:
     """Run DINO pretraining described by a full recipe (see :data:`DEFAULTS`) and evaluate the teacher.
 
-    Returns the results written to ``results.json`` (on the main process; other processes get ``{}``).
-    ``resume`` continues from ``output/checkpoint.pth`` when it exists.
+    Returns the results written to ``results.json`` with the run folder as ``output`` (on the main process; other
+    processes get ``{}``). ``resume`` continues from ``<output>/checkpoint.pth``; the run folder follows
+    :mod:`simattn.utils.runs` (``runs/<name>/<date-time>`` by default, another run's folder only with
+    ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
     """
     from lightly.loss import DINOLoss
     from lightly.models.utils import update_momentum
@@ -172,7 +201,14 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
     try:
         _check(recipe, dist.world_size)
         t = recipe["train"]
-        out_dir = Path(recipe["output"])
+        if resume and not recipe["output"]:
+            raise ValueError("--resume continues the run in --output: give its folder")
+        ckpt_path = Path(recipe["output"]) / "checkpoint.pth" if resume else None
+        out_dir = resolve_output(recipe["output"], name, "ssl", ckpt_path)
+        check_run_folder(out_dir, ckpt_path, overwrite)
+        ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
+        if ckpt is not None:
+            _check_same_run(ckpt_path, ckpt, recipe)
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
 
@@ -182,7 +218,8 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
             teacher = nn.SyncBatchNorm.convert_sync_batchnorm(teacher)
         student.to(dist.device)
         teacher.to(dist.device)
-        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": dict(recipe), "world_size": dist.world_size})
+        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
+                                                              "world_size": dist.world_size})
         if recipe["eval"]["compare_random_init"] and dist.is_main and not resume:
             log.results["random_init"] = _evaluate(teacher, recipe, dist, random_init=True)
             print(f"random init: {log.results['random_init']}", flush=True)
@@ -211,22 +248,29 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
         use_amp = bool(t["amp"]) and dist.device.type == "cuda"
         scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
 
-        start_epoch = 0
-        ckpt_path = out_dir / "checkpoint.pth"
-        if resume and ckpt_path.is_file():
-            ckpt = load_checkpoint(ckpt_path, map_location=dist.device)
+        start_epoch, nonfinite, train_time = 0, 0, 0.0  # start_epoch: epochs done
+        if ckpt is not None:
             student.load_state_dict(extract_state_dict(ckpt["student"]))
             teacher.backbone.load_state_dict(ckpt["model"])
             teacher.head.load_state_dict(ckpt["teacher_head"])
             optimizer.load_state_dict(ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
             criterion.load_state_dict(ckpt["dino_loss"])
-            start_epoch = int(ckpt["epoch"]) + 1
+            start_epoch = int(ckpt["epoch"])
+            nonfinite, train_time = int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
             log.history = [dict(r) for r in ckpt.get("history", [])]
             log.results.update({k: v for k, v in ckpt.get("results", {}).items() if k != "recipe"})
             if dist.is_main:
-                print(f"resumed from {ckpt_path} at epoch {start_epoch}", flush=True)
+                print(f"resumed from {ckpt_path} after epoch {start_epoch}", flush=True)
 
+        # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
+        barrier()
+        if dist.is_main:
+            claim_run_folder(out_dir, overwrite, () if resume else RUN_FILES)
+            atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), out_dir / "config.yaml")
+        segment_start = time.perf_counter()
+
+        # ``epoch`` counts from 0 inside the loop (schedules, sampler); people see epoch + 1
         for epoch in range(start_epoch, t["epochs"]):
             if sampler is not None:
                 sampler.set_epoch(epoch)
@@ -234,7 +278,7 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
             teacher.train()  # as in DINO: BatchNorm layers (XCiT stem, LPI) of the teacher use batch statistics
             teacher_temp = _teacher_temp(t, epoch)
             loss_sum, loss_count = torch.zeros((), device=dist.device), 0
-            for i, (views, _) in enumerate(progress(loader, f"epoch {epoch}", steps_per_epoch, dist.is_main)):
+            for i, (views, _) in enumerate(progress(loader, f"epoch {epoch + 1}", steps_per_epoch, dist.is_main)):
                 step = epoch * steps_per_epoch + i
                 scheduler.step_update(step)
                 wd = cosine_schedule(step, total_steps, t["weight_decay"], t["weight_decay_end"])
@@ -247,8 +291,19 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                         teacher_out = teacher(views[:2])  # the teacher sees only the global views
                     student_out = model(views)
                     loss = criterion(teacher_out, student_out, teacher_temp=teacher_temp)
-                if not math.isfinite(loss.item()):
-                    raise FloatingPointError(f"DINO loss is {loss.item()} at epoch {epoch} step {i}; stopping")
+                if not all_finite(loss):
+                    nonfinite += 1
+                    if nonfinite > t["max_nonfinite_steps"]:
+                        raise FloatingPointError(
+                            f"training diverged: the DINO loss is {float(loss)} at epoch {epoch + 1} step {i + 1} "
+                            f"({nonfinite} non-finite so far, train.max_nonfinite_steps={t['max_nonfinite_steps']});"
+                            " no weights were written from this point. Lower train.lr or resume from the last "
+                            "checkpoint")
+                    if dist.is_main:
+                        print(f"warning: non-finite DINO loss at epoch {epoch + 1} step {i + 1}: step skipped "
+                              f"({nonfinite} of at most {t['max_nonfinite_steps']})", flush=True)
+                    optimizer.zero_grad(set_to_none=True)
+                    continue
 
                 optimizer.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -266,26 +321,33 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False) -> Dict[str, Any]:
                 loss_sum += loss.detach()
                 loss_count += 1
 
-            record = {"epoch": epoch, "loss": all_reduce_mean(loss_sum / max(loss_count, 1)).item(),
+            record = {"epoch": epoch + 1, "loss": all_reduce_mean(loss_sum / max(loss_count, 1)).item(),
                       "lr": optimizer.param_groups[0]["lr"], "weight_decay": wd, "momentum": momentum,
-                      "teacher_temp": teacher_temp}
+                      "teacher_temp": teacher_temp, "nonfinite_skipped": nonfinite}
             last = epoch == t["epochs"] - 1
             every = recipe["eval"]["every"]
             if dist.is_main and (last or (every and (epoch + 1) % every == 0)):
                 record.update(_evaluate(teacher, recipe, dist))
             log.log_epoch(record)
             if dist.is_main and (last or (epoch + 1) % max(1, t["save_every"]) == 0):
+                check_finite_weights(student, "the DINO student")
+                check_finite_weights(teacher, "the DINO teacher")
                 atomic_torch_save({
+                    "format": SSL_STATE_FORMAT, "recipe": recipe_to_save(recipe),
                     "model": teacher.backbone.state_dict(), "teacher_head": teacher.head.state_dict(),
                     "student": student.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(), "dino_loss": criterion.state_dict(), "epoch": epoch,
+                    "scaler": scaler.state_dict(), "dino_loss": criterion.state_dict(), "epoch": epoch + 1,
+                    "nonfinite_skipped": nonfinite, "train_time_s": train_time + time.perf_counter() - segment_start,
                     "history": log.history, "results": log.results,
-                }, ckpt_path)
+                }, out_dir / "checkpoint.pth")
             barrier()
 
         if dist.is_main:
             final = {k: v for k, v in log.history[-1].items() if k.startswith(("knn", "linear", "feature"))}
             log.results["final"] = final
+            log.results["output"] = str(out_dir)
+            log.results["train_time_s"] = train_time + time.perf_counter() - segment_start
+            check_finite_weights(teacher.backbone, "the DINO teacher backbone")
             log.save()
             log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}",
                      references=log.results.get("random_init"), reference_label="random init")

@@ -45,8 +45,8 @@ from timm.utils import ModelEmaV3, NativeScaler, dispatch_clip_grad, random_seed
 from torch import nn
 
 from ..models.factory import create_model
-from ..utils.distributed import DistInfo, all_reduce_mean, barrier, cleanup_distributed, init_distributed
-from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, load_weights
+from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
+from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights, load_weights
 from ..utils.recipe import recipe_name, recipe_to_save
 from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
 from ..utils.timing import set_threads
@@ -355,14 +355,14 @@ class Trainer:
             "metrics_records": self.log.records, "train_time_s": self.train_time(),
             "extra": self.extra_state(),
         }
-        _require_finite(self.model, "the model")
+        check_finite_weights(self.model, "the model")
         if self.ema is not None:
-            _require_finite(self.ema.module, "the EMA model")
+            check_finite_weights(self.ema.module, "the EMA model")
             state["model_ema"] = self.ema.module.state_dict()
         save_train_state(self.out / "last.pth", state)
 
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
-        _require_finite(module, name)
+        check_finite_weights(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, recipe=self.cfg.recipe or "",
                                 **{**self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
@@ -409,12 +409,8 @@ class Trainer:
         with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
             with autocast(self.device, cfg.amp, cfg.amp_dtype):
                 loss = self.compute_loss(images, target)
-            # one host sync per micro-batch: a non-finite loss must never reach the weights (all ranks agree, so
-            # they skip the same backward passes and DDP's gradient all-reduce stays in step)
-            finite = torch.isfinite(loss.detach()).to(torch.float32)
-            if self.dist.distributed:
-                torch_dist.all_reduce(finite, op=torch_dist.ReduceOp.MIN)
-            if not bool(finite):
+            # one host sync per micro-batch: a non-finite loss must never reach the weights
+            if not all_finite(loss):
                 self._skip_nonfinite(float(loss.detach()))
                 return
             step_now = update and not self._skip_update
@@ -578,16 +574,6 @@ class Trainer:
             atomic_write_json(summary, self.out / "summary.json")
         barrier()
         return TrainResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out)
-
-
-def _require_finite(module: nn.Module, what: str) -> None:
-    """Refuse to write weights with NaN or infinite values (a diverged run must not ship as a good one)."""
-    bad = [name for name, t in module.state_dict().items()
-           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-    if bad:
-        raise FloatingPointError(f"training diverged: {what} has non-finite values in {len(bad)} tensors "
-                                 f"({', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}); not writing them. Lower "
-                                 "the learning rate, set clip_grad, or resume from the last checkpoint")
 
 
 def summary_table(summary: Dict[str, Any]) -> str:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "init_distributed", "cleanup_distributed", "barrier", "all_reduce_mean"]
+__all__ = ["DistInfo", "init_distributed", "cleanup_distributed", "barrier", "all_reduce_mean", "all_finite"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,12 @@ def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         t /= dist.get_world_size()
     return t
+
+
+def all_finite(loss: torch.Tensor) -> bool:
+    """Whether ``loss`` is finite on every process (one host sync; all processes get the same answer, so they skip
+    the same steps and DDP's gradient all-reduce stays in step)."""
+    finite = torch.isfinite(loss.detach()).to(torch.float32)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite)

@@ -22,7 +22,7 @@ PathLike = Union[str, os.PathLike]
 __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
-    "extract_state_dict", "load_weights", "save_safetensors", "read_safetensors_metadata", "CheckpointError",
+    "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata", "CheckpointError",
 ]
 
 
@@ -190,6 +190,17 @@ def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict
 def _names(items, limit: int = 8) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
+
+
+def check_finite_weights(module_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], what: str) -> None:
+    """Raise :class:`FloatingPointError` (one line) if any floating-point tensor holds NaN or ±inf: a diverged
+    run's weights must never be written as if they were good ones."""
+    sd = module_or_sd.state_dict() if isinstance(module_or_sd, nn.Module) else module_or_sd
+    bad = [name for name, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise FloatingPointError(f"training diverged: {what} has non-finite values in {len(bad)} tensor(s) "
+                                 f"({_names(bad, 3)}); not writing them. Lower the learning rate, clip gradients, "
+                                 "or resume from the last checkpoint")
 
 
 def save_safetensors(model_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], path: PathLike,

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 __all__ = ["Opt", "TrainConfig", "SSL_SCHEMA", "DETECT_SCHEMA", "RUN_KEYS", "RecipeDefaults", "load_recipe",
            "merge_recipe", "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name",
-           "defaults_of", "specs_of", "check_value"]
+           "defaults_of", "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -406,8 +406,9 @@ SSL_SCHEMA: Dict[str, Any] = {
         "name": Opt("sima_small_12_p16", "any model timm.create_model knows (import simattn registers ours)"),
         "drop_path_rate": Opt(0.1, "student only; the teacher has none", low=0.0, high=1.0, high_open=True),
         "kwargs": Opt({}, "extra timm.create_model arguments (img_size, depth, attn_type, ...)"),
-        "initial_checkpoint": Opt(None, "backbone weights to start from (.pth / .safetensors, any layout the "
-                                        "model family reads)", type=_maybe(str)),
+        "weights": Opt(None, "initial backbone weights: classification, official/timm or DINO weights "
+                             "(.pth / .safetensors), read by simattn.models.factory.load_initial_weights",
+                       type=_maybe(str)),
     },
     "head": {
         "hidden_dim": Opt(2048, low=1),
@@ -526,6 +527,10 @@ DETECT_SCHEMA: Dict[str, Any] = {
 }
 
 
+#: the nested schemas (a recipe's sections tell which one it follows)
+NESTED_SCHEMAS: List[Dict[str, Any]] = [SSL_SCHEMA, DETECT_SCHEMA]
+
+
 # ----- schemas as nested specs --------------------------------------------------------------------------------------
 
 Schema = Union[type, Mapping[str, Any]]
@@ -619,8 +624,18 @@ def merge_recipe(base: Mapping[str, Any], update: Mapping[str, Any], schema: Opt
     :class:`RecipeDefaults`); unknown keys raise a ValueError naming them."""
     schema = schema if schema is not None else base
     if not isinstance(schema, RecipeDefaults) and not dataclasses.is_dataclass(schema):
-        raise TypeError("merge_recipe needs a schema: a RecipeDefaults (e.g. simattn.ssl.DEFAULTS) or a dataclass")
+        schema = _schema_of_values(schema)
     return _merge(dict(base), update, specs_of(schema), where)
+
+
+def _schema_of_values(values: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The nested schema (:data:`NESTED_SCHEMAS`) whose sections are those of the recipe ``values``."""
+    if any(isinstance(v, Opt) for v in values.values()):
+        return values
+    for schema in NESTED_SCHEMAS:
+        if set(values) == set(schema):
+            return schema
+    raise ValueError(f"recipe sections {sorted(values)} are not those of any command's recipe")
 
 
 def parse_overrides(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
@@ -729,3 +744,31 @@ def recipe_to_save(values: Union[Mapping[str, Any], Any]) -> Dict[str, Any]:
     recipe for a new run (``--config run/config.yaml``) that writes to its own folder."""
     data = values.to_dict() if hasattr(values, "to_dict") else copy.deepcopy(dict(values))
     return {k: v for k, v in data.items() if k not in RUN_KEYS and k != "recipe"}
+
+
+# ----- the command line of nested recipes (ssl, detect) --------------------------------------------------------------
+
+def add_recipe_arguments(parser: Any, schema: Schema, example: str, run: bool = False) -> None:
+    """``--config``, ``--set`` and ``--output`` (and with ``run``, ``--resume`` and ``--overwrite``) for a command
+    driven by a nested recipe; :func:`recipe_from_args` reads them back."""
+    from .options import OPTIONS_HELP
+    parser.add_argument("-c", "--config", metavar="RECIPE",
+                        help=f"a YAML file or a shipped recipe name ({', '.join(list_recipes(schema))}); default: "
+                             "the built-in defaults")
+    parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set {example} (repeatable)")
+    parser.add_argument("--output", help="output folder (default: runs/<recipe>/<date-time>)")
+    if run:
+        parser.add_argument("--resume", action="store_true",
+                            help="continue the run in --output from its checkpoint.pth")
+        parser.add_argument("--overwrite", action="store_true",
+                            help="write into --output even if it holds another run's files (they are replaced)")
+
+
+def recipe_from_args(schema: Schema, args: Any) -> Dict[str, Any]:
+    """The checked recipe of :func:`add_recipe_arguments`' options."""
+    from .options import deep_merge, parse_assignments
+    overrides = parse_assignments(args.set_items, what="--set item")
+    if args.output:
+        overrides = deep_merge(overrides, {"output": args.output})
+    return load_recipe(schema, args.config, overrides)

@@ -19,7 +19,8 @@ from typing import Iterable, Optional
 
 from .io import remove_stale_temp_files, stale_temp_files
 
-__all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder"]
+__all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder",
+           "results_folder"]
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -83,15 +84,16 @@ def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: b
     raise ValueError(what)
 
 
-def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str] = ()) -> None:
-    """Create ``out``, make sure it is writable, remove stale temporary files and, with ``overwrite``, the files
-    named in ``replaced`` (the task's outputs). Main process only."""
+def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str] = (), clean: bool = True) -> None:
+    """Create ``out``, make sure it is writable, remove stale temporary files (``clean``) and, with ``overwrite``,
+    the files named in ``replaced`` (the task's outputs). Main process only."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=out)  # read-only folders fail here, before any work
     os.close(fd)
     os.unlink(probe)
-    remove_stale_temp_files(out)
+    if clean:
+        remove_stale_temp_files(out)
     if overwrite:
         for name in replaced:
             (out / name).unlink(missing_ok=True)
@@ -107,4 +109,21 @@ def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, re
     barrier()  # every process has checked before the main one changes anything
     if is_main:
         claim_run_folder(out, overwrite, replaced)
+    return out
+
+
+def results_folder(output: Optional[str], beside: Optional[str], name: Optional[str], task: str) -> Path:
+    """Where an evaluation writes its one results file: ``output``, else the folder of the evaluated weights
+    (``beside``), else :func:`default_output`; created and checked writable. Evaluations add a file to a run's
+    folder rather than start a run, so :func:`check_run_folder` does not apply."""
+    if output:
+        out = Path(output)
+    elif beside:
+        out = Path(beside).parent
+    else:
+        out = default_output(name, task)
+    blocker = _first_file_on_path(out)
+    if blocker is not None:
+        raise ValueError(f"output {out} is {'a file' if blocker == out else f'under {blocker}, a file'}, not a folder")
+    claim_run_folder(out, clean=False)  # a run may be writing there: its temporary files are not stale
     return out
