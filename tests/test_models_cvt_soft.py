@@ -4,7 +4,7 @@ import re
 import pytest
 import timm
 import torch
-from timm.layers import resample_abs_pos_embed
+import torch.nn.functional as F
 
 import simattn
 from simattn.attention import SimAAttention, SoftAttention, SoftmaxAttention
@@ -225,8 +225,12 @@ def test_soft_filter_resamples_position_embeddings():
     sd = soft_vit.checkpoint_filter_fn({"state_dict": source.state_dict()}, target)
     target.load_state_dict(sd)
     assert target.stages[0].pos_embed.shape[1] == 64 * 64
-    expected = resample_abs_pos_embed(source.stages[3].pos_embed.detach(), [8, 8], num_prefix_tokens=1)
-    torch.testing.assert_close(target.stages[3].pos_embed.detach(), expected)
+    for stage, prefix, old, new in ((0, 0, 56, 64), (3, 1, 7, 8)):  # stage 4 has a CLS slot, kept as it is
+        pos = source.stages[stage].pos_embed.detach()
+        grid = pos[:, prefix:].reshape(1, old, old, -1).permute(0, 3, 1, 2)
+        grid = F.interpolate(grid, size=(new, new), mode="bicubic", align_corners=False, antialias=True)
+        expected = torch.cat([pos[:, :prefix], grid.permute(0, 2, 3, 1).reshape(1, new * new, -1)], dim=1)
+        torch.testing.assert_close(target.stages[stage].pos_embed.detach(), expected)
 
 
 def test_cvt_sima_attends_from_queries_to_fewer_keys():
