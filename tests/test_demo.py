@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import torch
 from PIL import Image
@@ -32,3 +33,9 @@ def test_demo_fast_mode_writes_report_and_curves(tmp_path, capsys):
     assert result["runs"]["SimA"]["params"] == result["runs"]["softmax"]["params"]  # the same model, other attention
     assert "![training curves](curves.png)" in report
     assert "SimA vs softmax" in out and "latency 64px" in out  # the side-by-side table
+    for size in ("32px", "64px"):  # speed-up = softmax time / SimA time, said as such in the table and report
+        lat = {label: result["runs"][label]["latency"][size]["median_ms"] for label in ("SimA", "softmax")}
+        speedup = result["sima_speedup"][size]
+        assert (speedup > 1) == (lat["softmax"] > lat["SimA"])
+        assert f"SimA speed-up ×{lat['softmax'] / lat['SimA']:.2f}" in report
+    assert not re.search(r"ratio \d", report)

@@ -111,7 +111,7 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
     ]
     for s in sizes:
         a, b = sima["latency"][s]["median_ms"], soft["latency"][s]["median_ms"]
-        rows.append([f"latency {s}px, {tokens[s]} tokens (ms)", f"{a:.2f}", f"{b:.2f}", f"ratio {a / b:.2f}"])
+        rows.append([f"latency {s}px, {tokens[s]} tokens (ms)", f"{a:.2f}", f"{b:.2f}", f"SimA speed-up ×{b / a:.2f}"])
     headers = ["", "SimA", "softmax", "SimA vs softmax"]
     table = format_table(headers, rows)
     print(table, flush=True)
@@ -136,7 +136,7 @@ validation images (one image = {100 / sima['validated']['samples']:.2f} points).
 SimA is **{gap:+.2f} points** from softmax here ({verdict}).
 Latency: median of batch-{latency_batch} forward passes with {n_threads} CPU thread(s), at
 {' and '.join(f'{s} px' for s in sizes)} (trained at {base.img_size} px; the position embedding is resampled);
-a ratio below 1 means SimA is faster. Train times are wall-clock, so they include whatever else the machine was
+the SimA speed-up is softmax time / SimA time (above ×1 SimA is faster, below ×1 slower). Train times are wall-clock, so they include whatever else the machine was
 running.
 
 ![training curves](curves.png)
@@ -154,7 +154,7 @@ every number is in `demo.json`.
                          "latency": {f"{s}px": r["latency"][s] for s in sizes}, "weights": r["weights"]}
                  for label, r in runs.items()},
         "top1_gap_points": gap,
-        "latency_ratio": {f"{s}px": sima["latency"][s]["median_ms"] / soft["latency"][s]["median_ms"] for s in sizes},
+        "sima_speedup": {f"{s}px": soft["latency"][s]["median_ms"] / sima["latency"][s]["median_ms"] for s in sizes},
     }
     atomic_write_json(result, out / "demo.json")
     print(f"report: {out / 'report.md'} (curves: {out / 'curves.png'}); total {total_time:.0f} s", flush=True)
