@@ -85,6 +85,18 @@ def assert_ratio(actual: torch.Tensor, expected: torch.Tensor, tol: float, what:
     assert err <= tol, f"{what}: error ratio {err:.3g} > {tol:.3g}"
 
 
+def assert_grads_close(actual, expected, tol: float, names, what: str = "") -> None:
+    """Each gradient's rms error relative to the largest expected gradient's rms: some gradients vanish
+    identically (d out / d q at N = 1, softmax's key bias), where a ratio to their own size compares round-off."""
+    scale = max(rms(b) for b in expected if b is not None)
+    for a, b, name in zip(actual, expected, names):
+        if b is None:
+            assert a is None or not a.any(), f"{what}: gradient for {name} where the oracle has none"
+            continue
+        err = rms(a.double() - b.double()) / scale
+        assert torch.isfinite(a).all() and err <= tol, f"{what} d/d{name}: error {err:.3g} > {tol:.3g}"
+
+
 # ---------------------------------------------------------------- module oracle
 def _layer_norm(t, norm):
     if isinstance(norm, torch.nn.Identity):
