@@ -194,7 +194,12 @@ def test_bf16_autocast_runs():
         ref = model(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = model(x)
-    assert torch.isfinite(out).all() and torch.allclose(out.float(), ref, atol=0.1, rtol=0.1)
+    # bf16 keeps 8 significant bits (0.4% per rounding). Measured over seeds 0-5: the largest logit error is
+    # 0.36-0.57% of the largest logit (1.1e-3 of 0.24 at seed 0), and 1.85-2.35% with the head scaled by 1.02.
+    # 1.5% of the logit scale passes the first with 2.6x margin and fails the second; a ×1.001 change is below
+    # bf16's resolution (the float64 tests in test_checkpoint_filters.py see those).
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max() <= 0.015 * ref.abs().max()
 
 
 def _capture_class_attention(model, x):
