@@ -117,8 +117,6 @@ def test_attention_flops_scale_linear_for_sima_quadratic_for_softmax():
     assert [r.attention for r in soft] == [4 * HEADS * n * n * d for n in (n1, n2)]
     # kᵀv and q·(kᵀv): 2 matmuls of 2·N·d² per head.
     assert [r.attention for r in sima] == [4 * HEADS * n * d * d for n in (n1, n2)]
-    assert sima[1].attention / sima[0].attention == pytest.approx(n2 / n1)
-    assert soft[1].attention / soft[0].attention == pytest.approx((n2 / n1) ** 2)
     # Projections and MLP are the same in both; only the attention core differs.
     assert soft[0].total - soft[0].attention == sima[0].total - sima[0].attention > 0
 

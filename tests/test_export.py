@@ -283,23 +283,6 @@ def test_cli_errors(tmp_path, capsys):
     assert "opset must be >= 18" in capsys.readouterr().err
 
 
-def test_parse_model_kwargs():
-    from simattn.models.factory import parse_model_kwargs
-    assert parse_model_kwargs(["img_size=32", "act_layer=relu", "depths=[1, 2]", "attn_kwargs={order: kv_first}",
-                               '{"num_classes": 10, "qkv_bias": true}']) == {
-        "img_size": 32, "act_layer": "relu", "depths": [1, 2], "attn_kwargs": {"order": "kv_first"},
-        "num_classes": 10, "qkv_bias": True}
-    # one string is one item (bench model's JSON form); JSON numbers stay JSON numbers
-    assert parse_model_kwargs('{"depth": 6, "drop_rate": 1e-3}') == {"depth": 6, "drop_rate": 1e-3}
-    assert parse_model_kwargs(None) == parse_model_kwargs([]) == {}
-    with pytest.raises(ValueError, match="not KEY=VALUE"):
-        parse_model_kwargs(["=3"])
-    with pytest.raises(ValueError, match=r"^model kwargs '\{a: \[1' are not a valid mapping: [^\n]*$"):
-        parse_model_kwargs(["{a: [1"])
-    with pytest.raises(ValueError, match=r"'\[1\]' must be a JSON object"):
-        parse_model_kwargs("[1]")
-
-
 def test_compare_latency_keeps_each_files_best_median(monkeypatch):
     from simattn.export import latency
     medians = iter([5.0, 10.0, 4.0, 12.0])  # model, baseline, model, baseline
