@@ -22,7 +22,7 @@ from simattn.utils.io import CheckpointError
 
 TINY_FLAGS = [
     "--model", "sima_deit_tiny_patch16_224",
-    "--model-kwargs", json.dumps({"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}),
+    "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32", "depth=2", "num_heads=2",
     "--dataset", "digits", "--img-size", "16", "--interpolation", "bilinear", "--crop-pct", "1.0",
     "--batch-size", "32", "--scale", "[0.6, 1.0]", "--hflip", "0.0", "--lr", "2e-3", "--warmup-epochs", "1",
     "--sched-on-updates", "--clip-grad", "1.0", "--threads", "1", "--device", "cpu", "--seed", "3",
@@ -139,10 +139,14 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
     err = capsys.readouterr().err
     assert code == 2
     assert "was written for model 'sima_deit_tiny_patch16_224', but this run builds 'relu_vit_small_patch16_224'" in err
-    # same model name, different shapes: named in the error
-    wider = ["--model-kwargs", json.dumps({"embed_dim": 48})]
+    # same model name, other kwargs (a SimA run must not continue as softmax): named in the error
+    softmax = ["--model-kwargs", "attn_type=softmax"]
+    assert simattn_main(["train", *TINY_FLAGS, *softmax, "--output", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "differ in model_kwargs" in err and "'attn_type': 'softmax'" in err and err.count("\n") == 1
+    wider = ["--model-kwargs", "embed_dim=48"]
     assert simattn_main(["train", *TINY_FLAGS, *wider, "--output", str(out), "--resume"]) == 2
-    assert "shape mismatch" in capsys.readouterr().err
+    assert "differ in model_kwargs" in capsys.readouterr().err
     assert simattn_main(["train", *TINY_FLAGS, "--output", str(out), "--resume", str(out / "missing.pth")]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     # plain weights are not a train state

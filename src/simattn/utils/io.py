@@ -81,10 +81,13 @@ def atomic_write_bytes(data: bytes, path: PathLike) -> None:
     plain :class:`OSError` (``ENOSPC``, ``EACCES``) rather than a library's internal error.
     """
     with atomic_path(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # name the file being written, not the temporary one
+            raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def atomic_torch_save(obj: Any, path: PathLike) -> None:

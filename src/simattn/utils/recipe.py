@@ -578,7 +578,9 @@ def _unknown(name: str, specs: Mapping[str, Any]) -> ValueError:
     leaf = name.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(leaf, list(specs), n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ValueError(f"recipe: unknown key {name!r}{hint}; known keys here: {', '.join(sorted(specs))}")
+    known = (f"known keys here: {', '.join(sorted(specs))}" if len(specs) <= 25 else
+             "--help lists every option")
+    return ValueError(f"recipe: unknown key {name!r}{hint}; {known}")
 
 
 def _merge(values: Dict[str, Any], update: Mapping[str, Any], specs: Mapping[str, Any], where: str = "",
@@ -652,7 +654,15 @@ def _recipe_dir():
 
 
 def _fits(data: Mapping[str, Any], specs: Mapping[str, Any]) -> bool:
-    return all(k in specs or k == "base" for k in data)
+    """Whether every key of ``data`` (and of its checked sections) is one of the schema's."""
+    for key, value in data.items():
+        if key == "base":
+            continue
+        if key not in specs:
+            return False
+        if isinstance(specs[key], Mapping) and isinstance(value, Mapping) and not _fits(value, specs[key]):
+            return False
+    return True
 
 
 def list_recipes(schema: Optional[Schema] = None) -> List[str]:
