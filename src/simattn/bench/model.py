@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.factory import MODEL_KWARGS_HELP, create_model, parse_model_kwargs
+from ..models.factory import create_model, parse_model_kwargs
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
@@ -630,7 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
                             "difference is the cost of exp alone (the paper's comparison)")
     order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
-    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE", help=MODEL_KWARGS_HELP)
+    p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
+                   help=f"create_model kwargs of every model, {OPTIONS_HELP}: e.g. depth=6 act_layer=relu")
     p.add_argument("--runtime", choices=RUNTIMES, default="torch",
                    help="run the model in PyTorch, or export it to ONNX and run it in onnxruntime (CPU, fp32, "
                         "inference only)")
