@@ -1,0 +1,137 @@
+"""Recipes: one typed schema per task, every option range-checked in one line, shipped names in every command,
+--set everywhere, and the shipped files in the package."""
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+import yaml
+
+from simattn.cli import main as simattn_main
+from simattn.utils.recipe import (DETECT_SCHEMA, SSL_SCHEMA, TrainConfig, defaults_of, list_recipes, load_recipe,
+                                  merge_recipe, recipe_to_save)
+
+# option, bad value, what the message must say is allowed
+BAD_TRAIN = [
+    ("clip_grad", -1, "a number > 0, or null"),
+    ("cooldown_epochs", -5, "an integer >= 0"),
+    ("model_ema_decay", 2, r"a number in \(0, 1\)"),
+    ("model_ema_decay", 1.0, r"a number in \(0, 1\)"),
+    ("warmup_epochs", -3, "a number >= 0"),
+    ("mixup", -1, "a number >= 0"),
+    ("hflip", 2, r"a number in \[0, 1\]"),
+    ("reprob", 2, r"a number in \[0, 1\]"),
+    ("crop_pct", 0, r"a number in \(0, 1\], or null"),
+    ("epochs", True, "an integer >= 1"),
+    ("epochs", 2.5, "an integer >= 1"),
+    ("model_ema", 1, "true or false"),
+    ("smoothing", 1.5, r"a number in \[0, 1\)"),
+    ("drop_path", 1.5, r"a number in \[0, 1\)"),
+    ("min_lr", -5, "a number >= 0"),
+    ("lr", float("nan"), "a number > 0, or null"),
+    ("threads", -1, "an integer >= 1, or null"),
+    ("clip_mode", "nrom", "one of norm, value, agc .*did you mean 'norm'"),
+    ("interpolation", "bicubc", "one of bicubic, .*did you mean 'bicubic'"),
+    ("sched", "cosin", "one of cosine, .*did you mean 'cosine'"),
+    ("amp_dtype", "fp16", "one of float16, bfloat16"),
+    ("aa", "rand-m9-zz1", "a timm auto-augment string"),
+    ("opt", "adamx", "an optimizer timm.optim knows .*adamax"),
+    ("opt_betas", [0.9], r"a list of numbers in \[0, 1\) \(2 values\)"),
+    ("scale", [0.9, 0.1], "low <= high"),
+    ("device", "gpu", "cpu, cuda, cuda:N"),
+    ("model_kwargs", [1, 2], "a mapping"),
+]
+
+
+@pytest.mark.parametrize("name,value,allowed", BAD_TRAIN, ids=[f"{n}={v!r}" for n, v, _ in BAD_TRAIN])
+def test_every_train_option_is_range_checked_in_one_line(name, value, allowed):
+    with pytest.raises(ValueError, match=rf"option '{name}': got .*; .*{allowed}") as info:
+        load_recipe(TrainConfig, None, {name: value})
+    assert "\n" not in str(info.value)
+
+
+def test_good_values_pass_and_timm_strings_are_accepted():
+    cfg = load_recipe(TrainConfig, None, {"aa": "rand-m9-mstd0.5-inc1", "opt": "lamb", "sched": "step",
+                                          "interpolation": "bilinear", "opt_betas": [0.9, 0.99], "lr": "5e-4",
+                                          "epochs": 3.0, "device": "cuda:1"})
+    assert (cfg.aa, cfg.opt, cfg.lr, cfg.epochs, cfg.opt_betas) == ("rand-m9-mstd0.5-inc1", "lamb", 5e-4, 3,
+                                                                    [0.9, 0.99])
+    assert isinstance(cfg.epochs, int)
+    # a TrainConfig made in Python is checked too
+    with pytest.raises(ValueError, match="option 'hflip'"):
+        TrainConfig(hflip=3.0)
+
+
+@pytest.mark.parametrize("schema,key,value,allowed", [
+    (SSL_SCHEMA, "train.epochs", 0, "an integer >= 1"),
+    (SSL_SCHEMA, "train.momentum_teacher", 1.5, r"\[0, 1\)"),
+    (SSL_SCHEMA, "data.name", "imagenet", "one of digits, folder"),
+    (SSL_SCHEMA, "eval.crop_pct", 0, r"\(0, 1\]"),
+    (SSL_SCHEMA, "train.amp", "yes", "true or false"),
+    (DETECT_SCHEMA, "train.warmup_ratio", 2, r"\[0, 1\]"),
+    (DETECT_SCHEMA, "train.optimizer", "adamx", "optimizer timm.optim knows"),
+    (DETECT_SCHEMA, "model.min_size", [0], "an integer or a list of integers >= 1"),
+    (DETECT_SCHEMA, "data.hflip_prob", -0.1, r"\[0, 1\]"),
+])
+def test_nested_recipes_are_range_checked_too(schema, key, value, allowed):
+    section, leaf = key.split(".")
+    with pytest.raises(ValueError, match=rf"option '{key}': got .*{allowed}"):
+        load_recipe(schema, None, {section: {leaf: value}})
+
+
+def test_set_items_nest_merge_free_form_kwargs_and_reject_typos():
+    r = load_recipe(defaults_of(SSL_SCHEMA), "ssl_digits", ["train.lr=0.5", "model.kwargs.depth=3"])
+    assert r["train"]["lr"] == 0.5 and r["model"]["kwargs"]["depth"] == 3 and r["model"]["kwargs"]["embed_dim"] == 64
+    assert load_recipe(SSL_SCHEMA, "ssl_digits", ["model.kwargs=null"])["model"]["kwargs"] == {}
+    with pytest.raises(ValueError, match="unknown key 'train.epoch' .*did you mean 'epochs'"):
+        load_recipe(SSL_SCHEMA, None, ["train.epoch=3"])
+    with pytest.raises(ValueError, match="is not KEY=VALUE"):
+        load_recipe(DETECT_SCHEMA, None, ["train.epochs"])
+    # merge_recipe checks values against the schema of the sections it sees
+    with pytest.raises(ValueError, match="option 'train.epochs'"):
+        merge_recipe(defaults_of(SSL_SCHEMA), {"train": {"epochs": -1}})
+
+
+def test_recipe_names_resolve_in_every_command_and_list_per_task():
+    assert list_recipes(SSL_SCHEMA) == ["ssl_digits", "ssl_dino_sima_small_12_p16"]
+    assert list_recipes(DETECT_SCHEMA) == ["detect_maskrcnn_sima_small_12_p16", "detect_shapes_cpu"]
+    train_names = list_recipes(TrainConfig)
+    assert "digits_cpu" in train_names and not any(n.startswith(("ssl_", "detect_")) for n in train_names)
+    for name in ("ssl_digits", "ssl_digits.yaml", "configs/ssl_digits.yaml"):
+        assert load_recipe(SSL_SCHEMA, name)["model"]["kwargs"]["img_size"] == 16
+    assert load_recipe(DETECT_SCHEMA, "detect_shapes_cpu")["model"]["fpn_channels"] == 32
+    with pytest.raises(FileNotFoundError, match="neither a file nor a shipped recipe .*ssl_digits"):
+        load_recipe(SSL_SCHEMA, "ssl_digit")
+
+
+def test_every_file_in_configs_ships_in_the_package_and_loads_under_its_task():
+    shipped = resources.files("simattn") / "configs"
+    names = sorted(p.name[:-5] for p in shipped.iterdir() if p.name.endswith(".yaml"))
+    for schema in (TrainConfig, SSL_SCHEMA, DETECT_SCHEMA):
+        for name in list_recipes(schema):
+            load_recipe(schema, name)  # every value of every shipped recipe passes its checks
+    claimed = set(list_recipes(TrainConfig)) | set(list_recipes(SSL_SCHEMA)) | set(list_recipes(DETECT_SCHEMA))
+    assert claimed <= set(names) and {"ssl_digits", "detect_shapes_cpu", "digits_cpu"} <= claimed
+    for name in names:  # none names an output folder: default outputs never collide
+        assert "output" not in yaml.safe_load((shipped / f"{name}.yaml").read_text()), name
+
+
+def test_saved_recipes_leave_out_where_the_run_went():
+    cfg = load_recipe(TrainConfig, "digits_cpu", {"output": "runs/x", "resume": "auto", "overwrite": True})
+    saved = recipe_to_save(cfg)
+    assert not {"output", "resume", "overwrite"} & set(saved) and saved["epochs"] == cfg.epochs
+    nested = recipe_to_save(load_recipe(SSL_SCHEMA, "ssl_digits", ["output=runs/y"]))
+    assert "output" not in nested and nested["train"]["epochs"] == 12
+
+
+def test_bad_options_exit_2_with_one_line_in_every_command(capsys):
+    for argv, expected in [
+        (["train", "-c", "digits_cpu", "--hflip", "2"], "option 'hflip': got 2; allowed: a number in [0, 1]"),
+        (["train", "-c", "digits_cpu", "--set", "epochs=true"], "option 'epochs': got True"),
+        (["ssl", "train", "--config", "ssl_digits", "--set", "train.epochs=0"], "option 'train.epochs': got 0"),
+        (["detect", "train", "--config", "detect_shapes_cpu", "--set", "eval.every=-1"], "option 'eval.every'"),
+        (["ssl", "eval", "--config", "nope"], "recipe file not found"),
+    ]:
+        assert simattn_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert expected in err and err.count("\n") == 1, err
