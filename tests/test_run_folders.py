@@ -216,3 +216,32 @@ def test_trainer_hooks_reach_checkpoints_and_metadata(tmp_path):
     assert read_safetensors_metadata(out / "final.safetensors")["teacher"] == "sima_deit_tiny_patch16_224"
     trainer = _Distill(_cfg(out, epochs=2, resume="auto"), model_factory=factory)
     assert trainer.loaded_extra == {"seen": 2 * 64}
+
+
+def test_ssl_and_detect_follow_the_same_folder_rules(tmp_path, capsys):
+    pytest.importorskip("lightly")
+    pytest.importorskip("pycocotools")
+    folder = tmp_path / "taken"
+    folder.mkdir()
+    (folder / "results.json").write_text("{}")
+    for argv in (["ssl", "train", "--config", "ssl_digits"], ["detect", "train", "--config", "detect_shapes_cpu"]):
+        assert simattn_main([*argv, "--output", str(folder)]) == 2
+        assert "already holds files (results.json)" in capsys.readouterr().err
+        assert simattn_main([*argv, "--output", str(folder), "--resume"]) == 2  # nothing of its own to resume
+        assert "checkpoint not found" in capsys.readouterr().err
+    assert sorted(p.name for p in folder.iterdir()) == ["results.json"]
+
+
+# ---------------------------------------------------------------- starting from weights
+def test_initial_checkpoint_starts_the_model_from_other_weights(run_a, tmp_path):
+    from safetensors.torch import load_file
+    weights = run_a.output / "final.safetensors"
+    trainer = Trainer(_cfg(tmp_path / "init", initial_checkpoint=str(weights), num_classes=None))
+    saved = load_file(str(weights))
+    own = trainer.model.state_dict()
+    assert all(torch.equal(own[k], v) for k, v in saved.items())
+    assert trainer.initial_weights["loaded"] == len(saved)
+    records = [json.loads(x) for x in (tmp_path / "init" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["type"] == "initial_weights" and records[0]["path"] == str(weights)
+    with pytest.raises(FileNotFoundError, match="initial weights not found"):
+        Trainer(_cfg(tmp_path / "init2", initial_checkpoint=str(tmp_path / "nope.safetensors")))
