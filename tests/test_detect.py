@@ -108,6 +108,20 @@ def test_backbone_weights_load_and_must_fit(tmp_path):
         build_body(dict(model, backbone_kwargs=dict(DEIT_TINY, embed_dim=64)))
 
 
+def test_dino_backbone_at_another_resolution_starts_the_detector(tmp_path, capsys):
+    """A DINO backbone.safetensors trained at 64 px starts a 128 px detection body: position embedding resampled."""
+    from simattn.ssl.dino import build_backbone, save_backbone
+    ssl_model = {"name": "sima_deit_tiny_patch16_224", "kwargs": dict(DEIT_TINY, img_size=64)}
+    dino = build_backbone(ssl_model)
+    save_backbone(dino, tmp_path / "backbone.safetensors", ssl_model)
+    body = build_body({"backbone": "sima_deit_tiny_patch16_224", "backbone_kwargs": DEIT_TINY, "drop_path_rate": 0.0,
+                       "backbone_weights": str(tmp_path / "backbone.safetensors")})
+    printed = capsys.readouterr().out
+    assert "resized: pos_embed (1, 17, 32) -> (1, 65, 32)" in printed and "missing" not in printed
+    assert torch.equal(body.blocks[3].mlp.fc2.weight, dino.blocks[3].mlp.fc2.weight)
+    assert not torch.equal(body.pos_embed[:, 1:17], dino.pos_embed[:, 1:])
+
+
 # --- data and evaluation ------------------------------------------------------------------------------------------
 
 def test_coco_dataset_reads_polygon_and_rle_masks(shapes):
@@ -209,8 +223,9 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2, losses
     ev = results["eval"]
-    for kind in ("bbox", "segm"):
-        assert 0.0 <= ev[kind]["AP"] <= 100.0 and 0.0 <= ev[kind]["AP50"] <= 100.0
+    # AP50 after these 8 epochs, measured on train.seed 0, 1, 2: box 34.6, 50.4, 40.4; mask 26.2, 40.7, 40.4 (an
+    # untrained detector scores ~0). Asked: the worst seed's, rounded down to 5 points (the test runs seed 0).
+    assert ev["bbox"]["AP50"] >= 30.0 and ev["segm"]["AP50"] >= 25.0, ev
     out = tmp_path / "run"
     saved = json.loads((out / "results.json").read_text())
     assert saved["eval"]["bbox"]["AP"] == ev["bbox"]["AP"] and len(saved["history"]) == 8
@@ -223,3 +238,11 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
     again = json.loads((out / "eval.json").read_text())
     assert again["bbox"]["AP"] == pytest.approx(ev["bbox"]["AP"]) and again["segm"]["AP"] == pytest.approx(
         ev["segm"]["AP"])
+
+
+def test_shapes_command_writes_where_the_cpu_recipe_reads(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert detect_main(["shapes", "--train-images", "1", "--val-images", "1", "--size", "32"]) == 0
+    recipe = load_recipe(DEFAULTS, "detect_shapes_cpu")
+    for key in ("train_images", "train_annotations", "val_images", "val_annotations"):
+        assert (tmp_path / recipe["data"][key]).exists(), key
