@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 import simattn  # noqa: F401  (registers the models)
-from simattn.models import sima_vit, sima_xcit
+from simattn.models import sima_cvt, sima_vit, sima_xcit
+from simattn.utils.io import CheckpointError, atomic_torch_save, load_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # hundreds of tiny forwards: fastest on one thread
 
@@ -369,3 +370,98 @@ def test_xcit_learned_position_embedding_resampled_to_model_grid():
     filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, dict(source))
     torch.testing.assert_close(filtered["pos_embed"], _bicubic_grid(source["pos_embed"], (4, 4), (6, 6)),
                                rtol=0, atol=1e-6)
+
+
+# ---- CvT (sima_cvt) -------------------------------------------------------------------------------------------------
+CVT = dict(embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(1, 2, 2))
+CVT_EMBED = ((7, 4, 2), (3, 2, 1), (3, 2, 1))  # (kernel, stride, padding) of each stage's token embedding
+
+
+def cvt_official_layout(dims, depths, num_classes) -> dict:
+    """microsoft/CvT's layout: ``stage{i}.`` modules, depthwise conv + BN projections ``conv_proj_{q,k,v}``
+    followed by separate linear maps ``proj_{q,k,v}``, a CLS token in the last stage, final ``norm`` and ``head``."""
+    shapes, c_in = {}, 3
+    for i, (dim, depth, (kernel, _, _)) in enumerate(zip(dims, depths, CVT_EMBED)):
+        s = f"stage{i}"
+        shapes.update({f"{s}.patch_embed.proj.weight": (dim, c_in, kernel, kernel),
+                       f"{s}.patch_embed.proj.bias": (dim,), **_norm(f"{s}.patch_embed.norm", dim)})
+        if i == len(dims) - 1:
+            shapes[f"{s}.cls_token"] = (1, 1, dim)
+        for j in range(depth):
+            b = f"{s}.blocks.{j}"
+            shapes.update({**_norm(f"{b}.norm1", dim), **_norm(f"{b}.norm2", dim),
+                           **_linear(f"{b}.attn.proj", dim, dim), **_linear(f"{b}.mlp.fc1", 4 * dim, dim),
+                           **_linear(f"{b}.mlp.fc2", dim, 4 * dim)})
+            for n in "qkv":
+                shapes[f"{b}.attn.conv_proj_{n}.conv.weight"] = (dim, 1, 3, 3)
+                shapes.update(_bn(f"{b}.attn.conv_proj_{n}.bn", dim))
+                shapes.update(_linear(f"{b}.attn.proj_{n}", dim, dim))
+        c_in = dim
+    shapes.update({**_norm("norm", dims[-1]), **_linear("head", num_classes, dims[-1])})
+    return shapes
+
+
+def cvt_sima_forward(sd, x, *, heads):
+    """CvT as released (LayerNorm eps 1e-5, QuickGELU MLP, CLS token skipping the conv projections, keys and values
+    at stride 2) with SimA attention: q l1-normalized over the queries, k over the (fewer) keys, q̂(k̂ᵀv)."""
+    def ln(prefix, t):
+        return F.layer_norm(t, t.shape[-1:], sd[f"{prefix}.weight"], sd[f"{prefix}.bias"], eps=1e-5)
+
+    def conv_proj(prefix, grid, stride):
+        C = grid.shape[1]
+        t = F.conv2d(grid, sd[f"{prefix}.conv.weight"], stride=stride, padding=1, groups=C)
+        return _bn_eval(sd, f"{prefix}.bn", t).flatten(2).transpose(1, 2)
+
+    for i, (kernel, stride, padding) in enumerate(CVT_EMBED):
+        s = f"stage{i}"
+        x = F.conv2d(x, sd[f"{s}.patch_embed.proj.weight"], sd[f"{s}.patch_embed.proj.bias"], stride=stride,
+                     padding=padding)
+        B, C, H, W = x.shape
+        x = ln(f"{s}.patch_embed.norm", x.flatten(2).transpose(1, 2))
+        prefix = 1 if f"{s}.cls_token" in sd else 0
+        if prefix:
+            x = torch.cat([sd[f"{s}.cls_token"].expand(B, -1, -1), x], dim=1)
+        depth = len({k.split(".")[2] for k in sd if k.startswith(f"{s}.blocks.")})
+        for j in range(depth):
+            b = f"{s}.blocks.{j}"
+            h = ln(f"{b}.norm1", x)
+            cls, grid = h[:, :prefix], h[:, prefix:].transpose(1, 2).reshape(B, C, H, W)
+            q, k, v = (_heads(_lin(sd, f"{b}.attn.proj_{n}", torch.cat([cls, conv_proj(f"{b}.attn.conv_proj_{n}",
+                                                                                       grid, st)], dim=1)), heads[i])
+                       for n, st in (("q", 1), ("k", 2), ("v", 2)))
+            out = _token_attention("sima", q, k, v)
+            x = x + _lin(sd, f"{b}.attn.proj", _merge(out))
+            h = _lin(sd, f"{b}.mlp.fc1", ln(f"{b}.norm2", x))
+            x = x + _lin(sd, f"{b}.mlp.fc2", h * torch.sigmoid(1.702 * h))
+        if not prefix:
+            x = x.transpose(1, 2).reshape(B, C, H, W)
+    return _lin(sd, "head", ln("norm", x)[:, 0])
+
+
+@pytest.mark.parametrize("wrapped", ["model", "state_dict", None])
+def test_cvt_official_layout_gives_reference_logits(wrapped):
+    official = fill(cvt_official_layout(CVT["embed_dims"], CVT["depths"], 5), seed=0)
+    model = timm.create_model("sima_cvt_13", num_classes=5, **CVT).to(DTYPE).eval()
+    checkpoint = {wrapped: dict(official)} if wrapped else dict(official)
+    filtered = load_filtered(model, sima_cvt.checkpoint_filter_fn, checkpoint)
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
+    expected = cvt_sima_forward(official, x, heads=CVT["num_heads"])
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), expected, **TOL)
+    # the fusion of proj_q/proj_k/proj_v into qkv: k and v exchanged, or one part scaled by 1.001, is seen
+    key = "stages.1.blocks.0.attn.qkv.weight"
+    q, k, v = filtered[key].chunk(3)
+    for altered in (torch.cat([q, v, k]), torch.cat([q, k * 1.001, v])):
+        model.load_state_dict({**filtered, key: altered})
+        with torch.no_grad():
+            assert not close(model(x), expected)
+
+
+def test_official_sima_layout_into_xcit_names_the_missing_temperatures(tmp_path):
+    """SimA's checkpoint has no XCA temperatures: loading it into the XCiT variant names them."""
+    path = tmp_path / "sima_official.pth"
+    atomic_torch_save({"model": fill(xcit_layout(32, 2, 2, 5, official=True), seed=0)}, path)
+    load_weights(timm.create_model("sima_small_12_p16", **XCIT), path, filter_fn=sima_xcit.checkpoint_filter_fn)
+    xca = timm.create_model("sima_small_12_p16", attn_type="xca", **XCIT)
+    with pytest.raises(CheckpointError, match=r"missing keys: blocks\.0\.attn\.temperature"):
+        load_weights(xca, path, filter_fn=sima_xcit.checkpoint_filter_fn)

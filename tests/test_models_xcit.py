@@ -282,37 +282,6 @@ def test_learned_pos_embed_resampled_on_load(tmp_path):
         assert torch.allclose(dst(x), src(x), atol=1e-5)
 
 
-def _to_official_layout(sd):
-    """The official SimA/XCiT layout: pos_embeder., fused class-attention qkv, no temperature, under 'model'."""
-    out = {}
-    for key, value in sd.items():
-        if key.endswith("attn.temperature"):
-            continue
-        if key.startswith("cls_attn_blocks.") and (".attn.k." in key or ".attn.v." in key):
-            continue
-        if key.startswith("cls_attn_blocks.") and ".attn.q." in key:
-            parts = [sd[key.replace(".attn.q.", f".attn.{n}.")] for n in "qkv"]
-            out[key.replace(".attn.q.", ".attn.qkv.")] = torch.cat(parts, 0)
-            continue
-        out[key.replace("pos_embed.", "pos_embeder.")] = value
-    assert "cls_attn_blocks.0.attn.qkv.weight" in out and "pos_embeder.token_projection.weight" in out
-    return {"model": out}
-
-
-def test_official_sima_layout_loads(tmp_path):
-    model = randomize_(timm.create_model("sima_nano_12_p16")).eval()
-    atomic_torch_save(_to_official_layout(model.state_dict()), tmp_path / "official.pth")
-    fresh = timm.create_model("sima_nano_12_p16").eval()
-    load_weights(fresh, tmp_path / "official.pth", filter_fn=checkpoint_filter_fn)
-    x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
-        assert torch.equal(fresh(x), model(x))
-    # The same file lacks XCA's temperatures: loading it into XCiT names them.
-    xca = timm.create_model("sima_nano_12_p16", attn_type="xca")
-    with pytest.raises(CheckpointError, match=r"missing keys: blocks\.0\.attn\.temperature"):
-        load_weights(xca, tmp_path / "official.pth", filter_fn=checkpoint_filter_fn)
-
-
 def test_timm_xcit_weights_load_into_xca_model(tmp_path):
     reference = randomize_(timm.create_model("xcit_nano_12_p16_224", pretrained=False)).eval()
     atomic_torch_save(reference.state_dict(), tmp_path / "timm_xcit.pth")
