@@ -13,6 +13,7 @@ import math
 from typing import Optional, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 
 __all__ = [
     "sima_reference", "softmax_reference", "xca_reference", "elu_reference", "relu_reference", "RELU_H",
@@ -29,7 +30,8 @@ def _keep(t: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
 def sima_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
                    mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
                    eps: float = 1e-12) -> torch.Tensor:
-    """SimA: q̂ = q / max(Σ_tokens |q|, eps) per channel (likewise k̂), out = q̂ k̂ᵀ v.
+    """SimA as the official code writes it: q̂ = ``normalize(q, p=1, dim=-2)`` (q / max(Σ_tokens |q|, eps) per
+    channel; likewise k̂), out = q̂ k̂ᵀ v. ``simattn bench`` times it as the official formulation.
 
     ``order``: 'kv_first' = q̂(k̂ᵀv), 'qk_first' = (q̂k̂ᵀ)v, 'auto' = the official rule (qk_first when Nq < d).
     ``mask`` removes key tokens before the normalization (and query tokens too when the lengths are equal and no
@@ -37,9 +39,8 @@ def sima_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     """
     if q_mask is None and mask is not None and q.shape[-2] == k.shape[-2]:
         q_mask = mask
-    q, k = _keep(q, q_mask), _keep(k, mask)
-    q_hat = q / q.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
-    k_hat = k / k.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    q_hat = F.normalize(_keep(q, q_mask), p=1.0, dim=-2, eps=eps)
+    k_hat = F.normalize(_keep(k, mask), p=1.0, dim=-2, eps=eps)
     if order == "auto":
         order = "qk_first" if q.shape[-2] < q.shape[-1] else "kv_first"
     if order == "qk_first":
@@ -51,8 +52,8 @@ def sima_class_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Te
                                    eps: float = 1e-6) -> torch.Tensor:
     """SimA's class attention (official ``ClassAttention``): l1-normalize q, k of all N tokens over tokens, the CLS
     query (index 0) weights the values by its dot products with every key → (B, H, 1, dv)."""
-    q_hat = q / q.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
-    k_hat = k / k.abs().sum(dim=-2, keepdim=True).clamp_min(eps)
+    q_hat = F.normalize(q, p=1.0, dim=-2, eps=eps)
+    k_hat = F.normalize(k, p=1.0, dim=-2, eps=eps)
     weights = (q_hat[:, :, :1] * k_hat).sum(-1)  # (B, H, N)
     return weights.unsqueeze(-2) @ v
 

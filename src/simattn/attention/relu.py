@@ -45,7 +45,7 @@ def _length(k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
 
 
 def _out_dtype(t: torch.Tensor) -> torch.dtype:
-    """Output dtype: the input's own without autocast; under autocast its dtype, with fp16 lifted to fp32 because
+    """Output dtype: the input's own without autocast; under autocast the autocast dtype, fp16 lifted to fp32 because
     the output (unnormalized: up to |q||k||v|·L^(1-a)/√d) can exceed fp16's range."""
     return range_safe_dtype(t) if torch.is_autocast_enabled(t.device.type) else t.dtype
 
