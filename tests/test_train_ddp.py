@@ -1,4 +1,5 @@
-"""Two CPU processes under torchrun (gloo): DDP finishes, shards the data, scales the lr, and keeps the ranks equal."""
+"""Two CPU processes under torchrun (gloo): DDP finishes, shards the data, scales the lr, keeps the ranks equal, and
+resumes (both ranks from the same checkpoint, into its folder) to a longer schedule."""
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ import pytest
 import torch
 
 WORKER = textwrap.dedent("""
-    import os, sys, torch
+    import os, shutil, sys, torch
+    import torch.distributed as dist
     from simattn.train import load_config, train
+    dist.init_process_group("gloo")  # one group for both runs below
     out = sys.argv[1]
     cfg = load_config(None, {
         "model": "sima_deit_tiny_patch16_224",
@@ -25,6 +28,14 @@ WORKER = textwrap.dedent("""
     rank = int(os.environ["RANK"])
     # every rank's own copy of the weights, to compare after the run
     torch.save({"model": result.model.state_dict(), "ema": result.ema.state_dict()}, f"{out}/rank{rank}.pt")
+    if rank == 0:
+        shutil.copy(f"{out}/summary.json", f"{out}/summary_epoch1.json")
+    dist.barrier()
+    # every rank resumes the same checkpoint; the output is the checkpoint's folder
+    longer = load_config(None, {**cfg.to_dict(), "output": None, "epochs": 2, "resume": f"{out}/last.pth"})
+    again = train(longer)
+    torch.save({"model": again.model.state_dict()}, f"{out}/resumed{rank}.pt")
+    dist.destroy_process_group()
 """)
 
 
@@ -36,13 +47,14 @@ def test_two_process_gloo_ddp_keeps_ranks_identical(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(script), str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # only rank 0 logs
-    assert proc.stdout.count("1/1: train loss") == 1 and proc.stdout.count("model sima_deit_tiny") == 1
+    # only rank 0 logs (once per run: the first, then the resumed one)
+    assert proc.stdout.count("1/1: train loss") == 1 and proc.stdout.count("2/2: train loss") == 1
+    assert proc.stdout.count("model sima_deit_tiny") == 2
     r0, r1 = (torch.load(out / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     for part in ("model", "ema"):
         for k in r0[part]:
             assert torch.equal(r0[part][k], r1[part][k]), f"{part} {k} differs between ranks"
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary_epoch1.json").read_text())
     assert summary["world_size"] == 2
     assert summary["lr"] == pytest.approx(2e-3)  # 1e-3 x (2 processes x 64) / 64
     # each rank trains on its half of the 1,437 training images: 719 // 64 = 11 updates (22 on one process)
@@ -58,3 +70,10 @@ def test_two_process_gloo_ddp_keeps_ranks_identical(tmp_path):
     init = build_model(cfg, 10)[0].state_dict()
     assert set(init) == set(r0["model"])
     assert not torch.equal(init["head.weight"], r0["model"]["head.weight"])
+    # the resumed DDP run: both ranks continue from the checkpoint and stay equal
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["updates"] == 22 and [h["epoch"] for h in resumed["history"]] == [1, 2]
+    assert resumed["train_time_s"] > summary["train_time_s"]
+    a, b = (torch.load(out / f"resumed{r}.pt", weights_only=True)["model"] for r in (0, 1))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["head.weight"], r0["model"]["head.weight"])
