@@ -9,6 +9,8 @@ from simattn.attention import SimAAttention, SoftmaxAttention
 from simattn.models.sima_vit import checkpoint_filter_fn
 from simattn.utils.io import CheckpointError, atomic_torch_save, load_weights
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small nets on a shared CPU: fastest on one thread
+
 VIT_MODELS = [m for m in simattn.list_models() if m.startswith(("sima_deit", "relu_vit"))]
 SMALL = dict(embed_dim=64, depth=2, num_heads=2)
 
@@ -95,9 +97,9 @@ def test_relu_vit_i1k_head_is_big_vision_vit_i1k(patch):
     assert dict(model.named_parameters())["pos_embed"] is model.pos_embed
     fc = model.pre_logits.fc
     assert (fc.in_features, fc.out_features) == (64, 64) and isinstance(model.pre_logits.act, torch.nn.Tanh)
-    x = torch.randn(2, 3, 224, 224)
+    x = torch.randn(2, 3, 2 * patch, 4 * patch)  # any multiple of the patch: the embedding is resampled
     tokens = model.forward_features(x)
-    assert tokens.shape == (2, 1 + grid * grid, 64)
+    assert tokens.shape == (2, 1 + 2 * 4, 64)
     expected = F.linear(torch.tanh(F.linear(tokens[:, 0], fc.weight, fc.bias)), model.head.weight, model.head.bias)
     out = model(x)
     torch.testing.assert_close(out, expected)
@@ -116,9 +118,9 @@ def test_relu_vit_i21k_head_averages_without_class_token(patch):
     assert isinstance(model.pre_logits, torch.nn.Identity) and not any("pre_logits" in n for n, _ in
                                                                         model.named_parameters())
     assert model.pos_embed.shape == (1, grid * grid, 64) and model.pos_embed.requires_grad
-    x = torch.randn(2, 3, 224, 224)
+    x = torch.randn(2, 3, 2 * patch, 4 * patch)
     tokens = model.forward_features(x)
-    assert tokens.shape == (2, grid * grid, 64)
+    assert tokens.shape == (2, 2 * 4, 64)
     out = model(x)
     torch.testing.assert_close(out, F.linear(tokens.mean(1), model.head.weight, model.head.bias))
     out.square().sum().backward()
