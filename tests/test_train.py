@@ -178,7 +178,8 @@ def test_validate_reproduces_the_training_accuracy(trained, tmp_path, capsys):
 
 def test_validate_errors_are_one_line(trained, tmp_path, capsys):
     out = trained[0].output
-    with pytest.raises(ValueError, match=r"has 5 classes but dataset 'digits' has 10|head.weight \(10, 64\) vs \(5, 64\)"):
+    with pytest.raises(ValueError, match=r"has 5 classes but dataset 'digits' has 10|head.weight \(10, 64\) vs "
+                                         r"\(5, 64\)"):
         validate_weights(out / "final.safetensors", model_kwargs={"num_classes": 5}, dataset="digits")
     assert simattn_main(["validate", "--weights", str(tmp_path / "nope.safetensors")]) == 2
     assert "not found" in capsys.readouterr().err

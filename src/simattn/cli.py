@@ -66,9 +66,9 @@ USER_FAULTS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUO
 def _os_message(e: OSError) -> str:
     what = e.strerror or str(e)
     paths = [str(p) for p in (e.filename, e.filename2) if p]
+    writable = " (choose a writable --output)"
     hint = {errno.ENOSPC: " (the disk is full: free space or choose another --output)",
-            errno.EDQUOT: " (disk quota exceeded)",
-            errno.EROFS: " (choose a writable --output)", errno.EACCES: " (choose a writable --output)"}.get(e.errno, "")
+            errno.EDQUOT: " (disk quota exceeded)", errno.EROFS: writable, errno.EACCES: writable}.get(e.errno, "")
     return f"{what}: {' -> '.join(paths)}{hint}" if paths else f"{what}{hint}"
 
 

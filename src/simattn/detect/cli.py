@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import List
 
+from ..utils.io import json_dumps
 from ..utils.recipe import DETECT_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
 
 __all__ = ["main"]
@@ -53,9 +53,9 @@ def main(argv: List[str]) -> int:
     if args.action == "train":
         results = train(recipe, resume=args.resume, overwrite=args.overwrite, name=name)
         if results:
-            print(json.dumps({"output": results["output"], **_ap_summary(results.get("eval", {}))}))
+            print(json_dumps({"output": results["output"], **_ap_summary(results.get("eval", {}))}))
         return 0
-    from ..utils.io import atomic_write_json, json_dumps
+    from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     out = results_folder(recipe["output"], args.weights, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(recipe, args.weights)

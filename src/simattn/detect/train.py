@@ -32,8 +32,8 @@ from .model import build_mask_rcnn
 
 __all__ = ["DEFAULTS", "train", "load_datasets"]
 
-#: Every recipe key with its default (XCiT-S12/16 → SimA with Mask R-CNN on COCO, the paper's Table 4); types, ranges and help texts are in
-#: :data:`simattn.utils.recipe.DETECT_SCHEMA`.
+#: Every recipe key with its default (XCiT-S12/16 → SimA with Mask R-CNN on COCO, the paper's Table 4); types,
+#: ranges and help texts are in :data:`simattn.utils.recipe.DETECT_SCHEMA`.
 DEFAULTS = defaults_of(DETECT_SCHEMA)
 
 _LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")

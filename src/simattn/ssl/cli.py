@@ -7,9 +7,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import List
 
+from ..utils.io import json_dumps
 from ..utils.recipe import SSL_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
 
 __all__ = ["main"]
@@ -39,14 +39,14 @@ def main(argv: List[str]) -> int:
         from .dino import pretrain
         results = pretrain(recipe, resume=args.resume, overwrite=args.overwrite, name=name)
         if results:
-            print(json.dumps({"output": results["output"], **results.get("final", {})}))
+            print(json_dumps({"output": results["output"], **results.get("final", {})}))
         return 0
     return _evaluate(recipe, args, name)
 
 
 def _evaluate(recipe, args, name: str) -> int:
     from ..utils.distributed import init_distributed
-    from ..utils.io import atomic_write_json, json_dumps, load_weights
+    from ..utils.io import atomic_write_json, load_weights
     from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone

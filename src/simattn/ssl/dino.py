@@ -40,8 +40,8 @@ from ..utils.runlog import RunLog, progress
 __all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
            "build_multicrop_transform", "pretrain"]
 
-#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types, ranges and help texts are in
-#: :data:`simattn.utils.recipe.SSL_SCHEMA`.
+#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types,
+#: ranges and help texts are in :data:`simattn.utils.recipe.SSL_SCHEMA`.
 DEFAULTS = defaults_of(SSL_SCHEMA)
 
 

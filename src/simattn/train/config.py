@@ -8,7 +8,7 @@ field is also a flag (``--batch-size 32``; values are YAML, so ``--opt-betas '[0
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional
 
 from ..utils.options import OPTIONS_HELP, deep_merge, parse_assignments, parse_value
 from ..utils.recipe import TrainConfig, find_recipe, list_recipes, load_recipe, specs_of

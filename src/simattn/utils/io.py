@@ -22,7 +22,8 @@ PathLike = Union[str, os.PathLike]
 __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
-    "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata", "CheckpointError",
+    "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
+    "CheckpointError",
 ]
 
 

@@ -641,7 +641,8 @@ def _schema_of_values(values: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def parse_overrides(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
-    """``['train.epochs=3', 'model.kwargs.depth=4']`` → a nested dict (:func:`simattn.utils.options.parse_assignments`)."""
+    """``['train.epochs=3', 'model.kwargs.depth=4']`` → a nested dict
+    (:func:`simattn.utils.options.parse_assignments`)."""
     from .options import parse_assignments
     return parse_assignments(items, what="--set item")
 
