@@ -96,7 +96,10 @@ def test_distill_loss_is_tau_squared_kl():
     assert float(distill_loss(t, t, 2.0)) == pytest.approx(0.0, abs=1e-6)
 
 
-def test_transfer_loss_feeds_each_student_layer_the_teachers_input(timm_teacher, tmp_path, one_thread):
+@pytest.mark.parametrize("target", ["attention", "block"])
+def test_transfer_loss_matches_each_layer_to_the_teachers(timm_teacher, tmp_path, one_thread, target):
+    """attention: each student attention layer on the teacher's layer input; block: each student block on the
+    student's own stream, against the teacher's block output."""
     path, _ = timm_teacher
     cfg, options = load_convert_recipe("convert_digits", {**FAST, "output": str(tmp_path / "t"),
                                                            "model": MODEL, "model_kwargs": TINY})
@@ -106,29 +109,44 @@ def test_transfer_loss_feeds_each_student_layer_the_teachers_input(timm_teacher,
         net, kwargs, _ = build_student(spec, "sima", num_classes=n, init_from=path)
         return net, kwargs
 
-    trainer = TransferTrainer(cfg, DistInfo(), teacher=teacher, model_factory=factory, metadata={})
+    trainer = TransferTrainer(cfg, DistInfo(), teacher=teacher, model_factory=factory, metadata={}, target=target)
     student = trainer.model
     # move the student's attention away from the teacher's so that the loss is not zero
     with torch.no_grad():
         for _, attn in attention_modules(student):
             attn.qkv.weight.mul_(1.5)
     images = torch.randn(4, 3, 16, 16)
-    inputs, outputs = [], []
-    def record(module, args, output):
-        inputs.append(args[0])
-        outputs.append(output)
 
-    hooks = [m.register_forward_hook(record) for _, m in attention_modules(teacher)]
+    def run_recording(net, modules):
+        inputs, outputs = [], []
+
+        def record(module, args, output):
+            inputs.append(args[0])
+            outputs.append(output)
+
+        hooks = [m.register_forward_hook(record) for m in modules]
+        with torch.no_grad():
+            net(images)
+        for h in hooks:
+            h.remove()
+        return inputs, outputs
+
+    def rel(a, b):
+        return (a - b).pow(2).mean() / b.pow(2).mean()
+
     with torch.no_grad():
-        teacher(images)
-    for h in hooks:
-        h.remove()
-    with torch.no_grad():
-        expected = torch.stack([
-            ((attn(x) - y).pow(2).mean() / y.pow(2).mean())
-            for (_, attn), x, y in zip(attention_modules(student), inputs, outputs)]).mean()
-        got = trainer.compute_loss(images, torch.zeros(4, dtype=torch.long))
-        torch.testing.assert_close(got, expected)
+        if target == "attention":
+            t_in, t_out = run_recording(teacher, [m for _, m in attention_modules(teacher)])
+            expected = torch.stack([rel(attn(x), y) for (_, attn), x, y in
+                                    zip(attention_modules(student), t_in, t_out)]).mean()
+        else:
+            _, t_out = run_recording(teacher, list(teacher.blocks))
+            _, s_out = run_recording(student, list(student.blocks))
+            expected = torch.stack([rel(a, b) for a, b in zip(s_out, t_out)]).mean()
+        assert float(expected) > 1e-6  # far above rounding: the two networks differ
+        for _ in range(2):  # the same on every call
+            got = trainer.compute_loss(images, torch.zeros(4, dtype=torch.long))
+            torch.testing.assert_close(got, expected)
         # outside the loss the hooks are idle: the student is its own network again
         reference, _, _ = build_student(spec, "sima", init_from=path)
         reference.load_state_dict(student.state_dict())

@@ -29,6 +29,7 @@ class ConvertOptions:
     transfer_warmup_epochs: float = 0.0
     transfer_params: List[str] = field(default_factory=lambda: ["qkv", "proj"])
     transfer_loss: str = "relative_mse"  # relative_mse | mse
+    transfer_target: str = "attention"   # attention (teacher-forced attention outputs) | block (block outputs)
     distill_alpha: float = 0.9        # weight of the KL term; 1 - alpha on the label loss
     distill_tau: float = 1.0          # softmax temperature of the KL term
     compare: bool = False             # also run the plain fine-tuning and from-scratch baselines
@@ -49,6 +50,8 @@ class ConvertOptions:
             raise bad("transfer_warmup_epochs", "a number >= 0")
         if self.transfer_loss not in ("relative_mse", "mse"):
             raise bad("transfer_loss", "relative_mse, mse")
+        if self.transfer_target not in ("attention", "block"):
+            raise bad("transfer_target", "attention, block")
         if not 0.0 <= self.distill_alpha <= 1.0:
             raise bad("distill_alpha", "a number in [0, 1]")
         if not self.distill_tau > 0:

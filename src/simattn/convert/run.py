@@ -151,7 +151,8 @@ def _convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional
             "transfer",
             lambda c: TransferTrainer(c, dist, teacher=teacher, model_factory=from_file(teacher_path),
                                       metadata={**metadata, "stage": "attention transfer"},
-                                      params=options.transfer_params, loss=options.transfer_loss),
+                                      params=options.transfer_params, loss=options.transfer_loss,
+                                      target=options.transfer_target),
             epochs=options.transfer_epochs, lr=options.transfer_lr, warmup_epochs=options.transfer_warmup_epochs,
             batch_size=options.transfer_batch_size or cfg.batch_size, weight_decay=0.0, model_ema=False)
         init_for_distill = out / STAGES["transfer"] / "final.safetensors"

@@ -1,12 +1,20 @@
 """The two conversion stages as runs of the training engine (:class:`simattn.train.engine.Trainer`), so they get
 its optimizers, schedules, AMP, DDP, exact kill-and-resume and atomic checkpoints.
 
-Stage 1, attention transfer (:class:`TransferTrainer`). Each student attention layer receives the input the
-teacher's layer received (teacher forcing: every layer learns at once and no layer chases another's error) and is
-trained to reproduce that layer's output, the tensor added to the residual stream, with a per-layer relative mean
-squared error ``‖y_s − y_t‖² / ‖y_t‖²`` (so that layers whose outputs are larger do not dominate the sum). Only
-the attention blocks' own parameters train: ``qkv`` and ``proj`` by default, plus any parameter a kind adds
-(XCA's temperature), every other weight frozen.
+Stage 1, attention transfer (:class:`TransferTrainer`), with one of two targets (``transfer_target``):
+
+- ``attention``: each student attention layer receives the input the teacher's layer received (teacher forcing:
+  every layer learns at once and none chases another's error) and learns to reproduce that layer's output, as in
+  LoLCATs' attention transfer;
+- ``block``: the student runs on its own residual stream and each block's output learns to match the teacher's
+  block output (hidden-state alignment, as in MOHAWK, Bick et al., 2024). The gradient of a late block's error
+  reaches the earlier attention layers, so they learn to correct what the approximation of the layers before them
+  left behind, which teacher forcing cannot see; with few layers and a coarse approximation (SimA on short token
+  sequences) this is the better target (the convert_digits recipe measures both).
+
+Either way the loss is a per-layer relative mean squared error ``‖y_s − y_t‖² / ‖y_t‖²`` (so layers whose outputs
+are larger do not dominate), averaged over layers, and only the attention blocks' own parameters train:
+``qkv`` and ``proj`` by default, plus any parameter a kind adds (XCA's temperature), every other weight frozen.
 
 Why those: LoLCATs (Zhang et al., 2024) and Hedgehog (Zhang et al., 2024) train only the new attention's feature
 maps in this phase, with the teacher's q/k/v/o frozen, since the rest of the network is already right and only the
@@ -33,6 +41,9 @@ from ..train.engine import Trainer
 from .student import LAYOUT_PARAMS, attention_modules
 
 __all__ = ["TransferTrainer", "DistillTrainer", "transfer_parameters", "transfer_loss", "distill_loss"]
+
+#: what stage 1 matches: each attention output on the teacher's input, or each block output on the student's own
+TARGETS = ("attention", "block")
 
 ModelFactory = Callable[[Any, int], Tuple[nn.Module, Dict[str, Any]]]
 
@@ -88,12 +99,16 @@ class _WithTeacher(Trainer):
 
 
 class TransferTrainer(_WithTeacher):
-    """Stage 1: each attention layer of the student learns to reproduce the teacher's layer on the teacher's input."""
+    """Stage 1: the student's attention layers learn to reproduce the teacher's (see the module docstring)."""
 
     def __init__(self, cfg, dist, *, teacher: nn.Module, model_factory: ModelFactory, metadata: Dict[str, Any],
-                 params: Sequence[str] = ("qkv", "proj"), loss: str = "relative_mse") -> None:
-        self.transfer_params, self.loss_kind = tuple(params), loss
-        self._captured: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+                 params: Sequence[str] = ("qkv", "proj"), loss: str = "relative_mse",
+                 target: str = "attention") -> None:
+        if target not in TARGETS:
+            raise ValueError(f"transfer_target {target!r}: allowed: {', '.join(TARGETS)}")
+        self.transfer_params, self.loss_kind, self.target = tuple(params), loss, target
+        self._teacher_in: Dict[int, torch.Tensor] = {}
+        self._teacher_out: Dict[int, torch.Tensor] = {}
         self._student_out: Dict[int, torch.Tensor] = {}
         self._active = False
         super().__init__(cfg, dist, teacher=teacher, model_factory=model_factory, metadata=metadata)
@@ -104,31 +119,32 @@ class TransferTrainer(_WithTeacher):
         t_layers, s_layers = attention_modules(self.teacher), attention_modules(model)
         if len(t_layers) != len(s_layers):
             raise ValueError(f"teacher has {len(t_layers)} attention layers, student {len(s_layers)}")
-        for i, ((_, t_attn), (_, s_attn)) in enumerate(zip(t_layers, s_layers)):
-            t_attn.register_forward_hook(self._capture_teacher(i))
-            s_attn.register_forward_pre_hook(self._feed_student(i), with_kwargs=True)
-            s_attn.register_forward_hook(self._capture_student(i))
+        for i, ((t_name, t_attn), (s_name, s_attn)) in enumerate(zip(t_layers, s_layers)):
+            if self.target == "block":  # the module that holds the attention layer: its output is the stream
+                t_mod, s_mod = (m.get_submodule(n.rsplit(".", 1)[0]) if "." in n else m
+                                for m, n in ((self.teacher, t_name), (model, s_name)))
+            else:
+                t_mod, s_mod = t_attn, s_attn
+                s_attn.register_forward_pre_hook(self._feed_student(i), with_kwargs=True)
+            t_mod.register_forward_hook(self._capture(i, self._teacher_out, self._teacher_in))
+            s_mod.register_forward_hook(self._capture(i, self._student_out))
         self.n_layers = len(s_layers)
         return model, kwargs
 
     # hooks: active only inside compute_loss, so evaluation sees the student as it is
-    def _capture_teacher(self, i: int):
+    def _capture(self, i: int, outputs: Dict[int, torch.Tensor], inputs: Optional[Dict[int, torch.Tensor]] = None):
         def hook(module, args, output):
             if self._active:
-                self._captured[i] = (args[0], output)
+                outputs[i] = output
+                if inputs is not None:
+                    inputs[i] = args[0]
         return hook
 
     def _feed_student(self, i: int):
         def hook(module, args, kwargs):
             if self._active:
-                return (self._captured[i][0],) + tuple(args[1:]), kwargs
+                return (self._teacher_in[i],) + tuple(args[1:]), kwargs
             return None
-        return hook
-
-    def _capture_student(self, i: int):
-        def hook(module, args, output):
-            if self._active:
-                self._student_out[i] = output
         return hook
 
     def compute_loss(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -138,11 +154,12 @@ class TransferTrainer(_WithTeacher):
                 self.teacher(images)
             # through the (DDP-wrapped) student, so gradients are averaged over ranks; its logits are not used
             self.forward_model(images)
-            losses = [transfer_loss(self._student_out[i], self._captured[i][1], self.loss_kind)
+            losses = [transfer_loss(self._student_out[i], self._teacher_out[i], self.loss_kind)
                       for i in range(self.n_layers)]
         finally:
             self._active = False
-            self._captured, self._student_out = {}, {}
+            for captured in (self._teacher_in, self._teacher_out, self._student_out):
+                captured.clear()  # the hooks hold these very dicts
         return torch.stack(losses).mean()
 
 
