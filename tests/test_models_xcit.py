@@ -10,6 +10,8 @@ from simattn.attention import SimAAttention, XCAttention, XNormAttention, list_a
 from simattn.models.sima_xcit import XCiTBackbone, checkpoint_filter_fn
 from simattn.utils.io import CheckpointError, atomic_torch_save, load_weights, save_safetensors
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # small nets on a shared CPU: fastest on one thread
+
 SIMA_MODELS = [f"sima_{s}_p{p}" for s in ("nano_12", "tiny_12", "small_12", "tiny_24", "small_24", "medium_24",
                                            "large_24") for p in (16, 8)]
 UFO_MODELS = [f"ufo_vit_{s}" for s in ("tiny", "small", "medium", "large", "xlarge")]
