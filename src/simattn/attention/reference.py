@@ -88,8 +88,8 @@ def xca_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """XCiT's XCA: q, k l2-normalized over tokens (divisor max(‖·‖₂, eps)), A = softmax(q̂ᵀk̂ · τ) over key
     channels (d×d), out = (A vᵀ)ᵀ. ``temperature``: float or per-head (H, 1, 1). ``mask`` removes tokens."""
     q, k, v = _keep(q, mask), _keep(k, mask), _keep(v, mask)
-    q_hat = q / q.square().sum(dim=-2, keepdim=True).sqrt().clamp_min(eps)
-    k_hat = k / k.square().sum(dim=-2, keepdim=True).sqrt().clamp_min(eps)
+    q_hat = q / torch.linalg.vector_norm(q, dim=-2, keepdim=True).clamp_min(eps)
+    k_hat = k / torch.linalg.vector_norm(k, dim=-2, keepdim=True).clamp_min(eps)
     attn = torch.softmax((q_hat.transpose(-2, -1) @ k_hat) * temperature, dim=-1)  # (B, H, d, d)
     return (attn @ v.transpose(-2, -1)).transpose(-2, -1)
 
@@ -99,7 +99,8 @@ def elu_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
                   eps: float = 1e-6) -> torch.Tensor:
     """Katharopoulos et al.: φ(x) = x + 1 (x > 0), eˣ (x ≤ 0); A = φ(q)φ(k)ᵀ (removed keys: 0), out = A v / (A 1 + eps)."""
     def phi(x):
-        return torch.where(x > 0, x + 1, torch.exp(x.clamp_max(0)))
+        # exp of the non-positive part only (no overflow in the unused branch), differentiable at 0 from the left
+        return torch.where(x > 0, x + 1, torch.exp(torch.where(x > 0, torch.zeros_like(x), x)))
 
     attn = phi(q) @ _keep(phi(k), mask).transpose(-2, -1)
     return (attn @ v) / (attn.sum(dim=-1, keepdim=True) + eps)
@@ -138,8 +139,8 @@ def xnorm_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     """UFO-ViT: XN(a) = γ a / (‖a‖₂ + eps); out = XN(Q) over each token's channels · XN(KᵀV) over each column's
     key channels. ``mask`` removes keys."""
     kv = _keep(k, mask).transpose(-2, -1) @ v  # (B, H, d, dv)
-    q_n = gamma_q * q / (q.square().sum(dim=-1, keepdim=True).sqrt() + eps)
-    kv_n = gamma_kv * kv / (kv.square().sum(dim=-2, keepdim=True).sqrt() + eps)
+    q_n = gamma_q * q / (torch.linalg.vector_norm(q, dim=-1, keepdim=True) + eps)
+    kv_n = gamma_kv * kv / (torch.linalg.vector_norm(kv, dim=-2, keepdim=True) + eps)
     return q_n @ kv_n
 
 

@@ -50,7 +50,8 @@ class XNormAttention(TokenAttention):
     """UFO-ViT multi-head XNorm attention with timm's ``Attention`` signature.
 
     Parameters ``gamma_q`` and ``gamma_kv`` (per head, init 1) are the two XN scales; extra option ``eps``.
-    No token-token weight matrix is formed, so ``attn_drop > 0`` is rejected.
+    No token-token weight matrix is formed, so ``attn_drop > 0`` is rejected. At a query that is exactly zero the
+    gradient of XN is γ/eps (1e6 with the default eps), beyond fp16's range: the normalization's, not round-off.
     """
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
