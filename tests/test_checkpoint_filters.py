@@ -235,8 +235,15 @@ def xcit_forward(sd, x, *, num_heads, attn, tokens_norm, patch=16):
 
 
 # ---- checks ----------------------------------------------------------------------------------------------------------
+def _cloned(checkpoint):
+    if isinstance(checkpoint, dict):
+        return {k: _cloned(v) for k, v in checkpoint.items()}
+    return checkpoint.clone()
+
+
 def load_filtered(model, filter_fn, checkpoint):
-    sd = filter_fn(checkpoint, model)
+    """Filter a copy (the forwards here read the listed values even if a filter edits in place), load strictly."""
+    sd = filter_fn(_cloned(checkpoint), model)
     model.load_state_dict(sd, strict=True)
     return sd
 
@@ -274,7 +281,7 @@ DEIT = dict(embed_dim=32, depth=2, num_heads=2, img_size=64, num_classes=5)
 def test_deit_layout_gives_reference_logits(wrapped, attn):
     official = fill(deit_layout(32, 2, 16, 4, 5), seed=0)
     model = timm.create_model("sima_deit_tiny_patch16_224", attn_type=attn, **DEIT).to(DTYPE).eval()
-    load_filtered(model, sima_vit.checkpoint_filter_fn, {"model": dict(official)} if wrapped else dict(official))
+    load_filtered(model, sima_vit.checkpoint_filter_fn, {"model": official} if wrapped else official)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     with torch.no_grad():
         torch.testing.assert_close(model(x), deit_forward(official, x, patch=16, num_heads=2, attn=attn), **TOL)
@@ -283,7 +290,7 @@ def test_deit_layout_gives_reference_logits(wrapped, attn):
 def test_deit_layout_detects_altered_tensors():
     official = fill(deit_layout(32, 2, 16, 4, 5), seed=0)
     model = timm.create_model("sima_deit_tiny_patch16_224", attn_type="softmax", **DEIT).to(DTYPE).eval()
-    filtered = load_filtered(model, sima_vit.checkpoint_filter_fn, dict(official))
+    filtered = load_filtered(model, sima_vit.checkpoint_filter_fn, official)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     expected = deit_forward(official, x, patch=16, num_heads=2)
     assert_mutations_detected(model, filtered, x, expected, [k for k in filtered if k.endswith("attn.qkv.weight")])
@@ -301,7 +308,7 @@ def test_deit_position_embedding_resampled_to_model_grid():
     official = fill(deit_layout(32, 2, 16, 4, 5), seed=0)  # trained at 64 px: 4×4 grid
     model = timm.create_model("sima_deit_tiny_patch16_224", attn_type="softmax",
                               **dict(DEIT, img_size=96)).to(DTYPE).eval()
-    filtered = load_filtered(model, sima_vit.checkpoint_filter_fn, dict(official))
+    filtered = load_filtered(model, sima_vit.checkpoint_filter_fn, official)
     pos = official["pos_embed"]
     expected = torch.cat([pos[:, :1], _bicubic_grid(pos[:, 1:], (4, 4), (6, 6))], dim=1)  # class slot kept
     torch.testing.assert_close(filtered["pos_embed"], expected, rtol=0, atol=1e-6)  # resampled in float32
@@ -332,8 +339,7 @@ def test_xcit_layouts_give_reference_logits(layout):
     model, checkpoint, attn, tokens_norm = _xcit_case(layout)
     model = model.to(DTYPE).eval()
     official = checkpoint.get("model", checkpoint)
-    load_filtered(model, sima_xcit.checkpoint_filter_fn, {k: dict(v) if isinstance(v, dict) else v
-                                                          for k, v in checkpoint.items()})
+    load_filtered(model, sima_xcit.checkpoint_filter_fn, checkpoint)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     with torch.no_grad():
         torch.testing.assert_close(model(x), xcit_forward(official, x, num_heads=2, attn=attn,
@@ -345,8 +351,7 @@ def test_xcit_layouts_detect_altered_tensors(layout):
     model, checkpoint, attn, tokens_norm = _xcit_case(layout)
     model = model.to(DTYPE).eval()
     official = checkpoint.get("model", checkpoint)
-    filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, {k: dict(v) if isinstance(v, dict) else v
-                                                                     for k, v in checkpoint.items()})
+    filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, checkpoint)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     expected = xcit_forward(official, x, num_heads=2, attn=attn, tokens_norm=tokens_norm)
     # softmax class attention is blind to the key bias (it shifts every logit of the CLS row by the same q·b)
@@ -367,7 +372,7 @@ def test_xcit_learned_position_embedding_resampled_to_model_grid():
     source = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(0)
     source["pos_embed"] = torch.randn(1, 16, 32, generator=g, dtype=DTYPE)
-    filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, dict(source))
+    filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, source)
     torch.testing.assert_close(filtered["pos_embed"], _bicubic_grid(source["pos_embed"], (4, 4), (6, 6)),
                                rtol=0, atol=1e-6)
 
@@ -442,7 +447,7 @@ def cvt_sima_forward(sd, x, *, heads):
 def test_cvt_official_layout_gives_reference_logits(wrapped):
     official = fill(cvt_official_layout(CVT["embed_dims"], CVT["depths"], 5), seed=0)
     model = timm.create_model("sima_cvt_13", num_classes=5, **CVT).to(DTYPE).eval()
-    checkpoint = {wrapped: dict(official)} if wrapped else dict(official)
+    checkpoint = {wrapped: official} if wrapped else official
     filtered = load_filtered(model, sima_cvt.checkpoint_filter_fn, checkpoint)
     x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     expected = cvt_sima_forward(official, x, heads=CVT["num_heads"])
