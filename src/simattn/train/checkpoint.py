@@ -79,11 +79,11 @@ def load_train_state(path: str | Path, model_name: str) -> Dict[str, Any]:
 
 
 def weights_metadata(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any],
-                     **extra: Any) -> Dict[str, str]:
-    """The ``simattn-weights-v1`` record (:func:`simattn.models.weights.weights_metadata`) of weights written by
-    ``simattn train``: model name, ``create_model`` kwargs (``num_classes`` included), preprocessing, and ``extra``
-    (metrics, recipe) JSON-encoded."""
-    return _weights_metadata(model_name, model_kwargs, producer="simattn train", data_config=data_config, **extra)
+                     producer: str = "simattn train", **extra: Any) -> Dict[str, str]:
+    """The ``simattn-weights-v1`` record (:func:`simattn.models.weights.weights_metadata`) of weights written by the
+    trainer: model name, ``create_model`` kwargs (``num_classes`` included), preprocessing, the producing command
+    (a command built on the trainer, e.g. ``simattn convert``, names itself) and ``extra`` (metrics, recipe)."""
+    return _weights_metadata(model_name, model_kwargs, producer=producer, data_config=data_config, **extra)
 
 
 def export_weights(model: nn.Module, path: str | Path, metadata: Mapping[str, str]) -> None:
