@@ -3,6 +3,10 @@
 One file per family (names distinct from timm's own module names, which are registry keys):
 ``sima_vit`` (DeiT/ViT with SimA, ReLU-attention ViTs), ``sima_xcit`` (XCiT with SimA), ``ufo_vit`` (UFO-ViT),
 ``sima_cvt`` (CvT with SimA), ``soft_vit`` (SOFT pyramids).
+
+Task packages build, load and start models only through :mod:`simattn.models.factory` (``create_model``,
+``load_model``, ``load_initial_weights``); every ``.safetensors`` file carries the record of
+:mod:`simattn.models.weights`.
 """
 from typing import List
 
