@@ -125,7 +125,8 @@ def test_a_classifier_starts_a_backbone_and_bad_fits_are_one_line(tmp_path):
     with pytest.raises(CheckpointError, match=r"do not fit .*shape mismatch: .*cls_token") as err:
         load_initial_weights(wider, path)
     assert "\n" not in str(err.value) and torch.equal(wider.blocks[0].attn.qkv.weight, before)  # untouched
-    with pytest.raises(CheckpointError, match=r"do not fit XCiTBackbone: only \d+ of its tensors load, \d+ are missing"):
+    with pytest.raises(CheckpointError, match=r"do not fit XCiTBackbone: only \d+ of its tensors load, \d+ are "
+                                              r"missing"):
         load_initial_weights(create_model("sima_nano_12_p8", **TINY_XCIT), path)
     deeper = create_model(DEIT, img_size=16, num_classes=5, **dict(TINY_VIT, depth=3))
     report = load_initial_weights(deeper, path)  # a block more: reported, not fatal unless strict
