@@ -47,6 +47,8 @@ def test_create_model_errors_are_one_line():
         create_model("no_such_model")
     with pytest.raises(ValueError, match="cannot build"):
         create_model(DEIT, no_such_kwarg=1)
+    with pytest.raises(ValueError, match="pretrained=True .* not downloaded; start from a file instead"):
+        create_model(DEIT, pretrained=True)
 
 
 def test_task_packages_build_models_through_the_factory():

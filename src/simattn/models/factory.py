@@ -26,13 +26,20 @@ __all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "MODEL_K
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
-    """``timm.create_model`` with a one-line ValueError for an unknown name or arguments the model rejects."""
+    """``timm.create_model`` with a one-line ValueError for an unknown name or arguments the model rejects.
+
+    ``pretrained=True`` is refused: weights come from files, through :func:`load_initial_weights` (no SimA weights
+    were ever published, and a download would make runs depend on the network)."""
     import timm
 
     from . import list_models  # the package import registers every family with timm
 
     if not timm.is_model(name):
         raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(list_models())}")
+    if kwargs.get("pretrained"):
+        raise ValueError(f"pretrained={kwargs['pretrained']!r} for {name}: weights are not downloaded; start from a "
+                         "file instead (simattn train --initial-checkpoint PATH, ssl model.weights, detect "
+                         "model.backbone_weights)")
     try:
         return timm.create_model(name, **kwargs)
     except TypeError as e:
