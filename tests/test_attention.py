@@ -18,6 +18,9 @@ from simattn.attention.xnorm import xnorm_attention
 
 from attention_cases import CASES, H, assert_grads_close, assert_ratio, module_oracle, qkv
 
+# small tensors: one intra-op thread is fastest on a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # error-ratio bounds (rms(fast − oracle) / rms(oracle)) per dtype: a few hundred ulps of the working precision
 TOL = {torch.float32: 2e-5, torch.float64: 1e-11}
 SOFT_TOL = {torch.float32: 2e-4, torch.float64: 1e-9}  # (M + 0.01 I)⁻¹ amplifies round-off by its condition number

@@ -9,6 +9,9 @@ from simattn.models.sima_xcit import ClassAttention
 
 from attention_cases import assert_grads_close, assert_ratio
 
+# small tensors: one intra-op thread is fastest on a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 ORACLES = {"sima": R.sima_class_attention_reference, "softmax": R.softmax_class_attention_reference}
 
 

@@ -23,6 +23,9 @@ from simattn.attention.soft import soft_attention
 
 from attention_cases import CASES, error_ratio, qkv, rms
 
+# small tensors: one intra-op thread is fastest on a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 EPS = {torch.float16: torch.finfo(torch.float16).eps, torch.bfloat16: torch.finfo(torch.bfloat16).eps}
 FP32_ISLAND = 1e-5  # forward bound where the op computes and returns fp32 under fp16 autocast
 # kind → dtype → (forward bound, gradient bound)

@@ -11,6 +11,9 @@ from simattn.attention.soft import gaussian_kernel, newton_pinv, pool_landmarks,
 
 from attention_cases import H, assert_ratio
 
+# small tensors: one intra-op thread is fastest on a shared CPU
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _landmark_kernel(std, b=2, side=8, d=16, seed=0):
     """The m×m kernel of pooled landmarks (m = 16) of a random q with the given std, fp64."""
