@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-kwargs", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help=f"create_model kwargs of teacher and student ({OPTIONS_HELP})")
     p.add_argument("--teacher-attn", metavar="KIND",
-                   help="attention of the teacher when the weights do not record it (default softmax; xca for "
+                   help="attention of the teacher when the weights do not record it (default softmax; pass xca for "
                         "XCiT weights)")
     p.add_argument("-c", "--config", default="convert_digits", metavar="RECIPE",
                    help="convert recipe: a YAML file or a shipped name (default convert_digits)")

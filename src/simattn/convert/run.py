@@ -43,9 +43,12 @@ OUTPUTS = ("final.safetensors", "results.json", "report.md", "convert.png")
 
 
 def _stage_cfg(cfg, out: Path, **changes: Any):
-    """The engine config of one stage: ``cfg`` with ``changes``, its own folder, and resume where it stopped."""
-    resume = "auto" if cfg.resume and (out / "last.pth").is_file() else None
-    return dataclasses.replace(cfg, output=str(out), resume=resume, **changes)
+    """The engine config of one stage: ``cfg`` with ``changes``, its own folder, and resume where it stopped (a
+    stage of the resumed conversion killed before its first checkpoint starts again in its folder)."""
+    has_state = (out / "last.pth").is_file()
+    resume = "auto" if cfg.resume and has_state else None
+    overwrite = cfg.overwrite or bool(cfg.resume and not has_state)
+    return dataclasses.replace(cfg, output=str(out), resume=resume, overwrite=overwrite, **changes)
 
 
 def _done(out: Path) -> Optional[Dict[str, Any]]:

@@ -12,10 +12,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
-from ..attention import list_attentions
-from ..attention._registry import get_attention_class
-from ..attention.base import TokenAttention
-from ..models.factory import create_model, load_initial_weights, load_model
+from ..attention import TokenAttention, get_attention_class, list_attentions
+from ..models.factory import create_model, load_initial_weights, load_model, model_spec_from_weights
 
 __all__ = ["convertible_kinds", "check_kind", "load_teacher", "build_student", "attention_modules",
            "LAYOUT_PARAMS"]
@@ -50,10 +48,9 @@ def load_teacher(weights: str | Path, model: Optional[str] = None, model_kwargs:
 
     ``weights``: our ``.safetensors``/``last.pth`` (they name model and kwargs), or timm/official DeiT, ViT or XCiT
     weights on disk (pass ``model``). The teacher's attention is the one its weights record, else ``attn_type``
-    (default softmax; ``xca`` for timm XCiT weights in an XCiT family model).
+    (default softmax; pass ``xca`` for timm XCiT weights in an XCiT family model).
     """
     kwargs = dict(model_kwargs or {})
-    from ..models.factory import model_spec_from_weights
     stored = model_spec_from_weights(weights) if Path(weights).is_file() else None
     recorded = (stored or {}).get("config", {}).get("attn_type")
     if attn_type is not None:
