@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Mapping, Union
 
+import re
+
 import yaml
 
 __all__ = ["parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP"]
@@ -23,10 +25,20 @@ OPTIONS_HELP = ("KEY=VALUE items; values are YAML (3, 1e-3, true, null, [a, b], 
                 "(a.b=1 is {a: {b: 1}})")
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML follows YAML 1.1, which reads ``1e-3`` (no dot) as a string; here it is a float, as in YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."))
+
+
 def parse_value(text: str) -> Any:
     """A YAML value; text that is not valid YAML (e.g. ``a: b: c``) stays the string it is."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError:
         return text
 
