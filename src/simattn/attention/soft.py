@@ -62,7 +62,7 @@ def _paper_alpha(m: torch.Tensor, max_halvings: int = 10) -> torch.Tensor:
         ok = ((eye - a[..., None, None] * m).abs().sum(-2).amax(-1) <= 1) | (n == max_halvings)
         alpha = torch.where(done, alpha, a)
         done = done | ok
-        if bool(done.all()):
+        if bool(done.all()):  # a host sync per halving; few are needed (and only with this option)
             break
     return alpha
 
