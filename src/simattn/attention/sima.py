@@ -13,10 +13,10 @@ out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je
     |out[n, e]| ≤ (Σ_c |q̂_nc|) · max_j |v_je| ≤ d · max_j |v_je|   and   Σ_n |out[n, e]| ≤ d · max_j |v_je|.
 
 At N = 1 every nonzero entry of q̂ and k̂ is ±1, so out = (Σ_c sign(q_c k_c)) · v: the bound d · |v| is reached
-when q and k agree in sign (e.g. q = k);
-over N tokens the average |out| is at most d · max|v| / N. In fp16 terms: under fp16 autocast the op computes and
-returns its output in fp32, so the attention itself cannot overflow, but the fp16 layer after it (the output
-projection) overflows once d · max|v| > 65504, e.g. d = 64 with |v| > 1024 at N = 1.
+when q and k agree in sign (e.g. q = k); over N tokens the average |out| is at most d · max|v| / N. In fp16
+terms: under fp16 autocast the op computes and returns its output in fp32, so the attention itself cannot
+overflow, but the fp16 layer after it (the output projection) overflows once d · max|v| > 65504, e.g. d = 64
+with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
