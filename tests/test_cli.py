@@ -35,3 +35,15 @@ def test_debug_env_keeps_the_traceback(monkeypatch):
     monkeypatch.setenv("SIMATTN_DEBUG", "1")
     with pytest.raises(FileNotFoundError, match="missing"):
         main(["validate"])
+
+
+def test_usage_loads_without_torch():
+    # `simattn --help` must answer at once: the entry point imports neither torch nor the package
+    import subprocess
+    import sys
+
+    code = ("import sys, simattn_cli; simattn_cli.main(['--help']); "
+            "print(sorted(m for m in ('torch', 'timm', 'simattn') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+    assert "convert" in out

@@ -1,44 +1,22 @@
-"""The ``simattn`` command: one entry point, each subcommand in its own module, imported only when used."""
+"""Running one ``simattn`` subcommand, and turning user-facing faults into one line with an exit code.
+
+The entry point and the subcommand table are in the top-level :mod:`simattn_cli`, which loads without torch.
+"""
 from __future__ import annotations
 
 import errno
 import importlib
 import os
 import sys
-from typing import List, Optional
+from typing import List
+
+from simattn_cli import COMMANDS, main  # noqa: F401 - ``python -m simattn`` and callers use simattn.cli.main
 
 from .utils.extras import EXTRAS, MissingDependency, missing_extra
 
-#: subcommand → (module with ``main(argv)``, one-line help)
-COMMANDS = {
-    "bench": ("simattn.bench.cli", "benchmarks: attention kernels, whole models, the paper's tables"),
-    "train": ("simattn.train.cli", "train a model from a YAML recipe (torchrun for DDP)"),
-    "validate": ("simattn.train.validate", "top-1/top-5 accuracy and loss of a model + weights"),
-    "demo": ("simattn.demo", "train SimA and softmax twins on the embedded digits data and compare"),
-    "export": ("simattn.export.cli", "export to ONNX, audit exp-like ops, check onnxruntime parity"),
-    "viz": ("simattn.viz.cli", "q̂/k̂ token-importance heatmaps"),
-    "ssl": ("simattn.ssl.cli", "DINO self-supervised pretraining with k-NN / linear evaluation"),
-    "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
-    "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
-}
 
-
-def _usage() -> str:
-    lines = ["usage: simattn <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run 'simattn <command> --help' for a command's options."]
-    return "\n".join(lines)
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"simattn: unknown command {name!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
+def run(name: str, rest: List[str]) -> int:
+    """Run subcommand ``name`` (a key of ``COMMANDS``) with arguments ``rest``; returns the exit code."""
     module = importlib.import_module(COMMANDS[name][0])
     try:
         return int(module.main(rest) or 0)
@@ -85,7 +63,3 @@ def _prog(name: str, rest: List[str]) -> str:
     if name == "bench" and rest and not rest[0].startswith("-"):
         return f"simattn bench {rest[0]}"
     return f"simattn {name}"
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

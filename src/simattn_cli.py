@@ -1,0 +1,48 @@
+"""The ``simattn`` command's entry point.
+
+It lives outside the ``simattn`` package because importing that package registers every model with timm, which
+loads torch, timm and torchvision (seconds); the usage text and the subcommand table need none of them. A
+subcommand's module (and so torch) is imported only when that subcommand runs, by :func:`simattn.cli.run`.
+"""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+#: subcommand → (module with ``main(argv)``, one-line help)
+COMMANDS = {
+    "bench": ("simattn.bench.cli", "benchmarks: attention kernels, whole models, the paper's tables"),
+    "train": ("simattn.train.cli", "train a model from a YAML recipe (torchrun for DDP)"),
+    "validate": ("simattn.train.validate", "top-1/top-5 accuracy and loss of a model + weights"),
+    "demo": ("simattn.demo", "train SimA and softmax twins on the embedded digits data and compare"),
+    "export": ("simattn.export.cli", "export to ONNX, audit exp-like ops, check onnxruntime parity"),
+    "viz": ("simattn.viz.cli", "q̂/k̂ token-importance heatmaps"),
+    "ssl": ("simattn.ssl.cli", "DINO self-supervised pretraining with k-NN / linear evaluation"),
+    "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
+    "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: simattn <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += ["", "Run 'simattn <command> --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"simattn: unknown command {name!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    from simattn.cli import run
+
+    return run(name, rest)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
