@@ -220,3 +220,19 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert "checkpoint not found" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exceeds"):
         pretrain(_digits_recipe(tmp_path, train={"batch_size": 4096}))
+
+
+def test_eval_opens_a_classifier_file_as_backbone(tmp_path, one_thread, capsys):
+    # a classification run's weights evaluate as a backbone: the head is dropped and reported, every other tensor loads
+    from simattn.models.factory import create_model
+    from simattn.models.weights import save_weights, weights_metadata
+
+    kwargs = {**DEIT_TINY, "num_classes": 10}
+    classifier = create_model("sima_deit_tiny_patch16_224", **kwargs)
+    path = tmp_path / "classifier.safetensors"
+    save_weights(classifier, path, weights_metadata("sima_deit_tiny_patch16_224", kwargs, producer="test"))
+    assert ssl_main(["eval", "--config", "ssl_digits", "--weights", str(path), "--output", str(tmp_path / "eval"),
+                     "--set", "eval.linear_epochs=0", "eval.compare_random_init=false", "train.threads=1"]) == 0
+    out = capsys.readouterr().out
+    assert "dropped" in out and "head.weight" in out, out
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"] == str(path)

@@ -46,14 +46,18 @@ def main(argv: List[str]) -> int:
 
 def _evaluate(recipe, args, name: str) -> int:
     from ..utils.distributed import init_distributed
-    from ..utils.io import atomic_write_json, load_weights
+    from ..models.factory import load_initial_weights
+    from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone
     device = init_distributed(recipe["train"]["device"]).device
     backbone = build_backbone(recipe["model"]).to(device)
     if args.weights:
-        load_weights(backbone, args.weights, use_ema=args.ema)
+        # any file the project opens: a DINO checkpoint or backbone, a classifier (its head is dropped), timm weights
+        report = load_initial_weights(backbone, args.weights, model_name=recipe["model"]["name"], use_ema=args.ema,
+                                      strict=True)
+        print(report.summary(), flush=True)
     out = results_folder(recipe["output"], args.weights, f"{name}_eval", "ssl_eval")
     results = evaluate_backbone(backbone, recipe["data"], recipe["eval"], device=device, seed=recipe["train"]["seed"])
     results = {"model": recipe["model"]["name"], "weights": args.weights or "random init", **results}
