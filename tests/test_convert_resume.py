@@ -17,7 +17,7 @@ from simattn.convert import convert, load_convert_recipe
 
 from test_convert import MODEL, TINY, make_timm_teacher
 
-SETTINGS = ["epochs=3", "steps_per_epoch=3", "batch_size=32", "threads=1", "device=cpu", "log_interval=1",
+SETTINGS = ["epochs=2", "steps_per_epoch=4", "batch_size=32", "threads=1", "device=cpu", "log_interval=1",
             "checkpoint_every_steps=1", "seed=5", "convert.transfer_batch_size=32", "drop_path=0.1"]
 
 
@@ -43,16 +43,16 @@ def test_sigkill_during_distillation_then_resume_matches_an_uninterrupted_run(tm
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
     seen = []
 
-    def kill_mid_epoch_2_of_distillation():
+    def kill_mid_distillation():
         in_distill = False
         for line in victim.stdout:
             seen.append(line)
             in_distill = in_distill or line.startswith("== distill")
-            if in_distill and line.startswith("checkpoint:") and "(epoch 2, update 1/" in line:
+            if in_distill and line.startswith("checkpoint:") and "(epoch 1, update 2/" in line:
                 os.kill(victim.pid, signal.SIGKILL)
                 return
 
-    watcher = threading.Thread(target=kill_mid_epoch_2_of_distillation)
+    watcher = threading.Thread(target=kill_mid_distillation)
     watcher.start()
     cfg, options = load_convert_recipe("convert_digits", _overrides(straight))
     reference = convert(cfg, options, str(teacher), MODEL, TINY)  # meanwhile, in this process

@@ -59,7 +59,7 @@ def plot_curves(results: Dict[str, Any], path: Path) -> Optional[Path]:
     ax.set_ylabel("val top-1 (%)")
     ax.set_title(f"{results['teacher']['model']}: {results['teacher']['attention']} → {kind}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=100)
