@@ -296,3 +296,20 @@ def test_timm_xcit_weights_load_into_xca_model(tmp_path):
     with pytest.raises(CheckpointError, match=r"unexpected keys: blocks\.0\.attn\.temperature"):
         load_weights(timm.create_model("sima_nano_12_p16"), tmp_path / "timm_xcit.pth",
                      filter_fn=checkpoint_filter_fn)
+
+
+def test_learned_pos_embed_follows_a_non_square_grid():
+    """At a non-square input the learned encoding is its grid resampled to (rows, columns), bicubic and
+    antialiased as timm does, and added to the patch tokens in row-major order."""
+    model = timm.create_model("ufo_vit_tiny", embed_dim=32, depth=1, num_heads=2, num_classes=5, img_size=64).eval()
+    with torch.no_grad():
+        model.pos_embed.copy_(torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(0)))
+    seen = {}
+    model.patch_embed.register_forward_hook(lambda m, args, out: seen.update(tokens=out[0]))
+    model.pos_drop.register_forward_hook(lambda m, args, out: seen.update(embedded=args[0]))
+    with torch.no_grad():
+        model.forward_features(torch.randn(1, 3, 32, 64))  # a 2×4 grid of 16 px patches
+    maps = model.pos_embed.detach().reshape(1, 4, 4, 32).permute(0, 3, 1, 2)
+    expected = F.interpolate(maps, size=(2, 4), mode="bicubic", align_corners=False, antialias=True)
+    torch.testing.assert_close(seen["embedded"] - seen["tokens"], expected.flatten(2).transpose(1, 2),
+                               rtol=1e-5, atol=1e-5)
