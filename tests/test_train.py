@@ -314,3 +314,16 @@ def test_repeated_augmentation_and_workers_train(tmp_path):
     cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, aug_repeats=3, workers=1, scale=[0.6, 1.0])
     result = train(cfg)
     assert result.summary["updates"] == 2
+
+
+def test_accumulated_micro_batches_make_the_update_of_their_whole_batch(tmp_path):
+    """Two accumulated micro-batches of 16 give the update of one batch of their 32 images (plain SGD, no
+    randomness left in the step): the loss of each micro-batch is divided by the number accumulated."""
+    common = dict(epochs=1, steps_per_epoch=1, opt="momentum", momentum=0.0, weight_decay=0.0, sched="none",
+                  drop_path=0.0, lr=0.5)
+    whole = train(tiny_config(tmp_path / "whole", batch_size=32, **common))
+    accum = train(tiny_config(tmp_path / "accum", batch_size=16, grad_accum_steps=2, **common))
+    assert whole.summary["updates"] == accum.summary["updates"] == 1
+    for name, value in whole.model.state_dict().items():
+        torch.testing.assert_close(accum.model.state_dict()[name], value, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
