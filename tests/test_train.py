@@ -327,3 +327,20 @@ def test_accumulated_micro_batches_make_the_update_of_their_whole_batch(tmp_path
     for name, value in whole.model.state_dict().items():
         torch.testing.assert_close(accum.model.state_dict()[name], value, rtol=1e-4, atol=1e-6,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_evaluate_counts_top1_top5_and_the_mean_loss():
+    """evaluate's sums against a direct count: the rank of the target among the classes, and the batch-mean loss."""
+    import torch.nn.functional as F
+    from torch import nn
+    from simattn.train.loop import evaluate
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 8, generator=g)
+    target = torch.randint(0, 8, (64,), generator=g)
+    batches = [(logits[:40], target[:40], 0), (logits[40:], target[40:], 3)]  # (images, labels, unreadable)
+    got = evaluate(nn.Identity(), batches, torch.device("cpu"))
+    above = (logits > logits.gather(1, target[:, None])).sum(1)  # classes scored above the target
+    assert got["top1"] == pytest.approx(100 * (above == 0).double().mean().item())
+    assert got["top5"] == pytest.approx(100 * (above < 5).double().mean().item())
+    assert got["loss"] == pytest.approx(F.cross_entropy(logits.double(), target).item(), rel=1e-6)
+    assert (got["samples"], got["skipped"]) == (64, 3)
