@@ -344,3 +344,16 @@ def test_evaluate_counts_top1_top5_and_the_mean_loss():
     assert got["top5"] == pytest.approx(100 * (above < 5).double().mean().item())
     assert got["loss"] == pytest.approx(F.cross_entropy(logits.double(), target).item(), rel=1e-6)
     assert (got["samples"], got["skipped"]) == (64, 3)
+
+
+def test_digits_splits_partition_the_data_with_a_fifth_of_each_class_held_out():
+    from collections import Counter
+    from simattn.data import DigitsDataset
+    train_set, val_set, every = (DigitsDataset(split) for split in ("train", "val", "all"))
+
+    def items(ds):
+        return Counter((img.tobytes(), int(t)) for img, t in zip(ds.images, ds.targets))
+
+    assert items(train_set) + items(val_set) == items(every)  # each image in exactly one split
+    per_class, held_out = Counter(every.targets.tolist()), Counter(val_set.targets.tolist())
+    assert len(per_class) == 10 and all(held_out[c] == round(0.2 * n) for c, n in per_class.items())
