@@ -217,7 +217,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert "image folder not found" in capsys.readouterr().err
     assert simattn_main(["ssl", "eval", "--config", "configs/ssl_digits.yaml", "--weights", str(tmp_path / "x.pth"),
                          "--output", str(tmp_path)]) == 2
-    assert "checkpoint not found" in capsys.readouterr().err
+    assert "weights not found" in capsys.readouterr().err
     with pytest.raises(ValueError, match="exceeds"):
         pretrain(_digits_recipe(tmp_path, train={"batch_size": 4096}))
 
