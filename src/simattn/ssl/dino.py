@@ -142,11 +142,13 @@ def _check(recipe: Mapping[str, Any], world_size: int) -> None:
 
 
 def _teacher_temp(train: Mapping[str, Any], epoch: int) -> float:
-    """Linear warm-up of the teacher temperature over the first epochs, then constant."""
+    """The teacher temperature of 0-based ``epoch``: the official DINO schedule, ``linspace(warmup_teacher_temp,
+    teacher_temp, warmup_teacher_temp_epochs)`` over the first epochs (so the last warm-up epoch is at
+    ``teacher_temp``), then constant."""
     warm = train["warmup_teacher_temp_epochs"]
-    if epoch >= warm:
+    if epoch >= warm - 1:
         return train["teacher_temp"]
-    return train["warmup_teacher_temp"] + (train["teacher_temp"] - train["warmup_teacher_temp"]) * epoch / warm
+    return train["warmup_teacher_temp"] + (train["teacher_temp"] - train["warmup_teacher_temp"]) * epoch / (warm - 1)
 
 
 def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
