@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 import timm
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 pytest.importorskip("skimage")
 
 import simattn  # noqa: E402,F401
-from simattn.attention import sima_normalize  # noqa: E402
 from simattn.viz import hooked_blocks, load_image, token_grid, token_maps  # noqa: E402
 from simattn.cli import main as simattn_main  # noqa: E402
 from simattn.viz.cli import main as viz_main  # noqa: E402
@@ -64,14 +64,14 @@ def test_cli_writes_panels_and_overlays(tmp_path, capsys):
 def test_maps_are_normalized_norms_of_q_hat_and_k_hat():
     model = _model()
     x, shown = _input()
-    # the oracle: q and k of the last block's attention, l1-normalized over tokens by the attention module's own op
+    # the oracle: q and k of the last block's attention, l1-normalized over tokens as the official code does
     seen = {}
     attn = model.blocks[-1].attn
     handle = attn.register_forward_hook(lambda m, args, out: seen.setdefault("x", args[0]))
     result = token_maps(model, x, shown, block=-1)
     handle.remove()
     q, k, _ = attn.project(seen["x"])
-    q_hat, k_hat = sima_normalize(q, k)
+    q_hat, k_hat = F.normalize(q, p=1.0, dim=-2), F.normalize(k, p=1.0, dim=-2)
     for name, t in (("q_hat_norm", q_hat), ("k_hat_norm", k_hat)):
         norms = t[0, :, 1:].transpose(0, 1).flatten(1).norm(dim=-1)  # over all channels, CLS dropped
         assert result.raw_range[name] == pytest.approx((norms.min().item(), norms.max().item()), rel=1e-5)
