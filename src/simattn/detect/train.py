@@ -21,9 +21,9 @@ from torch import nn
 from ..utils.runlog import RunLog, progress
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
-from ..utils.io import (CheckpointError, atomic_torch_save, atomic_write_text, check_finite_weights,
+from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
                         extract_state_dict, load_checkpoint, load_weights)
-from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
+from ..utils.runs import check_run_folder, check_same_run, claim_run_folder, resolve_output
 from ..utils.recipe import DETECT_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import CocoInstances, collate_detection
@@ -66,17 +66,6 @@ _SAME_RUN_KEYS = (("model", "backbone"), ("model", "backbone_kwargs"), ("model",
                   ("data", "train_annotations"))
 
 
-def _check_same_run(path: Path, ckpt: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
-    if ckpt.get("format") != DETECT_STATE_FORMAT:
-        raise CheckpointError(f"{path} is not a {DETECT_STATE_FORMAT} detection checkpoint; it cannot be resumed")
-    saved = ckpt.get("recipe") or {}
-    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in _SAME_RUN_KEYS
-             if saved.get(a, {}).get(b) != recipe[a][b]]
-    if diffs:
-        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
-                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
-
-
 def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = False,
           name: Optional[str] = None) -> Dict[str, Any]:
     """Train Mask R-CNN as the recipe says, evaluating box/mask AP; returns the results with the run folder as
@@ -103,7 +92,7 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
         check_run_folder(out_dir, ckpt_path, overwrite)
         ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
         if ckpt is not None:
-            _check_same_run(ckpt_path, ckpt, recipe)
+            check_same_run(ckpt_path, ckpt, recipe, DETECT_STATE_FORMAT, _SAME_RUN_KEYS, "detection")
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
         datasets = load_datasets(recipe["data"])

@@ -28,9 +28,9 @@ from torch import nn
 
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
-from ..utils.io import (CheckpointError, atomic_torch_save, atomic_write_text, check_finite_weights,
+from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
                         extract_state_dict, load_checkpoint)
-from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
+from ..utils.runs import check_run_folder, check_same_run, claim_run_folder, resolve_output
 from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import build_image_dataset
@@ -162,18 +162,6 @@ def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
 SSL_STATE_FORMAT = "simattn-ssl-state-v2"  # epochs counted from 1
 
 
-def _check_same_run(path: Path, ckpt: Mapping[str, Any], recipe: Mapping[str, Any]) -> None:
-    """Refuse to resume a checkpoint of another network or data (one line naming what differs)."""
-    if ckpt.get("format") != SSL_STATE_FORMAT:
-        raise CheckpointError(f"{path} is not a {SSL_STATE_FORMAT} DINO checkpoint; it cannot be resumed")
-    saved = ckpt.get("recipe") or {}
-    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in _SAME_RUN_KEYS
-             if saved.get(a, {}).get(b) != recipe[a][b]]
-    if diffs:
-        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
-                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
-
-
 #: the files a DINO run writes into its folder (``overwrite`` deletes them before a fresh run)
 RUN_FILES = ("checkpoint.pth", "backbone.safetensors", "results.json", "curves.png", "config.yaml")
 #: recipe entries a resumed run must share with its checkpoint (the network and the data it learns from)
@@ -210,7 +198,7 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
         check_run_folder(out_dir, ckpt_path, overwrite)
         ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
         if ckpt is not None:
-            _check_same_run(ckpt_path, ckpt, recipe)
+            check_same_run(ckpt_path, ckpt, recipe, SSL_STATE_FORMAT, _SAME_RUN_KEYS, "DINO")
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
 

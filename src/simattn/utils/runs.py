@@ -15,12 +15,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 
-from .io import remove_stale_temp_files, stale_temp_files
+from .io import CheckpointError, remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder",
-           "results_folder"]
+           "results_folder", "check_same_run"]
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -127,3 +127,18 @@ def results_folder(output: Optional[str], beside: Optional[str], name: Optional[
         raise ValueError(f"output {out} is {'a file' if blocker == out else f'under {blocker}, a file'}, not a folder")
     claim_run_folder(out, clean=False)  # a run may be writing there: its temporary files are not stale
     return out
+
+
+def check_same_run(path: Path, checkpoint: Mapping[str, Any], recipe: Mapping[str, Any], state_format: str,
+                   keys: Sequence[Tuple[str, str]], what: str) -> None:
+    """Refuse to resume ``checkpoint`` (read from ``path``) unless another kind of run did not write it
+    (``state_format``) and its saved recipe agrees with ``recipe`` on every ``(section, key)`` of ``keys`` (the network
+    and the data it learns from); one line naming what differs."""
+    if checkpoint.get("format") != state_format:
+        raise CheckpointError(f"{path} is not a {state_format} {what} checkpoint; it cannot be resumed")
+    saved = checkpoint.get("recipe") or {}
+    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in keys
+             if saved.get(a, {}).get(b) != recipe[a][b]]
+    if diffs:
+        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
+                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
