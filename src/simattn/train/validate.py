@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
-from ..utils.io import CheckpointError, atomic_write_json
+from ..utils.io import CheckpointError, atomic_write_json, non_finite_tensors
 from ..utils.runlog import use_tqdm
 
 __all__ = ["validate_weights", "check_finite", "resolve_device", "main"]
@@ -44,11 +44,12 @@ def resolve_device(device: Optional[str]) -> torch.device:
 
 def check_finite(model: nn.Module, source: str) -> None:
     """Raise a one-line :class:`CheckpointError` naming the first parameter or buffer that holds NaN or inf."""
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            bad = int((~torch.isfinite(tensor)).sum())
-            raise CheckpointError(f"weights {source}: tensor {name!r} holds {bad} non-finite value(s) (NaN/inf) of "
-                                  f"{tensor.numel()}; refusing to validate them")
+    bad = non_finite_tensors(model)
+    if bad:
+        tensor = model.state_dict()[bad[0]]
+        count = int((~torch.isfinite(tensor)).sum())
+        raise CheckpointError(f"weights {source}: tensor {bad[0]!r} holds {count} non-finite value(s) (NaN/inf) of "
+                              f"{tensor.numel()}; refusing to validate them")
 
 
 def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:

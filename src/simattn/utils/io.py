@@ -12,7 +12,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, Mapping, Optional, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -196,11 +196,16 @@ def _names(items, limit: int = 8) -> str:
     return shown + (f" (+{len(items) - limit} more)" if len(items) > limit else "")
 
 
+def non_finite_tensors(module_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]]) -> List[str]:
+    """Names of the floating-point tensors (parameters and buffers) that hold NaN or ±inf."""
+    sd = module_or_sd.state_dict() if isinstance(module_or_sd, nn.Module) else module_or_sd
+    return [name for name, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
 def check_finite_weights(module_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], what: str) -> None:
     """Raise :class:`FloatingPointError` (one line) if any floating-point tensor holds NaN or ±inf: a diverged
     run's weights must never be written as if they were good ones."""
-    sd = module_or_sd.state_dict() if isinstance(module_or_sd, nn.Module) else module_or_sd
-    bad = [name for name, t in sd.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    bad = non_finite_tensors(module_or_sd)
     if bad:
         raise FloatingPointError(f"training diverged: {what} has non-finite values in {len(bad)} tensor(s) "
                                  f"({_names(bad, 3)}); not writing them. Lower the learning rate, clip gradients, "
