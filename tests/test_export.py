@@ -185,10 +185,12 @@ def test_audit_counts_inside_functions_and_subgraphs():
         audit.require_exp_free("toy")
 
 
-# TorchScript round trips keep the default run short; the dynamo exporter (the CLI's default) costs 10-40 s of
-# CPU per family here, so those runs are marked slow (deselect with -m "not slow" for a quick pass).
+# Every family round-trips through the TorchScript exporter; the dynamo exporter (the CLI's default) costs 10-50 s of
+# CPU per family here, so it runs on the two SimA families that hold the official models (and on the dynamic-shape
+# parity test above), which keeps the suite within its time budget.
+DYNAMO_FAMILIES = ("sima_vit", "sima_xcit")
 FAMILY_PARAMS = [pytest.param(f, "torchscript", id=f"{f}-torchscript") for f in sorted(FAMILY_CASES)] + [
-    pytest.param(f, "dynamo", id=f"{f}-dynamo", marks=pytest.mark.slow) for f in sorted(FAMILY_CASES)]
+    pytest.param(f, "dynamo", id=f"{f}-dynamo", marks=pytest.mark.slow) for f in DYNAMO_FAMILIES]
 
 
 @pytest.mark.parametrize("family, exporter", FAMILY_PARAMS)
