@@ -39,3 +39,12 @@ def test_demo_fast_mode_writes_report_and_curves(tmp_path, capsys):
         assert (speedup > 1) == (lat["softmax"] > lat["SimA"])
         assert f"SimA speed-up ×{lat['softmax'] / lat['SimA']:.2f}" in report
     assert not re.search(r"ratio \d", report)
+
+
+def test_demo_refuses_a_folder_holding_other_files(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "final.safetensors").write_bytes(b"a training run's weights")
+    assert cli.main(["demo", "--fast", "--epochs", "1", "--output", str(out)]) == 2
+    assert "not an earlier demo's (final.safetensors)" in capsys.readouterr().err
+    assert (out / "final.safetensors").read_bytes() == b"a training run's weights"

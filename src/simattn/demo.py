@@ -55,6 +55,10 @@ def _plot_curves(runs: Dict[str, Dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+#: the files a demo writes beside its two run folders
+DEMO_FILES = ("report.md", "curves.png", "demo.json")
+
+
 def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epochs: Optional[int] = None,
              fast: bool = False, threads: Optional[int] = None, seed: int = 0, latency_batch: int = 1,
              latency_sizes: Sequence[int] = (32, 64)) -> Dict[str, Any]:
@@ -65,6 +69,12 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
     from .utils.timing import set_threads
 
     out = Path(output)
+    # the demo replaces its own earlier results, and nothing else
+    others = sorted(p.name for p in out.iterdir() if p.name not in {"sima", "softmax", *DEMO_FILES}) \
+        if out.is_dir() else []
+    if others:
+        raise ValueError(f"{out} holds files that are not an earlier demo's ({', '.join(others)}); "
+                         "choose another --output")
     overrides: Dict[str, Any] = {"seed": seed, "overwrite": True}
     if epochs is not None:
         overrides["epochs"] = epochs
