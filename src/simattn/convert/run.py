@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-import torch
 import torch.distributed as torch_dist
 
 from ..train.engine import Trainer, open_datasets
