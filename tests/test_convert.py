@@ -169,7 +169,7 @@ def test_convert_timm_deit_end_to_end_with_baselines(timm_teacher, tmp_path, one
     spec = model_spec_from_weights(final)
     assert spec["model"] == MODEL and spec["config"]["attn_type"] == "sima"
     assert spec["extra"]["attention"] == "sima" and spec["extra"]["teacher"] == str(path)
-    assert spec["producer"] is not None
+    assert spec["producer"] == "simattn convert"
     check = validate_weights(final, dataset="digits", device="cpu")
     assert check["top1"] == pytest.approx(results["final"]["top1"])
     # stage 1 changed the attention blocks and nothing else

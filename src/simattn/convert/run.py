@@ -101,7 +101,7 @@ def _convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional
     # engine configs name the student network (checkpoints and weights metadata record it)
     cfg = dataclasses.replace(cfg, model=spec["model"], model_kwargs=model_kwargs_rec)
     metadata = {"attention": kind, "teacher": str(teacher_weights), "teacher_model": spec["model"],
-                "teacher_attention": spec.get("attn_type"), "converted_by": "simattn convert"}
+                "teacher_attention": spec.get("attn_type")}
     say(f"teacher {spec['model']} ({spec.get('attn_type')}) from {teacher_weights} → student attn_type={kind}; "
         f"{report.summary()}", flush=True)
 

@@ -87,6 +87,8 @@ class _WithTeacher(Trainer):
     """A run whose model is built by ``model_factory`` and which also runs a frozen ``teacher``; exported weights
     name the new attention kind and the teacher."""
 
+    producer = "simattn convert"
+
     def __init__(self, cfg, dist, *, teacher: nn.Module, model_factory: ModelFactory,
                  metadata: Dict[str, Any]) -> None:
         # set before the engine's constructor, which builds the model and may resume

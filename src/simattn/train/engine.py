@@ -127,6 +127,9 @@ def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_
 class Trainer:
     """One training run of ``cfg`` on ``dist`` (see the module docstring for the extension points)."""
 
+    #: the command recorded as the producer of every weights file this trainer exports
+    producer = "simattn train"
+
     def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None,
                  model_factory: Optional[Callable[[TrainConfig, int], Tuple[nn.Module, Dict[str, Any]]]] = None
                  ) -> None:
@@ -363,8 +366,8 @@ class Trainer:
 
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
         check_finite_weights(module, name)
-        meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, recipe=self.cfg.recipe or "",
-                                **{**self.export_metadata(), **extra})
+        meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, producer=self.producer,
+                                recipe=self.cfg.recipe or "", **{**self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
 
     # ----- training
