@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
@@ -23,7 +22,7 @@ from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier,
                                  init_distributed)
 from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
                         extract_state_dict, load_checkpoint, load_weights)
-from ..utils.runs import check_run_folder, check_same_run, claim_run_folder, resolve_output
+from ..utils.runs import claim_run_folder, open_resumable_run
 from ..utils.recipe import DETECT_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import CocoInstances, collate_detection
@@ -85,14 +84,8 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
         t = recipe["train"]
         if t["batch_size"] % dist.world_size:
             raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {dist.world_size} processes")
-        if resume and not recipe["output"]:
-            raise ValueError("--resume continues the run in --output: give its folder")
-        ckpt_path = Path(recipe["output"]) / "checkpoint.pth" if resume else None
-        out_dir = resolve_output(recipe["output"], name, "detect", ckpt_path)
-        check_run_folder(out_dir, ckpt_path, overwrite)
-        ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
-        if ckpt is not None:
-            check_same_run(ckpt_path, ckpt, recipe, DETECT_STATE_FORMAT, _SAME_RUN_KEYS, "detection")
+        out_dir, ckpt = open_resumable_run(recipe["output"], name, "detect", resume, overwrite, dist.device,
+                                           DETECT_STATE_FORMAT, _SAME_RUN_KEYS, "detection", recipe)
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
         datasets = load_datasets(recipe["data"])
@@ -128,7 +121,7 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
             nonfinite, train_time = int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
             log.history = [dict(r) for r in ckpt.get("history", [])]
             if dist.is_main:
-                print(f"resumed from {ckpt_path} after epoch {start_epoch}", flush=True)
+                print(f"resumed from {out_dir / 'checkpoint.pth'} after epoch {start_epoch}", flush=True)
 
         # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
         barrier()

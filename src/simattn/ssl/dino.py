@@ -29,8 +29,8 @@ from torch import nn
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
 from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
-                        extract_state_dict, load_checkpoint)
-from ..utils.runs import check_run_folder, check_same_run, claim_run_folder, resolve_output
+                        extract_state_dict)
+from ..utils.runs import claim_run_folder, open_resumable_run
 from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import build_image_dataset
@@ -191,14 +191,8 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
     try:
         _check(recipe, dist.world_size)
         t = recipe["train"]
-        if resume and not recipe["output"]:
-            raise ValueError("--resume continues the run in --output: give its folder")
-        ckpt_path = Path(recipe["output"]) / "checkpoint.pth" if resume else None
-        out_dir = resolve_output(recipe["output"], name, "ssl", ckpt_path)
-        check_run_folder(out_dir, ckpt_path, overwrite)
-        ckpt = load_checkpoint(ckpt_path, map_location=dist.device) if resume else None
-        if ckpt is not None:
-            check_same_run(ckpt_path, ckpt, recipe, SSL_STATE_FORMAT, _SAME_RUN_KEYS, "DINO")
+        out_dir, ckpt = open_resumable_run(recipe["output"], name, "ssl", resume, overwrite, dist.device,
+                                           SSL_STATE_FORMAT, _SAME_RUN_KEYS, "DINO", recipe)
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
 
@@ -251,7 +245,7 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
             log.history = [dict(r) for r in ckpt.get("history", [])]
             log.results.update({k: v for k, v in ckpt.get("results", {}).items() if k != "recipe"})
             if dist.is_main:
-                print(f"resumed from {ckpt_path} after epoch {start_epoch}", flush=True)
+                print(f"resumed from {out_dir / 'checkpoint.pth'} after epoch {start_epoch}", flush=True)
 
         # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
         barrier()

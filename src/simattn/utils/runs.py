@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 from .io import CheckpointError, remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder",
-           "results_folder", "check_same_run"]
+           "results_folder", "check_same_run", "open_resumable_run"]
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -142,3 +142,21 @@ def check_same_run(path: Path, checkpoint: Mapping[str, Any], recipe: Mapping[st
     if diffs:
         raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
                               "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
+
+
+def open_resumable_run(output: Optional[str], name: Optional[str], task: str, resume: bool, overwrite: bool,
+                       map_location: Any, state_format: str, keys: Sequence[Tuple[str, str]], what: str,
+                       recipe: Mapping[str, Any]) -> Tuple[Path, Optional[Mapping[str, Any]]]:
+    """The run folder of a recipe-driven task (``ssl``, ``detect``) and, when resuming, its checkpoint
+    (``<output>/checkpoint.pth``, checked with :func:`check_same_run`); the folder rule is :func:`check_run_folder`'s."""
+    from .io import load_checkpoint
+    if resume and not output:
+        raise ValueError("--resume continues the run in --output: give its folder")
+    ckpt_path = Path(output) / "checkpoint.pth" if resume else None
+    out_dir = resolve_output(output, name, task, ckpt_path)
+    check_run_folder(out_dir, ckpt_path, overwrite)
+    if ckpt_path is None:
+        return out_dir, None
+    ckpt = load_checkpoint(ckpt_path, map_location=map_location)
+    check_same_run(ckpt_path, ckpt, recipe, state_format, keys, what)
+    return out_dir, ckpt
