@@ -14,15 +14,14 @@ import time
 from typing import Any, Dict, Mapping, Optional
 
 import torch
-import yaml
 from torch import nn
 
 from ..utils.runlog import RunLog, progress
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
-from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
+from ..utils.io import (atomic_torch_save, check_finite_weights,
                         extract_state_dict, load_checkpoint, load_weights)
-from ..utils.runs import claim_run_folder, open_resumable_run
+from ..utils.runs import open_resumable_run, restore_progress, start_run_folder
 from ..utils.recipe import DETECT_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import CocoInstances, collate_detection
@@ -117,17 +116,9 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
             model.load_state_dict(extract_state_dict(ckpt))
             optimizer.load_state_dict(ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
-            start_epoch, step = int(ckpt["epoch"]), int(ckpt["step"])
-            nonfinite, train_time = int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
-            log.history = [dict(r) for r in ckpt.get("history", [])]
-            if dist.is_main:
-                print(f"resumed from {out_dir / 'checkpoint.pth'} after epoch {start_epoch}", flush=True)
-
-        # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
-        barrier()
-        if dist.is_main:
-            claim_run_folder(out_dir, overwrite, () if resume else RUN_FILES)
-            atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), out_dir / "config.yaml")
+            start_epoch, nonfinite, train_time = restore_progress(ckpt, log, out_dir, dist.is_main)
+            step = int(ckpt["step"])
+        start_run_folder(out_dir, recipe, overwrite, () if resume else RUN_FILES, dist.is_main)
         segment_start = time.perf_counter()
 
         max_steps = t["max_steps"] or math.inf

@@ -23,14 +23,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
-import yaml
 from torch import nn
 
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
-from ..utils.io import (atomic_torch_save, atomic_write_text, check_finite_weights,
+from ..utils.io import (atomic_torch_save, check_finite_weights,
                         extract_state_dict)
-from ..utils.runs import claim_run_folder, open_resumable_run
+from ..utils.runs import open_resumable_run, restore_progress, start_run_folder
 from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import build_image_dataset
@@ -240,18 +239,9 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
             optimizer.load_state_dict(ckpt["optimizer"])
             scaler.load_state_dict(ckpt["scaler"])
             criterion.load_state_dict(ckpt["dino_loss"])
-            start_epoch = int(ckpt["epoch"])
-            nonfinite, train_time = int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
-            log.history = [dict(r) for r in ckpt.get("history", [])]
+            start_epoch, nonfinite, train_time = restore_progress(ckpt, log, out_dir, dist.is_main)
             log.results.update({k: v for k, v in ckpt.get("results", {}).items() if k != "recipe"})
-            if dist.is_main:
-                print(f"resumed from {out_dir / 'checkpoint.pth'} after epoch {start_epoch}", flush=True)
-
-        # the run folder changes only now, once the recipe, the data and any checkpoint proved usable
-        barrier()
-        if dist.is_main:
-            claim_run_folder(out_dir, overwrite, () if resume else RUN_FILES)
-            atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), out_dir / "config.yaml")
+        start_run_folder(out_dir, recipe, overwrite, () if resume else RUN_FILES, dist.is_main)
         segment_start = time.perf_counter()
 
         # ``epoch`` counts from 0 inside the loop (schedules, sampler); people see epoch + 1

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
 from .io import CheckpointError, remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder",
-           "results_folder", "check_same_run", "open_resumable_run"]
+           "results_folder", "check_same_run", "open_resumable_run", "restore_progress", "start_run_folder"]
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -160,3 +160,29 @@ def open_resumable_run(output: Optional[str], name: Optional[str], task: str, re
     ckpt = load_checkpoint(ckpt_path, map_location=map_location)
     check_same_run(ckpt_path, ckpt, recipe, state_format, keys, what)
     return out_dir, ckpt
+
+
+def restore_progress(ckpt: Mapping[str, Any], log: Any, out: Path, is_main: bool) -> Tuple[int, int, float]:
+    """What the resumed checkpoint of a recipe-driven task (``ssl``, ``detect``) had done: (epochs done, non-finite
+    steps skipped, train seconds so far), with ``log``'s per-epoch history restored; says so on the main process."""
+    epochs_done = int(ckpt["epoch"])
+    log.history = [dict(r) for r in ckpt.get("history", [])]
+    if is_main:
+        print(f"resumed from {Path(out) / 'checkpoint.pth'} after epoch {epochs_done}", flush=True)
+    return epochs_done, int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
+
+
+def start_run_folder(out: Path, recipe: Mapping[str, Any], overwrite: bool, replaced: Iterable[str],
+                     is_main: bool) -> None:
+    """The point after which a recipe-driven run may change its folder (recipe, data and any checkpoint proved
+    usable): all processes meet, then the main one claims ``out`` (:func:`claim_run_folder`) and writes the recipe
+    it runs to ``out/config.yaml``."""
+    import yaml
+
+    from .distributed import barrier
+    from .io import atomic_write_text
+    from .recipe import recipe_to_save
+    barrier()
+    if is_main:
+        claim_run_folder(out, overwrite, replaced)
+        atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), Path(out) / "config.yaml")
