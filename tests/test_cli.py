@@ -15,16 +15,20 @@ def test_unknown_command(capsys):
     assert "unknown command 'nope'" in capsys.readouterr().err
 
 
-def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch):
+@pytest.mark.parametrize("error, code, message", [
+    (ValueError("first line\n  second line"), 2, "first line; second line"),  # bad input
+    (FloatingPointError("training diverged: the loss is nan"), 1, "training diverged: the loss is nan"),
+])
+def test_errors_are_one_line_with_their_exit_code(capsys, monkeypatch, error, code, message):
     monkeypatch.delenv("SIMATTN_DEBUG", raising=False)
 
     def boom(argv):
-        raise ValueError("first line\n  second line")
+        raise error
 
     monkeypatch.setattr("simattn.train.validate.main", boom)
-    assert main(["validate"]) == 2
+    assert main(["validate"]) == code
     err = capsys.readouterr().err
-    assert err == "simattn validate: error: first line; second line (SIMATTN_DEBUG=1 for the traceback)\n"
+    assert err == f"simattn validate: error: {message} (SIMATTN_DEBUG=1 for the traceback)\n"
 
 
 def test_debug_env_keeps_the_traceback(monkeypatch):

@@ -145,14 +145,3 @@ def test_missing_optional_packages_name_the_extra(monkeypatch, capsys):
                                                 r"pip install 'simattn\[detect\]'"):
         require("pycocotools", "simattn detect")
     assert require("json") is json
-
-
-def test_a_command_that_diverged_exits_1_with_one_line(monkeypatch, capsys):
-    monkeypatch.delenv("SIMATTN_DEBUG", raising=False)
-
-    def diverged(argv):
-        raise FloatingPointError("training diverged: the loss is nan")
-
-    monkeypatch.setattr("simattn.train.validate.main", diverged)
-    assert simattn_main(["validate"]) == 1
-    assert capsys.readouterr().err.count("\n") == 1
