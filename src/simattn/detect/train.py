@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 import torch
 from torch import nn
 
-from ..utils.runlog import RunLog, progress
+from ..utils.runlog import EpochResults, progress
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
 from ..utils.io import (atomic_torch_save, check_finite_weights,
@@ -108,9 +108,9 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
                                          t_in_epochs=False)
         use_amp = bool(t["amp"]) and dist.device.type == "cuda"
         scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
-                                                             "world_size": dist.world_size,
-                                                             "categories": train_set.category_names})
+        log = EpochResults(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
+                                                                  "world_size": dist.world_size,
+                                                                  "categories": train_set.category_names})
         start_epoch, step, nonfinite, train_time = 0, 0, 0, 0.0  # start_epoch: epochs done
         if ckpt is not None:
             model.load_state_dict(extract_state_dict(ckpt))

@@ -34,7 +34,7 @@ from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
-from ..utils.runlog import RunLog, progress
+from ..utils.runlog import EpochResults, progress
 
 __all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
            "build_multicrop_transform", "pretrain"]
@@ -201,8 +201,8 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
             teacher = nn.SyncBatchNorm.convert_sync_batchnorm(teacher)
         student.to(dist.device)
         teacher.to(dist.device)
-        log = RunLog(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
-                                                              "world_size": dist.world_size})
+        log = EpochResults(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
+                                                                   "world_size": dist.world_size})
         if recipe["eval"]["compare_random_init"] and dist.is_main and not resume:
             log.results["random_init"] = _evaluate(teacher, recipe, dist, random_init=True)
             print(f"random init: {log.results['random_init']}", flush=True)

@@ -53,7 +53,7 @@ from ..utils.timing import set_threads
 from .checkpoint import (capture_rng_state, export_weights, load_train_state, restore_rng_state, save_train_state,
                          weights_metadata)
 from .config import TrainConfig, scaled_lr
-from .logs import RunLog, format_table
+from .logs import MetricsLog, format_table
 from .loader import build_eval_loader, build_mixup, build_train_loader, build_transform, data_config_for
 from ..utils.runlog import progress, use_tqdm
 from .loop import autocast, evaluate
@@ -213,7 +213,7 @@ class Trainer:
         if dist.is_main:
             claim_run_folder(self.out, cfg.overwrite, () if in_place else RUN_FILES)
         source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
-        self.log = RunLog(self.out, dist.is_main, keep_records, source=source)
+        self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
         if dist.is_main:
             atomic_write_text(yaml.safe_dump(recipe_to_save(cfg), sort_keys=False), self.out / "config.yaml")
             if self.initial_weights is not None:

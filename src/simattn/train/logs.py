@@ -7,10 +7,10 @@ from typing import Any, List, Optional, Sequence
 
 from ..utils.io import atomic_write_text, json_dumps
 
-__all__ = ["RunLog", "format_table"]
+__all__ = ["MetricsLog", "format_table"]
 
 
-class RunLog:
+class MetricsLog:
     """Prints (main process only) and appends JSON records to ``<output>/metrics.jsonl``.
 
     ``keep_records``: when resuming, the file is cut back to the records the checkpoint had seen, so records of

@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from .io import atomic_path, atomic_write_json
 
-__all__ = ["RunLog", "progress", "use_tqdm"]
+__all__ = ["EpochResults", "progress", "use_tqdm"]
 
 
 def use_tqdm(enabled: bool = True) -> bool:
@@ -26,7 +26,7 @@ def progress(iterable: Iterable, desc: str, total: Optional[int] = None, enabled
     return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
 
 
-class RunLog:
+class EpochResults:
     """Per-epoch records of a run, rewritten whole (atomically) to ``results.json`` after every epoch.
 
     ``results`` holds everything that is not per-epoch (final metrics, the recipe, ...).
