@@ -83,8 +83,7 @@ def write_report(results: Dict[str, Any], out: Path) -> str:
         f"Teacher: `{results['teacher']['weights']}`. Recipe: `{results['recipe']}`, a budget of {results['epochs']} "
         f"epochs: {opts['transfer_epochs']} of attention transfer ({opts['transfer_target']} outputs, "
         f"{opts['transfer_loss']}; trainable: {', '.join(opts['transfer_params'])}; lr {opts['transfer_lr']:g}), the "
-        f"rest "
-        f"distillation (α {opts['distill_alpha']:g}, τ {opts['distill_tau']:g}). "
+        f"rest distillation (α {opts['distill_alpha']:g}, τ {opts['distill_tau']:g}). "
         f"{results['world_size']} process(es).",
         "",
         *table,
