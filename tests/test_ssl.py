@@ -1,5 +1,6 @@
 """DINO pretraining and frozen-feature evaluation: recipes, k-NN / linear probe, multi-crop networks, short runs."""
 import json
+import warnings
 
 import pytest
 import torch
@@ -106,7 +107,9 @@ def test_feature_kinds_per_backbone():
 
 def test_multicrop_views_and_networks(tmp_path):
     recipe = _digits_recipe(tmp_path, data={"n_local_views": 3})
-    student, teacher = build_dino_networks(recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a user sees no warning from building the networks
+        student, teacher = build_dino_networks(recipe)
     assert all(not p.requires_grad for p in teacher.parameters())
     assert all(torch.equal(a, b) for a, b in zip(student.state_dict().values(), teacher.state_dict().values()))
     from simattn.ssl.data import build_image_dataset

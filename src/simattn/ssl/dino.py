@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -107,9 +108,12 @@ def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNet
     def make(drop_path: float, load_weights: bool) -> DinoNetwork:
         backbone = build_backbone(recipe["model"], drop_path, load_weights)
         h = recipe["head"]
-        head = DINOProjectionHead(backbone.num_features, h["hidden_dim"], h["bottleneck_dim"], h["output_dim"],
-                                  batch_norm=h["batch_norm"], freeze_last_layer=h["freeze_last_layer_epochs"],
-                                  norm_last_layer=h["norm_last_layer"])
+        with warnings.catch_warnings():
+            # lightly's head calls torch.nn.utils.weight_norm, which torch deprecates: nothing a user can act on
+            warnings.filterwarnings("ignore", message=".*weight_norm.*", category=FutureWarning)
+            head = DINOProjectionHead(backbone.num_features, h["hidden_dim"], h["bottleneck_dim"], h["output_dim"],
+                                      batch_norm=h["batch_norm"], freeze_last_layer=h["freeze_last_layer_epochs"],
+                                      norm_last_layer=h["norm_last_layer"])
         return DinoNetwork(backbone, head)
 
     student = make(recipe["model"]["drop_path_rate"], True)
