@@ -28,14 +28,13 @@ from torch import nn
 
 from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
                                  init_distributed)
-from ..utils.io import (atomic_torch_save, check_finite_weights,
-                        extract_state_dict)
-from ..utils.runs import open_resumable_run, restore_progress, start_run_folder
+from ..utils.io import atomic_torch_save, check_finite_weights, extract_state_dict
 from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
+from ..utils.runlog import EpochResults, progress
+from ..utils.runs import open_resumable_run, restore_progress, start_run_folder
 from ..utils.timing import set_threads
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
-from ..utils.runlog import EpochResults, progress
 
 __all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
            "build_multicrop_transform", "pretrain"]
