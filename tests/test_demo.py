@@ -45,6 +45,7 @@ def test_demo_refuses_a_folder_holding_other_files(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
     (out / "final.safetensors").write_bytes(b"a training run's weights")
+    (out / ".demo.json.k1lled.tmp").write_text("{")  # a killed demo's half-written file is the demo's own
     assert cli.main(["demo", "--fast", "--epochs", "1", "--output", str(out)]) == 2
     assert "not an earlier demo's (final.safetensors)" in capsys.readouterr().err
     assert (out / "final.safetensors").read_bytes() == b"a training run's weights"

@@ -66,12 +66,12 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
     from .train import load_config, train, validate_weights
     from .train.logs import format_table
     from .utils.io import atomic_write_json, atomic_write_text
+    from .utils.runs import run_files
     from .utils.timing import set_threads
 
     out = Path(output)
     # the demo replaces its own earlier results, and nothing else
-    others = sorted(p.name for p in out.iterdir() if p.name not in {"sima", "softmax", *DEMO_FILES}) \
-        if out.is_dir() else []
+    others = [n for n in run_files(out) if n not in {"sima", "softmax", *DEMO_FILES}] if out.is_dir() else []
     if others:
         raise ValueError(f"{out} holds files that are not an earlier demo's ({', '.join(others)}); "
                          "choose another --output")

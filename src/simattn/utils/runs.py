@@ -15,12 +15,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .io import CheckpointError, remove_stale_temp_files, stale_temp_files
 
-__all__ = ["default_output", "resolve_output", "check_run_folder", "claim_run_folder", "open_run_folder",
-           "results_folder", "check_same_run", "open_resumable_run", "restore_progress", "start_run_folder"]
+__all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
+           "open_run_folder", "results_folder", "check_same_run", "open_resumable_run", "restore_progress",
+           "start_run_folder"]
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -57,6 +58,13 @@ def _first_file_on_path(path: Path) -> Optional[Path]:
     return None
 
 
+def run_files(out: Path) -> List[str]:
+    """The names of what folder ``out`` holds, without the temporary files of killed writers (those never make a
+    folder another run's)."""
+    stale = set(stale_temp_files(out))
+    return sorted(p.name for p in Path(out).iterdir() if p not in stale)
+
+
 def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: bool = False,
                      flag: str = "--overwrite") -> None:
     """Raise a one-line ValueError if a run may not write to ``out`` (reads only; safe on every process)."""
@@ -66,8 +74,7 @@ def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: b
         raise ValueError(f"output {out} {where}, not a folder: choose another --output")
     if not Path(out).is_dir() or overwrite:
         return
-    stale = set(stale_temp_files(out))
-    present = sorted(p.name for p in Path(out).iterdir() if p not in stale)
+    present = run_files(out)
     if not present:
         return
     if resume_from is not None and Path(resume_from).resolve().parent == Path(out).resolve():
