@@ -83,8 +83,9 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
         t = recipe["train"]
         if t["batch_size"] % dist.world_size:
             raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {dist.world_size} processes")
-        out_dir, ckpt = open_resumable_run(recipe["output"], name, "detect", resume, overwrite, dist.device,
-                                           DETECT_STATE_FORMAT, _SAME_RUN_KEYS, "detection", recipe)
+        out_dir, ckpt = open_resumable_run(recipe, name, "detect", resume=resume, overwrite=overwrite,
+                                           map_location=dist.device, state_format=DETECT_STATE_FORMAT,
+                                           keys=_SAME_RUN_KEYS, what="detection")
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
         datasets = load_datasets(recipe["data"])

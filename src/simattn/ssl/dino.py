@@ -193,8 +193,9 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
     try:
         _check(recipe, dist.world_size)
         t = recipe["train"]
-        out_dir, ckpt = open_resumable_run(recipe["output"], name, "ssl", resume, overwrite, dist.device,
-                                           SSL_STATE_FORMAT, _SAME_RUN_KEYS, "DINO", recipe)
+        out_dir, ckpt = open_resumable_run(recipe, name, "ssl", resume=resume, overwrite=overwrite,
+                                           map_location=dist.device, state_format=SSL_STATE_FORMAT,
+                                           keys=_SAME_RUN_KEYS, what="DINO")
         set_threads(t["threads"])
         random_seed(t["seed"], dist.rank)
 

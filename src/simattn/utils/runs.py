@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .io import CheckpointError, remove_stale_temp_files, stale_temp_files
+from .io import CheckpointError, load_checkpoint, remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
            "open_run_folder", "results_folder", "check_same_run", "open_resumable_run", "restore_progress",
@@ -151,12 +151,13 @@ def check_same_run(path: Path, checkpoint: Mapping[str, Any], recipe: Mapping[st
                               "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
 
 
-def open_resumable_run(output: Optional[str], name: Optional[str], task: str, resume: bool, overwrite: bool,
+def open_resumable_run(recipe: Mapping[str, Any], name: Optional[str], task: str, *, resume: bool, overwrite: bool,
                        map_location: Any, state_format: str, keys: Sequence[Tuple[str, str]], what: str,
-                       recipe: Mapping[str, Any]) -> Tuple[Path, Optional[Mapping[str, Any]]]:
-    """The run folder of a recipe-driven task (``ssl``, ``detect``) and, when resuming, its checkpoint
-    (``<output>/checkpoint.pth``, checked with :func:`check_same_run`); the folder rule is :func:`check_run_folder`'s."""
-    from .io import load_checkpoint
+                       ) -> Tuple[Path, Optional[Mapping[str, Any]]]:
+    """The run folder of a recipe-driven task (``ssl``, ``detect``: ``recipe["output"]``, else the default) and,
+    when resuming, its checkpoint (``<output>/checkpoint.pth``, checked with :func:`check_same_run`); the folder
+    rule is :func:`check_run_folder`'s."""
+    output = recipe["output"]
     if resume and not output:
         raise ValueError("--resume continues the run in --output: give its folder")
     ckpt_path = Path(output) / "checkpoint.pth" if resume else None
