@@ -18,8 +18,25 @@ from .utils.extras import EXTRAS, MissingDependency, missing_extra
 def run(name: str, rest: List[str]) -> int:
     """Run subcommand ``name`` (a key of ``COMMANDS``) with arguments ``rest``; returns the exit code."""
     module = importlib.import_module(COMMANDS[name][0])
+    code = 1
+    try:
+        code = _run(name, module, rest)
+        return code
+    finally:
+        # files an --overwrite run moved aside: dropped once it succeeded, put back when it failed or was stopped
+        from .utils.runs import settle_replaced
+        settle_replaced(code == 0)
+
+
+def _run(name: str, module, rest: List[str]) -> int:
     try:
         return int(module.main(rest) or 0)
+    except KeyboardInterrupt:
+        if os.environ.get("SIMATTN_DEBUG"):
+            raise
+        print(f"\n{_prog(name, rest)}: interrupted; files already written are complete, nothing is half-written",
+              file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, MissingDependency) as e:
         # bad input (CheckpointError is a ValueError) or a missing optional package: one line, no traceback
         return _fail(name, rest, str(e), 2)
@@ -34,6 +51,13 @@ def run(name: str, rest: List[str]) -> int:
         return _fail(name, rest, _os_message(e), 2)
     except FloatingPointError as e:  # a run that diverged: its output is not written
         return _fail(name, rest, str(e), 1)
+    except RuntimeError as e:
+        # a torchrun job whose other process died or froze: the collective timed out or lost its peer
+        from torch.distributed import DistError
+        if not isinstance(e, DistError):
+            raise
+        return _fail(name, rest, "another process of the distributed job stopped answering (it died, froze or ran "
+                     f"out of time at a collective; see train.dist_timeout): {str(e).splitlines()[0][:200]}", 1)
 
 
 #: errno values that are faults of the file system or of the paths given, not of simattn (one-line errors)

@@ -70,7 +70,7 @@ def convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional[
     if cfg.resume and not cfg.output:
         raise ValueError("option 'resume': give the folder of the conversion to continue (--output DIR)")
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
-    dist = init_distributed(cfg.device)
+    dist = init_distributed(cfg.device, cfg.dist_timeout)
     try:
         return _convert(cfg, options, teacher_weights, model, model_kwargs, teacher_attn, dist)
     finally:
@@ -82,16 +82,21 @@ def _convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional
              model_kwargs: Optional[Dict[str, Any]], teacher_attn: Optional[str], dist: DistInfo) -> Dict[str, Any]:
     set_threads(cfg.threads)
     say = print if dist.is_main else (lambda *a, **k: None)
+    # inputs first: nothing in the output folder changes before the teacher and the data are read
+    teacher, spec = load_teacher(teacher_weights, model, model_kwargs, teacher_attn)
+    kind = options.to
+    if spec.get("attn_type") == kind:
+        raise ValueError(f"the teacher {teacher_weights} already uses {kind} attention: nothing to convert "
+                         "(fine-tune it with simattn train --initial-checkpoint)")
+    _, val_set, classes = open_datasets(cfg)
+    num_classes = len(classes)
     if cfg.resume:  # the stage folders decide what is done; the conversion's own files are rewritten
         out = Path(cfg.output)
         if not out.is_dir():
             raise FileNotFoundError(f"no conversion to resume in {out}")
     else:
         out = open_run_folder(cfg.output, recipe_name(cfg.recipe), "convert", overwrite=cfg.overwrite,
-                              replaced=OUTPUTS, is_main=dist.is_main)
-    teacher, spec = load_teacher(teacher_weights, model, model_kwargs, teacher_attn)
-    kind = options.to
-    _, val_set, num_classes = open_datasets(cfg)
+                              replaced=OUTPUTS, is_main=dist.is_main, inputs={"--weights": teacher_weights})
     teacher_classes = getattr(teacher, "num_classes", num_classes)
     if teacher_classes != num_classes:
         raise ValueError(f"the teacher {spec['model']} has {teacher_classes} classes but dataset {cfg.dataset!r} has "

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from torch import nn
 
 from ..attention import TokenAttention, get_attention_class, list_attentions
-from ..models.factory import create_model, load_initial_weights, load_model, model_spec_from_weights
+from ..models.factory import attention_kind, create_model, load_initial_weights, load_model, model_spec_from_weights
 
 __all__ = ["convertible_kinds", "check_kind", "load_teacher", "build_student", "attention_modules",
            "LAYOUT_PARAMS"]
@@ -29,12 +29,15 @@ def _keeps_layout(kind: str) -> bool:
 
 def convertible_kinds() -> List[str]:
     """Registered attention kinds a softmax teacher converts to (those with separate q, k, v projections)."""
-    return [k for k in list_attentions() if _keeps_layout(k)]
+    return [k for k in list_attentions() if _keeps_layout(k) and k != "softmax"]
 
 
 def check_kind(kind: str, option: str = "--to") -> str:
     """``kind`` if it keeps the qkv/proj layout; a one-line ValueError naming the allowed kinds otherwise."""
     get_attention_class(kind)  # unknown names: the registry's own error
+    if kind == "softmax":
+        raise ValueError(f"{option} softmax: conversion makes a softmax-free student from a softmax teacher; allowed: "
+                         f"{', '.join(k for k in convertible_kinds() if k != 'softmax')}")
     if not _keeps_layout(kind):
         raise ValueError(f"{option} {kind}: this attention does not keep the qkv/proj layout of a softmax "
                          f"teacher (its q and k are tied), so the teacher's weights do not map; allowed: "
@@ -52,15 +55,15 @@ def load_teacher(weights: str | Path, model: Optional[str] = None, model_kwargs:
     """
     kwargs = dict(model_kwargs or {})
     stored = model_spec_from_weights(weights) if Path(weights).is_file() else None
-    recorded = (stored or {}).get("config", {}).get("attn_type")
     if attn_type is not None:
         kwargs["attn_type"] = attn_type
-    elif recorded is None:
+    elif stored is None:  # timm/official weights name no attention: they are softmax networks
         kwargs["attn_type"] = "softmax"
+    # (our own records rebuild the network they hold, whose attention is its recorded or default kind)
     teacher, spec = load_model(model, weights, kwargs)
     for p in teacher.parameters():
         p.requires_grad_(False)
-    spec["attn_type"] = spec["config"].get("attn_type")
+    spec["attn_type"] = spec["config"].get("attn_type") or attention_kind(teacher)
     return teacher, spec
 
 

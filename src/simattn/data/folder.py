@@ -4,26 +4,105 @@ A large folder almost always holds a few broken files (truncated downloads, HTML
 lazily in loader workers, so an unreadable image is replaced by ``None`` with a warning, and
 :func:`collate_skipping_unreadable` drops it from the batch and reports how many it dropped; the training and
 validation loops add those counts up for their summaries.
+
+What counts as data: hidden folders and files (``.ipynb_checkpoints``, ``.DS_Store``) are neither classes nor
+images; only regular files with an image extension are samples (a FIFO or device named ``x.png`` would block the
+reader, so it is skipped with a warning); symbolic links are followed, but never into a folder already on the path
+(a link loop would list the same images again and again). Images are decoded by :func:`simattn.data.images.read_image`,
+which keeps the range of 16-bit images.
 """
 from __future__ import annotations
 
 import logging
 import os
+import stat
 from pathlib import Path
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import default_collate
 from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-__all__ = ["SkippingImageFolder", "image_folder", "collate_skipping_unreadable"]
+__all__ = ["SkippingImageFolder", "image_folder", "collate_skipping_unreadable", "list_class_folders", "list_images"]
 
 _logger = logging.getLogger(__name__)
 
 
+def _hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def list_class_folders(directory: str | os.PathLike) -> List[str]:
+    """The class folder names of ``directory``, sorted: its sub-folders (links to folders included), hidden ones left
+    out."""
+    return sorted(e.name for e in os.scandir(directory) if e.is_dir() and not _hidden(e.name))
+
+
+def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_EXTENSIONS) -> List[str]:
+    """Every image file under ``directory`` (recursively, sorted): regular files with one of ``extensions``, hidden
+    files and folders left out. Links are followed except into a folder that is already on the walked path."""
+    found: List[str] = []
+
+    def walk(folder: str, ancestors: frozenset) -> None:
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError as e:
+            _logger.warning("skipping unreadable folder %s: %s", folder, e.strerror or e)
+            return
+        for entry in entries:
+            if _hidden(entry.name):
+                continue
+            try:
+                info = os.stat(entry.path)  # follows links; a dangling link raises
+            except OSError as e:
+                _logger.warning("skipping %s: %s", entry.path, e.strerror or e)
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                key = (info.st_dev, info.st_ino)
+                if key in ancestors:
+                    _logger.warning("skipping %s: a link back to a folder above it (a loop)", entry.path)
+                    continue
+                walk(entry.path, ancestors | {key})
+            elif entry.name.lower().endswith(extensions):
+                if stat.S_ISREG(info.st_mode):
+                    found.append(entry.path)
+                else:
+                    _logger.warning("skipping %s: not a regular file", entry.path)
+
+    top = os.stat(directory)
+    walk(os.fspath(directory), frozenset({(top.st_dev, top.st_ino)}))
+    return found
+
+
 class SkippingImageFolder(ImageFolder):
-    """``torchvision.datasets.ImageFolder`` whose items are ``None`` (with a warning) for files PIL cannot decode."""
+    """``torchvision.datasets.ImageFolder`` whose items are ``None`` (with a warning) for files PIL cannot decode;
+    class folders and samples are found by :func:`list_class_folders` and :func:`list_images`."""
+
+    def __init__(self, root: str, transform: Optional[Callable] = None) -> None:
+        from .images import read_image
+        super().__init__(root, transform=transform, loader=read_image)
+
+    def find_classes(self, directory: str | os.PathLike) -> Tuple[List[str], Dict[str, int]]:
+        classes = list_class_folders(directory)
+        if not classes:
+            raise FileNotFoundError(f"image folder {directory} is empty: expected one sub-folder per class")
+        return classes, {name: i for i, name in enumerate(classes)}
+
+    @staticmethod
+    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None,
+                     allow_empty: bool = False) -> List[Tuple[str, int]]:
+        extensions = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
+        samples: List[Tuple[str, int]] = []
+        empty = []
+        for name, index in sorted(class_to_idx.items(), key=lambda item: item[1]):
+            paths = list_images(os.path.join(directory, name), extensions)
+            if not paths:
+                empty.append(name)
+            samples.extend((path, index) for path in paths)
+        if empty and not allow_empty:
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}")
+        return samples
 
     def __getitem__(self, index: int) -> Optional[Tuple[Any, int]]:
         path, target = self.samples[index]
@@ -49,8 +128,7 @@ def image_folder(root: str | os.PathLike, split: Optional[str] = None,
     folder = root / split if split else root
     if split and not folder.is_dir():
         raise FileNotFoundError(f"image folder {root} has no '{split}' split folder (expected {folder}/<class>/<image>)")
-    class_dirs = sorted(d.name for d in os.scandir(folder) if d.is_dir() and not d.name.startswith("."))
-    if not class_dirs:
+    if not list_class_folders(folder):
         raise FileNotFoundError(f"image folder {folder} is empty: expected one sub-folder per class")
     try:
         return SkippingImageFolder(str(folder), transform=transform)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["SKIMAGE_PHOTOS", "SKLEARN_PHOTOS", "load_image", "image_tensor", "image_label", "resolve_data_config",
-           "normalize_images"]
+__all__ = ["SKIMAGE_PHOTOS", "SKLEARN_PHOTOS", "load_image", "read_image", "to_rgb", "image_tensor", "image_label",
+           "resolve_data_config", "normalize_images"]
 
 #: skimage.data images whose files ship inside the scikit-image package (others would need a download).
 SKIMAGE_PHOTOS = (
@@ -32,6 +32,34 @@ def _from_array(arr: np.ndarray):
     if arr.dtype != np.uint8:
         arr = np.clip(arr, 0, 255).astype(np.uint8)
     return Image.fromarray(arr).convert("RGB")
+
+
+#: PIL modes of one channel with 16 bits per pixel; ``convert("RGB")`` clips them at 255 (a 16-bit PNG turns white)
+_MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_rgb(img):
+    """``img`` as 8-bit RGB with its range kept: 16-bit grey levels are scaled by 255/65535 instead of clipped.
+
+    32-bit integer ("I") and float ("F") images have no fixed range; they are refused with a ValueError rather than
+    guessed at.
+    """
+    from PIL import Image
+    if img.mode in _MODES_16BIT:
+        grey = np.asarray(img).astype(np.float32) * (255.0 / 65535.0)
+        return Image.fromarray(np.round(grey).astype(np.uint8)).convert("RGB")
+    if img.mode in ("I", "F"):
+        raise ValueError(f"{'32-bit integer' if img.mode == 'I' else 'floating-point'} image (PIL mode {img.mode}) "
+                         "has no fixed range; save it as 8- or 16-bit")
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+def read_image(path: str | Path):
+    """Decode the image file at ``path`` now (a truncated file fails here, not later) as RGB (:func:`to_rgb`)."""
+    from PIL import Image
+    with Image.open(path) as img:
+        img.load()
+        return to_rgb(img)
 
 
 def load_image(source: str):
@@ -53,14 +81,14 @@ def load_image(source: str):
             raise ValueError(f"unknown scikit-learn photo {name!r}; bundled: {', '.join(SKLEARN_PHOTOS)}")
         from sklearn.datasets import load_sample_image
         return _from_array(load_sample_image(name))
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
     path = Path(source)
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"image not found: {path}")
+    if not path.is_file():
+        raise ValueError(f"{path} is not a regular file (a folder, FIFO or device); give an image file")
     try:
-        with Image.open(path) as img:
-            img.load()  # decode now: a truncated file fails here, not later
-            return img.convert("RGB")
+        return read_image(path)
     except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise ValueError(f"cannot read image {path}: {type(e).__name__}: {e}") from None
 

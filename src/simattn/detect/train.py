@@ -78,7 +78,7 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    dist = init_distributed(recipe["train"]["device"])
+    dist = init_distributed(recipe["train"]["device"], recipe["train"]["dist_timeout"])
     try:
         t = recipe["train"]
         if t["batch_size"] % dist.world_size:
@@ -204,7 +204,7 @@ def train(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = Fal
 
 def evaluate_checkpoint(recipe: Mapping[str, Any], weights: str, dist: DistInfo | None = None) -> Dict[str, Any]:
     """Box and mask AP of a trained detector checkpoint on the recipe's val data."""
-    device = (dist or init_distributed(recipe["train"]["device"])).device
+    device = (dist or init_distributed(recipe["train"]["device"], recipe["train"]["dist_timeout"])).device
     val = load_datasets(recipe["data"], need_train=False)["val"]
     saved = [c.get("id") for c in load_checkpoint(weights).get("categories", [])]
     if saved and saved != val.cat_ids:

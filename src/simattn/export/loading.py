@@ -5,6 +5,8 @@ from typing import Any, Mapping, Optional
 
 from torch import nn
 
+from ..models.factory import attention_kind
+
 __all__ = ["softmax_twin", "model_stride", "attention_kind"]
 
 
@@ -17,16 +19,6 @@ def model_stride(model: nn.Module) -> int:
     if patch is not None:
         return int(max(patch) if isinstance(patch, (list, tuple)) else patch)
     return 32
-
-
-def attention_kind(model: nn.Module) -> Optional[str]:
-    """The registered attention kind the model uses (``model.attn_type`` or its attention modules), if one."""
-    kind = getattr(model, "attn_type", None)
-    if kind:
-        return kind
-    from ..attention import TokenAttention
-    kinds = {m.attn_name for m in model.modules() if isinstance(m, TokenAttention)}
-    return kinds.pop() if len(kinds) == 1 else None
 
 
 def softmax_twin(spec: Mapping[str, Any]) -> nn.Module:

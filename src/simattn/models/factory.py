@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights
+from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from .weights import WeightsRecord, read_weights_record
 
@@ -94,6 +94,16 @@ def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
     return _spec(record) if record is not None else None
 
 
+def attention_kind(model: nn.Module) -> Optional[str]:
+    """The registered attention kind the model uses (``model.attn_type`` or its attention modules), if one."""
+    kind = getattr(model, "attn_type", None)
+    if kind:
+        return kind
+    from ..attention import TokenAttention
+    kinds = {m.attn_name for m in model.modules() if isinstance(m, TokenAttention)}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
 def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] = None,
                model_kwargs: Optional[Mapping[str, Any]] = None,
                use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
@@ -130,6 +140,12 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     spec["num_classes"] = getattr(model, "num_classes", spec["num_classes"])
     if weights is not None:
         load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]))
+        bad = non_finite_tensors(model)
+        if bad:  # a diverged run's weights: every map, metric or export made from them would be meaningless
+            tensor = model.state_dict()[bad[0]]
+            count = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"weights {weights}: tensor {bad[0]!r} holds {count} non-finite value(s) (NaN/inf) "
+                                  f"of {tensor.numel()}; refusing to use them")
     return model.eval(), spec
 
 

@@ -51,7 +51,7 @@ def _evaluate(recipe, args, name: str) -> int:
     from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone
-    device = init_distributed(recipe["train"]["device"]).device
+    device = init_distributed(recipe["train"]["device"], recipe["train"]["dist_timeout"]).device
     backbone = build_backbone(recipe["model"]).to(device)
     if args.weights:
         # any file the project opens: a DINO checkpoint or backbone, a classifier (its head is dropped), timm weights

@@ -189,7 +189,7 @@ def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = 
     from torch.nn.parallel import DistributedDataParallel
     from torch.utils.data import DataLoader, DistributedSampler
 
-    dist = init_distributed(recipe["train"]["device"])
+    dist = init_distributed(recipe["train"]["device"], recipe["train"]["dist_timeout"])
     try:
         _check(recipe, dist.world_size)
         t = recipe["train"]

@@ -48,7 +48,7 @@ from ..models.factory import create_model
 from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights, load_weights
 from ..utils.recipe import recipe_name, recipe_to_save
-from ..utils.runs import check_run_folder, claim_run_folder, resolve_output
+from ..utils.runs import check_inputs_kept, check_run_folder, claim_run_folder, resolve_output
 from ..utils.timing import set_threads
 from .checkpoint import (capture_rng_state, export_weights, load_train_state, restore_rng_state, save_train_state,
                          weights_metadata)
@@ -79,7 +79,7 @@ class TrainResult:
 
 
 def open_datasets(cfg: TrainConfig):
-    """The train and val datasets (transforms set later) and their class count, with one-line errors."""
+    """The train and val datasets (transforms set later) and their class names, with one-line errors."""
     from ..data.factory import create_dataset, dataset_classes
     train_set = create_dataset(cfg.dataset, cfg.data_dir, cfg.train_split)
     val_set = create_dataset(cfg.dataset, cfg.data_dir, cfg.val_split)
@@ -87,10 +87,15 @@ def open_datasets(cfg: TrainConfig):
     if classes != val_classes:
         raise ValueError(f"the {cfg.train_split!r} and {cfg.val_split!r} splits of {cfg.dataset} have different "
                          f"classes ({len(classes)} vs {len(val_classes)})")
-    if cfg.num_classes is not None and cfg.num_classes != len(classes):
-        raise ValueError(f"num_classes={cfg.num_classes} does not match dataset {cfg.dataset!r}, which has "
-                         f"{len(classes)} classes")
-    return train_set, val_set, len(classes)
+    if len(classes) < 2:
+        raise ValueError(f"dataset {cfg.dataset!r} has {len(classes)} class ({', '.join(map(str, classes))}): a "
+                         "classifier needs at least 2 (one sub-folder per class)")
+    for where, value in (("num_classes", cfg.num_classes), ("model kwarg num_classes",
+                                                            cfg.model_kwargs.get("num_classes"))):
+        if value is not None and value != len(classes):
+            raise ValueError(f"{where}={value} does not match dataset {cfg.dataset!r}, which has {len(classes)} "
+                             "classes")
+    return train_set, val_set, list(classes)
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
@@ -133,7 +138,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None,
                  model_factory: Optional[Callable[[TrainConfig, int], Tuple[nn.Module, Dict[str, Any]]]] = None
                  ) -> None:
-        dist = dist if dist is not None else init_distributed(cfg.device)
+        dist = dist if dist is not None else init_distributed(cfg.device, cfg.dist_timeout)
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         self._model_factory = model_factory
         set_threads(cfg.threads)
@@ -142,9 +147,13 @@ class Trainer:
         self.resume_path = self._resume_path()
         self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), "train", self.resume_path)
         check_run_folder(self.out, self.resume_path, cfg.overwrite)
+        if cfg.initial_checkpoint and self.resume_path is not None:
+            raise ValueError("--initial-checkpoint and --resume exclude each other: a resumed run continues from its "
+                             "checkpoint's weights; drop one")
         resume_state = load_train_state(self.resume_path, cfg.model) if self.resume_path is not None else None
 
-        train_set, val_set, self.num_classes = open_datasets(cfg)
+        train_set, val_set, self.classes = open_datasets(cfg)
+        self.num_classes = len(self.classes)
         # identical initial weights on every rank; the per-rank seed for training randomness comes after
         torch.manual_seed(cfg.seed)
         self.model, self.model_kwargs = self.build_model(self.num_classes)
@@ -211,6 +220,7 @@ class Trainer:
         in_place = self.resume_path is not None and self.resume_path.resolve().parent == self.out.resolve()
         barrier()
         if dist.is_main:
+            check_inputs_kept(self.out, RUN_FILES, {"--initial-checkpoint": cfg.initial_checkpoint})
             claim_run_folder(self.out, cfg.overwrite, () if in_place else RUN_FILES)
         source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
         self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
@@ -302,6 +312,10 @@ class Trainer:
                 print(f"note: the learning-rate schedule differs from the one in {path}; following this run's "
                       "recipe", flush=True)
         self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        if self.epoch > self.num_epochs or (self.epoch == self.num_epochs and self.step_in_epoch):
+            raise CheckpointError(f"{path} has trained {self.epoch} epoch(s) (+{self.step_in_epoch} steps) but this "
+                                  f"run has {self.num_epochs}: resume with at least {self.epoch + 1} epochs, or start a "
+                                  "new run from its weights with --initial-checkpoint")
         self.global_step = int(state["global_step"])
         self.best = dict(state.get("best", self.best))
         self.last_eval = state.get("last_eval")
@@ -367,7 +381,8 @@ class Trainer:
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
         check_finite_weights(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, producer=self.producer,
-                                recipe=self.cfg.recipe or "", **{**self.export_metadata(), **extra})
+                                recipe=self.cfg.recipe or "", classes=[str(c) for c in self.classes],
+                                **{**self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
 
     # ----- training
@@ -609,7 +624,7 @@ def train(cfg: TrainConfig, trainer_cls: type = Trainer, **trainer_kwargs: Any) 
     """
     cfg.validate()
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
-    dist = init_distributed(cfg.device)
+    dist = init_distributed(cfg.device, cfg.dist_timeout)
     try:
         return trainer_cls(cfg, dist, **trainer_kwargs).run()
     finally:

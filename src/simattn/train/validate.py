@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from ..models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
-from ..utils.io import CheckpointError, atomic_write_json, non_finite_tensors
+from ..utils.io import atomic_write_json, check_outputs
 from ..utils.runlog import use_tqdm
 
-__all__ = ["validate_weights", "check_finite", "resolve_device", "main"]
+__all__ = ["validate_weights", "resolve_device", "main"]
 
 
 def resolve_device(device: Optional[str]) -> torch.device:
@@ -34,22 +34,14 @@ def resolve_device(device: Optional[str]) -> torch.device:
         dev = torch.device(device)
     except RuntimeError:
         raise ValueError(f"--device {device!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device!r}: evaluation runs on cpu or cuda (cuda:N)")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: CUDA is not available on this machine; use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return dev
-
-
-def check_finite(model: nn.Module, source: str) -> None:
-    """Raise a one-line :class:`CheckpointError` naming the first parameter or buffer that holds NaN or inf."""
-    bad = non_finite_tensors(model)
-    if bad:
-        tensor = model.state_dict()[bad[0]]
-        count = int((~torch.isfinite(tensor)).sum())
-        raise CheckpointError(f"weights {source}: tensor {bad[0]!r} holds {count} non-finite value(s) (NaN/inf) of "
-                              f"{tensor.numel()}; refusing to validate them")
 
 
 def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:
@@ -94,7 +86,13 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     if spec["num_classes"] != n_classes:
         raise ValueError(f"model {spec['model']} has {spec['num_classes']} classes but dataset {dataset!r} has "
                          f"{n_classes}")
-    check_finite(net, str(weights))
+    trained_on = (spec.get("extra") or {}).get("classes")
+    data_classes = [str(c) for c in dataset_classes(data)]
+    if isinstance(trained_on, list) and [str(c) for c in trained_on] != data_classes:
+        differ = [f"{i}: {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(trained_on, data_classes)) if str(a) != b]
+        raise ValueError(f"the weights were trained on other classes than dataset {dataset!r} holds (index: weights "
+                         f"vs data) {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}: the accuracy would be "
+                         "meaningless")
     net.to(dev)
     if channels_last:
         net.to(memory_format=torch.channels_last)
@@ -142,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    check_outputs({"--output": args.output}, {"--weights": args.weights})
     result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,

@@ -5,6 +5,7 @@ runs as a single process. NCCL on CUDA, gloo on CPU.
 """
 from __future__ import annotations
 
+import datetime
 import os
 from dataclasses import dataclass
 
@@ -30,10 +31,11 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed(device: str | None = None) -> DistInfo:
+def init_distributed(device: str | None = None, timeout_min: float = 10.0) -> DistInfo:
     """Join the process group torchrun describes (if any) and pick this process's device.
 
-    ``device``: 'cpu', 'cuda' or None (CUDA when available).
+    ``device``: 'cpu', 'cuda' or None (CUDA when available). ``timeout_min``: how long a collective waits for the
+    other processes before it fails (the backends' default is 30 minutes of a silent hang when a rank froze).
     """
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     if use_cuda and not torch.cuda.is_available():
@@ -47,7 +49,8 @@ def init_distributed(device: str | None = None) -> DistInfo:
     else:
         dev = torch.device("cpu")
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                timeout=datetime.timedelta(minutes=float(timeout_min)))
     return DistInfo(rank, world_size, local_rank, dev)
 
 

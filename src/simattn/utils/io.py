@@ -23,7 +23,7 @@ __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
-    "CheckpointError",
+    "CheckpointError", "check_outputs", "written_through",
 ]
 
 
@@ -35,14 +35,32 @@ class CheckpointError(ValueError):
 TEMP_PREFIX, TEMP_SUFFIX = ".", ".tmp"
 
 
+def written_through(path: PathLike) -> bool:
+    """Whether ``path`` is written in place rather than replaced: a device, FIFO or socket, or anything under
+    ``/dev`` and ``/proc`` (``/dev/stdout`` may point at the terminal, a pipe or the file the shell redirected to)."""
+    path = Path(path)
+    if path.is_absolute() and path.parts[1:2] in (("dev",), ("proc",)):
+        return True
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
 @contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; on success it is renamed onto ``path``, on error removed.
 
     A process killed in between leaves ``.<name>.<random>.tmp`` behind (never a half-written ``path``):
     :func:`remove_stale_temp_files` clears those.
+
+    A symbolic link is written through (its target is replaced, the link stays), and a path under ``/dev`` or
+    ``/proc`` or one that is neither a regular file nor a folder (``/dev/null``, ``/dev/stdout``, a FIFO) is yielded
+    itself: such a file cannot be replaced by a rename, and replacing it would destroy it.
     """
     path = Path(path)
+    if written_through(path):
+        yield path
+        return
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     os.close(fd)
@@ -56,6 +74,27 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def check_outputs(outputs: Mapping[str, Optional[PathLike]], inputs: Mapping[str, Optional[PathLike]]) -> None:
+    """Refuse (one-line ValueError) an output that is one of the inputs, or two outputs that are one file, before
+    anything is written. ``outputs`` and ``inputs`` map option names (``--output``) to paths (None: not given).
+    Special files (``/dev/null``, ``/dev/stdout``) may be given for several outputs."""
+    def same(a: PathLike, b: PathLike) -> bool:
+        if Path(a).exists() and Path(b).exists():
+            return os.path.samefile(a, b)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+    given_out = [(k, v) for k, v in outputs.items() if v]
+    for name, out in given_out:
+        for in_name, src in inputs.items():
+            if src and same(out, src):
+                raise ValueError(f"{name} {out} is the {in_name} input: writing it would destroy the input; choose "
+                                 "another path")
+    for i, (name, out) in enumerate(given_out):
+        for other, out2 in given_out[i + 1:]:
+            if not written_through(out) and same(out, out2):
+                raise ValueError(f"{name} and {other} are the same file ({out}): one would overwrite the other")
 
 
 def stale_temp_files(folder: PathLike) -> list:
@@ -82,11 +121,14 @@ def atomic_write_bytes(data: bytes, path: PathLike) -> None:
     plain :class:`OSError` (``ENOSPC``, ``EACCES``) rather than a library's internal error.
     """
     with atomic_path(path) as tmp:
+        through = written_through(tmp)
         try:
-            with open(tmp, "wb") as f:
+            # appending: opening /dev/stdout for writing would truncate the file the shell redirected it to
+            with open(tmp, "ab" if through else "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if not through:
+                    os.fsync(f.fileno())
         except OSError as e:  # name the file being written, not the temporary one
             raise OSError(e.errno, e.strerror, str(path)) from None
 

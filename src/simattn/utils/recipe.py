@@ -358,6 +358,8 @@ class TrainConfig:
     compile: bool = _opt(False, "torch.compile the model")
     sync_bn: bool = _opt(False, "SyncBatchNorm across ranks (CUDA only)")
     threads: Optional[int] = _opt(None, "CPU intra-op threads per process; None = torch's default", low=1)
+    dist_timeout: float = _opt(10.0, "minutes a torchrun process waits at a collective before the job stops (a "
+                                     "frozen or dead rank)", low=0.0, low_open=True)
 
     # --- run, checkpoints, output
     output: Optional[str] = _opt(None, "run folder (last.pth, best/final .safetensors, metrics.jsonl, summary.json, "
@@ -455,6 +457,8 @@ SSL_SCHEMA: Dict[str, Any] = {
         "max_nonfinite_steps": Opt(0, "steps with a non-finite loss to skip before stopping with an error", low=0),
         "device": Opt(None, "'cpu', 'cuda' or null (CUDA when available)", type=_maybe(str), check=_check_device),
         "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
+        "dist_timeout": Opt(10.0, "minutes a torchrun process waits at a collective before the job stops",
+                            low=0.0, low_open=True),
     },
     "eval": {
         "every": Opt(0, "evaluate every N epochs (0: only at the end)", low=0),
@@ -518,6 +522,8 @@ DETECT_SCHEMA: Dict[str, Any] = {
         "save_every": Opt(1, low=1),
         "device": Opt(None, type=_maybe(str), check=_check_device),
         "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
+        "dist_timeout": Opt(10.0, "minutes a torchrun process waits at a collective before the job stops",
+                            low=0.0, low_open=True),
     },
     "eval": {
         "every": Opt(1, "epochs between evaluations (0: only at the end)", low=0),

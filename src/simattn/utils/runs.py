@@ -4,24 +4,33 @@ Every command that trains (``train``, ``ssl train``, ``detect train``, ``convert
 
 - no output given: ``runs/<recipe>/<date-time>`` (a new folder every time; resuming defaults to the checkpoint's
   folder);
-- the folder may not hold files of another run, whichever they are, unless ``overwrite`` (then the task's own
-  output files are deleted first); resuming into the folder of the checkpoint being resumed is the one exception;
+- the folder may not hold files of another run, whichever they are, unless ``overwrite``: then the task's own output
+  files are moved aside into a hidden ``.replaced-*`` folder and deleted only once the command has succeeded
+  (:func:`settle_replaced`; a failed or interrupted run gets them back); resuming into the folder of the checkpoint
+  being resumed is the one exception;
+- an input of the run (a teacher, initial weights) may not be one of the files the run would replace;
 - the output must be a writable folder (not a file, not under a file, not read-only): checked before any work;
 - temporary files left by killed writers (:func:`simattn.utils.io.stale_temp_files`) are removed.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .io import CheckpointError, load_checkpoint, remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
            "open_run_folder", "results_folder", "check_same_run", "open_resumable_run", "restore_progress",
-           "start_run_folder"]
+           "start_run_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX"]
+
+#: prefix of the hidden folder where ``--overwrite`` keeps the replaced files until the command has succeeded
+REPLACED_PREFIX = ".replaced-"
+#: (run folder, parking folder, file names) of every replacement not yet settled in this process
+_parked: List[Tuple[Path, Path, List[str]]] = []
 
 
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
@@ -62,7 +71,7 @@ def run_files(out: Path) -> List[str]:
     """The names of what folder ``out`` holds, without the temporary files of killed writers (those never make a
     folder another run's)."""
     stale = set(stale_temp_files(out))
-    return sorted(p.name for p in Path(out).iterdir() if p not in stale)
+    return sorted(p.name for p in Path(out).iterdir() if p not in stale and not p.name.startswith(REPLACED_PREFIX))
 
 
 def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: bool = False,
@@ -91,9 +100,47 @@ def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: b
     raise ValueError(what)
 
 
+def check_inputs_kept(out: Path, replaced: Iterable[str], inputs: Mapping[str, Any]) -> None:
+    """Refuse (one-line ValueError) when an input file of the run (``inputs``: option name → path or None) is one of
+    the files in ``out`` that the run writes (``replaced``): the run would destroy what it reads."""
+    out = Path(out)
+    if not out.is_dir():
+        return
+    for option, path in inputs.items():
+        if not path or not Path(path).exists():
+            continue
+        for name in replaced:
+            target = out / name
+            if target.exists() and os.path.samefile(path, target):
+                raise ValueError(f"{option} {path} is {target}, a file this run writes: copy it elsewhere or choose "
+                                 "another --output")
+
+
+def _park(out: Path, names: Iterable[str]) -> None:
+    present = [n for n in names if (out / n).exists() or (out / n).is_symlink()]
+    if not present:
+        return
+    park = Path(tempfile.mkdtemp(prefix=REPLACED_PREFIX, dir=out))
+    for name in present:
+        os.replace(out / name, park / name)
+    _parked.append((out, park, present))
+
+
+def settle_replaced(success: bool) -> None:
+    """End the replacements ``--overwrite`` started in this process: delete the old files when the command succeeded,
+    else put them back (over the failed run's files of the same names)."""
+    while _parked:
+        out, park, names = _parked.pop()
+        if not success:
+            for name in names:
+                os.replace(park / name, out / name)
+        shutil.rmtree(park, ignore_errors=True)
+
+
 def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str] = (), clean: bool = True) -> None:
     """Create ``out``, make sure it is writable, remove stale temporary files (``clean``) and, with ``overwrite``,
-    the files named in ``replaced`` (the task's outputs). Main process only."""
+    move the files named in ``replaced`` (the task's outputs) aside until :func:`settle_replaced`. Main process
+    only."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fd, probe = tempfile.mkstemp(prefix=".write-test.", dir=out)  # read-only folders fail here, before any work
@@ -102,17 +149,19 @@ def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str]
     if clean:
         remove_stale_temp_files(out)
     if overwrite:
-        for name in replaced:
-            (out / name).unlink(missing_ok=True)
+        _park(out, replaced)
 
 
 def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, resume_from: Optional[Path] = None,
-                    overwrite: bool = False, replaced: Iterable[str] = (), is_main: bool = True) -> Path:
-    """:func:`resolve_output`, :func:`check_run_folder` and (main process) :func:`claim_run_folder` in one call;
-    returns the run folder."""
+                    overwrite: bool = False, replaced: Iterable[str] = (), is_main: bool = True,
+                    inputs: Optional[Mapping[str, Any]] = None) -> Path:
+    """:func:`resolve_output`, :func:`check_run_folder`, :func:`check_inputs_kept` (``inputs``: option → path) and
+    (main process) :func:`claim_run_folder` in one call; returns the run folder."""
     from .distributed import barrier
     out = resolve_output(output, name, task, resume_from)
     check_run_folder(out, resume_from, overwrite)
+    replaced = tuple(replaced)
+    check_inputs_kept(out, replaced, inputs or {})
     barrier()  # every process has checked before the main one changes anything
     if is_main:
         claim_run_folder(out, overwrite, replaced)

@@ -48,10 +48,13 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
     from ..data.images import image_label, image_tensor, load_image
 
     records = []
-    for source in sources:
+    labels = [image_label(source) for source in sources]
+    for i, (source, label) in enumerate(zip(sources, labels)):
+        if labels.count(label) > 1:  # one/x.png and two/x.png: each input gets its own files
+            label = f"{label}_{i + 1}"
         x, shown = image_tensor(load_image(source), data_config)
         result = token_maps(model, x, shown, block)
-        stem = f"{model_name}_{image_label(source)}_block{result.block}"
+        stem = f"{model_name}_{label}_block{result.block}"
         panel = out_dir / f"{stem}.png"
         title = (f"{model_name}: {result.module} (block {result.block} of {result.num_blocks}, 0-based)"
                  + (f"\n{note}" if note else ""))
