@@ -286,7 +286,8 @@ def test_resumed_sampler_replays_the_rest_of_the_epoch_and_augmentations_are_see
     from timm.data.distributed_sampler import RepeatAugSampler
 
     from simattn.data import DigitsDataset
-    from simattn.train.loader import ResumableSampler, SeededSamples, build_transform
+    from simattn.engine.data import ResumableSampler, SeededSamples
+    from simattn.train.transforms import build_transform
 
     cfg = load_config(None, {"scale": [0.1, 1.0], "hflip": 0.5})  # strong enough to tell draws apart on 8x8 images
     data_config = {"input_size": [3, 16, 16], "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3,
@@ -333,7 +334,7 @@ def test_evaluate_counts_top1_top5_and_the_mean_loss():
     """evaluate's sums against a direct count: the rank of the target among the classes, and the batch-mean loss."""
     import torch.nn.functional as F
     from torch import nn
-    from simattn.train.loop import evaluate
+    from simattn.train.evaluation import evaluate
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 8, generator=g)
     target = torch.randint(0, 8, (64,), generator=g)

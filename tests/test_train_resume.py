@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
 from simattn.train import load_config, train
-from simattn.train.checkpoint import load_train_state
+from simattn.engine.state import load_train_state
 from simattn.utils.io import CheckpointError
 
 TINY_FLAGS = [
@@ -73,7 +73,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
     watcher.join(timeout=300)
     victim.wait(timeout=60)
     assert victim.returncode == -signal.SIGKILL, "".join(seen)
-    state = load_train_state(killed / "last.pth", "sima_deit_tiny_patch16_224")
+    state = load_train_state(killed / "last.pth")
     assert state["epoch"] == 1 and 0 < state["step_in_epoch"] < 8, "the kill must land mid-epoch"
     assert not (killed / "summary.json").exists()
 
@@ -138,7 +138,7 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
     code = simattn_main(["train", *TINY_FLAGS, *other, "--output", str(out), "--resume"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "was written for model 'sima_deit_tiny_patch16_224', but this run builds 'relu_vit_small_patch16_224'" in err
+    assert "differ in model 'sima_deit_tiny_patch16_224' vs 'relu_vit_small_patch16_224'" in err
     # same model name, other kwargs (a SimA run must not continue as softmax): named in the error
     softmax = ["--model-kwargs", "attn_type=softmax"]
     assert simattn_main(["train", *TINY_FLAGS, *softmax, "--output", str(out), "--resume"]) == 2
@@ -151,7 +151,7 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
     assert "checkpoint not found" in capsys.readouterr().err
     # plain weights are not a train state
     with pytest.raises(CheckpointError, match="not a simattn training checkpoint"):
-        load_train_state(out / "final.safetensors", "sima_deit_tiny_patch16_224")
+        load_train_state(out / "final.safetensors")
     assert _digests(out) == before
 
 

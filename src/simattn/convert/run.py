@@ -21,8 +21,9 @@ from typing import Any, Dict, List, Optional
 import torch.distributed as torch_dist
 
 from ..train.engine import Trainer, open_datasets
-from ..train.loader import build_eval_loader, build_transform, data_config_for
-from ..train.loop import evaluate
+from ..engine.data import build_eval_loader
+from ..train.evaluation import evaluate
+from ..train.transforms import build_transform, data_config_for
 from ..utils.distributed import DistInfo, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_path, atomic_write_json
 from ..utils.recipe import recipe_name

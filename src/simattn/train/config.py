@@ -11,7 +11,7 @@ import argparse
 from typing import Any, Dict, Mapping, Optional
 
 from ..utils.options import OPTIONS_HELP, deep_merge, parse_assignments, parse_value
-from ..utils.recipe import TrainConfig, find_recipe, list_recipes, load_recipe, specs_of
+from ..utils.recipe import TrainConfig, find_recipe, list_recipes, load_recipe, scaled_lr, specs_of
 
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
            "scaled_lr"]
@@ -55,12 +55,3 @@ def overrides_from_args(args: argparse.Namespace) -> Dict[str, Any]:
     if "model_kwargs" in given:
         given["model_kwargs"] = parse_assignments(given["model_kwargs"], what="--model-kwargs item")
     return deep_merge(parse_assignments(getattr(args, "set_items", []), what="--set item"), given)
-
-
-def scaled_lr(cfg: TrainConfig, world_size: int = 1) -> float:
-    """``cfg.lr`` if set, else ``lr_base × (global batch / lr_base_size)`` (or its square root), global batch =
-    batch_size × world_size × grad_accum_steps (the recipes' ``lr 5e-4 × total_batch/512``)."""
-    if cfg.lr is not None:
-        return cfg.lr
-    ratio = cfg.batch_size * world_size * cfg.grad_accum_steps / cfg.lr_base_size
-    return cfg.lr_base * (ratio ** 0.5 if cfg.lr_base_scale == "sqrt" else ratio)

@@ -67,8 +67,9 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from timm.data import resolve_data_config
 
     from ..data.factory import create_dataset, dataset_classes
-    from .loader import build_eval_loader, build_transform
-    from .loop import evaluate
+    from ..engine.data import build_eval_loader
+    from .evaluation import evaluate
+    from .transforms import build_transform
 
     weights = Path(weights)
     dev = resolve_device(device)

@@ -32,7 +32,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 __all__ = ["Opt", "TrainConfig", "SSL_SCHEMA", "DETECT_SCHEMA", "RUN_KEYS", "RecipeDefaults", "load_recipe",
            "merge_recipe", "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name",
-           "defaults_of", "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args"]
+           "defaults_of", "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "scaled_lr"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -394,6 +394,15 @@ class TrainConfig:
             raise ValueError("option 'resume': 'auto' continues <output>/last.pth, so it needs an output folder "
                              "(--output); or give the checkpoint's path")
         return self
+
+
+def scaled_lr(cfg: TrainConfig, world_size: int = 1) -> float:
+    """``cfg.lr`` if set, else ``lr_base × (global batch / lr_base_size)`` (or its square root), global batch =
+    batch_size × world_size × grad_accum_steps (the recipes' ``lr 5e-4 × total_batch/512``)."""
+    if cfg.lr is not None:
+        return cfg.lr
+    ratio = cfg.batch_size * world_size * cfg.grad_accum_steps / cfg.lr_base_size
+    return cfg.lr_base * (ratio ** 0.5 if cfg.lr_base_scale == "sqrt" else ratio)
 
 
 # ----- simattn ssl --------------------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
-"""Pieces shared by training and validation: autocast and the evaluation pass."""
+"""The classification evaluation pass (top-1/top-5, loss) shared by training and ``simattn validate``."""
 from __future__ import annotations
 
-import contextlib
 from typing import Dict
 
 import torch
@@ -9,16 +8,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..utils.distributed import all_reduce_mean
+from ..engine.core import autocast
 from ..utils.runlog import progress
 
-__all__ = ["autocast", "evaluate"]
-
-
-def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
-    """``torch.autocast`` for ``device`` in ``dtype`` ('float16' | 'bfloat16'), or a no-op when not ``enabled``."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+__all__ = ["evaluate"]
 
 
 def _topk_correct(logits: torch.Tensor, target: torch.Tensor, k: int) -> torch.Tensor:

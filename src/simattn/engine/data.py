@@ -1,57 +1,29 @@
-"""Loaders for training and evaluation: simattn datasets under timm transforms, with a reproducible data stream.
+"""The engine's data stream: a reproducible, resumable order for every task.
 
 Resuming mid-epoch must replay exactly the batches an uninterrupted run would see, whatever the worker count.
 So the data order is a function of (seed, epoch) only (``DistributedSampler``/``RepeatAugSampler`` with
 ``set_epoch``), a resumed epoch starts at a sample position, and every sample's augmentation runs under RNGs seeded
 from (seed, epoch, rank, position) and restored afterwards, leaving the global RNGs (drop-path, mixup) untouched.
 timm's ``create_loader`` builds its own sampler (and for one process shuffles with the global RNG), so the loader is
-assembled here from timm's transforms, Mixup and RepeatAugSampler instead.
+assembled here.
 """
 from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
-from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from ..data.folder import collate_skipping_unreadable
 from ..utils.distributed import DistInfo
-from .config import TrainConfig
+from ..utils.recipe import TrainConfig
 
-__all__ = ["data_config_for", "build_transform", "SeededSamples", "ResumableSampler", "build_train_loader",
-           "build_eval_loader", "build_mixup", "sample_seed"]
-
-
-def data_config_for(model: nn.Module, cfg: TrainConfig, img_size: Optional[int] = None,
-                    crop_pct: Optional[float] = None) -> Dict[str, Any]:
-    """timm's ``resolve_data_config`` from the model's pretrained_cfg and the recipe's overrides: input size,
-    interpolation, mean, std, crop_pct, crop_mode (plain lists, so it can go into checkpoints and metadata)."""
-    from timm.data import resolve_data_config
-    size = img_size or cfg.img_size or cfg.model_kwargs.get("img_size")
-    args = {"img_size": int(size) if size else None, "interpolation": cfg.interpolation, "mean": cfg.mean,
-            "std": cfg.std, "crop_pct": crop_pct or cfg.crop_pct}
-    resolved = resolve_data_config(args, model=model)
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in resolved.items()}
+__all__ = ["SeededSamples", "ResumableSampler", "build_train_loader", "build_eval_loader", "sample_seed"]
 
 
-def build_transform(data_config: Dict[str, Any], cfg: Optional[TrainConfig] = None, is_training: bool = False):
-    """timm ``create_transform``: the recipe's augmentations when training, resize + center crop otherwise."""
-    from timm.data import create_transform
-    common = dict(input_size=tuple(data_config["input_size"]), interpolation=data_config["interpolation"],
-                  mean=tuple(data_config["mean"]), std=tuple(data_config["std"]))
-    if not is_training:
-        return create_transform(**common, is_training=False, crop_pct=data_config["crop_pct"],
-                                crop_mode=data_config.get("crop_mode"))
-    if cfg is None:
-        raise ValueError("training transforms need the recipe (cfg) for their augmentation settings")
-    return create_transform(
-        **common, is_training=True, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), hflip=cfg.hflip, vflip=cfg.vflip,
-        color_jitter=cfg.color_jitter, auto_augment=cfg.aa, re_prob=cfg.reprob, re_mode=cfg.remode,
-        re_count=cfg.recount)
 
 
 def sample_seed(seed: int, epoch: int, rank: int, position: int) -> int:
@@ -111,9 +83,12 @@ class ResumableSampler(Sampler):
         return max(0, len(self.order) - self.start)
 
 
-def build_train_loader(dataset: Dataset, cfg: TrainConfig, dist: DistInfo) -> Tuple[DataLoader, ResumableSampler]:
-    """Shuffled, sharded (one shard per rank), optionally repeated-augmentation batches that drop the last partial
-    batch; returns the loader and its sampler (call ``sampler.set_epoch(epoch, start)`` before each epoch)."""
+def build_train_loader(dataset: Dataset, cfg: TrainConfig, dist: DistInfo,
+                       collate_fn: Optional[Callable] = collate_skipping_unreadable
+                       ) -> Tuple[DataLoader, ResumableSampler]:
+    """Shuffled, sharded (one shard per rank), optionally repeated-augmentation batches of ``cfg.batch_size`` that
+    drop the last partial batch; returns the loader and its sampler (call ``sampler.set_epoch(epoch, start)`` before
+    each epoch). ``collate_fn`` defaults to :func:`collate_skipping_unreadable`."""
     if cfg.aug_repeats:
         from timm.data.distributed_sampler import RepeatAugSampler
         order = RepeatAugSampler(dataset, num_replicas=dist.world_size, rank=dist.rank, num_repeats=cfg.aug_repeats)
@@ -127,7 +102,7 @@ def build_train_loader(dataset: Dataset, cfg: TrainConfig, dist: DistInfo) -> Tu
         raise ValueError(f"training set too small: {len(order)} samples per rank for batch size {cfg.batch_size}")
     loader = DataLoader(
         SeededSamples(dataset), batch_sampler=BatchSampler(sampler, cfg.batch_size, drop_last=True),
-        num_workers=cfg.workers, collate_fn=collate_skipping_unreadable, pin_memory=cfg.pin_memory,
+        num_workers=cfg.workers, collate_fn=collate_fn, pin_memory=cfg.pin_memory,
         persistent_workers=cfg.workers > 0,
         # a private generator: creating the iterator (worker base seed) must not consume the global RNG
         generator=torch.Generator().manual_seed(cfg.seed),
@@ -143,13 +118,3 @@ def build_eval_loader(dataset: Dataset, batch_size: int, workers: int = 0, dist:
         dataset = Subset(dataset, range(dist.rank, len(dataset), dist.world_size))
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                       collate_fn=collate_skipping_unreadable, pin_memory=pin_memory)
-
-
-def build_mixup(cfg: TrainConfig, num_classes: int):
-    """timm ``Mixup`` (which also applies label smoothing) when mixup or cutmix is on, else None."""
-    if cfg.mixup <= 0 and cfg.cutmix <= 0:
-        return None
-    from timm.data import Mixup
-    return Mixup(mixup_alpha=cfg.mixup, cutmix_alpha=cfg.cutmix, prob=cfg.mixup_prob,
-                 switch_prob=cfg.mixup_switch_prob, mode=cfg.mixup_mode, label_smoothing=cfg.smoothing,
-                 num_classes=num_classes)

@@ -1,4 +1,4 @@
-"""Training state on disk: a full, resumable ``last.pth`` and plain weights as safetensors.
+"""Run state on disk: the one resumable ``last.pth`` of every task the engine runs, and plain weights as safetensors.
 
 ``last.pth`` must load with ``torch.load(weights_only=True)``, so everything in it is a tensor or a plain Python
 value: RNG states are stored as tensors and lists, not as the tuples/arrays Python and NumPy hand out.
@@ -59,19 +59,29 @@ def save_train_state(path: str | Path, state: Dict[str, Any]) -> None:
     atomic_torch_save({"format": TRAIN_STATE_FORMAT, **state}, path)
 
 
-def load_train_state(path: str | Path, model_name: str) -> Dict[str, Any]:
-    """Read a train state written by :func:`save_train_state` for ``model_name``.
+#: state formats of earlier versions, and what wrote them (refused in one line rather than misread)
+EARLIER_FORMATS = {"simattn-ssl-state-v1": "simattn ssl", "simattn-ssl-state-v2": "simattn ssl",
+                   "simattn-detect-state-v1": "simattn detect", "simattn-detect-state-v2": "simattn detect"}
 
-    Raises :class:`CheckpointError` (one line) for unreadable files, files that are not simattn train states (e.g.
-    a bare state dict: use it as weights instead), and states of another model.
+
+def load_train_state(path: str | Path, task: str = "simattn train") -> Dict[str, Any]:
+    """Read a run state written by :func:`save_train_state` for ``task`` (the command that runs it, e.g.
+    ``simattn ssl``; states without a ``task`` entry were written by ``simattn train``).
+
+    Raises :class:`CheckpointError` (one line) for unreadable files, files that are not simattn run states (e.g.
+    a bare state dict: use it as weights instead), states of earlier versions and states of another task.
     """
     state = load_checkpoint(path)
-    if state.get("format") != TRAIN_STATE_FORMAT:
+    fmt = state.get("format")
+    if fmt in EARLIER_FORMATS:
+        raise CheckpointError(f"{path} was written by an earlier {EARLIER_FORMATS[fmt]} (state format {fmt!r}), which "
+                              "this version cannot resume; start a new run (its weights load as initial weights)")
+    if fmt != TRAIN_STATE_FORMAT:
         raise CheckpointError(f"{path} is not a simattn training checkpoint (no '{TRAIN_STATE_FORMAT}' format tag); "
                               "it cannot be resumed")
-    if state.get("model_name") != model_name:
-        raise CheckpointError(f"{path} was written for model {state.get('model_name')!r}, but this run builds "
-                              f"{model_name!r}")
+    writer = state.get("task", "simattn train")
+    if writer != task:
+        raise CheckpointError(f"{path} was written by {writer}, not {task}: it cannot be resumed here")
     for key in ("model", "optimizer", "epoch", "step_in_epoch", "global_step"):
         if key not in state:
             raise CheckpointError(f"{path} is incomplete: no {key!r} entry")

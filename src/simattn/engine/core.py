@@ -1,0 +1,622 @@
+"""The one training engine: every command that trains (``train``, ``ssl``, ``detect``, both ``convert`` stages) is a
+task run by :class:`Engine`.
+
+The engine alone owns: distributed set-up and the DDP wrap, AMP and loss scaling, gradient accumulation and
+clipping, the weight EMA, the non-finite guard, the run folder (:mod:`simattn.utils.runs`), the one checkpoint
+(``last.pth``, :mod:`simattn.engine.state`) and its same-run check on resume, the reproducible data stream
+(:mod:`simattn.engine.data`), ``metrics.jsonl``, ``summary.json``/``summary.csv`` and progress. One process or many
+(``torchrun``: each rank a shard of the data, rank 0 writes). Checkpoints hold the full state, per-rank RNG states
+and the position in the epoch, so a run killed at any point and resumed from its last checkpoint ends with the same
+weights and metrics as one that was never interrupted.
+
+A task is a subclass that supplies what differs (the methods under "task" below):
+
+- ``create_model()`` → (model, record): the network the optimizer trains and what rebuilds it;
+- ``train_dataset()`` → the training dataset (its transform set), and ``collate_fn``;
+- ``to_device(batch)`` → (batch on the device, samples in it); ``batch_loss(batch)`` → loss, or (loss, parts);
+- ``evaluate()`` → metrics of the current weights (keys as the history shows them);
+- ``same_run()`` → what a resumed run must share with its checkpoint; ``extra_state``/``load_extra_state``;
+- ``finish(summary)`` → what the task exports at the end (weights, plots);
+- optional: ``build_optimizer``/``build_scheduler``, ``clip_gradients``, ``before_step``, ``after_update``,
+  ``on_epoch_start``, ``summary_extra``, ``saved_recipe``.
+
+``cfg`` is a :class:`~simattn.utils.recipe.TrainConfig`: the engine reads its run, batch, optimizer, schedule,
+precision and checkpoint options; tasks with recipes of their own (ssl, detect) translate them into one.
+Attributes a subclass needs (a teacher model, ...) are set before calling ``super().__init__``, since the
+constructor already resumes (and so calls ``load_extra_state``).
+"""
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as torch_dist
+import yaml
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
+from torch import nn
+
+from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
+from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
+from ..utils.recipe import TrainConfig, recipe_name, recipe_to_save, scaled_lr
+from ..utils.runlog import progress, use_tqdm
+from ..utils.runs import check_inputs_kept, check_run_folder, claim_run_folder, resolve_output
+from ..utils.timing import set_threads
+from .data import build_train_loader
+from .log import MetricsLog
+from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
+
+__all__ = ["Engine", "RunResult", "run", "ENGINE_FILES", "autocast", "build_optimizer", "build_scheduler",
+           "scaled_lr"]
+
+#: the files the engine writes into every run folder (a task adds its own: ``Engine.task_files``)
+ENGINE_FILES = ("last.pth", "metrics.jsonl", "summary.json", "summary.csv", "config.yaml")
+
+
+def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
+    """``torch.autocast`` for ``device`` in ``dtype`` ('float16' | 'bfloat16'), or a no-op when not ``enabled``."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def build_optimizer(cfg: TrainConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
+    """timm ``create_optimizer_v2`` at the learning rate the recipe gives for this global batch."""
+    opt_kwargs: Dict[str, Any] = {}
+    if cfg.opt_eps is not None:
+        opt_kwargs["eps"] = cfg.opt_eps
+    if cfg.opt_betas is not None:
+        opt_kwargs["betas"] = tuple(cfg.opt_betas)
+    lr = scaled_lr(cfg, world_size)
+    optimizer = create_optimizer_v2(model, opt=cfg.opt, lr=lr, weight_decay=cfg.weight_decay,
+                                    momentum=cfg.momentum, **opt_kwargs)
+    return optimizer, lr
+
+
+def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_per_epoch: int):
+    """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown)."""
+    return create_scheduler_v2(
+        optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
+        warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs,
+        step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
+
+
+@dataclass
+class RunResult:
+    """What :func:`run` returns: the summary written to ``summary.json``, the trained modules and the folder."""
+    summary: Dict[str, Any]
+    model: nn.Module
+    ema: Optional[nn.Module]
+    output: Path
+
+
+class Engine:
+    """One training run of ``cfg`` on ``dist``; subclasses are the tasks (see the module docstring)."""
+
+    #: the command recorded as the producer of every weights file and of the checkpoint (resumed only by it)
+    producer = "simattn train"
+    #: what names a default run folder (``runs/<recipe or task>/<date-time>``)
+    task_name = "train"
+    #: the files the task writes besides :data:`ENGINE_FILES` (``--overwrite`` moves them all aside)
+    task_files: Tuple[str, ...] = ()
+    #: history keys that summary.csv shows after epoch and train_loss (timm's column names → history keys)
+    csv_columns: Dict[str, str] = {}
+    #: the options a resumed run must share with its checkpoint: recipe entries of the engine config
+    same_run_options: Tuple[str, ...] = ()
+    #: how the training loader batches samples (None: the engine's default, which drops unreadable images)
+    collate_fn: Optional[Callable] = None
+
+    def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None) -> None:
+        dist = dist if dist is not None else init_distributed(cfg.device, cfg.dist_timeout)
+        self.cfg, self.dist, self.device = cfg, dist, dist.device
+        set_threads(cfg.threads)
+        self.show_bars = use_tqdm(dist.is_main)
+        # where the run writes, checked before any work (nothing is written until the resume state proved valid)
+        self.resume_path = self._resume_path()
+        self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), self.task_name, self.resume_path)
+        check_run_folder(self.out, self.resume_path, cfg.overwrite)
+        self.check_options()
+        resume_state = load_train_state(self.resume_path, self.producer) if self.resume_path is not None else None
+
+        self.prepare_data()
+        # identical initial weights on every rank; the per-rank seed for training randomness comes after
+        torch.manual_seed(cfg.seed)
+        self.model, self.model_kwargs = self.create_model()
+        self.start_weights(resumed=resume_state is not None)
+        random_seed(cfg.seed, dist.rank)
+
+        train_set = self.train_dataset()
+        self.train_loader, self.sampler = build_train_loader(train_set, cfg, dist, self.collate_fn) \
+            if self.collate_fn is not None else build_train_loader(train_set, cfg, dist)
+        self.updates_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
+        if cfg.steps_per_epoch:
+            self.updates_per_epoch = min(self.updates_per_epoch, cfg.steps_per_epoch)
+        if self.updates_per_epoch < 1:
+            raise ValueError(f"an epoch has {len(self.train_loader)} batches, fewer than grad_accum_steps="
+                             f"{cfg.grad_accum_steps}: lower batch_size or grad_accum_steps")
+
+        self.model.to(self.device)
+        if cfg.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        if cfg.grad_checkpointing:
+            self.model.set_grad_checkpointing(True)
+        if cfg.sync_bn and dist.distributed:
+            if self.device.type != "cuda":
+                raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
+            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+        self.ema = None
+        if cfg.model_ema:
+            self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
+
+        self.optimizer, self.lr = self.build_optimizer()
+        self.scheduler, self.num_epochs = self.build_scheduler()
+        self.scaler = None
+        if cfg.amp and cfg.amp_dtype == "float16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.prepare()
+
+        # run state (a fresh run; _resume overwrites it)
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.loss_sum, self.samples = 0.0, 0
+        self.part_sums: Dict[str, float] = {}
+        self.nonfinite_skipped, self._skip_update = 0, False
+        self.train_time_base, self._segment_start = 0.0, time.perf_counter()
+        self.last_eval: Optional[Dict[str, Any]] = None
+        self.history: List[Dict[str, Any]] = []
+        keep_records = self._resume(resume_state) if resume_state is not None else None
+
+        # only now (the resume checkpoint was valid) may files in the run folder change
+        in_place = self.resume_path is not None and self.resume_path.resolve().parent == self.out.resolve()
+        barrier()
+        if dist.is_main:
+            check_inputs_kept(self.out, self.run_files, self.inputs())
+            claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files)
+        source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
+        self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
+        if dist.is_main:
+            atomic_write_text(yaml.safe_dump(self.saved_recipe(), sort_keys=False), self.out / "config.yaml")
+        self.started()
+
+        self.forward_model = torch.compile(self.model) if cfg.compile else self.model
+        if dist.distributed:
+            from torch.nn.parallel import DistributedDataParallel
+            self.forward_model = DistributedDataParallel(
+                self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    @property
+    def run_files(self) -> Tuple[str, ...]:
+        return ENGINE_FILES + tuple(self.task_files)
+
+    # ----- task: what a task supplies (defaults where one makes sense)
+    def check_options(self) -> None:
+        """Refuse option combinations before any work (one-line ValueError)."""
+
+    def inputs(self) -> Dict[str, Any]:
+        """Input files of the run (option name → path): the run folder must not replace them."""
+        return {}
+
+    def prepare_data(self) -> None:
+        """Open the datasets (before the model is built: the data may decide its head)."""
+
+    def create_model(self) -> Tuple[nn.Module, Dict[str, Any]]:
+        """The model the optimizer trains, and its ``create_model`` kwargs (checkpoints and weights record them)."""
+        raise NotImplementedError
+
+    def start_weights(self, resumed: bool) -> None:
+        """Load initial weights into ``self.model`` (not called with weights when ``resumed``: those come from the
+        checkpoint)."""
+
+    def train_dataset(self):
+        """The training dataset, its transform set (the model exists by now)."""
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Everything else the task needs (loss, teacher, evaluation data) once model and optimizer exist."""
+
+    def started(self) -> None:
+        """Called on every process once the run folder is claimed (main process: log what it starts from)."""
+
+    def to_device(self, batch: Any) -> Optional[Tuple[Any, int]]:
+        """(batch on the device, number of samples in it)."""
+        raise NotImplementedError
+
+    def batch_loss(self, batch: Any):
+        """The loss of one micro-batch (runs under autocast and DDP's no_sync), or (loss, {name: part})."""
+        raise NotImplementedError
+
+    def clip_gradients(self, params: List[nn.Parameter]) -> None:
+        """Clip the (unscaled) gradients before the optimizer step."""
+        if self.cfg.clip_grad is not None:
+            dispatch_clip_grad(params, self.cfg.clip_grad, mode=self.cfg.clip_mode)
+
+    def before_step(self) -> None:
+        """Change gradients after clipping, before the step (e.g. DINO's frozen last layer)."""
+
+    def after_update(self) -> None:
+        """After each optimizer update (e.g. a teacher's momentum update, weight-decay schedules)."""
+
+    def on_epoch_start(self) -> None:
+        """Before each training epoch (``self.epoch`` is 0-based)."""
+
+    def evaluate(self) -> Dict[str, Any]:
+        """Metrics of the current weights, merged into the epoch's record (every process calls it)."""
+        return {}
+
+    def describe_eval(self, record: Dict[str, Any]) -> str:
+        """The evaluation part of the per-epoch line (", val top-1 ...")."""
+        return ""
+
+    def same_run(self) -> Dict[str, Any]:
+        """What a resumed run must share with its checkpoint (the network, the data it learns from)."""
+        return {k: getattr(self.cfg, k) for k in self.same_run_options}
+
+    def task_state(self) -> Dict[str, Any]:
+        """The task's own progress for ``last.pth`` (e.g. the best score so far), given back to
+        :meth:`load_task_state`; :meth:`extra_state` is left to subclasses of a task."""
+        return {}
+
+    def load_task_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`task_state` saved."""
+
+    def same_run_of(self, state: Dict[str, Any]) -> Dict[str, Any]:
+        """What the checkpoint ``state`` says it shares with any run resuming it (see :meth:`same_run`)."""
+        return state.get("same_run") or {}
+
+    def extra_state(self) -> Dict[str, Any]:
+        """More state for ``last.pth`` (tensors and plain values), given back to :meth:`load_extra_state`."""
+        return {}
+
+    def load_extra_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`extra_state` saved (called while resuming, inside the constructor)."""
+
+    def saved_recipe(self) -> Dict[str, Any]:
+        """The recipe written to ``config.yaml`` (it must work as a recipe as it is)."""
+        return recipe_to_save(self.cfg)
+
+    def summary_extra(self) -> Dict[str, Any]:
+        """More entries for summary.json."""
+        return {}
+
+    def finish(self, summary: Dict[str, Any]) -> None:
+        """Export the task's results (main process; weights are checked finite before)."""
+
+    def build_optimizer(self) -> Tuple[torch.optim.Optimizer, float]:
+        return build_optimizer(self.cfg, self.model, self.dist.world_size)
+
+    def build_scheduler(self):
+        return build_scheduler(self.cfg, self.optimizer, self.updates_per_epoch)
+
+    # ----- checkpoints
+    def _resume_path(self) -> Optional[Path]:
+        if self.cfg.resume is None:
+            return None
+        if self.cfg.resume == "auto":
+            if not self.cfg.output:
+                raise ValueError("--resume without a path continues <output>/last.pth, so it needs --output (or "
+                                 "give the checkpoint: --resume RUN/last.pth)")
+            return Path(self.cfg.output) / "last.pth"
+        return Path(self.cfg.resume)
+
+    def _check_same_run(self, path: Path, state: Dict[str, Any]) -> None:
+        """Refuse to resume a checkpoint of another network or data (a one-line CheckpointError naming them)."""
+        saved, mine = self.same_run_of(state), self.same_run()
+        diffs = [f"{key} {saved.get(key)!r} vs {value!r}" for key, value in mine.items() if saved.get(key) != value]
+        if diffs:
+            raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
+                                  "(checkpoint vs this run); resume with the run's own options (its config.yaml), "
+                                  "or start a new run from its weights")
+
+    def _resume(self, state: Dict[str, Any]) -> int:
+        path = self.resume_path
+        self._check_same_run(path, state)
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as e:
+            raise CheckpointError(f"{path}: the weights do not fit this run's model: {str(e).splitlines()[0]}") \
+                from None
+        if self.ema is not None:
+            if "model_ema" not in state:
+                raise CheckpointError(f"{path} has no EMA weights but this run keeps an EMA (model_ema)")
+            self.ema.module.load_state_dict(state["model_ema"])
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{path}: optimizer state does not fit this run: {e}") from None
+        # timm schedulers are a pure function of the step: the saved state only differs from the one just built
+        # when the recipe changed (e.g. more epochs), and then the new recipe is the one to follow
+        saved_sched = state.get("scheduler")
+        if self.scheduler is not None and saved_sched:
+            ignore = ("metric",)
+            current = {k: v for k, v in self.scheduler.state_dict().items() if k not in ignore}
+            if {k: v for k, v in saved_sched.items() if k not in ignore} != current and self.dist.is_main:
+                print(f"note: the learning-rate schedule differs from the one in {path}; following this run's "
+                      "recipe", flush=True)
+        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
+        if self.epoch > self.num_epochs or (self.epoch == self.num_epochs and self.step_in_epoch):
+            raise CheckpointError(f"{path} has trained {self.epoch} epoch(s) (+{self.step_in_epoch} steps) but this "
+                                  f"run has {self.num_epochs}: resume with at least {self.epoch + 1} epochs, or start a "
+                                  "new run from its weights")
+        self.global_step = int(state["global_step"])
+        self.last_eval = state.get("last_eval")
+        self.history = list(state.get("history", []))
+        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
+        self.train_time_base = float(state.get("train_time_s", 0.0))
+        self.load_task_state(dict(state.get("task_state") or {}))
+        self.load_extra_state(dict(state.get("extra") or {}))
+        ranks = state.get("ranks", [])
+        saved_world = int(state.get("world_size", 1))
+        saved_batch = (state.get("config") or {}).get("batch_size")
+        if saved_world != self.dist.world_size or saved_batch != self.cfg.batch_size:
+            if self.dist.is_main:
+                print(f"warning: {path} was written with {saved_world} process(es) × batch {saved_batch}; this run "
+                      f"uses {self.dist.world_size} × {self.cfg.batch_size}: the data order cannot continue exactly",
+                      flush=True)
+        if self.dist.rank < len(ranks):
+            mine = ranks[self.dist.rank]
+            restore_rng_state(mine["rng"])
+            self.loss_sum, self.samples = float(mine["loss_sum"]), int(mine["samples"])
+            self.part_sums = dict(mine.get("part_sums") or {})
+        if self.scheduler is not None:
+            self.scheduler.step(self.epoch)
+            self.scheduler.step_update(self.global_step)
+        if self.dist.is_main:
+            print(f"resumed from {path}: epoch {self.epoch + 1}, update {self.step_in_epoch}/{self.updates_per_epoch}"
+                  f" (global update {self.global_step})", flush=True)
+        return int(state.get("metrics_records", 0))
+
+    def train_time(self) -> float:
+        """Seconds spent training, over every session of this run (resumed ones included)."""
+        return self.train_time_base + time.perf_counter() - self._segment_start
+
+    def _save_state(self) -> None:
+        """Write last.pth (rank 0) from every rank's RNG state and partial-epoch sums (a collective call)."""
+        mine = {"rng": capture_rng_state(), "loss_sum": float(self.loss_sum), "samples": int(self.samples),
+                "part_sums": dict(self.part_sums)}
+        if self.dist.distributed:
+            ranks: List[Any] = [None] * self.dist.world_size
+            torch_dist.all_gather_object(ranks, mine)
+        else:
+            ranks = [mine]
+        if not self.dist.is_main:
+            return
+        state = {
+            "task": self.producer, "model_name": self.cfg.model, "model_kwargs": self.model_kwargs,
+            "config": self.cfg.to_dict(), "same_run": self.same_run(),
+            "data_config": getattr(self, "data_config", None),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
+            "updates_per_epoch": self.updates_per_epoch, "world_size": self.dist.world_size, "ranks": ranks,
+            "last_eval": self.last_eval, "history": self.history,
+            "nonfinite_skipped": self.nonfinite_skipped,
+            "metrics_records": self.log.records, "train_time_s": self.train_time(),
+            "task_state": self.task_state(), "extra": self.extra_state(),
+        }
+        check_finite_weights(self.model, "the model")
+        if self.ema is not None:
+            check_finite_weights(self.ema.module, "the EMA model")
+            state["model_ema"] = self.ema.module.state_dict()
+        save_train_state(self.out / "last.pth", state)
+
+    # ----- training
+    def _train_epoch(self) -> None:
+        cfg, accum = self.cfg, self.cfg.grad_accum_steps
+        self.forward_model.train()
+        self.on_epoch_start()
+        first_batch = self.step_in_epoch * accum
+        self.sampler.set_epoch(self.epoch, start=first_batch * cfg.batch_size)
+        n_batches = self.updates_per_epoch * accum
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        # running loss sum kept on the device between log lines/checkpoints (no host sync per step)
+        self._pending_loss = torch.zeros((), dtype=torch.float64, device=self.device)
+        self._pending_parts: Dict[str, torch.Tensor] = {}
+        self._pending_samples = 0
+        self._t0, self._epoch_seen = time.perf_counter(), 0
+        batches = progress(self.train_loader, f"epoch {self.epoch + 1}", n_batches - first_batch, self.show_bars)
+        for i, batch in enumerate(batches, start=first_batch):
+            if i >= n_batches:
+                break
+            update = (i + 1) % accum == 0
+            batch, n = self.to_device(batch)
+            self._forward_backward(batch, n, params, update)
+            if update:
+                self._after_update()
+        self._flush_pending()
+
+    def _forward_backward(self, batch: Any, n: int, params, update: bool) -> None:
+        cfg = self.cfg
+        # DDP: all-reduce gradients only on the micro-batch that completes an update
+        no_sync = self.dist.distributed and not update
+        with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
+            with autocast(self.device, cfg.amp, cfg.amp_dtype):
+                out = self.batch_loss(batch)
+            loss, parts = out if isinstance(out, tuple) else (out, {})
+            # one host sync per micro-batch: a non-finite loss must never reach the weights
+            if not all_finite(loss):
+                self._skip_nonfinite(float(loss.detach()), parts)
+                return
+            step_now = update and not self._skip_update
+            scaled = loss / cfg.grad_accum_steps
+            if self.scaler is not None:
+                self.scaler.scale(scaled).backward()
+            else:
+                scaled.backward()
+            if step_now:
+                if self.scaler is not None:
+                    self.scaler.unscale_(self.optimizer)
+                self.clip_gradients(params)
+                self.before_step()
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+        self._pending_loss += loss.detach().double() * n
+        for name, value in parts.items():
+            self._pending_parts[name] = self._pending_parts.get(name, 0) + value.detach().double() * n
+        self._pending_samples += n
+        self._epoch_seen += n
+
+    def _skip_nonfinite(self, value: float, parts: Dict[str, torch.Tensor]) -> None:
+        """Skip the update a non-finite loss belongs to, or stop the run once more than max_nonfinite_steps
+        updates were skipped."""
+        self.nonfinite_skipped += 1
+        where = f"epoch {self.epoch + 1}, update {self.step_in_epoch + 1}/{self.updates_per_epoch}"
+        if parts:
+            where += " (" + ", ".join(f"{k} {float(v):.4g}" for k, v in parts.items()) + ")"
+        limit = self.cfg.max_nonfinite_steps
+        if self.nonfinite_skipped > limit:
+            raise FloatingPointError(
+                f"training diverged: the loss is {value} at {where} ({self.nonfinite_skipped} non-finite so far, "
+                f"max_nonfinite_steps={limit}); no weights were written from this point. Lower the learning rate "
+                f"(lr {self.lr:.3g}), set clip_grad, or resume from the last checkpoint")
+        self._skip_update = True
+        self.optimizer.zero_grad(set_to_none=True)
+        self.log.info(f"warning: non-finite loss ({value}) at {where}: update skipped "
+                      f"({self.nonfinite_skipped} of at most {limit})")
+        self.log.record("nonfinite", epoch=self.epoch + 1, step=self.step_in_epoch + 1, loss=None,
+                        skipped=self.nonfinite_skipped)
+
+    def _after_update(self) -> None:
+        cfg = self.cfg
+        self.optimizer.zero_grad(set_to_none=True)
+        self._skip_update = False
+        self.global_step += 1
+        self.step_in_epoch += 1
+        if self.ema is not None:
+            self.ema.update(self.model, step=self.global_step)
+        self.after_update()
+        if self.scheduler is not None:
+            self.scheduler.step_update(num_updates=self.global_step)
+        if self.step_in_epoch % cfg.log_interval == 0 or self.step_in_epoch == self.updates_per_epoch:
+            self._log_step()
+        if (cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0
+                and self.step_in_epoch < self.updates_per_epoch):  # at the epoch end, the epoch checkpoint follows
+            self._flush_pending()
+            self._save_state()
+            self.log.info(f"checkpoint: {self.out / 'last.pth'} (epoch {self.epoch + 1}, update "
+                          f"{self.step_in_epoch}/{self.updates_per_epoch})")
+
+    def _flush_pending(self) -> None:
+        self.loss_sum += float(self._pending_loss)
+        for name, value in self._pending_parts.items():
+            self.part_sums[name] = self.part_sums.get(name, 0.0) + float(value)
+        self.samples += self._pending_samples
+        self._pending_loss.zero_()
+        self._pending_parts = {}
+        self._pending_samples = 0
+
+    def _log_step(self) -> None:
+        self._flush_pending()
+        loss = self.loss_sum / max(self.samples, 1)
+        lr = self.optimizer.param_groups[0]["lr"]
+        self.log.record("step", epoch=self.epoch + 1, step=self.step_in_epoch, global_step=self.global_step,
+                        loss=loss, lr=lr)
+        if not self.show_bars:
+            elapsed = max(time.perf_counter() - self._t0, 1e-9)
+            rate = self._epoch_seen * self.dist.world_size / elapsed
+            self.log.info(f"epoch {self.epoch + 1}/{self.num_epochs} update {self.step_in_epoch}/"
+                          f"{self.updates_per_epoch}  loss {loss:.4f}  lr {lr:.3g}  {rate:.0f} samples/s")
+
+    def describe(self) -> str:
+        n_params = sum(p.numel() for p in self.model.parameters())
+        return (f"model {self.cfg.model} ({n_params / 1e6:.2f}M params), {self.dist.world_size} process(es) × batch "
+                f"{self.cfg.batch_size} × accum {self.cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} "
+                f"epochs × {self.updates_per_epoch} updates, device {self.device}, output {self.out}")
+
+    def should_evaluate(self) -> bool:
+        """Whether the epoch just trained is evaluated (the last one always is)."""
+        return self.epoch + 1 == self.num_epochs or (self.epoch + 1) % self.cfg.eval_every_epochs == 0
+
+    def run(self) -> RunResult:
+        cfg, log = self.cfg, self.log
+        log.info(self.describe())
+        self._segment_start = time.perf_counter()
+        while self.epoch < self.num_epochs:
+            epoch_start = time.perf_counter()
+            self._train_epoch()
+            names = sorted(self.part_sums)
+            totals = all_reduce_mean(torch.tensor([self.loss_sum, self.samples] + [self.part_sums[k] for k in names],
+                                                  dtype=torch.float64, device=self.device))
+            seen = max(float(totals[1]), 1.0)
+            record: Dict[str, Any] = {"epoch": self.epoch + 1, "global_step": self.global_step,
+                                      "train_loss": float(totals[0] / seen),
+                                      **{k: float(v / seen) for k, v in zip(names, totals[2:])},
+                                      "lr": self.optimizer.param_groups[0]["lr"]}
+            evaluated = self.should_evaluate()
+            if evaluated:
+                metrics = self.evaluate()
+                record.update(metrics)
+                self.last_eval = dict(record)
+            record["epoch_time_s"] = time.perf_counter() - epoch_start
+            record["nonfinite_skipped"] = self.nonfinite_skipped
+            self.history.append({k: v for k, v in record.items()
+                                 if k not in ("global_step", "epoch_time_s", "nonfinite_skipped")
+                                 and (isinstance(v, (int, float)) or v is None)})
+            log.record("epoch", **record)
+            if evaluated:
+                self._write_summary_csv()
+            log.info(f"epoch {record['epoch']}/{self.num_epochs}: train loss {record['train_loss']:.4f}"
+                     + self.describe_eval(record) + f" ({record['epoch_time_s']:.1f}s)")
+            if self.scheduler is not None:
+                self.scheduler.step(self.epoch + 1, record.get(self.scheduler_metric))
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self.loss_sum, self.samples, self.part_sums = 0.0, 0, {}
+            self._save_state()
+        return self._finish(self.train_time())
+
+    #: the history key a plateau schedule follows
+    scheduler_metric = "val_top1"
+
+    def _write_summary_csv(self) -> None:
+        """timm's summary.csv: one row per evaluated epoch, rewritten whole (atomically)."""
+        if not self.dist.is_main:
+            return
+        columns = {"epoch": "epoch", "train_loss": "train_loss", **self.csv_columns, "lr": "lr"}
+        text = io.StringIO()
+        writer = csv.DictWriter(text, fieldnames=list(columns), lineterminator="\n")
+        writer.writeheader()
+        for row in self.history:
+            if any(key in row for key in self.csv_columns.values()) or not self.csv_columns:
+                writer.writerow({col: row.get(key, "") for col, key in columns.items()})
+        atomic_write_text(text.getvalue(), self.out / "summary.csv")
+
+    def _finish(self, train_time: float) -> RunResult:
+        summary = {
+            "task": self.producer, "model": self.cfg.model, "model_kwargs": self.model_kwargs,
+            "recipe": self.cfg.recipe, "params": sum(p.numel() for p in self.model.parameters()),
+            "epochs": self.num_epochs, "updates": self.global_step, "world_size": self.dist.world_size,
+            "lr": self.lr, "history": self.history, "nonfinite_skipped": self.nonfinite_skipped,
+            "train_time_s": train_time, "output": str(self.out),
+            "files": {name: str(self.out / name) for name in self.run_files},
+            **self.summary_extra(),
+        }
+        if self.dist.is_main:
+            check_finite_weights(self.model, "the model")
+            self.finish(summary)
+            atomic_write_json(summary, self.out / "summary.json")
+        barrier()
+        return RunResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out)
+
+
+def run(cfg: TrainConfig, engine_cls: type, **kwargs: Any) -> RunResult:
+    """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
+    cfg.validate()
+    created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
+    dist = init_distributed(cfg.device, cfg.dist_timeout)
+    try:
+        return engine_cls(cfg, dist, **kwargs).run()
+    finally:
+        if created_group:
+            cleanup_distributed()
