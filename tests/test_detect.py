@@ -219,7 +219,7 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
     from simattn.detect import train
     recipe = _recipe(shapes, tmp_path, epochs=8, save_every=4)
     results = train(recipe)
-    losses = [r["loss"] for r in results["history"]]
+    losses = [r["train_loss"] for r in results["history"]]
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2, losses
     ev = results["eval"]
@@ -227,14 +227,14 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
     # untrained detector scores ~0). Asked: the worst seed's, rounded down to 5 points (the test runs seed 0).
     assert ev["bbox"]["AP50"] >= 30.0 and ev["segm"]["AP50"] >= 25.0, ev
     out = tmp_path / "run"
-    saved = json.loads((out / "results.json").read_text())
+    saved = json.loads((out / "summary.json").read_text())
     assert saved["eval"]["bbox"]["AP"] == ev["bbox"]["AP"] and len(saved["history"]) == 8
     assert (out / "curves.png").stat().st_size > 0
     # the saved detector evaluates to the same AP from the command line
     config = tmp_path / "recipe.yaml"
     import yaml
     config.write_text(yaml.safe_dump(recipe))
-    assert detect_main(["eval", "--config", str(config), "--weights", str(out / "checkpoint.pth")]) == 0
+    assert detect_main(["eval", "--config", str(config), "--weights", str(out / "last.pth")]) == 0
     again = json.loads((out / "eval.json").read_text())
     assert again["bbox"]["AP"] == pytest.approx(ev["bbox"]["AP"]) and again["segm"]["AP"] == pytest.approx(
         ev["segm"]["AP"])

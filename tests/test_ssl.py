@@ -13,7 +13,7 @@ from simattn.ssl.dino import build_backbone, build_dino_networks, build_multicro
 from simattn.ssl.evaluate import feature_fn
 from simattn.utils.recipe import merge_recipe
 from simattn.models.factory import load_model
-from simattn.utils.io import load_weights
+from simattn.utils.io import load_checkpoint
 
 pytest.importorskip("lightly")
 # lightly's DINO head uses torch's weight_norm, which torch now flags as deprecated
@@ -145,7 +145,7 @@ def test_relu_vit_views_use_its_own_normalization(tmp_path):
 
 def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     """A short DINO run on digits gives better frozen features than the same backbone at random init (both numbers
-    are printed and stored in results.json).
+    are printed and stored in summary.json).
 
     Measured with this recipe on three seeds (``--set train.seed=S``; random init -> after DINO, val top-1):
     20-NN 61.6 -> 66.0 (+4.5), 58.5 -> 68.2 (+9.7), 63.0 -> 64.1 (+1.1); linear probe 72.4 -> 78.8 (+6.4),
@@ -154,7 +154,7 @@ def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     out = tmp_path / "run"
     code = ssl_main(["train", "--config", "configs/ssl_digits.yaml", "--output", str(out)])
     assert code == 0
-    results = json.loads((out / "results.json").read_text())
+    results = json.loads((out / "summary.json").read_text())
     before, after = results["random_init"], results["final"]
     print(f"\ndigits val top-1, random init -> after DINO: 20-NN {before['knn_top1']:.1f}% -> "
           f"{after['knn_top1']:.1f}%, linear probe {before['linear_top1']:.1f}% -> {after['linear_top1']:.1f}%")
@@ -164,10 +164,11 @@ def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     wds, moms = [h["weight_decay"] for h in history], [h["momentum"] for h in history]
     assert wds == sorted(wds) and 0.3 < wds[-1] <= 0.4 and moms == sorted(moms) and moms[-1] > 0.999
     assert (out / "curves.png").stat().st_size > 0
-    # the teacher backbone: in the checkpoint (loadable as-is) and as safetensors that open by their record alone
+    # the teacher backbone: in the checkpoint and as safetensors that open by their record alone
     recipe = load_recipe(DEFAULTS, "configs/ssl_digits.yaml")
     backbone = build_backbone(recipe["model"]).eval()
-    load_weights(backbone, out / "checkpoint.pth")
+    teacher = load_checkpoint(out / "last.pth")["task_state"]["teacher"]
+    backbone.load_state_dict({k[len("backbone."):]: v for k, v in teacher.items() if k.startswith("backbone.")})
     opened, spec = load_model(weights=out / "backbone.safetensors")
     assert (spec["model"], spec["num_classes"], spec["producer"]) == (recipe["model"]["name"], 0, "simattn ssl")
     assert spec["data_config"]["input_size"] == [3, 16, 16]

@@ -2,7 +2,7 @@
 
     simattn detect shapes [--out data/shapes]                    # a tiny synthetic COCO-layout dataset
     simattn detect train --config detect_shapes_cpu [--set train.epochs=2 ...] [--output DIR] [--resume]
-    simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/checkpoint.pth
+    simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/last.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\
         --set data.train_images=/data/coco/train2017 ...
 """
@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
                         ("eval", "box and mask AP of a trained checkpoint on the val data")):
         p = sub.add_parser(name, help=help_)
         add_recipe_arguments(p, DETECT_SCHEMA, "data.val_images=/data/val2017", run=name == "train")
-    sub.choices["eval"].add_argument("--weights", required=True, help="detector checkpoint (checkpoint.pth)")
+    sub.choices["eval"].add_argument("--weights", required=True, help="the detection run's last.pth")
     shapes = sub.add_parser("shapes", help="write a tiny synthetic COCO-layout dataset (train and val splits)")
     shapes.add_argument("--out", default=DEFAULT_SHAPES_ROOT,
                         help=f"dataset folder (default {DEFAULT_SHAPES_ROOT}, where configs/detect_shapes_cpu.yaml "

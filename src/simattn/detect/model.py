@@ -14,7 +14,7 @@ def build_body(model: Mapping[str, Any]) -> nn.Module:
     """The backbone of a detection recipe's ``model`` section, started from ``backbone_weights`` if given.
 
     Weights may be a classification checkpoint or safetensors file (its classifier is dropped), a DINO
-    ``checkpoint.pth`` or ``backbone.safetensors``, or official/timm weights; position embeddings are resized to the
+    ``backbone.safetensors``, or official/timm weights; position embeddings are resized to the
     backbone's grid (:func:`~simattn.models.factory.load_initial_weights`, whose report is printed).
     """
     from ..models.factory import create_model, load_initial_weights

@@ -95,6 +95,7 @@ class RunResult:
     model: nn.Module
     ema: Optional[nn.Module]
     output: Path
+    is_main: bool = True  # the process that wrote the files (under torchrun, rank 0)
 
 
 class Engine:
@@ -248,6 +249,14 @@ class Engine:
     def evaluate(self) -> Dict[str, Any]:
         """Metrics of the current weights, merged into the epoch's record (every process calls it)."""
         return {}
+
+    def epoch_extra(self) -> Dict[str, Any]:
+        """More entries for every epoch's record (e.g. where the task's own schedules stand)."""
+        return {}
+
+    def checkpoint_this_epoch(self) -> bool:
+        """Whether ``last.pth`` is written after the epoch just trained (the last one always is)."""
+        return True
 
     def describe_eval(self, record: Dict[str, Any]) -> str:
         """The evaluation part of the per-epoch line (", val top-1 ...")."""
@@ -425,7 +434,7 @@ class Engine:
         self._t0, self._epoch_seen = time.perf_counter(), 0
         batches = progress(self.train_loader, f"epoch {self.epoch + 1}", n_batches - first_batch, self.show_bars)
         for i, batch in enumerate(batches, start=first_batch):
-            if i >= n_batches:
+            if i >= n_batches or self.stopped_early():
                 break
             update = (i + 1) % accum == 0
             batch, n = self.to_device(batch)
@@ -535,15 +544,23 @@ class Engine:
                 f"{self.cfg.batch_size} × accum {self.cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} "
                 f"epochs × {self.updates_per_epoch} updates, device {self.device}, output {self.out}")
 
+    def stopped_early(self) -> bool:
+        """Whether ``max_updates`` ends the run before its last epoch."""
+        return self.cfg.max_updates is not None and self.global_step >= self.cfg.max_updates
+
+    def is_last_epoch(self) -> bool:
+        """Whether the epoch being trained (or just trained) is the run's last."""
+        return self.epoch + 1 == self.num_epochs or self.stopped_early()
+
     def should_evaluate(self) -> bool:
         """Whether the epoch just trained is evaluated (the last one always is)."""
-        return self.epoch + 1 == self.num_epochs or (self.epoch + 1) % self.cfg.eval_every_epochs == 0
+        return self.is_last_epoch() or (self.epoch + 1) % self.cfg.eval_every_epochs == 0
 
     def run(self) -> RunResult:
-        cfg, log = self.cfg, self.log
+        log = self.log
         log.info(self.describe())
         self._segment_start = time.perf_counter()
-        while self.epoch < self.num_epochs:
+        while self.epoch < self.num_epochs and not self.stopped_early():
             epoch_start = time.perf_counter()
             self._train_epoch()
             names = sorted(self.part_sums)
@@ -554,6 +571,7 @@ class Engine:
                                       "train_loss": float(totals[0] / seen),
                                       **{k: float(v / seen) for k, v in zip(names, totals[2:])},
                                       "lr": self.optimizer.param_groups[0]["lr"]}
+            record.update(self.epoch_extra())
             evaluated = self.should_evaluate()
             if evaluated:
                 metrics = self.evaluate()
@@ -571,9 +589,11 @@ class Engine:
                      + self.describe_eval(record) + f" ({record['epoch_time_s']:.1f}s)")
             if self.scheduler is not None:
                 self.scheduler.step(self.epoch + 1, record.get(self.scheduler_metric))
+            last = self.is_last_epoch()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self.loss_sum, self.samples, self.part_sums = 0.0, 0, {}
-            self._save_state()
+            if last or self.checkpoint_this_epoch():
+                self._save_state()
         return self._finish(self.train_time())
 
     #: the history key a plateau schedule follows
@@ -607,7 +627,8 @@ class Engine:
             self.finish(summary)
             atomic_write_json(summary, self.out / "summary.json")
         barrier()
-        return RunResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out)
+        return RunResult(summary, self.model, self.ema.module if self.ema is not None else None, self.out,
+                         self.dist.is_main)
 
 
 def run(cfg: TrainConfig, engine_cls: type, **kwargs: Any) -> RunResult:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..utils.io import atomic_write_text, json_dumps
+from ..utils.io import atomic_path, atomic_write_text, json_dumps
 
-__all__ = ["MetricsLog", "format_table"]
+__all__ = ["MetricsLog", "format_table", "plot_history"]
 
 
 class MetricsLog:
@@ -52,3 +52,33 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def plot_history(history: Sequence[Mapping[str, Any]], keys: Sequence[str], path: Path, title: str = "",
+                 references: Optional[Dict[str, float]] = None, reference_label: str = "") -> Optional[Path]:
+    """One panel per key of ``history`` (e.g. losses, accuracies) against epoch, with ``references[key]`` (e.g. the
+    random-init accuracy) as a dashed line, written as a PNG to ``path``; None when no key has values."""
+    keys = [k for k in keys if any(r.get(k) is not None for r in history)]
+    if not keys:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        points = [(r["epoch"], r[key]) for r in history if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3)
+        if references and references.get(key) is not None:
+            ax.axhline(references[key], linestyle="--", color="gray", label=reference_label or None)
+            if reference_label:
+                ax.legend(fontsize=8)
+        ax.set_xlabel("epoch")
+        ax.set_title(key)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -6,7 +6,6 @@ Labels are never used by pretraining, only by the k-NN and linear evaluations.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from torch.utils.data import Dataset
@@ -25,9 +24,6 @@ def build_image_dataset(data: Mapping[str, Any], split: str, transform: Optional
     if name == "folder":
         if not data.get("root"):
             raise ValueError("data.root is required for data.name 'folder' (a folder with train/ and val/)")
-        folder = Path(data["root"]) / split
-        if not folder.is_dir():
-            raise FileNotFoundError(f"image folder not found: {folder} (expected {data['root']}/{split}/<class>/*)")
-        from torchvision.datasets import ImageFolder
-        return ImageFolder(str(folder), transform=transform)
+        from ..data.folder import image_folder
+        return image_folder(data["root"], split, transform=transform)
     raise ValueError(f"unknown data.name {name!r}; expected one of {', '.join(DATASET_NAMES)}")

@@ -10,15 +10,16 @@ cross-view cross-entropy), ``DINOTransform`` (multi-crop), ``cosine_schedule`` a
 ``create_optimizer_v2`` and ``CosineLRScheduler``; models come from :mod:`simattn.models.factory`. DDP comes from
 torchrun via :mod:`simattn.utils.distributed`.
 
-Outputs in ``output``: ``checkpoint.pth`` (atomically rewritten; ``model`` holds the teacher backbone, so
-``simattn.utils.io.load_weights(backbone, path)`` loads it), ``backbone.safetensors`` (the teacher backbone with its
-``simattn-weights-v1`` record, ``num_classes`` 0, so ``simattn export``/``viz`` open it), ``results.json`` (per-epoch
-history, k-NN / linear top-1) and ``curves.png``.
+The run is a task of the training engine (:class:`DinoTrainer`, :mod:`simattn.engine.core`), which owns DDP, AMP,
+the checkpoint and exact resume, the run folder and the logs. Outputs in ``output``: the engine's ``last.pth``,
+``metrics.jsonl``, ``summary.json`` (per-epoch history, k-NN / linear top-1, the random-init reference),
+``summary.csv`` and ``config.yaml``; ``backbone.safetensors`` (the teacher backbone with its ``simattn-weights-v1``
+record, ``num_classes`` 0, so ``simattn export``/``viz`` open it) and ``curves.png``.
 """
 from __future__ import annotations
 
 import itertools
-import time
+import os
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -26,18 +27,15 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from ..utils.distributed import (DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed,
-                                 init_distributed)
-from ..utils.io import atomic_torch_save, check_finite_weights, extract_state_dict
-from ..utils.recipe import SSL_SCHEMA, defaults_of, recipe_to_save
-from ..utils.runlog import EpochResults, progress
-from ..utils.runs import open_resumable_run, restore_progress, start_run_folder
-from ..utils.timing import set_threads
+from ..engine.core import Engine, run
+from ..engine.log import plot_history
+from ..utils.distributed import DistInfo
+from ..utils.recipe import SSL_SCHEMA, TrainConfig, defaults_of, recipe_to_save
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
 
-__all__ = ["DEFAULTS", "DinoNetwork", "build_backbone", "save_backbone", "build_dino_networks",
-           "build_multicrop_transform", "pretrain"]
+__all__ = ["DEFAULTS", "DinoNetwork", "DinoTrainer", "build_backbone", "save_backbone", "build_dino_networks",
+           "build_multicrop_transform", "engine_config", "pretrain"]
 
 #: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types,
 #: ranges and help texts are in :data:`simattn.utils.recipe.SSL_SCHEMA`.
@@ -161,177 +159,180 @@ def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
                              recalibrate_bn=random_init or recipe["eval"]["recalibrate_bn"])
 
 
-SSL_STATE_FORMAT = "simattn-ssl-state-v2"  # epochs counted from 1
-
-
-#: the files a DINO run writes into its folder (``overwrite`` deletes them before a fresh run)
-RUN_FILES = ("checkpoint.pth", "backbone.safetensors", "results.json", "curves.png", "config.yaml")
 #: recipe entries a resumed run must share with its checkpoint (the network and the data it learns from)
 _SAME_RUN_KEYS = (("model", "name"), ("model", "kwargs"), ("head", "output_dim"), ("data", "name"), ("data", "root"),
                   ("data", "global_crop_size"), ("data", "local_crop_size"))
+
+
+def engine_config(recipe: Mapping[str, Any], world_size: int, resume: bool, overwrite: bool,
+                  name: Optional[str]) -> TrainConfig:
+    """The engine's options for a DINO recipe: AdamW-style optimizer at the recipe's lr, a per-update cosine
+    schedule with linear warm-up from ``min_lr`` (as official DINO), one batch of ``batch_size / world_size`` per
+    process."""
+    t, data = recipe["train"], recipe["data"]
+    cuda = (t["device"] or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return TrainConfig(
+        model=recipe["model"]["name"], model_kwargs=dict(recipe["model"]["kwargs"]), recipe=name,
+        epochs=t["epochs"], batch_size=t["batch_size"] // world_size, workers=data["workers"], pin_memory=cuda,
+        opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"], sched="cosine", sched_on_updates=True,
+        warmup_epochs=t["warmup_epochs"], warmup_lr=t["min_lr"], min_lr=t["min_lr"], clip_grad=t["clip_grad"],
+        amp=bool(t["amp"]) and cuda, amp_dtype="float16", sync_bn=world_size > 1 and cuda, seed=t["seed"],
+        device=t["device"], threads=t["threads"], dist_timeout=t["dist_timeout"],
+        max_nonfinite_steps=t["max_nonfinite_steps"], output=recipe["output"], resume="auto" if resume else None,
+        overwrite=overwrite, log_interval=10 ** 9,
+        checkpoint_every_steps=t["checkpoint_every_steps"]).validate()
+
+
+class DinoTrainer(Engine):
+    """DINO as a task of the engine: the student is the trained model; the teacher, the centering and the
+    schedules of weight decay, teacher momentum and temperature are the task's."""
+
+    producer = "simattn ssl"
+    task_name = "ssl"
+    task_files = ("backbone.safetensors", "curves.png")
+    csv_columns = {"knn_top1": "knn_top1", "linear_top1": "linear_top1"}
+    scheduler_metric = "knn_top1"
+
+    def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
+        self.recipe = recipe
+        self.t = recipe["train"]
+        self.random_init: Optional[Dict[str, Any]] = None
+        super().__init__(cfg, dist)
+
+    def check_options(self) -> None:
+        t = self.t
+        if t["batch_size"] % self.dist.world_size:
+            raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {self.dist.world_size} "
+                             "processes")
+
+    def inputs(self) -> Dict[str, Any]:
+        return {"model.weights": self.recipe["model"].get("weights")}
+
+    def create_model(self):
+        from lightly.loss import DINOLoss
+        self.student, self.teacher = build_dino_networks(self.recipe)
+        if self.dist.distributed and self.device.type == "cuda":  # the engine converts the student
+            self.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(self.teacher)
+        self.teacher.to(self.device)
+        t = self.t
+        self.criterion = DINOLoss(self.recipe["head"]["output_dim"], student_temp=t["student_temp"],
+                                  teacher_temp=t["teacher_temp"], center_momentum=t["center_momentum"]).to(self.device)
+        return self.student, dict(self.recipe["model"]["kwargs"])
+
+    def train_dataset(self):
+        dataset = build_image_dataset(self.recipe["data"], "train",
+                                      build_multicrop_transform(self.recipe["data"], self.student.backbone))
+        if len(dataset) < self.t["batch_size"]:
+            raise ValueError(f"train.batch_size {self.t['batch_size']} exceeds the {len(dataset)} training images")
+        return dataset
+
+    def prepare(self) -> None:
+        self.total_steps = self.num_epochs * self.updates_per_epoch
+        self.teacher_temp = _teacher_temp(self.t, 0)
+        self.weight_decay, self.momentum = self.t["weight_decay"], self.t["momentum_teacher"]
+
+    def started(self) -> None:
+        if self.recipe["eval"]["compare_random_init"] and self.dist.is_main and self.random_init is None:
+            self.random_init = _evaluate(self.teacher, self.recipe, self.dist, random_init=True)
+            print(f"random init: {self.random_init}", flush=True)
+
+    def on_epoch_start(self) -> None:
+        self.teacher.train()  # as in DINO: BatchNorm layers (XCiT stem, LPI) of the teacher use batch statistics
+        self.teacher_temp = _teacher_temp(self.t, self.epoch)
+
+    def to_device(self, batch):
+        views, _, skipped = batch
+        if skipped or not views:
+            raise ValueError(f"{skipped} unreadable image(s) in a DINO batch; check the dataset folder")
+        return [v.to(self.device, non_blocking=True) for v in views], len(views[0])
+
+    def batch_loss(self, views: List[torch.Tensor]) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_out = self.teacher(views[:2])  # the teacher sees only the global views
+        student_out = self.forward_model(views)
+        return self.criterion(teacher_out, student_out, teacher_temp=self.teacher_temp)
+
+    def clip_gradients(self, params) -> None:
+        if self.t["clip_grad"]:
+            for p in params:  # DINO clips each parameter tensor's gradient on its own
+                if p.grad is not None:
+                    nn.utils.clip_grad_norm_(p, self.t["clip_grad"])
+
+    def before_step(self) -> None:
+        from lightly.utils.scheduler import cosine_schedule
+        self.student.head.cancel_last_layer_gradients(self.epoch)  # frozen prototypes early on
+        self.weight_decay = cosine_schedule(self.global_step, self.total_steps, self.t["weight_decay"],
+                                            self.t["weight_decay_end"])
+        # groups with decay (no-decay groups hold 0); looked up each step: loading a checkpoint replaces the groups
+        for group in self.optimizer.param_groups:
+            if group["weight_decay"] > 0:
+                group["weight_decay"] = self.weight_decay
+
+    def after_update(self) -> None:
+        from lightly.models.utils import update_momentum
+        from lightly.utils.scheduler import cosine_schedule
+        self.momentum = cosine_schedule(self.global_step - 1, self.total_steps, self.t["momentum_teacher"], 1.0)
+        update_momentum(self.student, self.teacher, m=self.momentum)
+
+    def epoch_extra(self) -> Dict[str, Any]:
+        return {"weight_decay": self.weight_decay, "momentum": self.momentum, "teacher_temp": self.teacher_temp}
+
+    def should_evaluate(self) -> bool:
+        every = self.recipe["eval"]["every"]
+        return self.is_last_epoch() or bool(every and (self.epoch + 1) % every == 0)
+
+    def evaluate(self) -> Dict[str, Any]:
+        # k-NN and the linear probe run on the main process; the others wait at the epoch's checkpoint
+        return _evaluate(self.teacher, self.recipe, self.dist) if self.dist.is_main else {}
+
+    def describe_eval(self, record: Dict[str, Any]) -> str:
+        shown = [f"{k} {record[k]:.2f}%" for k in ("knn_top1", "linear_top1") if record.get(k) is not None]
+        return (", " + ", ".join(shown)) if shown else ""
+
+    def checkpoint_this_epoch(self) -> bool:
+        return (self.epoch) % max(1, self.t["save_every"]) == 0
+
+    def same_run(self) -> Dict[str, Any]:
+        return {f"{a}.{b}": self.recipe[a].get(b) for a, b in _SAME_RUN_KEYS}
+
+    def task_state(self) -> Dict[str, Any]:
+        return {"teacher": self.teacher.state_dict(), "dino_loss": self.criterion.state_dict(),
+                "random_init": self.random_init}
+
+    def load_task_state(self, state: Dict[str, Any]) -> None:
+        self.teacher.load_state_dict(state["teacher"])
+        self.criterion.load_state_dict(state["dino_loss"])
+        self.random_init = state.get("random_init")
+
+    def saved_recipe(self) -> Dict[str, Any]:
+        return recipe_to_save(self.recipe)
+
+    def summary_extra(self) -> Dict[str, Any]:
+        final = {k: v for k, v in (self.last_eval or {}).items() if k.startswith(("knn", "linear", "feature"))}
+        return {"recipe": recipe_to_save(self.recipe), "final": final, "random_init": self.random_init}
+
+    def finish(self, summary: Dict[str, Any]) -> None:
+        from ..utils.io import check_finite_weights
+        check_finite_weights(self.teacher.backbone, "the DINO teacher backbone")
+        plot_history(self.history, ["train_loss", "knn_top1", "linear_top1"], self.out / "curves.png",
+                     title=f"DINO {self.recipe['model']['name']}", references=self.random_init,
+                     reference_label="random init")
+        save_backbone(self.teacher.backbone, self.out / "backbone.safetensors", self.recipe["model"],
+                      self.recipe["eval"], source="DINO teacher", epochs=self.num_epochs)
 
 
 def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = False,
              name: Optional[str] = None) -> Dict[str, Any]:
     """Run DINO pretraining described by a full recipe (see :data:`DEFAULTS`) and evaluate the teacher.
 
-    Returns the results written to ``results.json`` with the run folder as ``output`` (on the main process; other
-    processes get ``{}``). ``resume`` continues from ``<output>/checkpoint.pth``; the run folder follows
-    :mod:`simattn.utils.runs` (``runs/<name>/<date-time>`` by default, another run's folder only with
-    ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
+    Returns the summary written to ``summary.json`` (``history``, ``final`` k-NN / linear top-1, ``random_init``,
+    ``output``) on the main process, ``{}`` on the others. ``resume`` continues from ``<output>/last.pth``; the run
+    folder follows :mod:`simattn.utils.runs` (``runs/<name>/<date-time>`` by default, another run's folder only
+    with ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
     """
-    from lightly.loss import DINOLoss
-    from lightly.models.utils import update_momentum
-    from lightly.utils.scheduler import cosine_schedule
-    from timm.optim import create_optimizer_v2
-    from timm.scheduler import CosineLRScheduler
-    from timm.utils import random_seed
-    from torch.nn.parallel import DistributedDataParallel
-    from torch.utils.data import DataLoader, DistributedSampler
-
-    dist = init_distributed(recipe["train"]["device"], recipe["train"]["dist_timeout"])
-    try:
-        _check(recipe, dist.world_size)
-        t = recipe["train"]
-        out_dir, ckpt = open_resumable_run(recipe, name, "ssl", resume=resume, overwrite=overwrite,
-                                           map_location=dist.device, state_format=SSL_STATE_FORMAT,
-                                           keys=_SAME_RUN_KEYS, what="DINO")
-        set_threads(t["threads"])
-        random_seed(t["seed"], dist.rank)
-
-        student, teacher = build_dino_networks(recipe)
-        if dist.distributed and dist.device.type == "cuda":  # BatchNorm (XCiT stem/LPI, BN head) over all GPUs
-            student = nn.SyncBatchNorm.convert_sync_batchnorm(student)
-            teacher = nn.SyncBatchNorm.convert_sync_batchnorm(teacher)
-        student.to(dist.device)
-        teacher.to(dist.device)
-        log = EpochResults(out_dir, enabled=dist.is_main, results={"recipe": recipe_to_save(recipe),
-                                                                   "world_size": dist.world_size})
-        if recipe["eval"]["compare_random_init"] and dist.is_main and not resume:
-            log.results["random_init"] = _evaluate(teacher, recipe, dist, random_init=True)
-            print(f"random init: {log.results['random_init']}", flush=True)
-
-        dataset = build_image_dataset(recipe["data"], "train", build_multicrop_transform(recipe["data"],
-                                                                                        student.backbone))
-        per_process = t["batch_size"] // dist.world_size
-        if len(dataset) < t["batch_size"]:
-            raise ValueError(f"train.batch_size {t['batch_size']} exceeds the {len(dataset)} training images")
-        sampler = DistributedSampler(dataset, dist.world_size, dist.rank, shuffle=True, seed=t["seed"],
-                                     drop_last=True) if dist.distributed else None
-        loader = DataLoader(dataset, batch_size=per_process, shuffle=sampler is None, sampler=sampler,
-                            num_workers=recipe["data"]["workers"], drop_last=True,
-                            pin_memory=dist.device.type == "cuda", persistent_workers=recipe["data"]["workers"] > 0)
-        steps_per_epoch = len(loader)
-        total_steps = t["epochs"] * steps_per_epoch
-
-        model = DistributedDataParallel(student) if dist.distributed else student
-        optimizer = create_optimizer_v2(student, opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"])
-        decay_groups = [g for g in optimizer.param_groups if g["weight_decay"] > 0]
-        scheduler = CosineLRScheduler(optimizer, t_initial=total_steps, lr_min=t["min_lr"],
-                                      warmup_t=t["warmup_epochs"] * steps_per_epoch, warmup_lr_init=t["min_lr"],
-                                      t_in_epochs=False)
-        criterion = DINOLoss(recipe["head"]["output_dim"], student_temp=t["student_temp"],
-                             teacher_temp=t["teacher_temp"], center_momentum=t["center_momentum"]).to(dist.device)
-        use_amp = bool(t["amp"]) and dist.device.type == "cuda"
-        scaler = torch.amp.GradScaler("cuda", enabled=use_amp)
-
-        start_epoch, nonfinite, train_time = 0, 0, 0.0  # start_epoch: epochs done
-        if ckpt is not None:
-            student.load_state_dict(extract_state_dict(ckpt["student"]))
-            teacher.backbone.load_state_dict(ckpt["model"])
-            teacher.head.load_state_dict(ckpt["teacher_head"])
-            optimizer.load_state_dict(ckpt["optimizer"])
-            scaler.load_state_dict(ckpt["scaler"])
-            criterion.load_state_dict(ckpt["dino_loss"])
-            start_epoch, nonfinite, train_time = restore_progress(ckpt, log, out_dir, dist.is_main)
-            log.results.update({k: v for k, v in ckpt.get("results", {}).items() if k != "recipe"})
-        start_run_folder(out_dir, recipe, overwrite, () if resume else RUN_FILES, dist.is_main)
-        segment_start = time.perf_counter()
-
-        # ``epoch`` counts from 0 inside the loop (schedules, sampler); people see epoch + 1
-        for epoch in range(start_epoch, t["epochs"]):
-            if sampler is not None:
-                sampler.set_epoch(epoch)
-            student.train()
-            teacher.train()  # as in DINO: BatchNorm layers (XCiT stem, LPI) of the teacher use batch statistics
-            teacher_temp = _teacher_temp(t, epoch)
-            loss_sum, loss_count = torch.zeros((), device=dist.device), 0
-            for i, (views, _) in enumerate(progress(loader, f"epoch {epoch + 1}", steps_per_epoch, dist.is_main)):
-                step = epoch * steps_per_epoch + i
-                scheduler.step_update(step)
-                wd = cosine_schedule(step, total_steps, t["weight_decay"], t["weight_decay_end"])
-                for group in decay_groups:
-                    group["weight_decay"] = wd
-                views = [v.to(dist.device, non_blocking=True) for v in views]
-
-                with torch.autocast(dist.device.type, dtype=torch.float16, enabled=use_amp):
-                    with torch.no_grad():
-                        teacher_out = teacher(views[:2])  # the teacher sees only the global views
-                    student_out = model(views)
-                    loss = criterion(teacher_out, student_out, teacher_temp=teacher_temp)
-                if not all_finite(loss):
-                    nonfinite += 1
-                    if nonfinite > t["max_nonfinite_steps"]:
-                        raise FloatingPointError(
-                            f"training diverged: the DINO loss is {float(loss)} at epoch {epoch + 1} step {i + 1} "
-                            f"({nonfinite} non-finite so far, train.max_nonfinite_steps={t['max_nonfinite_steps']});"
-                            " no weights were written from this point. Lower train.lr or resume from the last "
-                            "checkpoint")
-                    if dist.is_main:
-                        print(f"warning: non-finite DINO loss at epoch {epoch + 1} step {i + 1}: step skipped "
-                              f"({nonfinite} of at most {t['max_nonfinite_steps']})", flush=True)
-                    optimizer.zero_grad(set_to_none=True)
-                    continue
-
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if t["clip_grad"]:
-                    scaler.unscale_(optimizer)
-                    for p in student.parameters():  # DINO clips each parameter tensor's gradient on its own
-                        if p.grad is not None:
-                            nn.utils.clip_grad_norm_(p, t["clip_grad"])
-                student.head.cancel_last_layer_gradients(epoch)  # frozen prototypes early on
-                scaler.step(optimizer)
-                scaler.update()
-
-                momentum = cosine_schedule(step, total_steps, t["momentum_teacher"], 1.0)
-                update_momentum(student, teacher, m=momentum)
-                loss_sum += loss.detach()
-                loss_count += 1
-
-            record = {"epoch": epoch + 1, "loss": all_reduce_mean(loss_sum / max(loss_count, 1)).item(),
-                      "lr": optimizer.param_groups[0]["lr"], "weight_decay": wd, "momentum": momentum,
-                      "teacher_temp": teacher_temp, "nonfinite_skipped": nonfinite}
-            last = epoch == t["epochs"] - 1
-            every = recipe["eval"]["every"]
-            if dist.is_main and (last or (every and (epoch + 1) % every == 0)):
-                record.update(_evaluate(teacher, recipe, dist))
-            log.log_epoch(record)
-            if dist.is_main and (last or (epoch + 1) % max(1, t["save_every"]) == 0):
-                check_finite_weights(student, "the DINO student")
-                check_finite_weights(teacher, "the DINO teacher")
-                atomic_torch_save({
-                    "format": SSL_STATE_FORMAT, "recipe": recipe_to_save(recipe),
-                    "model": teacher.backbone.state_dict(), "teacher_head": teacher.head.state_dict(),
-                    "student": student.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict(), "dino_loss": criterion.state_dict(), "epoch": epoch + 1,
-                    "nonfinite_skipped": nonfinite, "train_time_s": train_time + time.perf_counter() - segment_start,
-                    "history": log.history, "results": log.results,
-                }, out_dir / "checkpoint.pth")
-            barrier()
-
-        if dist.is_main:
-            final = {k: v for k, v in log.history[-1].items() if k.startswith(("knn", "linear", "feature"))}
-            log.results["final"] = final
-            log.results["output"] = str(out_dir)
-            log.results["train_time_s"] = train_time + time.perf_counter() - segment_start
-            check_finite_weights(teacher.backbone, "the DINO teacher backbone")
-            log.save()
-            log.plot(["loss", "knn_top1", "linear_top1"], title=f"DINO {recipe['model']['name']}",
-                     references=log.results.get("random_init"), reference_label="random init")
-            save_backbone(teacher.backbone, out_dir / "backbone.safetensors", recipe["model"], recipe["eval"],
-                          source="DINO teacher", epochs=t["epochs"])
-            return {**log.results, "history": log.history}
-        return {}
-    finally:
-        cleanup_distributed()
+    if resume and not recipe["output"]:
+        raise ValueError("--resume continues the run in --output: give its folder")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the engine joins the group
+    _check(recipe, world_size)
+    result = run(engine_config(recipe, world_size, resume, overwrite, name), DinoTrainer, recipe=recipe)
+    return result.summary if result.is_main else {}

@@ -15,7 +15,7 @@ Extending it (e.g. distillation) — subclass :class:`Trainer` and run it with `
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy

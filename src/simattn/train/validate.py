@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
-from torch import nn
 
 from ..models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
 from ..utils.io import atomic_write_json, check_outputs

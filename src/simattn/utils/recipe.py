@@ -324,6 +324,8 @@ class TrainConfig:
     grad_accum_steps: int = _opt(1, "micro-batches per optimizer update", low=1)
     steps_per_epoch: Optional[int] = _opt(None, "cap on optimizer updates per epoch (quick runs); None = full epochs",
                                           low=1)
+    max_updates: Optional[int] = _opt(None, "stop after this many optimizer updates in all (smoke runs; the epoch "
+                                            "where it stops is evaluated as the last); None = every epoch", low=1)
     opt: str = _opt("adamw", "optimizer name (timm.optim)", check=_check_optimizer)
     opt_eps: Optional[float] = _opt(None, "optimizer epsilon; None = the optimizer's default", low=0.0, low_open=True)
     opt_betas: Optional[List[float]] = _opt(None, "optimizer betas; None = the optimizer's default", low=0.0,
@@ -463,6 +465,7 @@ SSL_SCHEMA: Dict[str, Any] = {
         "amp": Opt(True, "fp16 autocast + loss scaling on CUDA (ignored on CPU)"),
         "seed": Opt(0, low=0),
         "save_every": Opt(1, "epochs between checkpoints (the last epoch is always saved)", low=1),
+        "checkpoint_every_steps": Opt(0, "also write last.pth every K updates (0: at epoch ends only)", low=0),
         "max_nonfinite_steps": Opt(0, "steps with a non-finite loss to skip before stopping with an error", low=0),
         "device": Opt(None, "'cpu', 'cuda' or null (CUDA when available)", type=_maybe(str), check=_check_device),
         "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
@@ -528,7 +531,8 @@ DETECT_SCHEMA: Dict[str, Any] = {
         "max_steps": Opt(None, "stop early after this many optimizer steps (smoke runs)", type=_maybe(int), low=1),
         "max_nonfinite_steps": Opt(0, "steps with a non-finite loss to skip before stopping with an error", low=0),
         "seed": Opt(0, low=0),
-        "save_every": Opt(1, low=1),
+        "save_every": Opt(1, "epochs between checkpoints (the last epoch is always saved)", low=1),
+        "checkpoint_every_steps": Opt(0, "also write last.pth every K updates (0: at epoch ends only)", low=0),
         "device": Opt(None, type=_maybe(str), check=_check_device),
         "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
         "dist_timeout": Opt(10.0, "minutes a torchrun process waits at a collective before the job stops",
@@ -786,7 +790,7 @@ def add_recipe_arguments(parser: Any, schema: Schema, example: str, run: bool = 
     parser.add_argument("--output", help="output folder (default: runs/<recipe>/<date-time>)")
     if run:
         parser.add_argument("--resume", action="store_true",
-                            help="continue the run in --output from its checkpoint.pth")
+                            help="continue the run in --output from its last.pth")
         parser.add_argument("--overwrite", action="store_true",
                             help="write into --output even if it holds another run's files (they are replaced)")
 

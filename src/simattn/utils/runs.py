@@ -1,6 +1,6 @@
 """Run folders: where a run writes, and the rule that keeps runs from writing over each other.
 
-Every command that trains (``train``, ``ssl train``, ``detect train``, ``convert``) calls :func:`open_run_folder`:
+Every command that trains (``train``, ``ssl train``, ``detect train``: the engine; ``convert``) follows these rules:
 
 - no output given: ``runs/<recipe>/<date-time>`` (a new folder every time; resuming defaults to the checkpoint's
   folder);
@@ -19,13 +19,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, Optional, Tuple
 
-from .io import CheckpointError, load_checkpoint, remove_stale_temp_files, stale_temp_files
+from .io import remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
-           "open_run_folder", "results_folder", "check_same_run", "open_resumable_run", "restore_progress",
-           "start_run_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX"]
+           "open_run_folder", "results_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX"]
 
 #: prefix of the hidden folder where ``--overwrite`` keeps the replaced files until the command has succeeded
 REPLACED_PREFIX = ".replaced-"
@@ -94,7 +93,7 @@ def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: b
                 f"not in it: resume into the checkpoint's own folder (leave --output out), pick an empty --output, "
                 f"or pass {flag} to replace them")
     else:
-        hint = "pass --resume to continue it, " if any(n in present for n in ("last.pth", "checkpoint.pth")) else ""
+        hint = "pass --resume to continue it, " if "last.pth" in present else ""
         what = (f"{out} already holds files ({shown}) of another run: {hint}choose another --output, or pass {flag} "
                 "to replace them")
     raise ValueError(what)
@@ -183,63 +182,3 @@ def results_folder(output: Optional[str], beside: Optional[str], name: Optional[
         raise ValueError(f"output {out} is {'a file' if blocker == out else f'under {blocker}, a file'}, not a folder")
     claim_run_folder(out, clean=False)  # a run may be writing there: its temporary files are not stale
     return out
-
-
-def check_same_run(path: Path, checkpoint: Mapping[str, Any], recipe: Mapping[str, Any], state_format: str,
-                   keys: Sequence[Tuple[str, str]], what: str) -> None:
-    """Refuse to resume ``checkpoint`` (read from ``path``) unless another kind of run did not write it
-    (``state_format``) and its saved recipe agrees with ``recipe`` on every ``(section, key)`` of ``keys`` (the network
-    and the data it learns from); one line naming what differs."""
-    if checkpoint.get("format") != state_format:
-        raise CheckpointError(f"{path} is not a {state_format} {what} checkpoint; it cannot be resumed")
-    saved = checkpoint.get("recipe") or {}
-    diffs = [f"{a}.{b} {saved.get(a, {}).get(b)!r} vs {recipe[a][b]!r}" for a, b in keys
-             if saved.get(a, {}).get(b) != recipe[a][b]]
-    if diffs:
-        raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
-                              "(checkpoint vs this run); resume with the run's own recipe (its config.yaml)")
-
-
-def open_resumable_run(recipe: Mapping[str, Any], name: Optional[str], task: str, *, resume: bool, overwrite: bool,
-                       map_location: Any, state_format: str, keys: Sequence[Tuple[str, str]], what: str,
-                       ) -> Tuple[Path, Optional[Mapping[str, Any]]]:
-    """The run folder of a recipe-driven task (``ssl``, ``detect``: ``recipe["output"]``, else the default) and,
-    when resuming, its checkpoint (``<output>/checkpoint.pth``, checked with :func:`check_same_run`); the folder
-    rule is :func:`check_run_folder`'s."""
-    output = recipe["output"]
-    if resume and not output:
-        raise ValueError("--resume continues the run in --output: give its folder")
-    ckpt_path = Path(output) / "checkpoint.pth" if resume else None
-    out_dir = resolve_output(output, name, task, ckpt_path)
-    check_run_folder(out_dir, ckpt_path, overwrite)
-    if ckpt_path is None:
-        return out_dir, None
-    ckpt = load_checkpoint(ckpt_path, map_location=map_location)
-    check_same_run(ckpt_path, ckpt, recipe, state_format, keys, what)
-    return out_dir, ckpt
-
-
-def restore_progress(ckpt: Mapping[str, Any], log: Any, out: Path, is_main: bool) -> Tuple[int, int, float]:
-    """What the resumed checkpoint of a recipe-driven task (``ssl``, ``detect``) had done: (epochs done, non-finite
-    steps skipped, train seconds so far), with ``log``'s per-epoch history restored; says so on the main process."""
-    epochs_done = int(ckpt["epoch"])
-    log.history = [dict(r) for r in ckpt.get("history", [])]
-    if is_main:
-        print(f"resumed from {Path(out) / 'checkpoint.pth'} after epoch {epochs_done}", flush=True)
-    return epochs_done, int(ckpt.get("nonfinite_skipped", 0)), float(ckpt.get("train_time_s", 0.0))
-
-
-def start_run_folder(out: Path, recipe: Mapping[str, Any], overwrite: bool, replaced: Iterable[str],
-                     is_main: bool) -> None:
-    """The point after which a recipe-driven run may change its folder (recipe, data and any checkpoint proved
-    usable): all processes meet, then the main one claims ``out`` (:func:`claim_run_folder`) and writes the recipe
-    it runs to ``out/config.yaml``."""
-    import yaml
-
-    from .distributed import barrier
-    from .io import atomic_write_text
-    from .recipe import recipe_to_save
-    barrier()
-    if is_main:
-        claim_run_folder(out, overwrite, replaced)
-        atomic_write_text(yaml.safe_dump(recipe_to_save(recipe), sort_keys=False), Path(out) / "config.yaml")
