@@ -8,7 +8,10 @@ import pytest
 import yaml
 
 from simattn.cli import main as simattn_main
-from simattn.utils.recipe import (DETECT_SCHEMA, SSL_SCHEMA, TrainConfig, defaults_of, list_recipes, load_recipe,
+from simattn.detect.schema import DETECT_SCHEMA
+from simattn.ssl.schema import SSL_SCHEMA
+from simattn.train.config import TrainConfig
+from simattn.utils.recipe import (defaults_of, list_recipes, load_recipe,
                                   merge_recipe, recipe_to_save)
 
 # option, bad value, what the message must say is allowed

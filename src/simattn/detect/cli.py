@@ -12,7 +12,8 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import DETECT_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
+from ..utils.recipe import add_recipe_arguments, recipe_from_args, recipe_name
+from .schema import DETECT_SCHEMA
 
 __all__ = ["main"]
 

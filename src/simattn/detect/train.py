@@ -20,7 +20,9 @@ from ..engine.core import Engine, run
 from ..engine.log import plot_history
 from ..utils.distributed import DistInfo, init_distributed
 from ..utils.io import load_checkpoint, load_weights
-from ..utils.recipe import DETECT_SCHEMA, TrainConfig, defaults_of, recipe_to_save
+from ..engine.config import EngineConfig
+from ..utils.recipe import defaults_of, recipe_to_save
+from .schema import DETECT_SCHEMA
 from .data import CocoInstances, collate_detection
 from .evaluate import evaluate_coco
 from .model import build_mask_rcnn
@@ -28,7 +30,7 @@ from .model import build_mask_rcnn
 __all__ = ["DEFAULTS", "DetectionTrainer", "engine_config", "train", "load_datasets", "evaluate_checkpoint"]
 
 #: Every recipe key with its default (XCiT-S12/16 → SimA with Mask R-CNN on COCO, the paper's Table 4); types,
-#: ranges and help texts are in :data:`simattn.utils.recipe.DETECT_SCHEMA`.
+#: ranges and help texts are in :data:`simattn.detect.schema.DETECT_SCHEMA`.
 DEFAULTS = defaults_of(DETECT_SCHEMA)
 
 _LOSS_KEYS = ("loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg")
@@ -54,11 +56,11 @@ _SAME_RUN_KEYS = (("model", "backbone"), ("model", "backbone_kwargs"), ("model",
 
 
 def engine_config(recipe: Mapping[str, Any], world_size: int, resume: bool, overwrite: bool,
-                  name: Optional[str]) -> TrainConfig:
+                  name: Optional[str]) -> EngineConfig:
     """The engine's options for a detection recipe (its step schedule is :class:`DetectionTrainer`'s own)."""
     t, m = recipe["train"], recipe["model"]
     cuda = (t["device"] or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return TrainConfig(
+    return EngineConfig(
         model=m["backbone"], model_kwargs=dict(m["backbone_kwargs"]), recipe=name, epochs=t["epochs"],
         batch_size=t["batch_size"] // world_size, workers=recipe["data"]["workers"], pin_memory=cuda,
         opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"], clip_grad=t["clip_grad"],
@@ -79,7 +81,7 @@ class DetectionTrainer(Engine):
     scheduler_metric = "bbox_AP"
     collate_fn = staticmethod(collate_detection)
 
-    def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: EngineConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
         self.recipe = recipe
         self.t = recipe["train"]
         self.last_ap: Optional[Dict[str, Any]] = None

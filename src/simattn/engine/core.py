@@ -20,7 +20,7 @@ A task is a subclass that supplies what differs (the methods under "task" below)
 - optional: ``build_optimizer``/``build_scheduler``, ``clip_gradients``, ``before_step``, ``after_update``,
   ``on_epoch_start``, ``summary_extra``, ``saved_recipe``.
 
-``cfg`` is a :class:`~simattn.utils.recipe.TrainConfig`: the engine reads its run, batch, optimizer, schedule,
+``cfg`` is an :class:`~simattn.engine.config.EngineConfig`: the engine reads its run, batch, optimizer, schedule,
 precision and checkpoint options; tasks with recipes of their own (ssl, detect) translate them into one.
 Attributes a subclass needs (a teacher model, ...) are set before calling ``super().__init__``, since the
 constructor already resumes (and so calls ``load_extra_state``).
@@ -45,10 +45,11 @@ from torch import nn
 
 from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
-from ..utils.recipe import TrainConfig, recipe_name, recipe_to_save, scaled_lr
+from ..utils.recipe import recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
 from ..utils.runs import check_inputs_kept, check_run_folder, claim_run_folder, resolve_output
 from ..utils.timing import set_threads
+from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
 from .log import MetricsLog
 from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
@@ -67,7 +68,7 @@ def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
-def build_optimizer(cfg: TrainConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
+def build_optimizer(cfg: EngineConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
     """timm ``create_optimizer_v2`` at the learning rate the recipe gives for this global batch."""
     opt_kwargs: Dict[str, Any] = {}
     if cfg.opt_eps is not None:
@@ -80,7 +81,7 @@ def build_optimizer(cfg: TrainConfig, model: nn.Module, world_size: int = 1) -> 
     return optimizer, lr
 
 
-def build_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_per_epoch: int):
+def build_scheduler(cfg: EngineConfig, optimizer: torch.optim.Optimizer, updates_per_epoch: int):
     """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown)."""
     return create_scheduler_v2(
         optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
@@ -114,7 +115,7 @@ class Engine:
     #: how the training loader batches samples (None: the engine's default, which drops unreadable images)
     collate_fn: Optional[Callable] = None
 
-    def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None) -> None:
+    def __init__(self, cfg: EngineConfig, dist: Optional[DistInfo] = None) -> None:
         dist = dist if dist is not None else init_distributed(cfg.device, cfg.dist_timeout)
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         set_threads(cfg.threads)
@@ -631,7 +632,7 @@ class Engine:
                          self.dist.is_main)
 
 
-def run(cfg: TrainConfig, engine_cls: type, **kwargs: Any) -> RunResult:
+def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
     """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
     cfg.validate()
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())

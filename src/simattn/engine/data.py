@@ -19,7 +19,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampl
 
 from ..data.folder import collate_skipping_unreadable
 from ..utils.distributed import DistInfo
-from ..utils.recipe import TrainConfig
+from .config import EngineConfig
 
 __all__ = ["SeededSamples", "ResumableSampler", "build_train_loader", "build_eval_loader", "sample_seed"]
 
@@ -83,7 +83,7 @@ class ResumableSampler(Sampler):
         return max(0, len(self.order) - self.start)
 
 
-def build_train_loader(dataset: Dataset, cfg: TrainConfig, dist: DistInfo,
+def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo,
                        collate_fn: Optional[Callable] = collate_skipping_unreadable
                        ) -> Tuple[DataLoader, ResumableSampler]:
     """Shuffled, sharded (one shard per rank), optionally repeated-augmentation batches of ``cfg.batch_size`` that

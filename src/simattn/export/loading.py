@@ -1,7 +1,7 @@
 """What the exporter needs to know about a model: its downsampling, its attention kind, and its softmax twin."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from torch import nn
 

@@ -10,7 +10,8 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import SSL_SCHEMA, add_recipe_arguments, recipe_from_args, recipe_name
+from ..utils.recipe import add_recipe_arguments, recipe_from_args, recipe_name
+from .schema import SSL_SCHEMA
 
 __all__ = ["main"]
 

@@ -30,7 +30,9 @@ from torch import nn
 from ..engine.core import Engine, run
 from ..engine.log import plot_history
 from ..utils.distributed import DistInfo
-from ..utils.recipe import SSL_SCHEMA, TrainConfig, defaults_of, recipe_to_save
+from ..engine.config import EngineConfig
+from ..utils.recipe import defaults_of, recipe_to_save
+from .schema import SSL_SCHEMA
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
 
@@ -38,7 +40,7 @@ __all__ = ["DEFAULTS", "DinoNetwork", "DinoTrainer", "build_backbone", "save_bac
            "build_multicrop_transform", "engine_config", "pretrain"]
 
 #: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types,
-#: ranges and help texts are in :data:`simattn.utils.recipe.SSL_SCHEMA`.
+#: ranges and help texts are in :data:`simattn.ssl.schema.SSL_SCHEMA`.
 DEFAULTS = defaults_of(SSL_SCHEMA)
 
 
@@ -165,13 +167,13 @@ _SAME_RUN_KEYS = (("model", "name"), ("model", "kwargs"), ("head", "output_dim")
 
 
 def engine_config(recipe: Mapping[str, Any], world_size: int, resume: bool, overwrite: bool,
-                  name: Optional[str]) -> TrainConfig:
+                  name: Optional[str]) -> EngineConfig:
     """The engine's options for a DINO recipe: AdamW-style optimizer at the recipe's lr, a per-update cosine
     schedule with linear warm-up from ``min_lr`` (as official DINO), one batch of ``batch_size / world_size`` per
     process."""
     t, data = recipe["train"], recipe["data"]
     cuda = (t["device"] or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return TrainConfig(
+    return EngineConfig(
         model=recipe["model"]["name"], model_kwargs=dict(recipe["model"]["kwargs"]), recipe=name,
         epochs=t["epochs"], batch_size=t["batch_size"] // world_size, workers=data["workers"], pin_memory=cuda,
         opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"], sched="cosine", sched_on_updates=True,
@@ -193,7 +195,7 @@ class DinoTrainer(Engine):
     csv_columns = {"knn_top1": "knn_top1", "linear_top1": "linear_top1"}
     scheduler_metric = "knn_top1"
 
-    def __init__(self, cfg: TrainConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
+    def __init__(self, cfg: EngineConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
         self.recipe = recipe
         self.t = recipe["train"]
         self.random_init: Optional[Dict[str, Any]] = None

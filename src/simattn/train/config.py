@@ -1,4 +1,5 @@
-"""``simattn train`` options: the :class:`~simattn.utils.recipe.TrainConfig` schema as command-line flags.
+"""``simattn train`` options: :class:`TrainConfig` (the engine's options, data, augmentation and model) and its
+command-line flags.
 
 Recipes are YAML files with the field names of :class:`TrainConfig` as keys (:mod:`simattn.utils.recipe` reads and
 checks them). ``-c`` takes a file path or the name of a shipped recipe (``sima_deit_small``, ``digits_cpu``). Every
@@ -8,13 +9,71 @@ field is also a flag (``--batch-size 32``; values are YAML, so ``--opt-betas '[0
 from __future__ import annotations
 
 import argparse
-from typing import Any, Dict, Mapping, Optional
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional
 
+from ..engine.config import EngineConfig, scaled_lr
 from ..utils.options import OPTIONS_HELP, deep_merge, parse_assignments, parse_value
-from ..utils.recipe import TrainConfig, find_recipe, list_recipes, load_recipe, scaled_lr, specs_of
+from ..utils.recipe import (INTERPOLATIONS, PROB, check_auto_augment, find_recipe, list_recipes,
+                            load_recipe, option, specs_of)
 
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
            "scaled_lr"]
+
+
+@dataclass
+class TrainConfig(EngineConfig):
+    """Every option of ``simattn train``: the engine's, and the data, augmentation and model options of image
+    classification (each is a recipe key and a ``--flag``)."""
+
+    num_classes: Optional[int] = option(None, "classifier size; None = the dataset's class count (a mismatch is an "
+                                            "error)", low=1)
+    initial_checkpoint: Optional[str] = option(None, "weights to start from (a classification checkpoint or "
+                                                   "safetensors of any layout the model family reads); the "
+                                                   "classifier is re-initialized when its size differs")
+    drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
+    drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
+    dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
+                                  "cifar100 (checked by simattn.data.create_dataset)")
+    data_dir: Optional[str] = option(None, "dataset root (not used by digits)")
+    train_split: str = option("train", "split (sub-folder) to train on")
+    val_split: str = option("val", "split to evaluate on")
+    img_size: Optional[int] = option(None, "input resolution; None = model_kwargs.img_size or the model's default",
+                                   low=1)
+    scale: List[float] = option(factory=lambda: [0.08, 1.0], help="RandomResizedCrop area range", low=0.0, high=1.0,
+                              low_open=True, length=2)
+    ratio: List[float] = option(factory=lambda: [3 / 4, 4 / 3], help="RandomResizedCrop aspect range", low=0.0,
+                              low_open=True, length=2)
+    hflip: float = option(0.5, "horizontal flip probability", **PROB)
+    vflip: float = option(0.0, "vertical flip probability", **PROB)
+    color_jitter: float = option(0.4, "color jitter strength (ignored when aa is set)", low=0.0)
+    aa: Optional[str] = option(None, "timm auto-augment string, e.g. rand-m9-mstd0.5-inc1", check=check_auto_augment)
+    interpolation: Optional[str] = option(None, "bicubic | bilinear | ...; None = the model's default",
+                                        choices=INTERPOLATIONS)
+    mean: Optional[List[float]] = option(None, "None = the model's default", length=3)
+    std: Optional[List[float]] = option(None, "None = the model's default", low=0.0, low_open=True, length=3)
+    crop_pct: Optional[float] = option(None, "evaluation center-crop ratio; None = the model's default", low=0.0,
+                                     high=1.0, low_open=True)
+    reprob: float = option(0.0, "random erasing probability", **PROB)
+    remode: str = option("pixel", "random erasing fill: pixel | rand | const", choices=["pixel", "rand", "const"])
+    recount: int = option(1, "random erasing regions per image", low=1)
+    mixup: float = option(0.0, "mixup alpha (0 = off)", low=0.0)
+    cutmix: float = option(0.0, "cutmix alpha (0 = off)", low=0.0)
+    mixup_prob: float = option(1.0, "probability of mixing a batch", **PROB)
+    mixup_switch_prob: float = option(0.5, "probability of cutmix instead of mixup when both are on", **PROB)
+    mixup_mode: str = option("batch", "batch | pair | elem", choices=["batch", "pair", "elem"])
+    smoothing: float = option(0.1, "label smoothing", low=0.0, high=1.0, high_open=True)
+
+    def validate(self) -> "TrainConfig":
+        """Check every option and the ones that depend on each other (a one-line ValueError)."""
+        super().validate()
+        for name in ("scale", "ratio"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ValueError(f"option {name!r}: got {getattr(self, name)!r}; allowed: [low, high] with "
+                                 "low <= high")
+        return self
+
 
 
 def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:

@@ -1,11 +1,15 @@
-"""Recipes of every command: one typed schema per task and one loader for all of them.
+"""The one option mechanism: typed, range-checked options, and one recipe loader for every task's schema.
 
-A recipe is a YAML mapping of options. Each task has a schema that lists every option with its type, default,
-help text and allowed values (a range, a list of choices, or a check such as timm's auto-augment parser):
+A recipe is a YAML mapping of options. Each task declares its schema in its own package, listing every option with
+its type, default, help text and allowed values (a range, a list of choices, or a check such as timm's auto-augment
+parser), either as a dataclass whose fields are :func:`option` (and :func:`section`) fields, or as nested dicts of
+:class:`Opt`:
 
-- ``simattn train``: :class:`TrainConfig`, a flat dataclass (every field is also a ``--flag``);
-- ``simattn ssl``: :data:`SSL_SCHEMA`, nested sections (``model``, ``head``, ``data``, ``train``, ``eval``);
-- ``simattn detect``: :data:`DETECT_SCHEMA`, nested sections (``model``, ``data``, ``train``, ``eval``).
+- the engine: :class:`simattn.engine.config.EngineConfig`; ``simattn train``: ``simattn.train.config.TrainConfig``
+  (a flat dataclass: every field is also a ``--flag``); ``simattn convert``: ``simattn.convert.options.ConvertConfig``
+  (TrainConfig and a ``convert`` section);
+- ``simattn ssl`` and ``simattn detect``: nested dict schemas (``simattn.ssl.schema``, ``simattn.detect.schema``),
+  registered with :func:`register_nested_schema`.
 
 :func:`load_recipe` reads defaults < a recipe file (a path or the name of a recipe shipped in ``simattn/configs``,
 which may start from another with ``base: NAME``) < overrides (``--set key=value`` items, parsed with
@@ -30,9 +34,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["Opt", "TrainConfig", "SSL_SCHEMA", "DETECT_SCHEMA", "RUN_KEYS", "RecipeDefaults", "load_recipe",
-           "merge_recipe", "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name",
-           "defaults_of", "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "scaled_lr"]
+__all__ = ["Opt", "option", "section", "check_fields", "check_section", "RUN_KEYS", "RecipeDefaults", "load_recipe", "merge_recipe",
+           "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "defaults_of",
+           "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "register_nested_schema",
+           "check_optimizer", "check_device", "check_auto_augment", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -223,7 +228,7 @@ def _optimizers() -> List[str]:
     return list(list_optimizers())
 
 
-def _check_optimizer(name: str) -> Optional[str]:
+def check_optimizer(name: str) -> Optional[str]:
     names = _optimizers()
     if name.lower() in names or name.lower().split("_")[-1] in names:  # timm accepts 'lookahead_adamw'
         return None
@@ -232,7 +237,7 @@ def _check_optimizer(name: str) -> Optional[str]:
             + (f"; did you mean {', '.join(close)}?" if close else "") + ")")
 
 
-def _check_auto_augment(text: str) -> Optional[str]:
+def check_auto_augment(text: str) -> Optional[str]:
     from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
     make = (rand_augment_transform if text.startswith("rand") else
             augment_and_mix_transform if text.startswith("augmix") else auto_augment_transform)
@@ -245,7 +250,7 @@ def _check_auto_augment(text: str) -> Optional[str]:
     return None
 
 
-def _check_device(text: str) -> Optional[str]:
+def check_device(text: str) -> Optional[str]:
     if text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
         return None
     return "allowed: cpu, cuda, cuda:N, or null (CUDA when available)"
@@ -256,298 +261,54 @@ SCHEDULES = ["cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "con
 PROB = dict(low=0.0, high=1.0)
 
 
-# ----- simattn train ------------------------------------------------------------------------------------------------
+# ----- options of dataclass schemas ------------------------------------------------------------------------------------------------
 
-def _opt(default: Any = None, help: str = "", factory=None, **spec: Any):
-    """A :class:`TrainConfig` field; its :class:`Opt` (help, range, choices) lives in the field's metadata."""
+def option(default: Any = None, help: str = "", factory=None, **spec: Any):
+    """A dataclass schema's field; its :class:`Opt` (help, range, choices) lives in the field's metadata."""
     opt = Opt(default=factory() if factory is not None else default, help=help, **spec)
     if factory is not None:
         return field(default_factory=factory, metadata={"opt": opt})
     return field(default=default, metadata={"opt": opt})
 
 
-@dataclass
-class TrainConfig:
-    """Every option of ``simattn train`` (each is a recipe key and a ``--flag``)."""
-
-    # --- model
-    model: str = _opt("sima_deit_tiny_patch16_224", "registered model name (timm.create_model)")
-    model_kwargs: Dict[str, Any] = _opt(factory=dict, help="extra create_model kwargs (img_size, attn_type, ...)")
-    num_classes: Optional[int] = _opt(None, "classifier size; None = the dataset's class count (a mismatch is an "
-                                            "error)", low=1)
-    initial_checkpoint: Optional[str] = _opt(None, "weights to start from (a classification checkpoint or "
-                                                   "safetensors of any layout the model family reads); the "
-                                                   "classifier is re-initialized when its size differs")
-    drop_path: float = _opt(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
-    drop: float = _opt(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
-
-    # --- data
-    dataset: str = _opt("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
-                                  "cifar100 (checked by simattn.data.create_dataset)")
-    data_dir: Optional[str] = _opt(None, "dataset root (not used by digits)")
-    train_split: str = _opt("train", "split (sub-folder) to train on")
-    val_split: str = _opt("val", "split to evaluate on")
-    img_size: Optional[int] = _opt(None, "input resolution; None = model_kwargs.img_size or the model's default",
-                                   low=1)
-    workers: int = _opt(0, "data-loader worker processes per rank", low=0)
-    pin_memory: bool = _opt(False, "pin host memory for faster GPU copies")
-
-    # --- augmentation (timm.data.create_transform, timm.data.Mixup, timm.data.RepeatAugSampler)
-    scale: List[float] = _opt(factory=lambda: [0.08, 1.0], help="RandomResizedCrop area range", low=0.0, high=1.0,
-                              low_open=True, length=2)
-    ratio: List[float] = _opt(factory=lambda: [3 / 4, 4 / 3], help="RandomResizedCrop aspect range", low=0.0,
-                              low_open=True, length=2)
-    hflip: float = _opt(0.5, "horizontal flip probability", **PROB)
-    vflip: float = _opt(0.0, "vertical flip probability", **PROB)
-    color_jitter: float = _opt(0.4, "color jitter strength (ignored when aa is set)", low=0.0)
-    aa: Optional[str] = _opt(None, "timm auto-augment string, e.g. rand-m9-mstd0.5-inc1", check=_check_auto_augment)
-    interpolation: Optional[str] = _opt(None, "bicubic | bilinear | ...; None = the model's default",
-                                        choices=INTERPOLATIONS)
-    mean: Optional[List[float]] = _opt(None, "None = the model's default", length=3)
-    std: Optional[List[float]] = _opt(None, "None = the model's default", low=0.0, low_open=True, length=3)
-    crop_pct: Optional[float] = _opt(None, "evaluation center-crop ratio; None = the model's default", low=0.0,
-                                     high=1.0, low_open=True)
-    reprob: float = _opt(0.0, "random erasing probability", **PROB)
-    remode: str = _opt("pixel", "random erasing fill: pixel | rand | const", choices=["pixel", "rand", "const"])
-    recount: int = _opt(1, "random erasing regions per image", low=1)
-    aug_repeats: int = _opt(0, "repeated augmentation (RepeatAugSampler) copies per image; 0 = off", low=0)
-    mixup: float = _opt(0.0, "mixup alpha (0 = off)", low=0.0)
-    cutmix: float = _opt(0.0, "cutmix alpha (0 = off)", low=0.0)
-    mixup_prob: float = _opt(1.0, "probability of mixing a batch", **PROB)
-    mixup_switch_prob: float = _opt(0.5, "probability of cutmix instead of mixup when both are on", **PROB)
-    mixup_mode: str = _opt("batch", "batch | pair | elem", choices=["batch", "pair", "elem"])
-    smoothing: float = _opt(0.1, "label smoothing", low=0.0, high=1.0, high_open=True)
-
-    # --- optimization (timm.optim.create_optimizer_v2, timm.scheduler.create_scheduler_v2)
-    epochs: int = _opt(10, "training epochs", low=1)
-    batch_size: int = _opt(64, "per process", low=1)
-    grad_accum_steps: int = _opt(1, "micro-batches per optimizer update", low=1)
-    steps_per_epoch: Optional[int] = _opt(None, "cap on optimizer updates per epoch (quick runs); None = full epochs",
-                                          low=1)
-    max_updates: Optional[int] = _opt(None, "stop after this many optimizer updates in all (smoke runs; the epoch "
-                                            "where it stops is evaluated as the last); None = every epoch", low=1)
-    opt: str = _opt("adamw", "optimizer name (timm.optim)", check=_check_optimizer)
-    opt_eps: Optional[float] = _opt(None, "optimizer epsilon; None = the optimizer's default", low=0.0, low_open=True)
-    opt_betas: Optional[List[float]] = _opt(None, "optimizer betas; None = the optimizer's default", low=0.0,
-                                            high=1.0, high_open=True, length=2)
-    momentum: float = _opt(0.9, "SGD-style momentum", low=0.0, high=1.0, high_open=True)
-    weight_decay: float = _opt(0.05, "weight decay (not applied to norms, biases, tokens)", low=0.0)
-    lr: Optional[float] = _opt(None, "absolute learning rate; None = lr_base scaled by the global batch", low=0.0,
-                               low_open=True)
-    lr_base: float = _opt(5e-4, "learning rate at a global batch of lr_base_size", low=0.0, low_open=True)
-    lr_base_size: int = _opt(512, "global batch at which lr_base applies", low=1)
-    lr_base_scale: str = _opt("linear", "linear | sqrt", choices=["linear", "sqrt"])
-    sched: str = _opt("cosine", "schedule name (timm.scheduler): cosine | step | ... | none", choices=SCHEDULES)
-    sched_on_updates: bool = _opt(False, "step the schedule every update instead of every epoch")
-    warmup_epochs: float = _opt(5, "linear warmup length", low=0.0)
-    warmup_lr: float = _opt(1e-6, "learning rate at the start of warmup", low=0.0)
-    min_lr: float = _opt(1e-5, "floor of the decayed learning rate", low=0.0)
-    cooldown_epochs: int = _opt(0, "epochs at min_lr after the schedule", low=0)
-    clip_grad: Optional[float] = _opt(None, "gradient clipping threshold; None = off", low=0.0, low_open=True)
-    clip_mode: str = _opt("norm", "norm | value | agc", choices=["norm", "value", "agc"])
-    model_ema: bool = _opt(False, "keep an EMA of the weights (timm ModelEmaV3)")
-    model_ema_decay: float = _opt(0.9998, "EMA decay per update", low=0.0, high=1.0, low_open=True, high_open=True)
-    model_ema_warmup: bool = _opt(False, "ramp the EMA decay up over the first updates")
-    max_nonfinite_steps: int = _opt(0, "updates with a non-finite loss to skip (counted in the log) before the run "
-                                       "stops with an error", low=0)
-
-    # --- precision and speed
-    device: Optional[str] = _opt(None, "cpu | cuda; None = cuda when available", check=_check_device)
-    amp: bool = _opt(False, "autocast mixed precision")
-    amp_dtype: str = _opt("float16", "float16 (with loss scaling) | bfloat16", choices=["float16", "bfloat16"])
-    grad_checkpointing: bool = _opt(False, "recompute activations in backward (model.set_grad_checkpointing)")
-    channels_last: bool = _opt(False, "channels_last memory format for model and inputs")
-    compile: bool = _opt(False, "torch.compile the model")
-    sync_bn: bool = _opt(False, "SyncBatchNorm across ranks (CUDA only)")
-    threads: Optional[int] = _opt(None, "CPU intra-op threads per process; None = torch's default", low=1)
-    dist_timeout: float = _opt(10.0, "minutes a torchrun process waits at a collective before the job stops (a "
-                                     "frozen or dead rank)", low=0.0, low_open=True)
-
-    # --- run, checkpoints, output
-    output: Optional[str] = _opt(None, "run folder (last.pth, best/final .safetensors, metrics.jsonl, summary.json, "
-                                       "summary.csv); None = runs/<recipe>/<date-time>")
-    resume: Optional[str] = _opt(None, "checkpoint to continue; 'auto' (or the bare flag) = <output>/last.pth",
-                                 const="auto")
-    overwrite: bool = _opt(False, "write into <output> even if it holds another run's files (they are replaced)")
-    checkpoint_every_steps: int = _opt(0, "also write last.pth every K updates (0 = only at epoch ends)", low=0)
-    eval_every_epochs: int = _opt(1, "evaluate every N epochs (and always after the last)", low=1)
-    log_interval: int = _opt(50, "updates between progress lines / JSON step records", low=1)
-    seed: int = _opt(0, "base seed (each rank adds its rank)", low=0)
-    recipe: Optional[str] = _opt(None, "the recipe this config came from (informational)")
-
-    def __post_init__(self) -> None:
-        # every value is checked against its Opt, whichever way the config was made (recipe, flags, Python)
-        for name, opt in _dataclass_specs(type(self)).items():
-            setattr(self, name, check_value(name, opt, getattr(self, name)))
-
-    def to_dict(self) -> Dict[str, Any]:
-        """Plain types only (lists, dicts, str, numbers): safe for JSON, YAML and weights_only checkpoints."""
-        return dataclasses.asdict(self)
-
-    def validate(self) -> "TrainConfig":
-        """Check every option and the ones that depend on each other (a one-line ValueError)."""
-        self.__post_init__()
-        for name in ("scale", "ratio"):
-            low, high = getattr(self, name)
-            if low > high:
-                raise ValueError(f"option {name!r}: got {getattr(self, name)!r}; allowed: [low, high] with "
-                                 "low <= high")
-        if self.resume == "auto" and not self.output:
-            raise ValueError("option 'resume': 'auto' continues <output>/last.pth, so it needs an output folder "
-                             "(--output); or give the checkpoint's path")
-        return self
+def section(specs: Mapping[str, Any]):
+    """A dataclass schema's field that is a nested section of options (``convert.transfer_lr``): a dict of their
+    values, each checked against ``specs`` (a nested dict schema)."""
+    return field(default_factory=lambda: _defaults(specs), metadata={"section": dict(specs)})
 
 
-def scaled_lr(cfg: TrainConfig, world_size: int = 1) -> float:
-    """``cfg.lr`` if set, else ``lr_base × (global batch / lr_base_size)`` (or its square root), global batch =
-    batch_size × world_size × grad_accum_steps (the recipes' ``lr 5e-4 × total_batch/512``)."""
-    if cfg.lr is not None:
-        return cfg.lr
-    ratio = cfg.batch_size * world_size * cfg.grad_accum_steps / cfg.lr_base_size
-    return cfg.lr_base * (ratio ** 0.5 if cfg.lr_base_scale == "sqrt" else ratio)
+def check_fields(config: Any) -> None:
+    """Check (and coerce) every field of a dataclass schema instance against its :class:`Opt` or section, whichever
+    way the instance was made (recipe, flags, Python)."""
+    for name, spec in _dataclass_specs(type(config)).items():
+        value = getattr(config, name)
+        if isinstance(spec, Mapping):
+            setattr(config, name, check_section(value, spec, f"{name}."))
+        else:
+            setattr(config, name, check_value(name, spec, value))
 
 
-# ----- simattn ssl --------------------------------------------------------------------------------------------------
+def check_section(values: Mapping[str, Any], specs: Mapping[str, Any], where: str) -> Dict[str, Any]:
+    """``values`` of a nested section checked against ``specs`` (unknown keys refused, defaults filled in)."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"recipe: {where.rstrip('.')!r} must be a mapping of options, got {values!r}")
+    _merge({}, values, specs, where, check=False)  # unknown keys
+    return _check_all(values, specs, where)
 
-def _maybe(hint: Any) -> Any:
+
+def maybe(hint: Any) -> Any:
     return Optional[hint]
 
 
-#: every ``simattn ssl`` option with its default: the ImageNet recipe of the SimA paper's DINO experiment (Table 5)
-SSL_SCHEMA: Dict[str, Any] = {
-    "model": {
-        "name": Opt("sima_small_12_p16", "any model timm.create_model knows (import simattn registers ours)"),
-        "drop_path_rate": Opt(0.1, "student only; the teacher has none", low=0.0, high=1.0, high_open=True),
-        "kwargs": Opt({}, "extra timm.create_model arguments (img_size, depth, attn_type, ...)"),
-        "weights": Opt(None, "initial backbone weights: classification, official/timm or DINO weights "
-                             "(.pth / .safetensors), read by simattn.models.factory.load_initial_weights",
-                       type=_maybe(str)),
-    },
-    "head": {
-        "hidden_dim": Opt(2048, low=1),
-        "bottleneck_dim": Opt(256, low=1),
-        "output_dim": Opt(65536, "prototypes K", low=1),
-        "norm_last_layer": Opt(True, "weight-normalized last layer with fixed norm (stabler for ViTs)"),
-        "batch_norm": Opt(False, "BatchNorm in the head's MLP (DINO's ResNet setting; guards tiny runs against "
-                                 "collapse)"),
-        "freeze_last_layer_epochs": Opt(1, low=0),
-    },
-    "data": {
-        "name": Opt("folder", "'digits' (embedded) or 'folder' (root/train, root/val ImageFolder)",
-                    choices=["digits", "folder"]),
-        "root": Opt(None, type=_maybe(str)),
-        "workers": Opt(8, low=0),
-        "global_crop_size": Opt(224, low=1),
-        "global_crop_scale": Opt([0.25, 1.0], type=List[float], low=0.0, high=1.0, low_open=True, length=2),
-        "local_crop_size": Opt(96, low=1),
-        "local_crop_scale": Opt([0.05, 0.25], type=List[float], low=0.0, high=1.0, low_open=True, length=2),
-        "n_local_views": Opt(10, low=0),
-        "augment": Opt({}, "extra lightly DINOTransform arguments (hf_prob, cj_prob, sigmas, solarization_prob, "
-                           "...)"),
-    },
-    "train": {
-        "epochs": Opt(100, low=1),
-        "batch_size": Opt(256, "total over all processes", low=1),
-        "lr": Opt(2.5e-4, "peak learning rate for this batch size", low=0.0, low_open=True),
-        "min_lr": Opt(1e-6, low=0.0),
-        "warmup_epochs": Opt(10, low=0),
-        "optimizer": Opt("adamw", check=_check_optimizer),
-        "weight_decay": Opt(0.04, low=0.0),
-        "weight_decay_end": Opt(0.4, low=0.0),
-        "momentum_teacher": Opt(0.996, "cosine schedule to 1.0", low=0.0, high=1.0, high_open=True),
-        "teacher_temp": Opt(0.04, "sharpening", low=0.0, low_open=True),
-        "warmup_teacher_temp": Opt(0.04, low=0.0, low_open=True),
-        "warmup_teacher_temp_epochs": Opt(0, low=0),
-        "student_temp": Opt(0.1, low=0.0, low_open=True),
-        "center_momentum": Opt(0.9, "centering", low=0.0, high=1.0, high_open=True),
-        "clip_grad": Opt(3.0, "max grad norm of each parameter tensor (as DINO clips); null disables",
-                         type=_maybe(float), low=0.0, low_open=True),
-        "amp": Opt(True, "fp16 autocast + loss scaling on CUDA (ignored on CPU)"),
-        "seed": Opt(0, low=0),
-        "save_every": Opt(1, "epochs between checkpoints (the last epoch is always saved)", low=1),
-        "checkpoint_every_steps": Opt(0, "also write last.pth every K updates (0: at epoch ends only)", low=0),
-        "max_nonfinite_steps": Opt(0, "steps with a non-finite loss to skip before stopping with an error", low=0),
-        "device": Opt(None, "'cpu', 'cuda' or null (CUDA when available)", type=_maybe(str), check=_check_device),
-        "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
-        "dist_timeout": Opt(10.0, "minutes a torchrun process waits at a collective before the job stops",
-                            low=0.0, low_open=True),
-    },
-    "eval": {
-        "every": Opt(0, "evaluate every N epochs (0: only at the end)", low=0),
-        "compare_random_init": Opt(False, "also evaluate the backbone before training"),
-        "recalibrate_bn": Opt(False, "re-estimate BatchNorm statistics on the eval training images first"),
-        "img_size": Opt(224, low=1),
-        "crop_pct": Opt(0.875, low=0.0, high=1.0, low_open=True),
-        "batch_size": Opt(256, low=1),
-        "knn_k": Opt(20, low=1),
-        "knn_temperature": Opt(0.07, low=0.0, low_open=True),
-        "linear_epochs": Opt(100, "0 disables the linear probe", low=0),
-        "linear_lr": Opt(1e-3, low=0.0, low_open=True),
-        "linear_batch_size": Opt(256, low=1),
-    },
-    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=_maybe(str)),
-}
+#: the nested schemas (a recipe's sections tell which one it follows), registered by the tasks that declare them
+NESTED_SCHEMAS: List[Dict[str, Any]] = []
 
 
-# ----- simattn detect -----------------------------------------------------------------------------------------------
-
-#: every ``simattn detect`` option with its default: XCiT-S12/16 → SimA with Mask R-CNN on COCO (the paper's Table 4)
-DETECT_SCHEMA: Dict[str, Any] = {
-    "model": {
-        "backbone": Opt("sima_small_12_p16"),
-        "backbone_kwargs": Opt({}, "extra timm.create_model arguments"),
-        "backbone_weights": Opt(None, "classification or DINO weights (.pth / .safetensors)", type=_maybe(str)),
-        "drop_path_rate": Opt(0.05, low=0.0, high=1.0, high_open=True),
-        "out_indices": Opt([3, 5, 7, 11], "blocks 4, 6, 8, 12 (1-based)", type=List[int], low=0, length=4),
-        "strides": Opt([4, 8, 16, 32], type=List[int], low=1, length=4),
-        "fpn_channels": Opt(256, low=1),
-        "box_head_dim": Opt(1024, low=1),
-        "mask_head_channels": Opt(256, low=1),
-        "min_size": Opt(800, "a list gives multi-scale training", type=Union[int, List[int]], low=1),
-        "max_size": Opt(1333, low=1),
-        "maskrcnn": Opt({}, "extra torchvision MaskRCNN arguments (rpn_batch_size_per_image, ...)"),
-    },
-    "data": {
-        "train_images": Opt(None, type=_maybe(str)),
-        "train_annotations": Opt(None, type=_maybe(str)),
-        "val_images": Opt(None, type=_maybe(str)),
-        "val_annotations": Opt(None, type=_maybe(str)),
-        "hflip_prob": Opt(0.5, **PROB),
-        "workers": Opt(4, low=0),
-    },
-    "train": {
-        "epochs": Opt(36, low=1),
-        "batch_size": Opt(16, "total over all processes", low=1),
-        "optimizer": Opt("adamw", check=_check_optimizer),
-        "lr": Opt(1e-4, low=0.0, low_open=True),
-        "weight_decay": Opt(0.05, low=0.0),
-        "warmup_steps": Opt(500, low=0),
-        "warmup_ratio": Opt(0.001, "warm-up starts at lr × this", low=0.0, high=1.0),
-        "lr_decay_epochs": Opt([27, 33], "1-based epochs after which the lr is multiplied by lr_decay_rate",
-                               type=List[int], low=0),
-        "lr_decay_rate": Opt(0.1, low=0.0, high=1.0, low_open=True),
-        "clip_grad": Opt(None, type=_maybe(float), low=0.0, low_open=True),
-        "amp": Opt(True, "fp16 autocast + loss scaling on CUDA (ignored on CPU)"),
-        "max_steps": Opt(None, "stop early after this many optimizer steps (smoke runs)", type=_maybe(int), low=1),
-        "max_nonfinite_steps": Opt(0, "steps with a non-finite loss to skip before stopping with an error", low=0),
-        "seed": Opt(0, low=0),
-        "save_every": Opt(1, "epochs between checkpoints (the last epoch is always saved)", low=1),
-        "checkpoint_every_steps": Opt(0, "also write last.pth every K updates (0: at epoch ends only)", low=0),
-        "device": Opt(None, type=_maybe(str), check=_check_device),
-        "threads": Opt(None, "CPU intra-op threads (null: torch's default)", type=_maybe(int), low=1),
-        "dist_timeout": Opt(10.0, "minutes a torchrun process waits at a collective before the job stops",
-                            low=0.0, low_open=True),
-    },
-    "eval": {
-        "every": Opt(1, "epochs between evaluations (0: only at the end)", low=0),
-        "batch_size": Opt(2, low=1),
-    },
-    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=_maybe(str)),
-}
-
-
-#: the nested schemas (a recipe's sections tell which one it follows)
-NESTED_SCHEMAS: List[Dict[str, Any]] = [SSL_SCHEMA, DETECT_SCHEMA]
+def register_nested_schema(schema: Dict[str, Any]) -> Dict[str, Any]:
+    """Make a task's nested schema known to :func:`merge_recipe` (which finds a recipe's schema by its sections)."""
+    if not any(schema is known for known in NESTED_SCHEMAS):
+        NESTED_SCHEMAS.append(schema)
+    return schema
 
 
 # ----- schemas as nested specs --------------------------------------------------------------------------------------
@@ -558,12 +319,12 @@ Schema = Union[type, Mapping[str, Any]]
 @functools.lru_cache(maxsize=None)
 def _dataclass_specs(cls: type) -> Dict[str, Opt]:
     hints = typing.get_type_hints(cls)
-    return {f.name: dataclasses.replace(f.metadata["opt"], type=hints[f.name])
-            for f in dataclasses.fields(cls) if "opt" in f.metadata}
+    return {f.name: dataclasses.replace(f.metadata["opt"], type=hints[f.name]) if "opt" in f.metadata
+            else f.metadata["section"] for f in dataclasses.fields(cls) if "opt" in f.metadata or "section" in f.metadata}
 
 
 def specs_of(schema: Schema) -> Dict[str, Any]:
-    """The nested ``{key: Opt | {…}}`` of a schema (a dataclass such as :class:`TrainConfig`, or a nested dict)."""
+    """The nested ``{key: Opt | {…}}`` of a schema (a dataclass such as ``TrainConfig``, or a nested dict)."""
     if isinstance(schema, RecipeDefaults):
         return schema.specs
     if dataclasses.is_dataclass(schema):
@@ -752,7 +513,7 @@ def load_recipe(schema: Schema, recipe: Optional[str] = None,
     """Defaults < the recipe file ``recipe`` (a path or shipped name) < ``overrides`` (a nested mapping or
     ``key=value`` items), every value checked.
 
-    ``schema`` is :class:`TrainConfig` (returns a TrainConfig with ``recipe`` set to the recipe given) or a nested
+    ``schema`` is a dataclass schema (returns an instance with ``recipe`` set to the recipe given) or a nested
     schema / its :class:`RecipeDefaults` (returns the nested dict).
     """
     specs = specs_of(schema)
