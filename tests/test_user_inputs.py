@@ -276,3 +276,49 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     code = cli.run("demo", [])
     err = capsys.readouterr().err
     assert code == 130 and err.strip().count("\n") == 0 and "interrupted" in err
+
+
+# ---------------------------------------------------------------- every option checked before work starts
+@pytest.mark.parametrize("argv, says", [
+    (["ssl", "train", "--config", "ssl_digits", "--set", "data.augment.bogus=1"], "unknown DINOTransform argument"),
+    (["ssl", "train", "--config", "ssl_digits", "--set", "data.augment.hf_prob=2"], "not a probability"),
+    (["convert", "--weights", "w.safetensors", "--set", "convert.bogus=1"], "unknown key 'convert.bogus'"),
+    (["convert", "--weights", "w.safetensors", "--set", "convert.transfer_lr=-1"], "convert.transfer_lr"),
+    (["viz", "--alpha", "2"], "option '--alpha': got 2; allowed: a number in [0, 1]"),
+    (["viz", "--cmap", "jett"], "did you mean 'jet'"),
+    (["demo", "--latency-batch", "0"], "option '--latency-batch': got 0"),
+    (["demo", "--latency-sizes", "32"], "(2 values)"),
+    (["train", "-c", "digits_cpu", "--dist-timeout", "0"], "option 'dist_timeout'"),
+])
+def test_bad_options_are_one_line_errors_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_error(capsys, simattn_main(argv))
+    assert says in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+# ---------------------------------------------------------------- inputs that need more memory than there is
+@pytest.mark.parametrize("argv", [
+    ["train", *FLAGS, "--img-size", "100000"],
+    ["train", *FLAGS, "--aug-repeats", "100000000"],
+    ["detect", "shapes", "--size", "100000"],
+    ["viz", "--model", "sima_deit_tiny_patch16_224", "--img-size", "100000"],
+])
+def test_inputs_that_need_more_memory_than_the_machine_has_are_refused(argv, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_error(capsys, simattn_main([*argv, "--out" if argv[0] in ("detect", "viz") else "--output",
+                                                 str(tmp_path / "out")]))
+    assert "would need at least" in err and "GiB available" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_weights_record_claiming_a_huge_input_is_refused(digits_run, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+    from simattn.utils.io import read_safetensors_metadata
+    meta = read_safetensors_metadata(digits_run / "final.safetensors")
+    config = json.loads(meta["data_config"])
+    config["input_size"] = [3, 100000, 100000]
+    forged = tmp_path / "huge.safetensors"
+    save_file(load_file(digits_run / "final.safetensors"), forged, metadata={**meta, "data_config": json.dumps(config)})
+    err = _one_line_error(capsys, simattn_main(["validate", "--weights", str(forged)]))
+    assert "100000x100000" in err and "would need at least" in err

@@ -171,21 +171,28 @@ every number is in `demo.json`.
     return result
 
 
+def _options():
+    from .utils.recipe import Opt, maybe
+    return {
+        "output": Opt("runs/demo", "folder for the runs and report.md"),
+        "recipe": Opt("digits_cpu", "training recipe (a shipped name or a YAML file)"),
+        "epochs": Opt(None, "override the recipe's epochs", type=maybe(int), low=1),
+        "fast": Opt(False, "smoke test: 1 epoch of 2 updates, short timings"),
+        "threads": Opt(None, "CPU threads (default: the recipe's)", type=maybe(int), low=1),
+        "seed": Opt(0, "base seed", low=0),
+        "latency_batch": Opt(1, "batch size of the latency measurement", low=1, high=4096),
+        "latency_sizes": Opt([32, 64], "the two input sizes timed (px)", type=List[int], low=8, high=4096, length=2),
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    from .utils.recipe import add_option_flags, checked_flags
     parser = argparse.ArgumentParser(
         prog="simattn demo",
         description="Train a small SimA model and its softmax twin on the embedded digits data (CPU, a few minutes), "
                     "validate and time both, and write a report with training curves.")
-    parser.add_argument("--output", default="runs/demo", help="folder for the runs and report.md")
-    parser.add_argument("--recipe", default="digits_cpu", help="training recipe (default: digits_cpu)")
-    parser.add_argument("--epochs", type=int, help="override the recipe's epochs")
-    parser.add_argument("--fast", action="store_true", help="smoke test: 1 epoch of 2 updates, short timings")
-    parser.add_argument("--threads", type=int, help="CPU threads (default: the recipe's)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--latency-batch", type=int, default=1, help="batch size of the latency measurement")
-    parser.add_argument("--latency-sizes", type=int, nargs=2, default=[32, 64], metavar="PX",
-                        help="the two input sizes timed (default: 32 64)")
-    args = parser.parse_args(argv)
-    run_demo(args.output, args.recipe, args.epochs, args.fast, args.threads, args.seed, args.latency_batch,
-             args.latency_sizes)
+    add_option_flags(parser, _options())
+    o = checked_flags(parser.parse_args(argv), _options())
+    run_demo(o["output"], o["recipe"], o["epochs"], o["fast"], o["threads"], o["seed"], o["latency_batch"],
+             o["latency_sizes"])
     return 0

@@ -134,6 +134,9 @@ def resolve_data_config(model: nn.Module, spec: Optional[Mapping[str, Any]] = No
         size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
         cfg["input_size"] = (3, *size)
     cfg["input_size"] = tuple(cfg["input_size"])
+    from ..utils.memory import check_memory, image_batch_bytes
+    _, h, w = cfg["input_size"]
+    check_memory(image_batch_bytes(1, h, w), f"an input of {h}x{w} pixels")
     return cfg
 
 

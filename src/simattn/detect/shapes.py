@@ -36,6 +36,9 @@ def make_shapes_dataset(root: str | Path, split: str = "train", num_images: int 
     from pycocotools import mask as mask_utils
     if num_images < 1 or image_size < 32 or max_objects < 1:
         raise ValueError("make_shapes_dataset: need num_images >= 1, image_size >= 32, max_objects >= 1")
+    from ..utils.memory import check_memory
+    # an RGB image, its per-object masks and their RLE encodings
+    check_memory(float(image_size) ** 2 * (3 + 2 * max_objects), f"a {image_size}x{image_size} shapes image")
     root = Path(root)
     images_dir = root / split
     images_dir.mkdir(parents=True, exist_ok=True)

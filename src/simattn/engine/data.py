@@ -91,6 +91,11 @@ def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo,
     each epoch). ``collate_fn`` defaults to :func:`collate_skipping_unreadable`."""
     if cfg.aug_repeats:
         from timm.data.distributed_sampler import RepeatAugSampler
+
+        from ..utils.memory import check_memory
+        # the sampler lists every repeated index (int64), then shuffles a copy
+        check_memory(3 * 8.0 * len(dataset) * cfg.aug_repeats, f"aug_repeats={cfg.aug_repeats} over {len(dataset)} "
+                     "images")
         order = RepeatAugSampler(dataset, num_replicas=dist.world_size, rank=dist.rank, num_repeats=cfg.aug_repeats)
         # RepeatAugSampler shuffles with the epoch as its only seed: offset it so the run seed changes the order
         epoch_offset = 1_000_003 * cfg.seed

@@ -1,11 +1,29 @@
 """``simattn ssl`` options: its nested recipe schema, checked by :mod:`simattn.utils.recipe`."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from ..utils.recipe import Opt, check_device, check_optimizer, maybe, register_nested_schema
 
 __all__ = ["SSL_SCHEMA"]
+
+
+#: the augmentation arguments of lightly's ``DINOTransform`` a recipe may set under ``data.augment`` (crop sizes,
+#: scales and normalization have options of their own)
+AUGMENT_KEYS = ("hf_prob", "vf_prob", "rr_prob", "rr_degrees", "cj_prob", "cj_strength", "cj_bright", "cj_contrast",
+                "cj_sat", "cj_hue", "random_gray_scale", "gaussian_blur", "sigmas", "solarization_prob")
+_PROBABILITIES = ("hf_prob", "vf_prob", "rr_prob", "cj_prob", "random_gray_scale", "solarization_prob")
+
+
+def _check_augment(value: Dict[str, Any]) -> Optional[str]:
+    unknown = sorted(set(value) - set(AUGMENT_KEYS))
+    if unknown:
+        return f"unknown DINOTransform argument(s) {', '.join(unknown)}; known: {', '.join(AUGMENT_KEYS)}"
+    for key in _PROBABILITIES:
+        v = value.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+            return f"{key}={v!r} is not a probability in [0, 1]"
+    return None
 
 
 #: every ``simattn ssl`` option with its default: the ImageNet recipe of the SimA paper's DINO experiment (Table 5)
@@ -37,8 +55,8 @@ SSL_SCHEMA: Dict[str, Any] = {
         "local_crop_size": Opt(96, low=1),
         "local_crop_scale": Opt([0.05, 0.25], type=List[float], low=0.0, high=1.0, low_open=True, length=2),
         "n_local_views": Opt(10, low=0),
-        "augment": Opt({}, "extra lightly DINOTransform arguments (hf_prob, cj_prob, sigmas, solarization_prob, "
-                           "...)"),
+        "augment": Opt({}, "extra lightly DINOTransform arguments: " + ", ".join(AUGMENT_KEYS),
+                       check=lambda value: _check_augment(value)),
     },
     "train": {
         "epochs": Opt(100, low=1),

@@ -22,6 +22,9 @@ def data_config_for(model: nn.Module, cfg: TrainConfig, img_size: Optional[int] 
     args = {"img_size": int(size) if size else None, "interpolation": cfg.interpolation, "mean": cfg.mean,
             "std": cfg.std, "crop_pct": crop_pct or cfg.crop_pct}
     resolved = resolve_data_config(args, model=model)
+    from ..utils.memory import check_memory, image_batch_bytes
+    _, h, w = resolved["input_size"]
+    check_memory(image_batch_bytes(cfg.batch_size, h, w), f"a batch of {cfg.batch_size} images of {h}x{w} pixels")
     return {k: list(v) if isinstance(v, tuple) else v for k, v in resolved.items()}
 
 

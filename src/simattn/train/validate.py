@@ -106,6 +106,9 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
         data_config["crop_pct"] = float(crop_pct)
     if interpolation:
         data_config["interpolation"] = interpolation
+    from ..utils.memory import check_memory, image_batch_bytes
+    _, h, w = data_config["input_size"]
+    check_memory(image_batch_bytes(batch_size, h, w), f"a batch of {batch_size} images of {h}x{w} pixels")
     data.transform = build_transform(data_config)
     loader = build_eval_loader(data, batch_size, workers)
     metrics = evaluate(net, loader, dev, amp=amp, amp_dtype=amp_dtype, channels_last=channels_last,

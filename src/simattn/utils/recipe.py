@@ -37,7 +37,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 __all__ = ["Opt", "option", "section", "check_fields", "check_section", "RUN_KEYS", "RecipeDefaults", "load_recipe", "merge_recipe",
            "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "defaults_of",
            "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "register_nested_schema",
-           "check_optimizer", "check_device", "check_auto_augment", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe"]
+           "check_optimizer", "check_device", "check_auto_augment", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe",
+           "add_option_flags", "checked_flags"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -563,3 +564,38 @@ def recipe_from_args(schema: Schema, args: Any) -> Dict[str, Any]:
     if args.output:
         overrides = deep_merge(overrides, {"output": args.output})
     return load_recipe(schema, args.config, overrides)
+
+
+# ----- the flags of commands without recipes (validate, export, viz, bench, demo) ------------------------------------
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
+    """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``), its help from the :class:`Opt`. Values
+    are read as YAML and left unchecked: :func:`checked_flags` checks them all, so that a bad one is a one-line
+    error (exit 2) naming the flag rather than argparse's usage text."""
+    import argparse
+
+    from .options import parse_value
+    for name, spec in specs.items():
+        default = f"default {spec.default!r}" if spec.default is not None else ""
+        help_ = "; ".join(t for t in (spec.help, default) if t)
+        if spec.hint is bool:
+            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=spec.default,
+                                help=help_)
+        elif typing.get_origin(spec.hint) is list or typing.get_origin(spec.hint) is List:
+            parser.add_argument(_flag(name), dest=name, nargs="+", type=parse_value, default=spec.default,
+                                help=help_)
+        else:
+            choices = spec.choice_list() if not callable(spec.choices) else None
+            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
+            parser.add_argument(_flag(name), dest=name, type=parse_value, default=spec.default, metavar=metavar,
+                                help=help_)
+
+
+def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:
+    """The values of :func:`add_option_flags`' flags, each checked against its :class:`Opt` (a one-line ValueError
+    naming the flag, the value and what is allowed)."""
+    return {name: check_value(_flag(name), spec, getattr(args, name)) for name, spec in specs.items()}

@@ -18,21 +18,34 @@ from typing import Any, Dict, List, Optional
 __all__ = ["main", "build_parser", "visualize", "RANDOM_WEIGHTS_WARNING"]
 
 
+def _options():
+    from ..data.images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS
+    from ..utils.recipe import Opt, maybe
+    return {
+        "img_size": Opt(None, "input resolution (default: the model's)", type=maybe(int), low=16),
+        "image": Opt(["skimage:astronaut"], "image files, skimage:NAME or sklearn:NAME; bundled: skimage: "
+                     f"{', '.join(SKIMAGE_PHOTOS)}; sklearn: {', '.join(SKLEARN_PHOTOS)}", type=List[str]),
+        "block": Opt(-1, "attention block index, negative from the end"),
+        "out": Opt("runs/viz", "output folder"),
+        "alpha": Opt(0.5, "heatmap opacity over the image", low=0.0, high=1.0),
+        "cmap": Opt("jet", "matplotlib colormap", choices=_colormaps, allowed="a matplotlib colormap name "
+                    "(jet, viridis, magma, ...)"),
+    }
+
+
+def _colormaps() -> List[str]:
+    import matplotlib
+    return sorted(matplotlib.colormaps)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..models.factory import add_model_arguments
-    from ..data.images import SKIMAGE_PHOTOS, SKLEARN_PHOTOS
+    from ..utils.recipe import add_option_flags
 
     p = argparse.ArgumentParser(prog="simattn viz", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
-    p.add_argument("--img-size", type=int, help="input resolution (default: the model's)")
-    p.add_argument("--image", nargs="+", default=["skimage:astronaut"], metavar="SRC",
-                   help="image files, skimage:NAME or sklearn:NAME (default skimage:astronaut); bundled: "
-                        f"skimage: {', '.join(SKIMAGE_PHOTOS)}; sklearn: {', '.join(SKLEARN_PHOTOS)}")
-    p.add_argument("--block", type=int, default=-1, help="attention block index, negative from the end (default -1)")
-    p.add_argument("--out", default="runs/viz", help="output folder (default runs/viz)")
-    p.add_argument("--alpha", type=float, default=0.5, help="heatmap opacity over the image (default 0.5)")
-    p.add_argument("--cmap", default="jet", help="matplotlib colormap (default jet)")
+    add_option_flags(p, _options())
     return p
 
 
@@ -97,7 +110,10 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn viz``; returns the exit status."""
-    return run(build_parser().parse_args(argv))
+    from ..utils.recipe import checked_flags
+    args = build_parser().parse_args(argv)
+    vars(args).update(checked_flags(args, _options()))
+    return run(args)
 
 
 if __name__ == "__main__":  # pragma: no cover
