@@ -53,11 +53,21 @@ def _run(name: str, module, rest: List[str]) -> int:
         return _fail(name, rest, str(e), 1)
     except RuntimeError as e:
         # a torchrun job whose other process died or froze: the collective timed out or lost its peer
-        from torch.distributed import DistError
-        if not isinstance(e, DistError):
+        if not _lost_peer(e):
             raise
         return _fail(name, rest, "another process of the distributed job stopped answering (it died, froze or ran "
                      f"out of time at a collective; see train.dist_timeout): {str(e).splitlines()[0][:200]}", 1)
+
+
+def _lost_peer(e: RuntimeError) -> bool:
+    """Whether ``e`` says that a collective of this distributed job timed out or lost another process (gloo raises
+    plain RuntimeErrors for these)."""
+    import torch.distributed as dist
+    if isinstance(e, dist.DistError):
+        return True
+    text = str(e)  # the group is already torn down here, so the message is all there is to go by
+    return "gloo" in text and any(s in text for s in ("Timed out", "timed out", "Connection closed by peer",
+                                                     "Connection reset by peer"))
 
 
 #: errno values that are faults of the file system or of the paths given, not of simattn (one-line errors)

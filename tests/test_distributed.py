@@ -1,0 +1,96 @@
+"""Beyond one machine: two torchrun "nodes" joined by c10d rendezvous on localhost train in lockstep; a rank that
+freezes ends the job within ``dist_timeout`` with one line instead of the backend's 30-minute hang."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import torch
+
+TINY = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32",
+        "depth=1", "num_heads=2", "--img-size", "16", "--batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
+        "--warmup-epochs", "0", "--threads", "1", "--device", "cpu", "--log-interval", "1"]
+
+# runs `simattn train` as the CLI does, then saves this rank's weights (only rank 0 writes the run's files)
+WORKER = textwrap.dedent("""
+    import os, sys, torch
+    from simattn.engine import core
+    from simattn.cli import main
+    out = sys.argv[sys.argv.index("--output") + 1]
+    finish = core.Engine._finish
+    def keep_rank_weights(self, train_time):
+        torch.save(self.model.state_dict(), f"{out}.rank{self.dist.rank}.pt")
+        return finish(self, train_time)
+    core.Engine._finish = keep_rank_weights
+    if os.environ.get("FREEZE_RANK") == os.environ["RANK"]:
+        after = core.Engine._after_update
+        def freeze(self):
+            after(self)
+            os.kill(os.getpid(), 19)  # SIGSTOP: this rank stops answering, as a hung node would
+        core.Engine._after_update = freeze
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(script, argv, extra_env=None):
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
+              "--rdzv_backend", "c10d", "--rdzv_endpoint", f"localhost:{port}", "--rdzv_id", "simattn-test",
+              "--max_restarts", "0", str(script), *argv]
+    nodes = [subprocess.Popen(launch, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for _ in range(2)]
+    return nodes
+
+
+def test_two_nodes_with_c10d_rendezvous_keep_ranks_identical(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "run"
+    nodes = _two_nodes(script, ["train", *TINY, "--output", str(out)])
+    logs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), "\n".join(log[-2000:] for log in logs)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["updates"] == 3
+    a, b = (torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    start = time.monotonic()
+    nodes = _two_nodes(script, ["train", *TINY, "--dist-timeout", "0.2", "--output", str(tmp_path / "run")],
+                       {"FREEZE_RANK": "1"})
+    lines: list = []
+    readers = [threading.Thread(target=lambda n=n: lines.extend(n.stdout), daemon=True) for n in nodes]
+    for r in readers:
+        r.start()
+    said = "another process of the distributed job stopped answering"
+    try:
+        # the frozen node's launcher waits on its stopped worker for ever: only the live rank's answer matters
+        while time.monotonic() - start < 150 and not any(said in line for line in lines):
+            time.sleep(0.5)
+    finally:
+        for n in nodes:
+            try:
+                os.killpg(n.pid, 9)
+            except ProcessLookupError:
+                pass
+    took = time.monotonic() - start
+    error = [line for line in lines if said in line]
+    assert error, "".join(lines)[-3000:]
+    assert error[0].startswith("simattn train: error: ") and "dist_timeout" in error[0]
+    assert took < 120, took  # 12 s of timeout plus start-up, not the backend's 30 minutes
