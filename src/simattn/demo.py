@@ -63,6 +63,7 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
              fast: bool = False, threads: Optional[int] = None, seed: int = 0, latency_batch: int = 1,
              latency_sizes: Sequence[int] = (32, 64)) -> Dict[str, Any]:
     """Train, validate and time the SimA and softmax twins; write report.md, curves.png and demo.json."""
+    from .models.factory import with_attention
     from .train import load_config, train, validate_weights
     from .engine.log import format_table
     from .utils.io import atomic_write_json, atomic_write_text
@@ -91,8 +92,7 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
     started = time.perf_counter()
     runs: Dict[str, Dict[str, Any]] = {}
     for kind, label in KINDS:
-        cfg = dataclasses.replace(base, model_kwargs={**base.model_kwargs, "attn_type": kind},
-                                  output=str(out / kind))
+        cfg = dataclasses.replace(base, model_kwargs=with_attention(base.model_kwargs, kind), output=str(out / kind))
         print(f"== training {label} ({cfg.model}, attn_type={kind}) ==", flush=True)
         result = train(cfg)
         weights = out / kind / "final.safetensors"

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 from torch import nn
 
 from ..attention import TokenAttention, get_attention_class, list_attentions
-from ..models.factory import attention_kind, create_model, load_initial_weights, load_model, model_spec_from_weights
+from ..models.factory import (attention_kind, create_model, load_initial_weights, load_model, model_spec_from_weights,
+                              with_attention)
 
 __all__ = ["convertible_kinds", "check_kind", "load_teacher", "build_student", "attention_modules",
            "LAYOUT_PARAMS"]
@@ -56,9 +57,9 @@ def load_teacher(weights: str | Path, model: Optional[str] = None, model_kwargs:
     kwargs = dict(model_kwargs or {})
     stored = model_spec_from_weights(weights) if Path(weights).is_file() else None
     if attn_type is not None:
-        kwargs["attn_type"] = attn_type
+        kwargs = with_attention(kwargs, attn_type)
     elif stored is None:  # timm/official weights name no attention: they are softmax networks
-        kwargs["attn_type"] = "softmax"
+        kwargs = with_attention(kwargs, "softmax")
     # (our own records rebuild the network they hold, whose attention is its recorded or default kind)
     teacher, spec = load_model(model, weights, kwargs)
     for p in teacher.parameters():
@@ -76,10 +77,7 @@ def build_student(teacher_spec: Mapping[str, Any], kind: str, attn_kwargs: Optio
     filter); None leaves the random initialization (the from-scratch baseline).
     """
     check_kind(kind)
-    kwargs = {k: v for k, v in teacher_spec["config"].items() if k not in ("attn_type", "attn_kwargs")}
-    kwargs["attn_type"] = kind
-    if attn_kwargs:
-        kwargs["attn_kwargs"] = dict(attn_kwargs)
+    kwargs = with_attention({k: v for k, v in teacher_spec["config"].items() if k != "attn_kwargs"}, kind, attn_kwargs)
     if num_classes is not None:
         kwargs["num_classes"] = num_classes
     model = create_model(teacher_spec["model"], **kwargs)

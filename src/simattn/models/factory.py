@@ -94,6 +94,20 @@ def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
     return _spec(record) if record is not None else None
 
 
+def with_attention(model_kwargs: Mapping[str, Any], kind: str,
+                   attn_kwargs: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """``create_model`` kwargs for the same network with attention ``kind``: ``attn_type`` set, and ``attn_kwargs``
+    replaced by ``attn_kwargs`` (another kind's options would not fit; None keeps them when the kind is unchanged)."""
+    kwargs = dict(model_kwargs)
+    same = kwargs.get("attn_type") == kind
+    kwargs["attn_type"] = kind
+    if attn_kwargs:
+        kwargs["attn_kwargs"] = dict(attn_kwargs)
+    elif not same:
+        kwargs.pop("attn_kwargs", None)
+    return kwargs
+
+
 def attention_kind(model: nn.Module) -> Optional[str]:
     """The registered attention kind the model uses (``model.attn_type`` or its attention modules), if one."""
     kind = getattr(model, "attn_type", None)
