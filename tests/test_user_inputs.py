@@ -322,3 +322,24 @@ def test_a_weights_record_claiming_a_huge_input_is_refused(digits_run, tmp_path,
     save_file(load_file(digits_run / "final.safetensors"), forged, metadata={**meta, "data_config": json.dumps(config)})
     err = _one_line_error(capsys, simattn_main(["validate", "--weights", str(forged)]))
     assert "100000x100000" in err and "would need at least" in err
+
+
+def test_an_unexpected_error_is_one_line_and_the_traceback_waits_for_simattn_debug(monkeypatch, capsys):
+    import simattn.demo as demo
+
+    def broken(argv=None):
+        raise KeyError("some internal key")
+
+    monkeypatch.setattr(demo, "main", broken)
+    code = cli.run("demo", [])
+    err = capsys.readouterr().err
+    assert code == 1 and err.count("\n") == 1 and "unexpected error KeyError" in err and "SIMATTN_DEBUG" in err
+    monkeypatch.setenv("SIMATTN_DEBUG", "1")
+    with pytest.raises(KeyError):
+        cli.run("demo", [])
+
+
+def test_a_model_built_for_another_size_than_the_data_says_which_wins(tmp_path, capsys):
+    flags = [f if f != "img_size=16" else "img_size=32" for f in FLAGS]
+    assert simattn_main(["train", *flags, "--output", str(tmp_path / "run")]) == 0
+    assert "the model is built for 32 px (model kwarg img_size) and the data is fed at 16 px" in capsys.readouterr().out

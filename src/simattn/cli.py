@@ -22,6 +22,13 @@ def run(name: str, rest: List[str]) -> int:
     try:
         code = _run(name, module, rest)
         return code
+    except Exception as e:  # not a fault of the input: still one line; the traceback is for SIMATTN_DEBUG=1
+        if os.environ.get("SIMATTN_DEBUG"):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        print(f"{_prog(name, rest)}: unexpected error {type(e).__name__}: {first} (a bug in simattn or a library it "
+              "uses; SIMATTN_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return 1
     finally:
         # files an --overwrite run moved aside: dropped once it succeeded, put back when it failed or was stopped
         from .utils.runs import settle_replaced

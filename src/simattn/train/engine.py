@@ -121,6 +121,12 @@ class Trainer(Engine):
     def train_dataset(self):
         cfg = self.cfg
         self.data_config = data_config_for(self.model, cfg)
+        built = cfg.model_kwargs.get("img_size")
+        fed = self.data_config["input_size"][-1]
+        if built and built != fed and self.dist.is_main:
+            print(f"note: the model is built for {built} px (model kwarg img_size) and the data is fed at {fed} px "
+                  "(img_size): the data's size wins, the position embedding is resampled on every forward; set "
+                  "both alike to train at one size", flush=True)
         self._train_set.transform = build_transform(self.data_config, cfg, is_training=True)
         self._val_set.transform = build_transform(self.data_config)
         return self._train_set
