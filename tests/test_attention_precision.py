@@ -175,3 +175,37 @@ def test_module_autocast_finite_large_and_zero_inputs(attn, dtype):
         y = m(x)
         y0 = m(torch.zeros(2, 17, 32))
     assert torch.isfinite(y).all() and torch.isfinite(y0).all()
+
+
+# ---------------------------------------------------------------- fp16 range of the graph's intermediates
+class _MaxAbs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest |value| among the floating outputs of every op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.peak = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if torch.is_tensor(t) and t.is_floating_point() and t.numel():
+                name = str(func.overloadpacket)
+                self.peak[name] = max(self.peak.get(name, 0.0), t.detach().abs().max().item())
+        return out
+
+
+@pytest.mark.parametrize("order, n_q, n_k", [("kv_first", 100, 100), ("qk_first", 100, 200), ("qk_first", 200, 100)])
+def test_sima_graph_stays_in_fp16_range_where_the_norm_product_does_not(order, n_q, n_k):
+    """Backends that run the graph in fp16 (Core ML) overflow on any intermediate past 65504: every value the op
+    computes stays in range when s_q, s_k do but s_q·s_k does not (dividing by the product would overflow)."""
+    torch.manual_seed(0)
+    q = 3 * torch.randn(1, 2, n_q, 16).sign()  # every channel's l1 norm is 3·N: 300-600
+    k = 3 * torch.randn(1, 2, n_k, 16).sign()
+    v = 0.01 * torch.randn(1, 2, n_k, 16)
+    s_q, s_k = q.abs().sum(-2), k.abs().sum(-2)
+    fp16_max = torch.finfo(torch.float16).max
+    assert s_q.max() < fp16_max and s_k.max() < fp16_max and (s_q * s_k).min() > fp16_max
+    with _MaxAbs() as rec:
+        out = sima_attention(q, k, v, order=order)
+    assert rec.peak and max(rec.peak.values()) < fp16_max, {op: v for op, v in rec.peak.items() if v >= fp16_max}
+    assert error_ratio(out, R.sima_reference(q.double(), k.double(), v.double(), order=order)) < 1e-5

@@ -4,8 +4,12 @@ Each channel of q and of k is divided by its l1 norm over the token axis; then o
 tokens) or (q̂ k̂ᵀ) v (cost linear in channels). No softmax, no exp, no scale.
 
 The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 norms,
-``q̂ (k̂ᵀ v) = q · (kᵀv / (s_q s_k)[:, None])`` so the whole normalization lands on the d×d matrix, and
-``(q̂ k̂ᵀ) v = (q / (s_q s_k)) kᵀ v`` in the other order.
+``q̂ (k̂ᵀ v) = q · ((kᵀv / s_k[:, None]) / s_q[:, None])`` so the whole normalization lands on the d×d matrix, and
+``(q̂ k̂ᵀ) v = ((q / s_q) / s_k) kᵀ v`` in the other order. Each norm scales on its own: the product s_q s_k can
+exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML) run this graph as written.
+
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`) on CUDA, or on
+CPU under ``TRITON_INTERPRET=1``.
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -74,21 +78,24 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     with no_autocast(q):
         q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
-        s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
-        s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        inv_scale = (s_q * s_k).reciprocal().reshape(B * H, 1, d)
+        # Reciprocals of each norm on its own, never of s_q s_k (see the module docstring); multiplying by them
+        # measured faster than dividing.
+        r_q = q.abs().sum(-2, dtype=acc).clamp_min(eps).reciprocal()  # (B, H, d)
+        r_k = k.abs().sum(-2, dtype=acc).clamp_min(eps).reciprocal()
         # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
         # are copied here; running each head's strided view instead measured slower than the copy.
         q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
         if order == "kv_first":
             kv = torch.bmm(cast(k3, acc).transpose(1, 2), cast(v3, acc))  # (B·H, d, dv), fp32: sums over all tokens
-            out = torch.bmm(cast(q3, dt), cast(kv * inv_scale.transpose(1, 2), dt))
+            kv = (kv * r_k.reshape(B * H, d, 1)).mul_(r_q.reshape(B * H, d, 1))
+            out = torch.bmm(cast(q3, dt), cast(kv, dt))
         else:
             # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
+            r_q, r_k = r_q.reshape(B * H, 1, d), r_k.reshape(B * H, 1, d)
             if n_q <= n_k:
-                attn = torch.bmm(cast(cast(q3, acc) * inv_scale, dt), cast(k3, dt).transpose(1, 2))
+                attn = torch.bmm(cast((cast(q3, acc) * r_q).mul_(r_k), dt), cast(k3, dt).transpose(1, 2))
             else:
-                attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) * inv_scale, dt).transpose(1, 2))
+                attn = torch.bmm(cast(q3, dt), cast((cast(k3, acc) * r_k).mul_(r_q), dt).transpose(1, 2))
             out = torch.bmm(attn, cast(v3, dt))
         out = out.view(B, H, n_q, d_v)
     return out if autocast else cast(out, out_dtype)
