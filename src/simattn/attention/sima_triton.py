@@ -66,7 +66,11 @@ def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
 
 
 # ------------------------------------------------------------------------------------------------ kernels
-# Plain functions here, decorated by _kernels(): triton.jit reads TRITON_INTERPRET when it decorates.
+# Plain functions here, decorated by _kernels(): triton.jit reads TRITON_INTERPRET when it decorates. Only builtins
+# of triton.language are called: its jit'd helpers (tl.sum, tl.zeros) are decorated when triton is imported and so
+# run only in the mode of that import. Sums go through tl.reduce with triton's own sum combiner, which the
+# interpreter maps to numpy's sum.
+_SUM = tl.standard._sum_combine
 
 def _reduce_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, xty_ptr, sx_ptr, sz_ptr,
                    H, n_x, n_z, d, e, chunk,
@@ -87,9 +91,9 @@ def _reduce_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, xty_ptr, sx_ptr, sz_ptr,
     e_ok = offs_e < e
     x_base = x_ptr + b * sxb + h * sxh
     y_base = y_ptr + b * syb + h * syh
-    acc = tl.zeros((BLOCK_D, BLOCK_E), dtype=tl.float32)
-    s_x = tl.zeros((BLOCK_D,), dtype=tl.float32)
-    s_z = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    acc = tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32)
+    s_x = tl.full((BLOCK_D,), 0.0, tl.float32)
+    s_z = tl.full((BLOCK_D,), 0.0, tl.float32)
     start = split * chunk
     for n0 in range(start, start + chunk, BLOCK):
         offs_n = n0 + tl.arange(0, BLOCK)
@@ -106,14 +110,14 @@ def _reduce_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, xty_ptr, sx_ptr, sz_ptr,
         else:
             acc += tl.dot(tl.trans(x.to(tl.float32)), y.to(tl.float32), input_precision=PRECISION)
         if NORMS:
-            s_x += tl.sum(tl.abs(x.to(tl.float32)), axis=0)
+            s_x += tl.reduce(tl.abs(x.to(tl.float32)), 0, _SUM)
             if HAS_Z:
                 z_rows = offs_n < n_z
                 if HAS_ZM:
                     z_rows = z_rows & (tl.load(zm_ptr + b * smzb + offs_n64 * smzn, mask=z_rows, other=0) != 0)
                 z = tl.load(z_ptr + b * szb + h * szh + offs_n64[:, None] * szn + offs_d[None, :] * szd,
                             mask=z_rows[:, None] & d_ok[None, :], other=0.0)
-                s_z += tl.sum(tl.abs(z.to(tl.float32)), axis=0)
+                s_z += tl.reduce(tl.abs(z.to(tl.float32)), 0, _SUM)
     part = (bh * n_split + split).to(tl.int64)
     tl.store(xty_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], acc, mask=d_ok[:, None] & e_ok[None, :])
     if NORMS:
