@@ -19,8 +19,8 @@ def require_cuda(device: str) -> None:
 
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
-        raise ValueError(f"no CUDA device: --device {device} needs a GPU that torch can use (torch {torch.__version__}, "
-                         f"{built}, torch.cuda.is_available() is False)")
+        raise ValueError(f"no CUDA device: --device {device} needs a GPU, and CUDA is not available to torch "
+                         f"{torch.__version__} ({built})")
 
 
 def main(argv: List[str]) -> int:
