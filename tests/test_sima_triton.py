@@ -244,3 +244,42 @@ def test_amp_training_step_cuda(name, kwargs, dtype, monkeypatch):
     assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
     scaler.step(opt)
     scaler.update()
+
+
+# ---------------------------------------------------------------- compiled kernels, without a GPU
+def _signature(fn, pointers, constexprs):
+    return {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32") if name.endswith("_ptr")
+            else "i32" for name in fn.arg_names}
+
+
+@pytest.mark.parametrize("arch", [80, 90], ids=["sm80", "sm90"])
+def test_kernels_compile_for_gpus_without_one(arch, monkeypatch):
+    """Triton compiles the kernels to GPU machine code with no GPU present (its bundled ptxas): the code the
+    interpreter runs on CPU also lowers for Ampere and Hopper, bf16 and fp32 variants, masks and all."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from simattn.attention import sima_triton as st
+
+    kernels = st._kernels(False)
+    bf16 = {name: "*bf16" for name in ("x_ptr", "y_ptr", "z_ptr", "w_ptr", "o_ptr", "dx_ptr", "dy_ptr")}
+    u8 = {"xm_ptr": "*u8", "zm_ptr": "*u8"}
+    tiles = dict(BLOCK=st.BLOCK_N, BLOCK_D=64, BLOCK_E=64)
+    variants = [
+        (kernels.reduce, {**bf16, **u8}, dict(HAS_XM=True, HAS_Z=True, HAS_ZM=True, NORMS=True, HALF_DOT=True)),
+        (kernels.reduce, u8, dict(HAS_XM=False, HAS_Z=False, HAS_ZM=False, NORMS=False, HALF_DOT=False)),
+        (kernels.apply, {**bf16, **u8}, dict(HAS_XM=True, BF16_DOT=True, UPCAST=False)),
+        (kernels.apply, u8, dict(HAS_XM=False, BF16_DOT=False, UPCAST=False)),
+        (kernels.grad, {**bf16, **u8}, dict(HAS_XM=True, HAS_DY=False, BF16_DOT=True, UPCAST=False)),
+        (kernels.grad, {**bf16, **u8, "w_ptr": "*fp32"}, dict(HAS_XM=True, HAS_DY=True, BF16_DOT=False, UPCAST=False)),
+    ]
+    for fn, pointers, flags in variants:
+        constexprs = {**flags, **tiles, "PRECISION": "ieee"}
+        try:
+            compiled = triton.compile(ASTSource(fn, _signature(fn, pointers, constexprs), constexprs),
+                                      target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        except FileNotFoundError as e:  # a triton build without its ptxas
+            pytest.skip(f"cannot compile for CUDA here: {e}")
+        assert compiled.asm["cubin"], f"{fn.__name__} {flags}: no machine code"

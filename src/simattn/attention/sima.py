@@ -85,7 +85,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     autocast = torch.is_autocast_enabled(q.device.type)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
-    if resolve_sima_backend(backend, q) == "triton":
+    if resolve_sima_backend(backend, q) == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
         if order not in ("auto", "kv_first"):
             raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
                              f"{order!r}; use backend='torch' for it")

@@ -28,6 +28,7 @@ asked for. ``triton.jit`` decides at decoration time whether a kernel runs compi
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from types import SimpleNamespace
 from typing import Optional
@@ -238,7 +239,7 @@ def _mask_u8(mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 # under it, operands are rounded to bf16 by torch before the kernel and bf16 results are written in fp32 and
 # rounded by torch after it.
 def _bf16_operand(t: torch.Tensor, bf16: bool) -> torch.Tensor:
-    return t.to(torch.bfloat16) if bf16 and interpreting() and t.dtype == torch.float32 else t
+    return t.to(torch.bfloat16) if bf16 and interpreting() and t.dtype != torch.bfloat16 else t
 
 
 def _result(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -246,13 +247,18 @@ def _result(shape, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, device=like.device, dtype=store)
 
 
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _splits(bh: int, n: int, device: torch.device) -> int:
-    """Programs per (batch, head) along the tokens of a reduction: enough to fill the GPU when B·H is small, each
-    with at least 4 tiles. The interpreter gets a few, so the tests cover the split path."""
-    target = 8 if interpreting() or device.type != "cuda" else \
-        4 * torch.cuda.get_device_properties(device).multi_processor_count
+    """Programs per (batch, head) along the tokens of a reduction: about 4 per multiprocessor in all when B·H is
+    small, each with at least 4 tiles. The interpreter gets up to 8 programs of any size, so the tests cover it."""
     tiles = triton.cdiv(n, BLOCK_N)
-    return max(1, min(target // bh, triton.cdiv(tiles, 4) if not interpreting() else tiles))
+    if interpreting() or device.type != "cuda":
+        return max(1, min(8 // bh, tiles))
+    return max(1, min(4 * _multiprocessors(device) // bh, triton.cdiv(tiles, 4)))
 
 
 def _reduce(x, y, x_mask, z=None, z_mask=None, norms=True):
@@ -324,7 +330,6 @@ class _SimATriton(torch.autograd.Function):
         kv, s_k_raw, s_q_raw = _reduce(k, v, mask, z=q, z_mask=q_mask)
         s_q, s_k = s_q_raw.clamp_min(eps), s_k_raw.clamp_min(eps)
         kvn = kv / s_k[..., None]  # k̂ᵀv
-        B, H, n_q, d = q.shape
         out = _apply(q, kvn / s_q[..., None], q_mask, out_dtype, bf16)
         ctx.save_for_backward(q, k, v, mask, q_mask, kvn, s_q_raw, s_k_raw)
         ctx.eps, ctx.bf16 = eps, bf16
@@ -333,6 +338,11 @@ class _SimATriton(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        with _on(grad_out.device):
+            return _SimATriton._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, k, v, mask, q_mask, kvn, s_q_raw, s_k_raw = ctx.saved_tensors
         eps, bf16 = ctx.eps, ctx.bf16
         s_q, s_k = s_q_raw.clamp_min(eps), s_k_raw.clamp_min(eps)
@@ -361,4 +371,10 @@ def sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Opti
     ``out_dtype``: the output's dtype (default q's). Called by :func:`simattn.attention.sima.sima_attention`.
     """
     check_triton_inputs(q, k, v)
-    return _SimATriton.apply(q, k, v, mask, q_mask, eps, compute_dtype == torch.bfloat16, out_dtype or q.dtype)
+    with _on(q.device):
+        return _SimATriton.apply(q, k, v, mask, q_mask, eps, compute_dtype == torch.bfloat16, out_dtype or q.dtype)
+
+
+def _on(device: torch.device):
+    """Launches go to the current CUDA device: make it the tensors' one."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
