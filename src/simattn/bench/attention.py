@@ -243,6 +243,11 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
     dev = torch.device(device)
     timer = timer or (lambda fn: cuda_time(fn, dev, repeats=repeats))
     fns = gpu_fns(kinds)
+    if "sima_compile" in kinds:
+        # one graph per N and grad mode: past dynamo's recompile limit (8) it would silently run eager
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 4 * len(tokens) * len(passes))
     rows = []
     for n in tokens:
         q, k, v = make_qkv(batch, heads, n, head_dim, layout, torch.Generator().manual_seed(n), device, dtype)
