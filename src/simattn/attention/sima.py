@@ -5,8 +5,9 @@ tokens) or (q̂ k̂ᵀ) v (cost linear in channels). No softmax, no exp, no scal
 
 The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 norms,
 ``q̂ (k̂ᵀ v) = q · ((kᵀv / s_k[:, None]) / s_q[:, None])`` so the whole normalization lands on the d×d matrix, and
-``(q̂ k̂ᵀ) v = ((q / s_q) / s_k) kᵀ v`` in the other order. Each norm scales on its own: the product s_q s_k can
-exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML) run this graph as written.
+``(q̂ k̂ᵀ) v = ((q / s_q) / s_k) kᵀ v`` in the other order. Each norm divides on its own: the product s_q s_k (and
+the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
+run this graph as written.
 
 ``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`) on CUDA, or on
 CPU under ``TRITON_INTERPRET=1``.
@@ -103,24 +104,24 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     with no_autocast(q):
         q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
-        # Reciprocals of each norm on its own, never of s_q s_k (see the module docstring); multiplying by them
-        # measured faster than dividing.
-        r_q = q.abs().sum(-2, dtype=acc).clamp_min(eps).reciprocal()  # (B, H, d)
-        r_k = k.abs().sum(-2, dtype=acc).clamp_min(eps).reciprocal()
+        s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
+        s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
         # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
         # are copied here; running each head's strided view instead measured slower than the copy.
         q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
+        # Each norm divides on its own, never s_q s_k, nor a reciprocal that a small norm takes past fp16's range
+        # (see the module docstring): kᵀv / s_k is at most max|v|, q / s_q at most 1.
         if order == "kv_first":
             kv = torch.bmm(cast(k3, acc).transpose(1, 2), cast(v3, acc))  # (B·H, d, dv), fp32: sums over all tokens
-            kv = (kv * r_k.reshape(B * H, d, 1)).mul_(r_q.reshape(B * H, d, 1))
+            kv = kv / s_k.reshape(B * H, d, 1) / s_q.reshape(B * H, d, 1)
             out = torch.bmm(cast(q3, dt), cast(kv, dt))
         else:
             # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
-            r_q, r_k = r_q.reshape(B * H, 1, d), r_k.reshape(B * H, 1, d)
+            s_q, s_k = s_q.reshape(B * H, 1, d), s_k.reshape(B * H, 1, d)
             if n_q <= n_k:
-                attn = torch.bmm(cast((cast(q3, acc) * r_q).mul_(r_k), dt), cast(k3, dt).transpose(1, 2))
+                attn = torch.bmm(cast(cast(q3, acc) / s_q / s_k, dt), cast(k3, dt).transpose(1, 2))
             else:
-                attn = torch.bmm(cast(q3, dt), cast((cast(k3, acc) * r_k).mul_(r_q), dt).transpose(1, 2))
+                attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) / s_k / s_q, dt).transpose(1, 2))
             out = torch.bmm(attn, cast(v3, dt))
         out = out.view(B, H, n_q, d_v)
     return out if autocast else cast(out, out_dtype)
