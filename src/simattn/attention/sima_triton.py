@@ -18,9 +18,10 @@ over q and G (:func:`_reduce_kernel` again) and one elementwise-plus-matmul pass
 (:func:`_grad_kernel`).
 
 Precision: sums and norms in fp32 for fp32, fp16 and bf16 inputs. Matmul operands follow the torch path: bf16
-work multiplies bf16 operands (rounded from fp32) with fp32 accumulation; fp16 work is lifted to fp32 (fp16 has too
-little range for the folded scale); fp32 operands use TF32 only where ``torch.backends.cuda.matmul.allow_tf32`` says
-so. q, k, v are read through their strides, so views of a fused qkv projection are not copied.
+work multiplies bf16 operands (rounded from fp32) with fp32 accumulation for the output and the q gradient, while kᵀv
+and the k and v gradients run on fp32 values (exact products of the inputs); fp16 work is lifted to fp32 (fp16 has
+too little range for the folded scale); fp32 operands use TF32 only where ``torch.backends.cuda.matmul.allow_tf32``
+says so. q, k, v are read through their strides, so views of a fused qkv projection are not copied.
 
 Triton is imported with this module, which :mod:`simattn.attention.sima` imports only when the Triton backend is
 asked for. ``triton.jit`` decides at decoration time whether a kernel runs compiled or in the interpreter
@@ -54,8 +55,8 @@ def interpreting() -> bool:
 def check_triton_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """One-line ValueErrors for inputs the kernels do not take."""
     if q.device.type != "cuda" and not interpreting():
-        raise ValueError(f"sima: backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 set before the first "
-                         f"call, to run the kernels on CPU), got {q.device.type} tensors")
+        raise ValueError(f"sima: backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1, to run the kernels in "
+                         f"Triton's interpreter on CPU), got {q.device.type} tensors")
     if not (q.device == k.device == v.device):
         raise ValueError(f"sima: q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
