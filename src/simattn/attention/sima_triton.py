@@ -108,9 +108,9 @@ def _reduce_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, xty_ptr, sx_ptr, sz_ptr,
         y = tl.load(y_base + offs_n64[:, None] * syn + offs_e[None, :] * sye, mask=rows[:, None] & e_ok[None, :],
                     other=0.0)
         if HALF_DOT:  # equal half dtypes: their products are exact in the fp32 accumulator
-            acc += tl.dot(tl.trans(x), y)
+            acc = tl.dot(tl.trans(x), y, acc)
         else:
-            acc += tl.dot(tl.trans(x.to(tl.float32)), y.to(tl.float32), input_precision=PRECISION)
+            acc = tl.dot(tl.trans(x.to(tl.float32)), y.to(tl.float32), acc, input_precision=PRECISION)
         if NORMS:
             s_x += tl.reduce(tl.abs(x.to(tl.float32)), 0, _SUM)
             if HAS_Z:
