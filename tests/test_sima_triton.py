@@ -285,6 +285,8 @@ def test_kernels_compile_for_gpus_without_one(arch, monkeypatch):
         try:
             compiled = triton.compile(ASTSource(fn, _signature(fn, pointers, constexprs), constexprs),
                                       target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
-        except FileNotFoundError as e:  # a triton build without its ptxas
+        except RuntimeError as e:  # a triton build without its ptxas
+            if "Cannot find ptxas" not in str(e):
+                raise
             pytest.skip(f"cannot compile for CUDA here: {e}")
         assert compiled.asm["cubin"], f"{fn.__name__} {flags}: no machine code"
