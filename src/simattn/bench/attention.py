@@ -268,12 +268,12 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
                         grad = torch.randn_like(out)
                         sizes[key] = min_bytes(q, k, v, out, pass_)
                         if pass_ == "fwd":
-                            def call(fn=fn):
+                            def call(fn=fn, qkv=(q, k, v)):
                                 with torch.no_grad():
-                                    return fn(q, k, v)
+                                    return fn(*qkv)
                         else:
-                            def call(fn=fn, grad=grad):
-                                return torch.autograd.grad(fn(q, k, v), (q, k, v), grad)
+                            def call(fn=fn, qkv=(q, k, v), grad=grad):
+                                return torch.autograd.grad(fn(*qkv), qkv, grad)
                         t = timer(call)
                     except Exception as e:  # noqa: BLE001 - no kernel for this dtype/shape, out of memory, ...:
                         # that contender's row says why, the others are still measured
@@ -296,7 +296,6 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
                 stats = {s: statistics.median(t[s] for t in per_round[key]) for s in ("median_ms", "p10_ms", "p90_ms")}
                 rows.append({**row, **stats, "bytes": sizes[key],
                              "spread": relative_spread(stats["p10_ms"], stats["p90_ms"], stats["median_ms"])})
-        del q, k, v
     return add_roofline(rows, peak_gbps)
 
 
