@@ -11,6 +11,9 @@ operands before it add to that; measured worst cases over several seeds are 0.3-
 return fp32 under fp16 autocast (SimA, ReLU: their outputs can exceed fp16's range) are held to fp32 round-off
 in the forward pass.
 """
+from functools import partial
+import importlib.util
+
 import pytest
 import torch
 
@@ -35,6 +38,16 @@ BOUNDS = {
     for kind in ("sima", "softmax", "xca", "elu", "relu", "xnorm", "soft")
 }
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no triton")
+SIMA_BACKENDS = ["torch", pytest.param("triton", marks=NO_TRITON)]
+
+
+def _triton_mode(monkeypatch, backend, device):
+    """SimA's Triton kernels run in Triton's interpreter on CPU tensors, compiled on CUDA ones."""
+    if backend == "triton" and device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
 
 
 def _kind(case):
@@ -76,6 +89,28 @@ def test_low_precision_accuracy(name, dtype, device):
         assert_bound(out, ref, fwd_bound, f"{name} forward")
         for i, (a, b) in enumerate(grads):
             assert_bound(a, b, grad_bound, f"{name} gradient {i}")
+
+
+@NO_TRITON
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_low_precision_accuracy_sima_triton(dtype, device, monkeypatch):
+    """SimA's Triton kernels keep the torch path's bounds: fp32 accuracy out of fp16 work, 1ε in bf16; also with
+    zero (padding) tokens."""
+    _triton_mode(monkeypatch, "triton", device)
+    fast = partial(sima_attention, backend="triton")
+    oracle = partial(R.sima_reference, order="kv_first")
+    fwd_bound, grad_bound = BOUNDS["sima"][dtype]
+    for seed in (0, 1, 2):
+        q, k, v = qkv(n=20, seed=seed)
+        if seed == 2:
+            for t in (q, k, v):
+                t[:, :, 5:12] = 0
+        out, ref, grads = _run(fast, oracle, (q, k, v), dtype, device)
+        assert out.dtype == (torch.float32 if dtype == torch.float16 else dtype)
+        assert_bound(out, ref, fwd_bound, f"sima triton forward (seed {seed})")
+        for i, (a, b) in enumerate(grads):
+            assert_bound(a, b, grad_bound, f"sima triton gradient {i} (seed {seed})")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
@@ -138,13 +173,15 @@ def test_relu_bf16_large_inputs_backward(n):
         assert_bound(a, b, EPS[torch.bfloat16], f"relu bf16 ×1e4 gradient {i}")
 
 
+@pytest.mark.parametrize("backend", SIMA_BACKENDS)
 @pytest.mark.parametrize("n", [1, 197])
-def test_sima_fp16_large_inputs(n):
+def test_sima_fp16_large_inputs(n, backend, monkeypatch):
     """SimA returns fp32 under fp16 autocast: at N = 1 its output is up to d·|v| (here ~1e5, past fp16's range)."""
+    _triton_mode(monkeypatch, backend, "cpu")
     q, k, v = qkv(b=1, n=n, scale=1e4)
     if n == 1:
         k = q  # every q̂_c k̂_c = 1: out = d · v, the bound
-    out, ref, _ = _run(sima_attention, R.sima_reference, (q, k, v), torch.float16, "cpu")
+    out, ref, _ = _run(partial(sima_attention, backend=backend), R.sima_reference, (q, k, v), torch.float16, "cpu")
     assert out.dtype == torch.float32
     assert_bound(out, ref, FP32_ISLAND, "sima ×1e4 forward")
     if n == 1:
@@ -175,3 +212,40 @@ def test_module_autocast_finite_large_and_zero_inputs(attn, dtype):
         y = m(x)
         y0 = m(torch.zeros(2, 17, 32))
     assert torch.isfinite(y).all() and torch.isfinite(y0).all()
+
+
+# ---------------------------------------------------------------- fp16 range of the graph's intermediates
+class _MaxAbs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the largest |value| among the floating outputs of every op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.peak = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if torch.is_tensor(t) and t.is_floating_point() and t.numel():
+                name = str(func.overloadpacket)
+                self.peak[name] = max(self.peak.get(name, 0.0), t.detach().abs().max().item())
+        return out
+
+
+@pytest.mark.parametrize("scale", [3.0, 5e-8], ids=["large_norms", "small_norms"])
+@pytest.mark.parametrize("order, n_q, n_k", [("kv_first", 100, 100), ("qk_first", 100, 200), ("qk_first", 200, 100)])
+def test_sima_graph_stays_in_fp16_range_where_the_norm_product_does_not(order, n_q, n_k, scale):
+    """Backends that run the graph in fp16 (Core ML) overflow on any intermediate past 65504: every value the op
+    computes stays in range when s_q, s_k do but s_q·s_k does not (large norms: dividing by the product would
+    overflow), or 1/s_q, 1/s_k do not (small norms: multiplying by reciprocals would)."""
+    torch.manual_seed(0)
+    q = scale * torch.randn(1, 2, n_q, 16).sign()  # every channel's l1 norm is scale·N
+    k = scale * torch.randn(1, 2, n_k, 16).sign()
+    v = 0.01 * torch.randn(1, 2, n_k, 16)
+    s_q, s_k = q.abs().sum(-2), k.abs().sum(-2)
+    fp16_max = torch.finfo(torch.float16).max
+    assert s_q.max() < fp16_max and s_k.max() < fp16_max
+    assert (s_q * s_k).min() > fp16_max if scale > 1 else 1 / max(s_q.max(), s_k.max()) > fp16_max
+    with _MaxAbs() as rec:
+        out = sima_attention(q, k, v, order=order)
+    assert rec.peak and max(rec.peak.values()) < fp16_max, {op: v for op, v in rec.peak.items() if v >= fp16_max}
+    assert error_ratio(out, R.sima_reference(q.double(), k.double(), v.double(), order=order)) < 1e-5

@@ -4,8 +4,13 @@ Each channel of q and of k is divided by its l1 norm over the token axis; then o
 tokens) or (q̂ k̂ᵀ) v (cost linear in channels). No softmax, no exp, no scale.
 
 The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 norms,
-``q̂ (k̂ᵀ v) = q · (kᵀv / (s_q s_k)[:, None])`` so the whole normalization lands on the d×d matrix, and
-``(q̂ k̂ᵀ) v = (q / (s_q s_k)) kᵀ v`` in the other order.
+``q̂ (k̂ᵀ v) = q · ((kᵀv / s_k[:, None]) / s_q[:, None])`` so the whole normalization lands on the d×d matrix, and
+``(q̂ k̂ᵀ) v = ((q / s_q) / s_k) kᵀ v`` in the other order. Each norm divides on its own: the product s_q s_k (and
+the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
+run this graph as written.
+
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`) on CUDA, or on
+CPU under ``TRITON_INTERPRET=1``.
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -31,9 +36,11 @@ from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
-__all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order", "SimAAttention"]
+__all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order",
+           "resolve_sima_backend", "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
+_BACKENDS = ("auto", "torch", "triton")
 
 
 def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
@@ -47,9 +54,20 @@ def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
     return "qk_first" if 2 * n_q * n_k < (n_q + n_k) * head_dim else "kv_first"
 
 
+def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
+    """The implementation SimA runs on ``q``'s device: ``'torch'`` or ``'triton'``.
+
+    ``'auto'`` is torch everywhere: the Triton kernels have not been timed on a GPU yet, and auto picks Triton only
+    where ``simattn bench attention --device cuda`` measures it faster.
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
+    return "torch" if backend == "auto" else backend
+
+
 def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
                    mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
-                   eps: float = 1e-12) -> torch.Tensor:
+                   eps: float = 1e-12, backend: str = "auto") -> torch.Tensor:
     """SimA attention on q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv) → (B, H, Nq, dv).
 
     Args:
@@ -59,15 +77,27 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             masked query rows are zero.
         q_mask: explicit keep-mask (B, Nq) over queries (cross-attention).
         eps: lower bound of the l1 norms (``F.normalize`` semantics).
+        backend: ``'torch'``, ``'triton'`` (fused kernels for the q̂(k̂ᵀv) order, any length: CUDA tensors, or CPU
+            ones under ``TRITON_INTERPRET=1``) or ``'auto'`` (:func:`resolve_sima_backend`).
 
     Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
     """
     check_qkv(q, k, v, "sima")
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
-    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    out_dtype = q.dtype
     autocast = torch.is_autocast_enabled(q.device.type)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
+    if resolve_sima_backend(backend, q) == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
+        if order not in ("auto", "kv_first"):
+            raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
+                             f"{order!r}; use backend='torch' for it")
+        try:
+            from .sima_triton import sima_triton
+        except ImportError as e:
+            raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
+        return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
+                           out_dtype=dt if autocast else q.dtype)
+    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
+    out_dtype = q.dtype
     B, H, n_q, d = q.shape
     n_k, d_v = k.shape[-2], v.shape[-1]
     acc = torch.promote_types(q.dtype, torch.float32)  # norms and the d×d matrix: fp32 or better
@@ -76,19 +106,22 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
         s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
         s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        inv_scale = (s_q * s_k).reciprocal().reshape(B * H, 1, d)
         # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
         # are copied here; running each head's strided view instead measured slower than the copy.
         q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
+        # Each norm divides on its own, never s_q s_k, nor a reciprocal that a small norm takes past fp16's range
+        # (see the module docstring): kᵀv / s_k is at most max|v|, q / s_q at most 1.
         if order == "kv_first":
             kv = torch.bmm(cast(k3, acc).transpose(1, 2), cast(v3, acc))  # (B·H, d, dv), fp32: sums over all tokens
-            out = torch.bmm(cast(q3, dt), cast(kv * inv_scale.transpose(1, 2), dt))
+            kv = kv / s_k.reshape(B * H, d, 1) / s_q.reshape(B * H, d, 1)
+            out = torch.bmm(cast(q3, dt), cast(kv, dt))
         else:
             # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
+            s_q, s_k = s_q.reshape(B * H, 1, d), s_k.reshape(B * H, 1, d)
             if n_q <= n_k:
-                attn = torch.bmm(cast(cast(q3, acc) * inv_scale, dt), cast(k3, dt).transpose(1, 2))
+                attn = torch.bmm(cast(cast(q3, acc) / s_q / s_k, dt), cast(k3, dt).transpose(1, 2))
             else:
-                attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) * inv_scale, dt).transpose(1, 2))
+                attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) / s_k / s_q, dt).transpose(1, 2))
             out = torch.bmm(attn, cast(v3, dt))
         out = out.view(B, H, n_q, d_v)
     return out if autocast else cast(out, out_dtype)
@@ -107,23 +140,28 @@ def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor
 class SimAAttention(TokenAttention):
     """SimA multi-head attention with timm's ``Attention`` constructor signature.
 
-    Extra options: ``order`` ('auto' | 'kv_first' | 'qk_first'), ``eps`` (l1 norm floor).
+    Extra options: ``order`` ('auto' | 'kv_first' | 'qk_first'), ``eps`` (l1 norm floor), ``backend``
+    ('auto' | 'torch' | 'triton', see :func:`sima_attention`).
     The official code builds ``attn_drop`` but never applies it (the q̂(k̂ᵀv) order forms no weight matrix), so
     ``attn_drop > 0`` is rejected here rather than silently ignored.
     ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, *, order: str = "auto", eps: float = 1e-12, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, order: str = "auto", eps: float = 1e-12,
+                 backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         resolve_sima_order(order, 1, 1, 1)  # validate early
+        if backend not in _BACKENDS:
+            raise ValueError(f"SimAAttention: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
         self.order = order
         self.eps = eps
+        self.backend = backend
         self.qk_hook = HookPoint()
 
     def attend(self, q, k, v, mask):
         if self.qk_hook.has_hooks:
             self.qk_hook(*sima_normalize(q, k, mask, self.eps))
-        return sima_attention(q, k, v, order=self.order, mask=mask, eps=self.eps)
+        return sima_attention(q, k, v, order=self.order, mask=mask, eps=self.eps, backend=self.backend)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, order={self.order!r}"
+        return f"{super().extra_repr()}, order={self.order!r}, backend={self.backend!r}"

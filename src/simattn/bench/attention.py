@@ -13,6 +13,15 @@ a multiple of it (``x floor``: 1.0 would be SimA's matmuls alone).
 The thread count defaults to torch's (``torch.get_num_threads()``, which follows ``OMP_NUM_THREADS``). Every median
 comes with its p10 and p90, and a one-line warning names the timings whose p10-p90 range is wider than
 :data:`simattn.bench.report.WIDE_SPREAD` of the median.
+
+``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
+(``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
+memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), forward and forward+backward, B = 8, H = 16, d = 64,
+bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
+time: the bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output;
+backward: read q, k, v and the output gradient, write the three gradients) and the time those bytes take at the
+GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name).
+Without a CUDA device it stops at once with a one-line error (exit code 2).
 """
 from __future__ import annotations
 
@@ -21,7 +30,7 @@ import math
 import platform
 import statistics
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -30,6 +39,7 @@ from ..attention import (elu_attention, relu_attention, sima_attention, sima_att
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
+from .cli import require_cuda
 from .report import WIDE_SPREAD, relative_spread, spread_warning
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
@@ -48,6 +58,16 @@ KINDS: Dict[str, Callable] = {
 LAYOUTS = ("qkv", "contiguous")
 #: kinds every run includes: the ratios are against them
 REQUIRED = ("softmax", "sima_official", "sima_matmuls")
+
+# ------------------------------------------------------------------ the GPU sweep (--device cuda)
+GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient")
+GPU_TOKENS = (197, 1024, 4096, 16384)
+PASSES = ("fwd", "fwd+bwd")
+#: peak HBM bandwidth (GB/s, vendor figures) by a substring of ``torch.cuda.get_device_name()``, first match wins
+HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H800": 3350, "GH200": 4000,
+            "B200": 8000, "A100-PCIE-40GB": 1555, "A100-SXM4-40GB": 1555, "A100": 2039, "A800": 2039,
+            "L40S": 864, "L4": 300, "A10": 600, "RTX 4090": 1008, "RTX 3090": 936, "V100": 900, "T4": 320}
+DEFAULT_HBM_GBPS = 4800  # H200: the figure used when the device is not in HBM_GBPS and --hbm-gbps is not given
 
 
 def _soft(n: int) -> Callable:
@@ -156,27 +176,241 @@ def table_notes(rows: List[dict]) -> List[str]:
     return notes + ([warning] if warning else [])
 
 
+def hbm_gbps(device: torch.device) -> tuple:
+    """(peak HBM GB/s, where the figure comes from) for a CUDA device, from :data:`HBM_GBPS` by name."""
+    name = torch.cuda.get_device_name(device)
+    for key, gbps in HBM_GBPS.items():
+        if key in name:
+            return gbps, f"{name}: {gbps} GB/s"
+    return DEFAULT_HBM_GBPS, f"{name}: not in the table, {DEFAULT_HBM_GBPS} GB/s assumed (set --hbm-gbps)"
+
+
+def min_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, pass_: str) -> int:
+    """Bytes any implementation must move: forward reads q, k, v and writes the output; the backward pass reads
+    q, k, v and the output gradient and writes dq, dk, dv."""
+    io = sum(t.numel() * t.element_size() for t in (q, k, v))
+    out_bytes = out.numel() * out.element_size()
+    return io + out_bytes if pass_ == "fwd" else 2 * (io + out_bytes) + io
+
+
+def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
+    """The GPU contenders by name. The compiled SimA is built here and specializes on first call per shape."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def sdpa(backend):
+        def fn(q, k, v):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return fn
+
+    def sima(backend):
+        def fn(q, k, v):
+            return sima_attention(q, k, v, backend=backend)
+        return fn
+
+    table = {"sima": lambda: sima("torch"), "sima_compile": lambda: torch.compile(sima("torch"), dynamic=False),
+             "sima_triton": lambda: sima("triton"), "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
+             "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+    return {kind: table[kind]() for kind in kinds}
+
+
+def cuda_time(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 50) -> Dict[str, float]:
+    """median, p10, p90 and min (ms) of ``repeats`` calls, each timed by CUDA events around the call alone, with
+    the L2 cache flushed (a 256 MiB write) before it, so every call reads its inputs from HBM."""
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize(device)
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize(device)
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
+    return {"median_ms": statistics.median(times), "p10_ms": rank(0.1), "p90_ms": rank(0.9), "min_ms": times[0],
+            "runs": len(times)}
+
+
+def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_dim: int, dtype: torch.dtype,
+            device: str, peak_gbps: float, passes: List[str] = list(PASSES), layout: str = "qkv",
+            repeats: int = 50, rounds: int = 1, timer: Optional[Callable] = None) -> List[dict]:
+    """Every kind × pass × token count: median, p10, p90 (median over ``rounds`` interleaved rounds), the bytes the
+    op must move, the bandwidth achieved on them and the roofline time at ``peak_gbps``. ``timer(fn)`` defaults to
+    :func:`cuda_time`; a kind that cannot run (e.g. flash SDPA in fp32) gives a row with ``error``."""
+    dev = torch.device(device)
+    timer = timer or (lambda fn: cuda_time(fn, dev, repeats=repeats))
+    fns = gpu_fns(kinds)
+    if "sima_compile" in kinds:
+        # one graph per N and grad mode: past dynamo's recompile limit (8) it would silently run eager
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 4 * len(tokens) * len(passes))
+    rows = []
+    for n in tokens:
+        q, k, v = make_qkv(batch, heads, n, head_dim, layout, torch.Generator().manual_seed(n), device, dtype)
+        # leaves that keep the views' strides: the backward pass differentiates the very tensors the forward reads
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        per_round: Dict[tuple, List[dict]] = {}
+        errors: Dict[tuple, str] = {}
+        sizes: Dict[tuple, int] = {}
+        for r in range(rounds):
+            for kind, fn in fns.items():
+                for pass_ in passes:
+                    key = (kind, pass_)
+                    if key in errors:
+                        continue
+                    try:
+                        with torch.no_grad():
+                            out = fn(q, k, v)
+                        grad = torch.randn_like(out)
+                        sizes[key] = min_bytes(q, k, v, out, pass_)
+                        if pass_ == "fwd":
+                            def call(fn=fn, qkv=(q, k, v)):
+                                with torch.no_grad():
+                                    return fn(*qkv)
+                        else:
+                            def call(fn=fn, qkv=(q, k, v), grad=grad):
+                                return torch.autograd.grad(fn(*qkv), qkv, grad)
+                        t = timer(call)
+                    except Exception as e:  # noqa: BLE001 - no kernel for this dtype/shape, out of memory, ...:
+                        # that contender's row says why, the others are still measured
+                        errors[key] = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
+                        print(f"  N={n:6d} {kind:<15} {pass_:<8} failed: {errors[key]}", file=sys.stderr, flush=True)
+                        continue
+                    per_round.setdefault(key, []).append(t)
+                    print(f"  round {r + 1}/{rounds} N={n:6d} {kind:<15} {pass_:<8} {t['median_ms']:10.3f} ms",
+                          file=sys.stderr, flush=True)
+        for kind in kinds:
+            for pass_ in passes:
+                key = (kind, pass_)
+                row = {"kind": kind, "pass": pass_, "tokens": n, "batch": batch, "heads": heads, "head_dim": head_dim,
+                       "dtype": str(dtype).replace("torch.", ""), "layout": layout}
+                if key in errors:
+                    rows.append({**row, "error": errors[key]})
+                    continue
+                stats = {s: statistics.median(t[s] for t in per_round[key]) for s in ("median_ms", "p10_ms", "p90_ms")}
+                rows.append({**row, **stats, "bytes": sizes[key],
+                             "spread": relative_spread(stats["p10_ms"], stats["p90_ms"], stats["median_ms"])})
+    return add_roofline(rows, peak_gbps)
+
+
+def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
+    """``gbps`` (bytes / time), ``roofline_ms`` (bytes at ``peak_gbps``), ``roofline_frac`` (roofline / time) and
+    ``speedup_vs_sdpa`` (the faster SDPA backend's time / time, same N and pass; None where none ran)."""
+    sdpa: Dict[tuple, float] = {}
+    for r in rows:
+        if r["kind"].startswith("sdpa") and "error" not in r:
+            key = (r["tokens"], r["pass"])
+            sdpa[key] = min(sdpa.get(key, math.inf), r["median_ms"])
+    for r in rows:
+        if "error" in r:
+            continue
+        ms = r["median_ms"]
+        r["gbps"] = r["bytes"] / ms / 1e6
+        r["roofline_ms"] = r["bytes"] / peak_gbps / 1e6
+        r["roofline_frac"] = r["roofline_ms"] / ms
+        best = sdpa.get((r["tokens"], r["pass"]))
+        r["speedup_vs_sdpa"] = best / ms if best else None
+    return rows
+
+
+def format_gpu_table(rows: List[dict]) -> str:
+    """The GPU table: median with p10-p90, achieved bandwidth, the roofline time and the fraction of it reached,
+    speed-up over the faster SDPA backend."""
+    head = (f"{'kind':<15} {'pass':<8} {'N':>6} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'GB/s':>7} "
+            f"{'roofline ms':>12} {'% roofline':>11} {'x vs SDPA':>10}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['kind']:<15} {r['pass']:<8} {r['tokens']:>6} not run: {r['error'][:80]}")
+            continue
+        up = f"{r['speedup_vs_sdpa']:.2f}" if r.get("speedup_vs_sdpa") else "-"
+        lines.append(f"{r['kind']:<15} {r['pass']:<8} {r['tokens']:>6} {r['median_ms']:>10.3f} {r['p10_ms']:>9.3f} "
+                     f"{r['p90_ms']:>9.3f} {r['gbps']:>7.0f} {r['roofline_ms']:>12.4f} "
+                     f"{100 * r['roofline_frac']:>10.1f}% {up:>10}")
+    return "\n".join(lines)
+
+
+def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    """``--device cuda``: the GPU sweep (see the module docstring)."""
+    bad = [kind for kind in args.kinds if kind not in GPU_KINDS]
+    if bad:
+        p.error(f"--kinds {' '.join(bad)}: not GPU kinds; with --device cuda choose from {', '.join(GPU_KINDS)}")
+    device = torch.device(args.device)
+    peak, source = (args.hbm_gbps, f"--hbm-gbps {args.hbm_gbps:g}") if args.hbm_gbps else hbm_gbps(device)
+    dtype = getattr(torch, args.dtype)
+    print(f"simattn bench attention: torch {torch.__version__}, {torch.cuda.get_device_name(device)}, B={args.batch} "
+          f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; peak HBM {source}", flush=True)
+    rows = run_gpu(args.tokens, args.kinds, args.batch, args.heads, args.head_dim, dtype, args.device, peak,
+                   args.passes, args.layout, args.repeats, args.rounds)
+    print(format_gpu_table(rows))
+    notes = [f"bytes: the least any implementation moves (forward: q, k, v in, output out; backward: q, k, v and the "
+             f"output gradient in, three gradients out); roofline: those bytes at {peak:g} GB/s; x vs SDPA: the "
+             f"faster SDPA backend's time / time (> 1 is faster)"]
+    warning = spread_warning({f"{r['kind']} {r['pass']} N={r['tokens']}": r.get("spread") for r in rows}, WIDE_SPREAD)
+    notes += [warning] if warning else []
+    print("\n".join(notes))
+    atomic_write_json({
+        "config": {**vars(args), "device_name": torch.cuda.get_device_name(device), "hbm_gbps": peak,
+                   "hbm_source": source, "torch": torch.__version__, "wide_spread": WIDE_SPREAD},
+        "results": rows, "notes": notes,
+    }, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def main(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="simattn bench attention", description=__doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=list(DEFAULT_TOKENS), help="token counts N")
-    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), help="attention kinds")
-    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--tokens", type=int, nargs="+", default=None,
+                   help=f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
+                        f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)")
+    p.add_argument("--kinds", nargs="+", default=None, choices=list(KINDS) + [k for k in GPU_KINDS if k not in KINDS],
+                   help=f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)})")
+    p.add_argument("--heads", type=int, default=None, help="heads H (default 6 on CPU, 16 with --device cuda)")
     p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8, help="batch B with --device cuda (the CPU sweep uses 8 at N = 197, "
+                                                        "1 elsewhere)")
+    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES,
+                   help="with --device cuda: forward alone and/or forward + backward")
+    p.add_argument("--hbm-gbps", type=float, default=None,
+                   help=f"peak HBM bandwidth for the roofline with --device cuda (default: by device name from a "
+                        f"table, else {DEFAULT_HBM_GBPS} GB/s, the H200's)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads, fixed for the whole run (default: torch's count, which follows OMP_NUM_THREADS)")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median, p10, p90 reported)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="timed runs per measurement (median, p10, p90 reported; default 10 on CPU, 50 on CUDA)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the kinds (median reported)")
     p.add_argument("--max-seconds", type=float, default=10.0, help="stop repeating a measurement after this long")
     p.add_argument("--layout", default="qkv", choices=LAYOUTS,
                    help="q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="leave glibc's trim/mmap defaults (calls then page-fault their buffers in, noisily)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cpu", help="cpu, or cuda[:i] for the GPU sweep")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default float32 on CPU, bfloat16 with --device cuda")
     p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
     args = p.parse_args(argv)
-    if args.rounds < 1 or args.repeats < 1 or min(args.tokens) < 1 or (args.threads is not None and args.threads < 1):
-        p.error("--rounds, --repeats, --threads and --tokens must be positive")
+    gpu = torch.device(args.device).type == "cuda"
+    if gpu:
+        require_cuda(args.device)
+    args.tokens = args.tokens or list(GPU_TOKENS if gpu else DEFAULT_TOKENS)
+    args.kinds = args.kinds or list(GPU_KINDS if gpu else KINDS)
+    args.heads = args.heads or (16 if gpu else 6)
+    args.repeats = args.repeats or (50 if gpu else 10)
+    args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    if args.rounds < 1 or args.repeats < 1 or min(args.tokens) < 1 or (args.threads is not None and args.threads < 1) \
+            or args.batch < 1:
+        p.error("--rounds, --repeats, --threads, --batch and --tokens must be positive")
+    if gpu:
+        return main_gpu(args, p)
+    bad = [kind for kind in args.kinds if kind not in KINDS]
+    if bad:
+        p.error(f"--kinds {' '.join(bad)}: GPU kinds, for --device cuda; on CPU choose from {', '.join(KINDS)}")
     for required in reversed(REQUIRED):
         if required not in args.kinds:
             args.kinds.insert(0, required)  # the ratios are against these

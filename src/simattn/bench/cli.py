@@ -12,6 +12,17 @@ BENCHES = {
 }
 
 
+def require_cuda(device: str) -> None:
+    """For ``--device cuda[:i]``: a one-line ValueError (exit code 2 from the command line) when torch sees no CUDA
+    device, before a benchmark does any work."""
+    import torch
+
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
+        built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+        raise ValueError(f"no CUDA device: --device {device} needs a GPU, and CUDA is not available to torch "
+                         f"{torch.__version__} ({built})")
+
+
 def main(argv: List[str]) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
         if argv and argv[0] not in ("-h", "--help"):

@@ -28,6 +28,14 @@ quadratically; fused SDPA's does not). Examples::
     simattn bench model --attn sima softmax explicit=softmax --attn-kwargs explicit.fused=false \\
         --measure memory counts --img-size 224 384 512
     simattn bench model --attn sima softmax --compile --measure latency throughput
+
+On a GPU (``--device cuda``; bf16 autocast unless ``--precision`` says otherwise; peak memory from
+``torch.cuda.max_memory_allocated``), SimA against its softmax twin, with SimA's Triton kernels as a third entry::
+
+    simattn bench model --device cuda --attn sima triton=sima softmax --attn-kwargs triton.backend=triton \
+        --img-size 224 512 1024 --measure throughput train-throughput memory
+
+Without a CUDA device, ``--device cuda`` stops at once with a one-line error (exit code 2).
 """
 from __future__ import annotations
 
@@ -50,6 +58,7 @@ from torch import nn
 from ..models.factory import create_model, parse_model_kwargs
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
+from .cli import require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
@@ -618,8 +627,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-kwargs", nargs="*", default=[], metavar="KIND.OPTION=VALUE",
                    help=f"options of each --attn entry, {OPTIONS_HELP}: e.g. sima.order=qk_first softmax.fused=false")
     p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
-    p.add_argument("--precision", nargs="+", default=["fp32"], choices=list(PRECISIONS),
-                   help="fp32, or bf16/fp16 autocast")
+    p.add_argument("--precision", nargs="+", default=None, choices=list(PRECISIONS),
+                   help="fp32, or bf16/fp16 autocast (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads in every worker; None = this process's torch.get_num_threads()")
@@ -660,6 +669,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return _worker_main(args.worker)
+    require_cuda(args.device)
+    args.precision = args.precision or (["bf16"] if torch.device(args.device).type == "cuda" else ["fp32"])
     threads = set_threads(args.threads)
     order = "qk_first" if args.fixed_order else args.sima_order
     if args.rounds < 1:

@@ -1,0 +1,96 @@
+"""``simattn bench attention|model --device cuda``: one line and exit code 2 without CUDA; the GPU sweep's rows,
+bytes and roofline on CPU with a stand-in timer; the real sweeps when there is a GPU."""
+import json
+
+import pytest
+import torch
+
+from simattn.bench import attention as bench
+from simattn.cli import main as simattn_main
+from simattn.utils.timing import time_fn
+
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+
+
+@NO_CUDA
+@pytest.mark.parametrize("what", ["attention", "model"])
+def test_without_cuda_one_line_and_exit_2_before_any_work(what, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert simattn_main(["bench", what, "--device", "cuda", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"simattn bench {what}: error: no CUDA device: --device cuda")
+    assert captured.out == "" and not out.exists()
+
+
+def test_gpu_sweep_rows_on_cpu_with_a_stand_in_timer(monkeypatch):
+    """The sweep's code path end to end on CPU tensors (Triton in its interpreter, a CPU timer): every kind × pass
+    × N gets a row; a backend with no kernel here gives an error row instead of stopping the sweep."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    kinds = ["sima", "sima_triton", "sdpa_flash", "sdpa_efficient"]
+    rows = bench.run_gpu([16, 33], kinds, batch=1, heads=2, head_dim=16, dtype=torch.float32, device="cpu",
+                         peak_gbps=100.0, timer=lambda fn: time_fn(fn, warmup=1, repeats=2))
+    assert [(r["kind"], r["pass"], r["tokens"]) for r in rows] == [
+        (kind, pass_, n) for n in (16, 33) for kind in kinds for pass_ in bench.PASSES]
+    ran = [r for r in rows if "error" not in r]
+    assert {r["kind"] for r in ran} >= {"sima", "sima_triton"}
+    for r in ran:
+        tensor = 1 * 2 * r["tokens"] * 16 * 4  # one (B, H, N, d) fp32 tensor
+        assert r["bytes"] == (4 if r["pass"] == "fwd" else 11) * tensor
+        assert 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]
+        assert r["roofline_ms"] == pytest.approx(r["bytes"] / 100e6)
+    assert "not run:" in bench.format_gpu_table(rows) or all("error" not in r for r in rows)
+
+
+def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
+    rows = [{"kind": "sdpa_flash", "pass": "fwd", "tokens": 4096, "median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1,
+             "bytes": 400_000_000},
+            {"kind": "sdpa_efficient", "pass": "fwd", "tokens": 4096, "median_ms": 4.0, "p10_ms": 4.0, "p90_ms": 4.0,
+             "bytes": 400_000_000},
+            {"kind": "sima_triton", "pass": "fwd", "tokens": 4096, "median_ms": 0.5, "p10_ms": 0.5, "p90_ms": 0.6,
+             "bytes": 400_000_000},
+            {"kind": "sima", "pass": "fwd+bwd", "tokens": 4096, "median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0,
+             "bytes": 1_100_000_000},
+            {"kind": "sdpa_flash", "pass": "fwd+bwd", "tokens": 4096, "error": "no kernel"}]
+    rows = bench.add_roofline(rows, peak_gbps=4000)
+    triton = rows[2]
+    # by hand: 4e8 B / 0.5 ms = 800 GB/s; 4e8 B at 4000 GB/s = 0.1 ms = 20 % of 0.5 ms; flash 2.0 / 0.5 = 4
+    assert triton["gbps"] == pytest.approx(800) and triton["roofline_ms"] == pytest.approx(0.1)
+    assert triton["roofline_frac"] == pytest.approx(0.2) and triton["speedup_vs_sdpa"] == pytest.approx(4.0)
+    assert rows[1]["speedup_vs_sdpa"] == pytest.approx(0.5)
+    assert rows[3]["speedup_vs_sdpa"] is None  # no SDPA backend ran forward+backward
+    table = bench.format_gpu_table(rows).splitlines()
+    assert table[4].split()[:10] == ["sima_triton", "fwd", "4096", "0.500", "0.500", "0.600", "800", "0.1000",
+                                     "20.0%", "4.00"]
+    assert "not run: no kernel" in table[6]
+
+
+def test_gpu_kinds_are_refused_on_cpu():
+    with pytest.raises(SystemExit):
+        bench.main(["--kinds", "sima_triton"])
+
+
+@CUDA
+def test_attention_sweep_on_cuda(tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--device", "cuda", "--tokens", "197", "1024", "--repeats", "5", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    triton = [r for r in rows if r["kind"] == "sima_triton"]
+    assert len(triton) == 4 and all("error" not in r and r["gbps"] > 0 for r in triton)
+
+
+@CUDA
+def test_model_bench_on_cuda(tmp_path):
+    from simattn.bench import model as bench_model
+
+    args = ["--device", "cuda", "--models", "sima_deit_small_patch16_224", "--img-size", "64",
+            "--model-kwargs", "depth=1", "embed_dim=64", "num_heads=2", "--attn", "sima", "triton=sima", "softmax",
+            "--attn-kwargs", "triton.backend=triton", "--measure", "throughput", "train-throughput", "memory",
+            "--warmup", "1", "--repeats", "2", "--batch-size", "4", "--out", str(tmp_path)]
+    assert bench_model.main(args) == 0
+    rows = json.loads((tmp_path / "bench_model.json").read_text())["rows"]
+    assert {r["label"] for r in rows} == {"sima", "triton", "softmax"}
+    for r in rows:
+        assert r["precision"] == "bf16" and r["infer_ips"] > 0 and r["train_ips"] > 0 and r["peak_train_mb"] > 0

@@ -1,0 +1,292 @@
+"""SimA's Triton backend against the plain reference (fp64), forward and every gradient; CPU runs the kernels in
+Triton's interpreter (``TRITON_INTERPRET=1``, set per test), CUDA runs them compiled when there is a GPU.
+
+Bound (fp32): rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and for each gradient, and each gradient's
+rms error relative to the largest gradient's rms (:func:`attention_cases.assert_grads_close`) for those that vanish
+identically (at N = 1, the q and k gradients). fp32 round-off gives ~1e-7; a wrong sign term or a missing norm gives order 1.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from simattn.attention import SimAAttention, create_attention
+from simattn.attention import reference as R
+from simattn.attention.sima import resolve_sima_backend, sima_attention
+
+from attention_cases import assert_grads_close, error_ratio, rms
+
+pytest.importorskip("triton")
+
+TOL = 1e-4
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.fixture
+def triton_mode(monkeypatch, request):
+    """CPU: the interpreter for this test only; CUDA: compiled kernels (the interpreter off)."""
+    device = request.node.callspec.params.get("device", "cpu")
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    return device
+
+
+def _leaves(shapes, device, layout="contiguous", seed=0):
+    """q, k, v (B, H, N, d) and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection
+    whose strided views q, k, v are (what ``TokenAttention.project`` hands over)."""
+    gen = torch.Generator().manual_seed(seed)
+    (B, H, n_q, d), (_, _, n_k, d_v) = shapes
+    if layout == "qkv":
+        fused = torch.randn(B, n_q, 3, H, d, generator=gen).to(device).requires_grad_()
+        q, k, v = fused.permute(2, 0, 3, 1, 4).unbind(0)
+        return (q, k, v), [fused]
+    q = torch.randn(B, H, n_q, d, generator=gen).to(device).requires_grad_()
+    k = torch.randn(B, H, n_k, d, generator=gen).to(device).requires_grad_()
+    v = torch.randn(B, H, n_k, d_v, generator=gen).to(device).requires_grad_()
+    return (q, k, v), [q, k, v]
+
+
+def _compare(qkv, leaves, **kw):
+    """Triton output and gradients (fp32) against the oracle in fp64 on the same values, same upstream gradient."""
+    out = sima_attention(*qkv, backend="triton", **kw)
+    g = torch.randn(out.shape, dtype=torch.float64, device=out.device)
+    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
+    hi = [t.detach().double().requires_grad_() for t in leaves]
+    if len(hi) == 1:
+        q, k, v = hi[0].permute(2, 0, 3, 1, 4).unbind(0)
+    else:
+        q, k, v = hi
+    ref = R.sima_reference(q, k, v, order="kv_first", **kw)
+    ref_grads = torch.autograd.grad(ref, hi, g)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    err = error_ratio(out, ref)
+    assert err <= TOL, f"forward: error ratio {err:.3g}"
+    names = ["qkv"] if len(hi) == 1 else ["q", "k", "v"]
+    assert_grads_close(grads, ref_grads, TOL, names, "triton")
+    scale = max(rms(b) for b in ref_grads)
+    for a, b, name in zip(grads, ref_grads, names):
+        if rms(b) > 1e-3 * scale:  # each gradient that does not vanish identically, to its own size as well
+            assert error_ratio(a, b) <= TOL, f"d/d{name}: error ratio {error_ratio(a, b):.3g}"
+    return out, ref
+
+
+CASES = {  # name → ((B, H, Nq, d), (B, H, Nk, dv)), layout
+    "contiguous": (((2, 2, 20, 16), (2, 2, 20, 16)), "contiguous"),
+    "fused_qkv": (((2, 2, 33, 32), (2, 2, 33, 32)), "qkv"),
+    "n1": (((1, 2, 1, 32), (1, 2, 1, 32)), "contiguous"),
+    "n7_d64": (((1, 2, 7, 64), (1, 2, 7, 64)), "contiguous"),
+    "n197": (((2, 2, 197, 32), (2, 2, 197, 32)), "qkv"),
+    "cross_lengths_dv": (((1, 3, 7, 32), (1, 3, 50, 16)), "contiguous"),
+    "d128": (((1, 1, 70, 128), (1, 1, 70, 128)), "contiguous"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_gradients_match_reference(case, device, triton_mode):
+    shapes, layout = CASES[case]
+    _compare(*_leaves(shapes, device, layout))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_axis_split_over_programs(device, triton_mode):
+    """N = 4097: one token past a power of two, the reduction split over several programs per head."""
+    _compare(*_leaves(((1, 1, 4097, 32), (1, 1, 4097, 32)), device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["contiguous", "qkv"])
+def test_key_mask(device, layout, triton_mode):
+    """A key keep-mask also masks the queries at equal lengths: masked rows are zero, gradients too."""
+    qkv, leaves = _leaves(((2, 2, 50, 16), (2, 2, 50, 16)), device, layout)
+    mask = torch.rand(2, 50, generator=torch.Generator().manual_seed(1)).to(device) > 0.3
+    mask[1, :] = False  # a batch entry with every token removed: all norms clamp to eps, output 0
+    out, _ = _compare(qkv, leaves, mask=mask)
+    assert not out[~mask[:, None, :, None].expand_as(out)].any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_query_and_key_masks_cross_lengths(device, triton_mode):
+    qkv, leaves = _leaves(((2, 2, 7, 16), (2, 2, 40, 16)), device)
+    gen = torch.Generator().manual_seed(2)
+    mask, q_mask = torch.rand(2, 40, generator=gen) > 0.3, torch.rand(2, 7, generator=gen) > 0.3
+    _compare(qkv, leaves, mask=mask.to(device), q_mask=q_mask.to(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_zero_channels_clamp_to_eps(device, triton_mode):
+    """A channel that is zero over every token has its norm clamped to eps: no sign term, finite gradients."""
+    qkv, leaves = _leaves(((1, 2, 20, 16), (1, 2, 20, 16)), device)
+    with torch.no_grad():
+        for t in leaves[:2]:
+            t[..., 3] = 0
+    _compare(qkv, leaves)
+
+
+class _LargestCopy(torch.utils._python_dispatch.TorchDispatchMode):
+    """The largest floating tensor (elements) that a copying op produces while active (the interpreter's own host
+    copies of whole storages are bytes, not counted)."""
+
+    COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.contiguous")
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if str(func.overloadpacket) in self.COPIES and torch.is_tensor(out) and out.is_floating_point():
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+def test_fused_qkv_views_are_not_copied(monkeypatch):
+    """The kernels read q, k, v through their strides: forward and backward copy nothing of their size."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    (q, k, v), leaves = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), "cpu", "qkv")
+    assert not q.is_contiguous()
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    with _LargestCopy() as rec:
+        out = sima_attention(q, k, v, backend="triton", mask=mask)
+        # gradients of the views themselves: stacking them into the fused tensor's gradient is autograd's copy
+        grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+    assert all(g.shape == q.shape for g in grads)
+    assert rec.largest < q.numel(), f"a copy of {rec.largest} elements (q has {q.numel()})"
+
+
+def test_module_backend_triton_matches_torch(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    m = create_attention("sima", 32, num_heads=2, qkv_bias=True)
+    x = torch.randn(2, 33, 32, requires_grad=True)
+    mask = torch.rand(2, 33) > 0.2
+    ref = m(x, attn_mask=mask)
+    g_ref = torch.autograd.grad(ref.sum(), x)[0]
+    m.backend = "triton"
+    out = m(x, attn_mask=mask)
+    assert error_ratio(out, ref) < TOL
+    assert error_ratio(torch.autograd.grad(out.sum(), x)[0], g_ref) < TOL
+    assert "backend='triton'" in repr(m)
+
+
+# ---------------------------------------------------------------- options and errors
+def test_auto_is_torch_until_measured_on_a_gpu():
+    q = torch.zeros(1, 1, 4, 8)
+    assert resolve_sima_backend("auto", q) == "torch"
+    assert "backend='auto'" in repr(SimAAttention(16, num_heads=2))
+
+
+def test_bad_backend_is_one_line_naming_the_choices():
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; expected one of auto, torch, triton") as info:
+        sima_attention(q, k, v, backend="cuda")
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown backend 'fast'"):
+        SimAAttention(16, num_heads=2, backend="fast")
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    with pytest.raises(ValueError, match="needs CUDA tensors \\(or TRITON_INTERPRET=1"):
+        sima_attention(q, k, v, backend="triton")
+
+
+def test_triton_refuses_what_the_kernels_do_not_take(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
+    with pytest.raises(ValueError, match="order 'qk_first'|order 'auto' or 'kv_first'"):
+        sima_attention(q, k, v, backend="triton", order="qk_first")
+    with pytest.raises(ValueError, match="float64"):
+        sima_attention(q.double(), k.double(), v.double(), backend="triton")
+    big = torch.randn(1, 1, 5, 256)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        sima_attention(big, big, big, backend="triton")
+
+
+def test_import_simattn_does_not_load_the_kernels():
+    code = ("import sys, torch, simattn; from simattn.attention.sima import sima_attention; "
+            "q = torch.randn(1, 1, 4, 8); sima_attention(q, q, q); "
+            "print('simattn.attention.sima_triton' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------- CUDA: one AMP training step per model family
+FAMILIES = [  # (model, create_model kwargs)
+    ("sima_deit_tiny_patch16_224", {"depth": 2}),
+    ("sima_deit_tiny_patch16_224", {"depth": 2, "attn_kwargs": {"backend": "triton"}}),
+    ("sima_nano_12_p16", {"depth": 2}),
+    ("sima_nano_12_p16", {"depth": 2, "attn_kwargs": {"backend": "triton"}}),
+    ("sima_cvt_13", {"depths": (1, 1, 1)}),
+    ("sima_cvt_13", {"depths": (1, 1, 1), "attn_kwargs": {"backend": "triton"}}),
+    ("ufo_vit_tiny", {"depth": 2}),
+    ("soft_tiny", {"depths": (1, 1, 1, 1)}),
+]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("name, kwargs", FAMILIES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(FAMILIES)])
+def test_amp_training_step_cuda(name, kwargs, dtype, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import timm
+
+    model = timm.create_model(name, num_classes=10, **kwargs).cuda().train()
+    x = torch.randn(4, 3, 224, 224, device="cuda")
+    y = torch.randint(10, (4,), device="cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+    with torch.autocast("cuda", dtype=dtype):
+        loss = torch.nn.functional.cross_entropy(model(x).float(), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert torch.isfinite(loss) and grads and all(torch.isfinite(g).all() for g in grads)
+    scaler.step(opt)
+    scaler.update()
+
+
+# ---------------------------------------------------------------- compiled kernels, without a GPU
+def _signature(fn, pointers, constexprs):
+    return {name: "constexpr" if name in constexprs else pointers.get(name, "*fp32") if name.endswith("_ptr")
+            else "i32" for name in fn.arg_names}
+
+
+@pytest.mark.parametrize("arch", [80, 90], ids=["sm80", "sm90"])
+def test_kernels_compile_for_gpus_without_one(arch, monkeypatch):
+    """Triton compiles the kernels to GPU machine code with no GPU present (its bundled ptxas): the code the
+    interpreter runs on CPU also lowers for Ampere and Hopper, bf16 and fp32 variants, masks and all."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from simattn.attention import sima_triton as st
+
+    kernels = st._kernels(False)
+    bf16 = {name: "*bf16" for name in ("x_ptr", "y_ptr", "z_ptr", "w_ptr", "o_ptr", "dx_ptr", "dy_ptr")}
+    u8 = {"xm_ptr": "*u8", "zm_ptr": "*u8"}
+    tiles = dict(BLOCK=st.BLOCK_N, BLOCK_D=64, BLOCK_E=64)
+    variants = [
+        (kernels.reduce, {**bf16, **u8}, dict(HAS_XM=True, HAS_Z=True, HAS_ZM=True, NORMS=True, HALF_DOT=True)),
+        (kernels.reduce, u8, dict(HAS_XM=False, HAS_Z=False, HAS_ZM=False, NORMS=False, HALF_DOT=False)),
+        (kernels.apply, {**bf16, **u8}, dict(HAS_XM=True, BF16_DOT=True, UPCAST=False)),
+        (kernels.apply, u8, dict(HAS_XM=False, BF16_DOT=False, UPCAST=False)),
+        (kernels.grad, {**bf16, **u8}, dict(HAS_XM=True, HAS_DY=False, BF16_DOT=True, UPCAST=False)),
+        (kernels.grad, {**bf16, **u8, "w_ptr": "*fp32"}, dict(HAS_XM=True, HAS_DY=True, BF16_DOT=False, UPCAST=False)),
+    ]
+    for fn, pointers, flags in variants:
+        constexprs = {**flags, **tiles, "PRECISION": "ieee"}
+        try:
+            compiled = triton.compile(ASTSource(fn, _signature(fn, pointers, constexprs), constexprs),
+                                      target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+        except RuntimeError as e:  # a triton build without its ptxas
+            if "Cannot find ptxas" not in str(e):
+                raise
+            pytest.skip(f"cannot compile for CUDA here: {e}")
+        assert compiled.asm["cubin"], f"{fn.__name__} {flags}: no machine code"
