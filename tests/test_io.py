@@ -123,9 +123,13 @@ def test_file_system_faults_are_one_line_errors_at_the_cli(tmp_path, monkeypatch
     assert "No space left on device: runs/x/last.pth (the disk is full" in capsys.readouterr().err
 
     def bug(argv):
-        raise OSError(errno.EBADF, "Bad file descriptor")  # not a user fault: the traceback stays
+        raise OSError(errno.EBADF, "Bad file descriptor")  # not a user fault: one line, exit 1; traceback on demand
 
     monkeypatch.setattr("simattn.train.validate.main", bug)
+    assert simattn_main(["validate"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unexpected error OSError" in err
+    monkeypatch.setenv("SIMATTN_DEBUG", "1")
     with pytest.raises(OSError):
         simattn_main(["validate"])
 

@@ -1,0 +1,54 @@
+"""Model kwargs checked before anything is built: every family's constructor options have declared ranges, so
+``timm.create_model(name, drop_path_rate=1.5)`` or ``--model-kwargs depth=-1`` is a one-line ValueError naming the
+model, the argument and what is allowed, not a traceback from deep inside a layer (or a silently odd network)."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Union
+
+from ..utils.recipe import Opt, check_value
+
+__all__ = ["MODEL_OPTIONS", "check_model_kwargs"]
+
+_RATE = dict(low=0.0, high=1.0, high_open=True)
+_SIZES = Union[int, List[int]]
+
+#: the constructor options our families share, by the names timm uses
+MODEL_OPTIONS: Dict[str, Opt] = {
+    "num_classes": Opt(1000, "classifier outputs (0: no classifier)", type=int, low=0),
+    "in_chans": Opt(3, type=int, low=1),
+    "img_size": Opt(224, type=_SIZES, low=1),
+    "patch_size": Opt(16, type=_SIZES, low=1),
+    "embed_dim": Opt(384, type=_SIZES, low=1),
+    "embed_dims": Opt([64], type=List[int], low=1),
+    "depth": Opt(12, type=_SIZES, low=1),
+    "depths": Opt([1], type=List[int], low=1),
+    "num_heads": Opt(6, type=_SIZES, low=1),
+    "mlp_ratio": Opt(4.0, type=Union[float, List[float]], low=0.0, low_open=True),
+    "drop_rate": Opt(0.0, "dropout rate", type=float, **_RATE),
+    "pos_drop_rate": Opt(0.0, type=float, **_RATE),
+    "proj_drop_rate": Opt(0.0, type=float, **_RATE),
+    "attn_drop_rate": Opt(0.0, type=float, **_RATE),
+    "drop_path_rate": Opt(0.0, "stochastic depth rate", type=float, **_RATE),
+}
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, (list, tuple)) and value else value
+
+
+def check_model_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
+    """Raise a one-line ValueError when a kwarg of ``model`` is outside its declared range, or when the patch size
+    does not divide the image size."""
+    for name, spec in MODEL_OPTIONS.items():
+        if name in kwargs and kwargs[name] is not None:
+            try:
+                check_value(name, spec, kwargs[name])
+            except ValueError as e:
+                raise ValueError(f"{model}: {e}") from None
+    img, patch = kwargs.get("img_size"), kwargs.get("patch_size")
+    if isinstance(img, int) and isinstance(patch, int) and img % patch:
+        raise ValueError(f"{model}: patch_size={patch} does not divide img_size={img}; allowed: an image size that is "
+                         f"a multiple of the patch size (e.g. {img - img % patch or patch})")
+    dim, heads = _first(kwargs.get("embed_dim")), _first(kwargs.get("num_heads"))
+    if isinstance(dim, int) and isinstance(heads, int) and dim % heads:
+        raise ValueError(f"{model}: embed_dim={dim} is not a multiple of num_heads={heads}")
