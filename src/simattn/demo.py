@@ -36,7 +36,7 @@ def _plot_curves(runs: Dict[str, Dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .utils.io import atomic_path
+    from .utils.io import save_figure
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
     for label, run in runs.items():
         hist = run["summary"]["history"]
@@ -50,9 +50,7 @@ def _plot_curves(runs: Dict[str, Dict[str, Any]], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 #: the files a demo writes beside its two run folders

@@ -5,13 +5,13 @@ import csv
 import io
 import math
 import platform
-import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
 import torch
 
-from ..utils.io import atomic_path, atomic_write_json, atomic_write_text
+from ..utils.io import atomic_write_json, atomic_write_text, save_figure as _save_png
+from ..utils.runlog import progress as runlog_progress
 
 __all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
            "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning"]
@@ -41,19 +41,9 @@ def spread_warning(spreads: Mapping[str, Optional[float]], limit: float = WIDE_S
             f"those medians with care, or rerun with more repeats/rounds")
 
 
-def progress(items: Sequence[T], desc: str, describe: Callable[[T], str] = str) -> Iterator[T]:
-    """Iterate ``items`` with a tqdm bar on a terminal, or one plain ``[i/n] desc: item`` line each otherwise."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(items, desc=desc, file=sys.stderr, leave=False)
-        for item in bar:
-            bar.set_postfix_str(describe(item), refresh=True)
-            yield item
-        return
-    for i, item in enumerate(items, 1):
-        print(f"[{i}/{len(items)}] {desc}: {describe(item)}", file=sys.stderr, flush=True)
-        yield item
+def progress(items: Sequence[T], desc: str, describe: Callable[[T], str] = str) -> Iterable[T]:
+    """Benchmark cases with a tqdm bar on a terminal, or one plain ``[i/n] desc: case`` line each otherwise."""
+    return runlog_progress(items, desc, len(items), describe=describe)
 
 
 def machine_info(device: str, threads: int) -> Dict[str, Any]:
@@ -134,10 +124,6 @@ def new_figure(ncols: int, nrows: int = 1, size: float = 4.8):
 
 
 def save_figure(fig, path: Path) -> None:
-    """Save a PNG atomically and close the figure."""
-    import matplotlib.pyplot as plt
-
+    """The benchmarks' figures: laid out tight, saved as a 120 dpi PNG (atomically) and closed."""
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=120)
-    plt.close(fig)
+    _save_png(fig, path, dpi=120)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..utils.io import atomic_path, atomic_write_text
+from ..utils.io import atomic_write_text, save_figure
 
 __all__ = ["report_rows", "write_report", "plot_curves"]
 
@@ -61,9 +61,7 @@ def plot_curves(results: Dict[str, Any], path: Path) -> Optional[Path]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
     return path
 
 

@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..utils.io import atomic_path, atomic_write_text, json_dumps
+from ..utils.io import atomic_write_text, json_dumps, save_figure
 
 __all__ = ["MetricsLog", "format_table", "plot_history"]
 
@@ -78,7 +78,4 @@ def plot_history(history: Sequence[Mapping[str, Any]], keys: Sequence[str], path
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=100)

@@ -23,7 +23,7 @@ __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
-    "CheckpointError", "check_outputs", "written_through",
+    "CheckpointError", "check_outputs", "written_through", "save_figure",
 ]
 
 
@@ -95,6 +95,16 @@ def check_outputs(outputs: Mapping[str, Optional[PathLike]], inputs: Mapping[str
         for other, out2 in given_out[i + 1:]:
             if not written_through(out) and same(out, out2):
                 raise ValueError(f"{name} and {other} are the same file ({out}): one would overwrite the other")
+
+
+def save_figure(fig: Any, path: PathLike, dpi: int = 100, close: bool = True) -> Path:
+    """Write a matplotlib figure as a PNG atomically (never a half-written plot), then close it (``close``)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=dpi)
+    if close:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+    return Path(path)
 
 
 def stale_temp_files(folder: PathLike) -> list:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional, TypeVar
+
+T = TypeVar("T")
 
 
 __all__ = ["progress", "use_tqdm"]
@@ -14,10 +16,30 @@ def use_tqdm(enabled: bool = True) -> bool:
     return enabled and sys.stderr.isatty()
 
 
-def progress(iterable: Iterable, desc: str, total: Optional[int] = None, enabled: bool = True) -> Iterable:
-    """``iterable`` wrapped in a tqdm bar when :func:`use_tqdm` says so; the bare iterable otherwise, so logs
-    written to files only get the plain per-epoch lines."""
-    if not use_tqdm(enabled):
+def progress(iterable: Iterable[T], desc: str, total: Optional[int] = None, enabled: bool = True,
+             describe: Optional[Callable[[T], str]] = None) -> Iterable[T]:
+    """``iterable`` with a tqdm bar when :func:`use_tqdm` says so (``describe(item)`` shown beside it). Otherwise the
+    bare iterable, so logs written to files only get a task's own lines, or, with ``describe``, one plain
+    ``[i/n] desc: item`` line per item (long items such as benchmark cases)."""
+    if use_tqdm(enabled):
+        from tqdm import tqdm
+        bar = tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+        if describe is None:
+            return bar
+        return _described(bar, describe)
+    if describe is None or not enabled:
         return iterable
-    from tqdm import tqdm
-    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+    return _lines(iterable, desc, total, describe)
+
+
+def _described(bar, describe):
+    for item in bar:
+        bar.set_postfix_str(describe(item), refresh=True)
+        yield item
+
+
+def _lines(iterable, desc, total, describe):
+    n = total if total is not None else (len(iterable) if hasattr(iterable, "__len__") else "?")
+    for i, item in enumerate(iterable, 1):
+        print(f"[{i}/{n}] {desc}: {describe(item)}", file=sys.stderr, flush=True)
+        yield item

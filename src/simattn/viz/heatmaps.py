@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..attention import HookPoint, XCAttention
-from ..utils.io import atomic_path
+from ..utils.io import atomic_path, save_figure
 
 __all__ = ["TokenMaps", "hooked_blocks", "token_grid", "token_maps", "overlay", "save_overlay", "render_panels"]
 
@@ -174,7 +174,6 @@ def render_panels(result: TokenMaps, path: str | Path, *, title: str = "", alpha
     if title:
         fig.suptitle(title, fontsize=10)
     path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=dpi)
+    save_figure(fig, path, dpi=dpi, close=False)
     width, height = fig.canvas.get_width_height()
     return width, height
