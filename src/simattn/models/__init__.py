@@ -11,8 +11,14 @@ Task packages build, load and start models only through :mod:`simattn.models.fac
 from typing import List
 
 import timm
+from timm.layers import register_notrace_module
 
+from ..attention import TokenAttention
 from . import sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
+
+# timm's FX tracing (feature_cls='fx', create_feature_extractor) keeps attention modules whole: each kind picks
+# its matmul order, dtypes and autocast handling from shapes and state in Python.
+register_notrace_module(TokenAttention)
 
 FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit")
 
