@@ -14,6 +14,9 @@ from timm.models._manipulate import checkpoint
 from ..attention._common import fx_tracing
 from ._head import TokenPoolHead
 
+# FX records the resampling as one call: it branches on sizes in Python
+torch.fx.wrap("resample_abs_pos_embed")
+
 __all__ = ["Grid", "GridBlock", "PyramidStage", "PyramidTransformer", "tokens_to_nchw", "check_size_fits",
            "drop_path_rates"]
 

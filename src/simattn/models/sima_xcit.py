@@ -41,6 +41,9 @@ from ..attention._common import fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead
 
+# FX records the resampling as one call: it branches on sizes in Python
+torch.fx.wrap("resample_abs_pos_embed")
+
 __all__ = [
     "XCiTBackbone", "XCiTBlock", "ClassAttention", "ClassAttentionBlock", "sima_class_attention_weights",
     "checkpoint_filter_fn", "create_xcit_backbone", "xcit_cfg", "CLASS_ATTENTION_KINDS", "POS_EMBED_TYPES",
