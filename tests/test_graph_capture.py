@@ -56,6 +56,32 @@ def test_every_family_has_a_small_configuration():
         _small(name)
 
 
+# ---- captures that cost seconds run once per distinct network ----------------------------------------------------
+_CAPTURED: Dict[Tuple[str, str], Tuple[str, BaseException]] = {}
+
+
+def _structure(model: torch.nn.Module) -> str:
+    """The network as graph capture sees it: the module tree with shapes, and every module's plain settings."""
+    settings = [f"{name}: {sorted((k, v) for k, v in vars(m).items() if not k.startswith('_') and isinstance(v, (bool, int, float, str, tuple, type(None))))}"
+                for name, m in model.named_modules()]
+    return "\n".join([repr(model)] + settings)
+
+
+def _capture_once(path: str, name: str, model: torch.nn.Module, capture: Callable[[], None]) -> None:
+    key = (path, _structure(model))
+    if key not in _CAPTURED:
+        try:
+            capture()
+        except BaseException as e:
+            _CAPTURED[key] = (name, e)
+            raise
+        _CAPTURED[key] = (name, None)
+        return
+    first, error = _CAPTURED[key]
+    if error is not None:
+        pytest.fail(f"{name} builds the same network as {first}, whose {path} failed: {error!r}")
+
+
 # ---- TorchScript ---------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _plain_torchscript():
@@ -73,9 +99,13 @@ def test_torchscript(name):
         scripted = torch.jit.script(model)
         torch.testing.assert_close(scripted(x), expected, **TOL)
         buffer = io.BytesIO()
-        torch.jit.save(scripted, buffer)  # plain TorchScript, no Python callbacks
-        buffer.seek(0)
-        torch.testing.assert_close(torch.jit.load(buffer)(x), expected, **TOL)
+        torch.jit.save(scripted, buffer)  # plain TorchScript: a Python callback would not save
+
+        def load():
+            buffer.seek(0)
+            torch.testing.assert_close(torch.jit.load(buffer)(x), expected, **TOL)
+
+        _capture_once("torch.jit.load", name, model, load)
 
 
 # ---- FX: timm's model-test contract (its tests/test_models.py), with timm's no-trace lists ---------------------
@@ -123,32 +153,7 @@ def test_fx_backward(name):
         torch.testing.assert_close(grads[n], g, **TOL, msg=n)
 
 
-# ---- torch.export and torch.compile: once per distinct network ---------------------------------------------------
-_CAPTURED: Dict[Tuple[str, str], Tuple[str, BaseException]] = {}
-
-
-def _structure(model: torch.nn.Module) -> str:
-    """The network as graph capture sees it: the module tree with shapes, and every module's plain settings."""
-    settings = [f"{name}: {sorted((k, v) for k, v in vars(m).items() if not k.startswith('_') and isinstance(v, (bool, int, float, str, tuple, type(None))))}"
-                for name, m in model.named_modules()]
-    return "\n".join([repr(model)] + settings)
-
-
-def _capture_once(path: str, name: str, model: torch.nn.Module, capture: Callable[[], None]) -> None:
-    key = (path, _structure(model))
-    if key not in _CAPTURED:
-        try:
-            capture()
-        except BaseException as e:
-            _CAPTURED[key] = (name, e)
-            raise
-        _CAPTURED[key] = (name, None)
-        return
-    first, error = _CAPTURED[key]
-    if error is not None:
-        pytest.fail(f"{name} builds the same network as {first}, whose {path} failed: {error!r}")
-
-
+# ---- torch.export and torch.compile ---------------------------------------------------------------------------
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "nonstrict"])
 @pytest.mark.parametrize("name", MODELS)
 def test_export_dynamic_batch(name, strict):
@@ -183,8 +188,7 @@ def _call_targets(program) -> set:
     return {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
 
 
-@pytest.mark.parametrize("name, size", [("sima_deit_tiny_patch16_224", 96), ("relu_vit_small_patch16_224", 64),
-                                        ("ufo_vit_tiny", 48), ("soft_tiny", 64)])
+@pytest.mark.parametrize("name, size", [("sima_deit_tiny_patch16_224", 96), ("ufo_vit_tiny", 48), ("soft_tiny", 64)])
 def test_prepare_for_export_leaves_no_resampling_in_the_graph(name, size):
     """Models that resample learned position embeddings per input (``dynamic_img_size``) export with an antialiased
     bicubic resample op; laid out for one size they export without one, with the same outputs."""
