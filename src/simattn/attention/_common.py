@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -10,6 +10,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 __all__ = [
     "HookPoint",
+    "fx_call_whole",
     "fx_tracing",
     "check_qkv",
     "cast",
@@ -39,6 +40,18 @@ class HookPoint(nn.Identity):
     @torch.jit.ignore  # any number of tensors: not a TorchScript signature
     def forward(self, *args):  # noqa: D401 - identity on any number of tensors
         return args[0] if len(args) == 1 else args
+
+
+def fx_call_whole(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.fx.Proxy]:
+    """While ``torch.fx`` traces through ``module`` (any tracer: ``symbolic_trace``, FX quantization), record the
+    call as one ``call_module`` node, as for a module on the tracer's leaf list, and return its proxy; None when
+    not tracing. For modules whose forward picks dtypes, autocast handling or matmul order in Python."""
+    if not fx_tracing():
+        return None
+    proxy = next((a for a in args if isinstance(a, torch.fx.Proxy)), None)
+    if proxy is None:
+        return None
+    return proxy.tracer.create_proxy("call_module", proxy.tracer.path_of_module(module), args, kwargs)
 
 
 def fx_tracing() -> bool:

@@ -6,15 +6,15 @@ checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tens
 
 Graph capture: ``torch.compile`` and ``torch.export`` trace every kind's fast path. Under TorchScript each kind's
 :meth:`attend` takes a plain path (its formula in fp32, no hook points), since the fast paths pick dtypes, autocast
-handling and matmul order in Python. timm's FX tracing keeps these modules whole (``simattn.models`` puts them on
-timm's no-trace list). The class flags below are TorchScript constants, so only the calls a kind makes are compiled.
+handling and matmul order in Python. FX tracing keeps these modules whole: timm's tracer because ``simattn.models``
+puts them on timm's no-trace list, any other tracer because ``forward`` records itself as one call. The class flags below are TorchScript constants, so only the calls a kind makes are compiled.
 """
 from typing import Optional, Tuple, Type
 
 import torch
 from torch import nn
 
-from ._common import fx_tracing
+from ._common import fx_call_whole, fx_tracing
 
 __all__ = ["TokenAttention"]
 
@@ -108,6 +108,9 @@ class TokenAttention(nn.Module):
                 grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         """x (B, N, C) → (B, N, C)."""
         if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
             self._check_call(x, attn_mask, is_causal)
         B, N, C = x.shape
         q, k, v = self.project(x)

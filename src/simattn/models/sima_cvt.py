@@ -36,7 +36,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from ..attention import TokenAttention, attention_class
 from ..utils.io import extract_state_dict
-from ..attention._common import fx_tracing
+from ..attention._common import fx_call_whole, fx_tracing
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
 
 __all__ = [
@@ -116,6 +116,9 @@ class ConvProjection(TokenAttention):
         """x (B, P + H·W, C) → (B, P + H·W, C); ``grid_size`` is required, masks and causal attention are not
         supported (the convolutions mix tokens)."""
         if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
             self._check_call(x, attn_mask, is_causal, grid_size)
         assert grid_size is not None  # checked above; refines the type for TorchScript
         B, N, C = x.shape

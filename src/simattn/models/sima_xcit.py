@@ -37,7 +37,7 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
     PositionalEncodingFourier
 
 from ..attention import HookPoint, attention_class
-from ..attention._common import fx_tracing, no_autocast
+from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead
 
@@ -94,6 +94,10 @@ class ClassAttention(ClassAttn):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, C) with the CLS token first → the new CLS token (B, 1, C)."""
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), {})
+            if traced is not None:
+                return traced
         B, N, C = x.shape
         k = self.k(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
         v = self.v(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
