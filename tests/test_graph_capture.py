@@ -4,10 +4,11 @@ timm's model tests; ``torch.fx.symbolic_trace`` forward and backward), ``torch.e
 (strict and non-strict) and ``torch.compile(fullgraph=True)``; then export at a fixed input size through
 ``prepare_for_export``.
 
-Every model runs in its smallest configuration (one block per stage, narrow, 32-64 px, batch 2). ``torch.export``
-and ``torch.compile`` cost seconds per model, so models whose smallest build is the same network (same module tree,
-shapes and settings; e.g. ``sima_deit_{tiny,small,base}`` once narrowed, or XCiT sizes that differ only in the
-layer-scale init) are captured once per path: the others fail with the first one's error.
+Every model runs in its smallest configuration (one block per stage, narrow, 32-64 px, batch 2). Captures that
+cost seconds (``torch.export``, ``torch.compile``, loading saved TorchScript, scripting an FX graph) run once per
+distinct network: models whose smallest build is the same network (same module tree, shapes and settings; e.g.
+``sima_deit_{tiny,small,base}`` once narrowed, or XCiT sizes that differ only in the layer-scale init) share the
+first one's result, and fail with its error.
 """
 import contextlib
 import io
