@@ -11,6 +11,8 @@ distinct network: models whose smallest build is the same network (same module t
 first one's result, and fail with its error.
 """
 import contextlib
+import copy
+import functools
 import io
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -44,12 +46,17 @@ def _small(name: str) -> Dict[str, Any]:
     return dict(_SMALL[model_entrypoint(name).__module__.rsplit(".", 1)[-1]], num_classes=3)
 
 
-def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
-    """The model in its smallest configuration (eval mode, fixed seed) and a batch of 2 inputs."""
-    kwargs = {**_small(name), **overrides}
+@functools.lru_cache(maxsize=None)
+def _built(name: str, overrides: Tuple[Tuple[str, Any], ...]) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = timm.create_model(name, **kwargs).eval()
-    return model, torch.randn(2, 3, kwargs["img_size"], kwargs["img_size"])
+    return timm.create_model(name, **{**_small(name), **dict(overrides)}).eval()
+
+
+def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
+    """A copy of the model in its smallest configuration (eval mode, fixed seed) and a batch of 2 inputs."""
+    size = _small(name)["img_size"]
+    torch.manual_seed(1)
+    return copy.deepcopy(_built(name, tuple(sorted(overrides.items())))), torch.randn(2, 3, size, size)
 
 
 def test_every_family_has_a_small_configuration():
@@ -167,10 +174,10 @@ def test_fx_symbolic_trace_forward_and_backward(name):
 @pytest.mark.parametrize("name", MODELS)
 def test_export_dynamic_batch(name, strict):
     model, x = _build(name)
-    x3 = torch.randn(3, *x.shape[1:])
-    expected, expected3 = model(x), model(x3)
 
     def capture():
+        x3 = torch.randn(3, *x.shape[1:])
+        expected, expected3 = model(x), model(x3)
         program = export(model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=64)},), strict=strict)
         exported = program.module()
         torch.testing.assert_close(exported(x), expected, **TOL)
@@ -182,9 +189,9 @@ def test_export_dynamic_batch(name, strict):
 @pytest.mark.parametrize("name", MODELS)
 def test_compile_fullgraph(name):
     model, x = _build(name)
-    expected = model(x)
 
     def capture():
+        expected = model(x)
         torch._dynamo.reset()  # models share forward code: start each from a clean cache
         compiled = torch.compile(model, fullgraph=True, backend="eager")  # fullgraph: a graph break raises
         torch.testing.assert_close(compiled(x), expected, **TOL)
