@@ -71,7 +71,8 @@ _CAPTURED: Dict[Tuple[str, str], Tuple[str, BaseException]] = {}
 
 def _structure(model: torch.nn.Module) -> str:
     """The network as graph capture sees it: the module tree with shapes, and every module's plain settings."""
-    settings = [f"{name}: {sorted((k, v) for k, v in vars(m).items() if not k.startswith('_') and isinstance(v, (bool, int, float, str, tuple, type(None))))}"
+    plain = (bool, int, float, str, tuple, type(None))
+    settings = [f"{name}: {sorted((k, v) for k, v in vars(m).items() if k[0] != '_' and isinstance(v, plain))}"
                 for name, m in model.named_modules()]
     return "\n".join([repr(model)] + settings)
 

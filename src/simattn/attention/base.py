@@ -7,7 +7,8 @@ checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tens
 Graph capture: ``torch.compile`` and ``torch.export`` trace every kind's fast path. Under TorchScript each kind's
 :meth:`attend` takes a plain path (its formula in fp32, no hook points), since the fast paths pick dtypes, autocast
 handling and matmul order in Python. FX tracing keeps these modules whole: timm's tracer because ``simattn.models``
-puts them on timm's no-trace list, any other tracer because ``forward`` records itself as one call. The class flags below are TorchScript constants, so only the calls a kind makes are compiled.
+puts them on timm's no-trace list, any other tracer because ``forward`` records itself as one call. The class flags
+below are TorchScript constants, so only the calls a kind makes are compiled.
 """
 from typing import Optional, Tuple, Type
 

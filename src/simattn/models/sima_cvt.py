@@ -35,8 +35,8 @@ from timm.layers import get_act_layer
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..attention import TokenAttention, attention_class
-from ..utils.io import extract_state_dict
 from ..attention._common import fx_call_whole, fx_tracing
+from ..utils.io import extract_state_dict
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
 
 __all__ = [
