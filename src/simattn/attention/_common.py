@@ -45,11 +45,12 @@ class HookPoint(nn.Identity):
 def fx_call_whole(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.fx.Proxy]:
     """While ``torch.fx`` traces through ``module`` (any tracer: ``symbolic_trace``, FX quantization), record the
     call as one ``call_module`` node, as for a module on the tracer's leaf list, and return its proxy; None when
-    not tracing. For modules whose forward picks dtypes, autocast handling or matmul order in Python."""
+    not tracing, or when ``module`` is the root of the trace (it cannot call itself). For modules whose forward
+    picks dtypes, autocast handling or matmul order in Python."""
     if not fx_tracing():
         return None
     proxy = next((a for a in args if isinstance(a, torch.fx.Proxy)), None)
-    if proxy is None:
+    if proxy is None or getattr(proxy.tracer, "root", None) is module:
         return None
     return proxy.tracer.create_proxy("call_module", proxy.tracer.path_of_module(module), args, kwargs)
 
