@@ -14,16 +14,15 @@ import contextlib
 import copy
 import functools
 import io
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import pytest
 import timm
 import torch
-from timm.layers import convert_sync_batchnorm, get_notrace_functions, get_notrace_modules
+from timm.layers import convert_sync_batchnorm
 from timm.models import model_entrypoint
 from timm.models._features_fx import create_feature_extractor as timm_feature_extractor
 from torch.export import Dim, export
-from torchvision.models.feature_extraction import NodePathTracer
 
 from simattn.models import list_models
 from simattn.models.export_ready import prepare_for_export, revert_sync_batchnorm
@@ -118,27 +117,15 @@ def test_torchscript(name):
         _capture_once("torch.jit.load", name, model, load)
 
 
-# ---- FX: timm's model-test contract (its tests/test_models.py), with timm's no-trace lists ---------------------
-def _tracer_kwargs() -> Dict[str, Any]:
-    return dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
-
-
-def _output_nodes(model: torch.nn.Module) -> List[str]:
-    """Qualified names of the nodes that make the model's output, in the model's current mode."""
-    tracer = NodePathTracer(**_tracer_kwargs())
-    graph = tracer.trace(model)
-    output = next(n for n in reversed(graph.nodes) if n.op == "output")
-    return [tracer.node_to_qualname[n] for n in output._input_nodes]
-
-
+# ---- FX: timm's model-test contract (its tests/test_models.py) ----------------------------------------------------
 @pytest.mark.parametrize("name", MODELS)
 def test_fx_forward_and_torchscript(name):
-    """timm's FX feature extraction (``timm.models._features_fx.create_feature_extractor``, what
-    ``feature_cls='fx'`` and FX quantization trace) gives the eager output, and so does its graph scripted."""
+    """timm's FX feature extraction (``timm.models._features_fx.create_feature_extractor``, with timm's no-trace
+    lists; what ``feature_cls='fx'`` builds on) gives the eager output, and so does its graph scripted."""
     model, x = _build(name)
     with _plain_torchscript():
         expected = model(x)
-        fx_model = timm_feature_extractor(model, _output_nodes(model))
+        fx_model = timm_feature_extractor(model, [model.pretrained_cfg["classifier"]])  # the output node
         out, = fx_model(x).values()
         torch.testing.assert_close(out, expected, **TOL)
 
