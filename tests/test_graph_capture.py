@@ -34,9 +34,11 @@ _SMALL = {
     "sima_vit": dict(img_size=64, embed_dim=32, depth=1, num_heads=2),
     "sima_xcit": dict(img_size=32, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1),
     "ufo_vit": dict(img_size=32, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1),
-    "sima_cvt": dict(img_size=64, embed_dims=(16, 32, 64), depths=(1, 1, 1), num_heads=(1, 2, 2)),
+    # pyramids of two stages: the first's blocks on the grid, the last's with the CLS token
+    "sima_cvt": dict(img_size=32, embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), patch_sizes=(7, 3),
+                     patch_strides=(4, 2), patch_paddings=(2, 1)),
     # 3 Newton iterations instead of 20: the same graph, a sixth of the ops for export to trace
-    "soft_vit": dict(img_size=64, embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 2),
+    "soft_vit": dict(img_size=32, embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), v_conv_kernels=(3,),
                      stem_chans=8, attn_kwargs={"num_iters": 3}),
 }
 
@@ -192,7 +194,7 @@ def _call_targets(program) -> set:
     return {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
 
 
-@pytest.mark.parametrize("name, size", [("sima_deit_tiny_patch16_224", 96), ("ufo_vit_tiny", 48), ("soft_tiny", 64)])
+@pytest.mark.parametrize("name, size", [("sima_deit_tiny_patch16_224", 96), ("ufo_vit_tiny", 48), ("soft_tiny", 48)])
 def test_prepare_for_export_leaves_no_resampling_in_the_graph(name, size):
     """Models that resample learned position embeddings per input (``dynamic_img_size``) export with an antialiased
     bicubic resample op; laid out for one size they export without one, with the same outputs."""
@@ -200,12 +202,12 @@ def test_prepare_for_export_leaves_no_resampling_in_the_graph(name, size):
     x = torch.randn(2, 3, size, size)
     expected = model(x)
     batch = ({0: Dim("batch", min=1, max=64)},)
-    assert any(t.startswith("aten._upsample_bicubic2d_aa") for t in _call_targets(export(model, (x,),
-                                                                                        dynamic_shapes=batch)))
+    before = export(model, (x,), dynamic_shapes=batch, strict=False)
+    assert any(t.startswith("aten._upsample_bicubic2d_aa") for t in _call_targets(before))
 
     prepared = prepare_for_export(model, size)
     assert not prepared.training
-    program = export(prepared, (x,), dynamic_shapes=batch)
+    program = export(prepared, (x,), dynamic_shapes=batch, strict=False)
     assert not [t for t in _call_targets(program) if "upsample" in t or "interpolate" in t]
     torch.testing.assert_close(program.module()(x), expected, **TOL)
     x3 = torch.randn(3, 3, size, size)
@@ -228,7 +230,7 @@ def test_prepare_for_export_reverts_sync_batchnorm():
     assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in prepared.modules())
     assert sum(type(m) is torch.nn.BatchNorm2d for m in prepared.modules()) == n_bn
     torch.testing.assert_close(prepared(x), expected)
-    program = export(prepared, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=64)},))
+    program = export(prepared, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=64)},), strict=False)
     torch.testing.assert_close(program.module()(x), expected, **TOL)
 
 
