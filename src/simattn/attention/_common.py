@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 from contextlib import nullcontext
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 __all__ = [
     "HookPoint",
+    "fx_call_whole",
+    "fx_tracing",
     "check_qkv",
     "cast",
     "check_token_mask",
@@ -28,12 +31,35 @@ class HookPoint(nn.Identity):
     on it (``has_hooks``), so observing costs nothing when no one is watching.
     """
 
+    __jit_unused_properties__ = ["has_hooks"]  # hooks are a Python-side feature
+
     @property
     def has_hooks(self) -> bool:
         return bool(self._forward_hooks) or bool(self._forward_pre_hooks)
 
+    @torch.jit.ignore  # any number of tensors: not a TorchScript signature
     def forward(self, *args):  # noqa: D401 - identity on any number of tensors
         return args[0] if len(args) == 1 else args
+
+
+def fx_call_whole(module: nn.Module, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[torch.fx.Proxy]:
+    """While ``torch.fx`` traces through ``module`` (any tracer: ``symbolic_trace``, FX quantization), record the
+    call as one ``call_module`` node, as for a module on the tracer's leaf list, and return its proxy; None when
+    not tracing, or when ``module`` is the root of the trace (it cannot call itself). For modules whose forward
+    picks dtypes, autocast handling or matmul order in Python."""
+    if not fx_tracing():
+        return None
+    proxy = next((a for a in args if isinstance(a, torch.fx.Proxy)), None)
+    if proxy is None or getattr(proxy.tracer, "root", None) is module:
+        return None
+    return proxy.tracer.create_proxy("call_module", proxy.tracer.path_of_module(module), args, kwargs)
+
+
+def fx_tracing() -> bool:
+    """Whether ``torch.fx`` is symbolically tracing (shapes are proxies): input checks that branch on shapes in
+    Python skip then, as timm's do. Eager runs, ``torch.compile`` and ``torch.export`` run the checks; TorchScript
+    callers skip them with ``if not torch.jit.is_scripting()``."""
+    return is_fx_symbolic_tracing()
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same_length: bool = False) -> None:

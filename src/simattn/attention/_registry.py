@@ -1,6 +1,7 @@
 """Name → attention module registry."""
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, List, Type
 
 from torch import nn
@@ -55,5 +56,8 @@ def attention_class(name, **options) -> Type[nn.Module]:
         cls.__init__(self, dim, num_heads, **{**options, **kwargs})
 
     suffix = "_".join(f"{k}-{v}" for k, v in sorted(options.items()))
-    return type(f"{cls.__name__}[{suffix}]", (cls,), {"__init__": __init__, "__module__": cls.__module__,
-                                                        "preset_options": dict(options)})
+    name = f"{cls.__name__}[{suffix}]"
+    # TorchScript serializes the class under its name, which must be an identifier there
+    jit_name = f"__torch__.{cls.__module__}.{re.sub(r'[^0-9A-Za-z_]', '_', name)}"
+    return type(name, (cls,), {"__init__": __init__, "__module__": cls.__module__, "preset_options": dict(options),
+                               "_jit_override_qualname": jit_name})

@@ -3,13 +3,19 @@
 Parameter names (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj``) and the constructor signature follow
 ``timm.models.vision_transformer.Attention``, so ``VisionTransformer(attn_layer=SomeKind)`` builds and timm
 checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tensors.
-"""
-from __future__ import annotations
 
+Graph capture: ``torch.compile`` and ``torch.export`` trace every kind's fast path. Under TorchScript each kind's
+:meth:`attend` takes a plain path (its formula in fp32, no hook points), since the fast paths pick dtypes, autocast
+handling and matmul order in Python. FX tracing keeps these modules whole: timm's tracer because ``simattn.models``
+puts them on timm's no-trace list, any other tracer because ``forward`` records itself as one call. The class flags
+below are TorchScript constants, so only the calls a kind makes are compiled.
+"""
 from typing import Optional, Tuple, Type
 
 import torch
 from torch import nn
+
+from ._common import fx_call_whole, fx_tracing
 
 __all__ = ["TokenAttention"]
 
@@ -17,9 +23,15 @@ __all__ = ["TokenAttention"]
 class TokenAttention(nn.Module):
     """Multi-head self-attention over tokens; subclasses define how q, k, v are combined.
 
-    ``forward(x, attn_mask=None)`` takes ``x`` of shape (B, N, C). ``attn_mask`` is a boolean keep-mask of shape
-    (B, N) (True = the token takes part); kinds that cannot honour a mask raise a ValueError.
+    ``forward(x, attn_mask=None, is_causal=False, grid_size=None)`` takes ``x`` of shape (B, N, C). ``attn_mask``
+    is a boolean keep-mask of shape (B, N) (True = the token takes part); kinds that cannot honour a mask raise a
+    ValueError. ``grid_size`` is the (H, W) grid of the tokens after any prefix tokens, for kinds that use it
+    (``uses_grid``); the others ignore it.
     """
+
+    # constants in TorchScript, so only the branches a kind takes are compiled
+    __constants__ = ["supports_mask", "supports_cross_length", "supports_causal", "separate_qk", "supports_attn_drop",
+                     "uses_grid", "attend_uses_grid"]
 
     attn_name: str = "base"
     #: Whether ``attend`` can take a (B, N) token mask.
@@ -33,6 +45,10 @@ class TokenAttention(nn.Module):
     #: Whether ``attn_drop`` is applied (to an explicit attention weight matrix). Kinds without one reject
     #: ``attn_drop > 0`` at construction rather than ignore it.
     supports_attn_drop: bool = False
+    #: Whether ``forward`` uses the 2-D token grid: models pass ``grid_size=(H, W)`` to modules with this flag.
+    uses_grid: bool = False
+    #: Whether ``attend`` takes that grid as ``grid_size`` (SOFT pools its landmarks on it).
+    attend_uses_grid: bool = False
 
     def __init__(
             self,
@@ -90,25 +106,42 @@ class TokenAttention(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                **attend_kwargs) -> torch.Tensor:
-        """x (B, N, C) → (B, N, C). Extra keyword arguments go to :meth:`attend` (e.g. SOFT's ``grid_size``)."""
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__}: expected x of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """x (B, N, C) → (B, N, C)."""
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
+            self._check_call(x, attn_mask, is_causal)
         B, N, C = x.shape
-        if attn_mask is not None and not self.supports_mask:
-            raise ValueError(f"{type(self).__name__} does not support attention masks")
-        if is_causal:
-            if not self.supports_causal:
-                raise ValueError(f"{type(self).__name__} does not support causal attention")
-            attend_kwargs["is_causal"] = True
         q, k, v = self.project(x)
-        out = self.attend(q, k, v, attn_mask, **attend_kwargs)
+        out = self._attend(q, k, v, attn_mask, is_causal, grid_size)
         out = out.transpose(1, 2).reshape(B, N, C)
         out = self.norm(out)
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         out = self.proj(out)
         return self.proj_drop(out)
+
+    def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
+        """ValueError for an input or an option this kind cannot take (skipped while FX traces)."""
+        if fx_tracing():
+            return
+        if x.dim() != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"{type(self).__name__}: expected x of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+        if attn_mask is not None and not self.supports_mask:
+            raise ValueError(f"{type(self).__name__} does not support attention masks")
+        if is_causal and not self.supports_causal:
+            raise ValueError(f"{type(self).__name__} does not support causal attention")
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                is_causal: bool, grid_size: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """:meth:`attend` with the options this kind takes (its class flags, constants in TorchScript)."""
+        if self.attend_uses_grid:
+            return self.attend(q, k, v, mask, grid_size=grid_size)
+        if self.supports_causal:
+            return self.attend(q, k, v, mask, is_causal=is_causal)
+        return self.attend(q, k, v, mask)
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}"

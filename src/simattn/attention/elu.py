@@ -29,12 +29,17 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
     dt = matmul_dtype(q)
     with no_autocast(q):
-        phi_q = elu_feature_map(q.to(acc_dtype(q)))
-        phi_k = apply_token_mask(elu_feature_map(k.to(acc_dtype(k))), mask)
-        kv = phi_k.transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
-        denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, Nq, 1)
-        out = (phi_q @ kv) / (denom + eps)
+        out = _elu(q, k, v, mask, eps)
     return out.to(dt)
+
+
+def _elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    acc = torch.promote_types(q.dtype, torch.float32)
+    phi_q = elu_feature_map(q.to(acc))
+    phi_k = apply_token_mask(elu_feature_map(k.to(acc)), mask)
+    kv = phi_k.transpose(-2, -1) @ v.to(acc)  # (B, H, d, dv)
+    denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, Nq, 1)
+    return (phi_q @ kv) / (denom + eps)
 
 
 @register_attention("elu")
@@ -47,5 +52,8 @@ class ELUAttention(TokenAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.eps = eps
 
-    def attend(self, q, k, v, mask):
-        return elu_attention(q, k, v, mask=mask, eps=self.eps)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # autocast handling is Python
+            return _elu(q, k, v, mask, self.eps).to(q.dtype)
+        else:
+            return elu_attention(q, k, v, mask=mask, eps=self.eps)

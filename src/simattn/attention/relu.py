@@ -35,6 +35,23 @@ def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
         raise ValueError(f"relu attention: unknown activation {name!r}; known: {', '.join(ACTIVATIONS)}") from None
 
 
+def _scripted_h(x: torch.Tensor, name: str) -> torch.Tensor:
+    """h of :data:`ACTIVATIONS` by name, for TorchScript (which cannot call a dict of Python callables)."""
+    if name == "relu":
+        return F.relu(x)
+    if name == "relu2":
+        return F.relu(x).square()
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "softplus":
+        return F.softplus(x)
+    if name == "relu6":
+        return F.relu6(x)
+    if name == "sigmoid":
+        return torch.sigmoid(x)
+    return x  # identity
+
+
 def _length(k: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
     """Per-example key length L (B, 1, 1, 1): the kept tokens when masked."""
     dtype = torch.promote_types(k.dtype, torch.float32)
@@ -119,7 +136,18 @@ class ReLUAttention(TokenAttention):
         self.alpha = alpha
         self.attn_weights = HookPoint()
 
-    def attend(self, q, k, v, mask):
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # the explicit weights in fp32; autocast handling and the hook point are Python
+            acc = torch.promote_types(q.dtype, torch.float32)
+            logits = (q.to(acc) @ k.to(acc).transpose(-2, -1)) * q.shape[-1] ** -0.5
+            w = _scripted_h(logits, self.activation) * _length(k, mask).pow(-self.alpha)
+            if mask is not None:
+                w = w * mask[:, None, None, :].to(w.dtype)
+            return (self.attn_drop(w) @ v.to(acc)).to(v.dtype)
+        else:
+            return self._attend_python(q, k, v, mask)
+
+    def _attend_python(self, q, k, v, mask):
         if self.attn_weights.has_hooks or self.attn_drop.p > 0 and self.training:
             w = self.attn_weights(relu_weights(q, k, activation=self.activation, alpha=self.alpha, mask=mask))
             with no_autocast(v):

@@ -158,10 +158,17 @@ class SimAAttention(TokenAttention):
         self.backend = backend
         self.qk_hook = HookPoint()
 
-    def attend(self, q, k, v, mask):
-        if self.qk_hook.has_hooks:
-            self.qk_hook(*sima_normalize(q, k, mask, self.eps))
-        return sima_attention(q, k, v, order=self.order, mask=mask, eps=self.eps, backend=self.backend)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # TorchScript: q̂(k̂ᵀv) in fp32; the fast path's choices are Python
+            acc = torch.promote_types(q.dtype, torch.float32)
+            q_, k_ = apply_token_mask(q, mask if q.shape[-2] == k.shape[-2] else None), apply_token_mask(k, mask)
+            s_q = q_.abs().sum(-2, dtype=acc).clamp_min(self.eps).unsqueeze(-1)
+            s_k = k_.abs().sum(-2, dtype=acc).clamp_min(self.eps).unsqueeze(-1)
+            return (q_.to(acc) @ ((k_.to(acc).transpose(-2, -1) @ v.to(acc)) / s_k / s_q)).to(v.dtype)
+        else:
+            if self.qk_hook.has_hooks:
+                self.qk_hook(*sima_normalize(q, k, mask, self.eps))
+            return sima_attention(q, k, v, order=self.order, mask=mask, eps=self.eps, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, order={self.order!r}, backend={self.backend!r}"

@@ -144,6 +144,19 @@ def infer_grid(n: int, grid_size: Optional[Tuple[int, int]] = None,
     raise ValueError(f"soft: cannot infer a square token grid from N={n}; pass grid_size=(H, W)")
 
 
+def _scripted_grid(n: int, grid_size: Optional[Tuple[int, int]],
+                   num_prefix_tokens: Optional[int]) -> Tuple[Tuple[int, int], int]:
+    """:func:`infer_grid` without its checks, for TorchScript (the eager path checks)."""
+    if grid_size is not None:
+        return grid_size, n - grid_size[0] * grid_size[1]
+    prefix = 0 if num_prefix_tokens is None else num_prefix_tokens
+    side = int(math.sqrt(n - prefix))
+    if side * side != n - prefix and num_prefix_tokens is None:
+        prefix = 1
+        side = int(math.sqrt(n - 1))
+    return (side, side), prefix
+
+
 def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_prefix_tokens: int = 0) -> torch.Tensor:
     """Landmarks by ratio×ratio stride-ratio average pooling of the grid tokens of x (B, H, N, d) → (B, H, m, d)."""
     B, H, N, d = x.shape
@@ -202,6 +215,8 @@ class SoftAttention(TokenAttention):
     supports_mask = False
     supports_cross_length = False
     separate_qk = False
+    uses_grid = True
+    attend_uses_grid = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",
                  num_iters: int = 20, backward: str = "exact", newton_init: str = "released",
@@ -217,36 +232,46 @@ class SoftAttention(TokenAttention):
         self.ratio, self.num_iters, self.backward, self.newton_init = ratio, num_iters, backward, newton_init
         self.num_prefix_tokens = num_prefix_tokens
         self.landmarks = landmarks
+        self.landmark_conv: Optional[nn.Module] = None
+        self.landmark_norm: Optional[nn.Module] = None
         if landmarks == "conv" and ratio > 1:
             self.landmark_conv = nn.Conv2d(self.head_dim, self.head_dim, ratio, stride=ratio, bias=False)
             self.landmark_norm = nn.LayerNorm(self.head_dim)
         self.v_conv = nn.Conv2d(dim, dim, v_conv_kernel, padding=v_conv_kernel // 2, groups=dim) \
             if v_conv_kernel else None
 
-    def _grid_map(self, t: torch.Tensor, grid, prefix, fn):
-        """Apply fn to the (B, C, H, W) image of the grid tokens of t (B, heads, N, d)."""
-        B, Hh, N, d = t.shape
-        img = t[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
-        return fn(img)
-
     def conv_landmarks(self, q: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
         """The released code's learned landmarks of q (B, H, N, d) → (B, H, m, d), in q's (unscaled) space."""
+        assert self.landmark_conv is not None and self.landmark_norm is not None, "built with landmarks='conv'"
         B, Hh, N, d = q.shape
         scale = d ** 0.25  # the released code works on q / d^¼, where the kernel is exp(-dist / 2)
-        img = (q[:, :, prefix:] / scale).reshape(B * Hh, *grid, d).permute(0, 3, 1, 2)  # heads share the conv
+        img = (q[:, :, prefix:] / scale).reshape(B * Hh, grid[0], grid[1], d).permute(0, 3, 1, 2)  # heads share
         lm = self.landmark_conv(img).flatten(2).transpose(1, 2).reshape(B, Hh, -1, d)
         return F.gelu(self.landmark_norm(lm)) * scale
 
-    def attend(self, q, k, v, mask, grid_size=None):
-        grid, prefix = infer_grid(q.shape[-2], grid_size, self.num_prefix_tokens)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         B, Hh, N, d = q.shape
-        landmarks = self.conv_landmarks(q, grid, prefix) if self.landmarks == "conv" and self.ratio > 1 else None
-        out = soft_attention(q, q, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,
-                             q_landmarks=landmarks, k_landmarks=landmarks, num_iters=self.num_iters,
-                             backward=self.backward, newton_init=self.newton_init)
-        if self.v_conv is not None:
-            conv = self._grid_map(v, grid, prefix, self.v_conv).reshape(B, Hh, d, -1).transpose(-2, -1)
-            out = out + F.pad(conv.to(out.dtype), (0, 0, prefix, 0))
+        if torch.jit.is_scripting():
+            grid, prefix = _scripted_grid(N, grid_size, self.num_prefix_tokens)
+        else:
+            grid, prefix = infer_grid(N, grid_size, self.num_prefix_tokens)
+        landmarks: Optional[torch.Tensor] = None
+        if self.landmark_conv is not None:
+            landmarks = self.conv_landmarks(q, grid, prefix)
+        if torch.jit.is_scripting():  # no autograd.Function or autocast handling: the kernels and iterations as such
+            lm = pool_landmarks(q, grid, self.ratio, prefix) if landmarks is None else landmarks
+            left = gaussian_kernel(q, lm)
+            core = _nr_iterate(gaussian_kernel(lm, lm), self.num_iters, self.newton_init)
+            out = (left @ (core @ (gaussian_kernel(lm, q) @ v.to(left.dtype)))).to(v.dtype)
+        else:
+            out = soft_attention(q, q, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,
+                                 q_landmarks=landmarks, k_landmarks=landmarks, num_iters=self.num_iters,
+                                 backward=self.backward, newton_init=self.newton_init)
+        if self.v_conv is not None:  # depthwise conv of V on the grid, added to the grid tokens' outputs
+            img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, grid[0], grid[1])
+            conv = self.v_conv(img).reshape(B, Hh, d, -1).transpose(-2, -1)
+            out = out + F.pad(conv.to(out.dtype), [0, 0, prefix, 0])
         return out
 
     def extra_repr(self) -> str:

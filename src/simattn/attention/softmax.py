@@ -64,7 +64,16 @@ class SoftmaxAttention(TokenAttention):
         self.attn_weights = HookPoint()
 
 
-    def attend(self, q, k, v, mask, is_causal=False):
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               is_causal: bool = False) -> torch.Tensor:
+        if torch.jit.is_scripting():  # SDPA; the hook point is Python
+            sdpa_mask = mask[:, None, None, :] if mask is not None and mask.dim() == 2 else mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, scale=self.scale, is_causal=is_causal,
+                                                  dropout_p=self.attn_drop.p if self.training else 0.)
+        else:
+            return self._attend_python(q, k, v, mask, is_causal)
+
+    def _attend_python(self, q, k, v, mask, is_causal):
         if self.fused and not self.attn_weights.has_hooks:
             return softmax_attention(q, k, v, mask=mask, scale=self.scale,
                                      dropout_p=self.attn_drop.p if self.training else 0., is_causal=is_causal)

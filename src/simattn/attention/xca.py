@@ -38,9 +38,15 @@ def xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: Union[float, torc
                 mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
     """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32."""
     with no_autocast(q):
-        q_hat = F.normalize(apply_token_mask(q.to(acc_dtype(q)), mask), dim=-2, eps=eps)
-        k_hat = F.normalize(apply_token_mask(k.to(acc_dtype(k)), mask), dim=-2, eps=eps)
-        return ((q_hat.transpose(-2, -1) @ k_hat) * _temperature(temperature, q)).softmax(dim=-1)
+        return _xca_weights(q, k, _temperature(temperature, q), mask, eps)
+
+
+def _xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: torch.Tensor, mask: Optional[torch.Tensor],
+                 eps: float) -> torch.Tensor:
+    acc = torch.promote_types(q.dtype, torch.float32)
+    q_hat = F.normalize(apply_token_mask(q.to(acc), mask), dim=-2, eps=eps)
+    k_hat = F.normalize(apply_token_mask(k.to(acc), mask), dim=-2, eps=eps)
+    return ((q_hat.transpose(-2, -1) @ k_hat) * temperature.to(acc)).softmax(dim=-1)
 
 
 def _apply_weights(v: torch.Tensor, weights: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -65,11 +71,15 @@ class XCAttention(TokenAttention):
         self.eps = eps
         self.attn_weights = HookPoint()
 
-    def attend(self, q, k, v, mask):
-        check_qkv(q, k, v, "xca", same_length=True)
-        mask, _ = resolve_masks(q, k, mask, None, "xca")
-        weights = self.attn_weights(xca_weights(q, k, self.temperature, mask, self.eps))
-        return _apply_weights(v, self.attn_drop(weights), mask)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # autocast handling and the hook point are Python
+            weights = _xca_weights(q, k, self.temperature, mask, self.eps)
+            return apply_token_mask(v, mask) @ self.attn_drop(weights).to(v.dtype).transpose(-2, -1)
+        else:
+            check_qkv(q, k, v, "xca", same_length=True)
+            mask, _ = resolve_masks(q, k, mask, None, "xca")
+            weights = self.attn_weights(xca_weights(q, k, self.temperature, mask, self.eps))
+            return _apply_weights(v, self.attn_drop(weights), mask)
 
     def no_weight_decay(self):
         return {"temperature"}

@@ -40,9 +40,15 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     with no_autocast(q):
         kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
         kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
-        q_norm = torch.linalg.vector_norm(q, 2, dim=-1, keepdim=True, dtype=acc_dtype(q)) + eps
-        out = (q.to(acc_dtype(q)) @ kv) / q_norm
+        out = _query_xnorm_product(q, kv, eps)
     return out.to(dt)
+
+
+def _query_xnorm_product(q: torch.Tensor, kv: torch.Tensor, eps: float) -> torch.Tensor:
+    """XN(q) · kv with q's norm applied to the output rows (the normalized query is never materialized)."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    q_norm = torch.linalg.vector_norm(q.to(acc), 2, dim=-1, keepdim=True) + eps
+    return (q.to(acc) @ kv) / q_norm
 
 
 @register_attention("xnorm")
@@ -60,8 +66,14 @@ class XNormAttention(TokenAttention):
         self.gamma_kv = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.eps = eps
 
-    def attend(self, q, k, v, mask):
-        return xnorm_attention(q, k, v, gamma_q=self.gamma_q, gamma_kv=self.gamma_kv, mask=mask, eps=self.eps)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if torch.jit.is_scripting():  # autocast handling is Python
+            acc = torch.promote_types(q.dtype, torch.float32)
+            kv = apply_token_mask(k.to(acc), mask).transpose(-2, -1) @ v.to(acc)
+            kv = self.gamma_kv * kv / (torch.linalg.vector_norm(kv, 2, dim=-2, keepdim=True) + self.eps) * self.gamma_q
+            return _query_xnorm_product(q, kv, self.eps).to(q.dtype)
+        else:
+            return xnorm_attention(q, k, v, gamma_q=self.gamma_q, gamma_kv=self.gamma_kv, mask=mask, eps=self.eps)
 
     def no_weight_decay(self):
         return {"gamma_q", "gamma_kv"}

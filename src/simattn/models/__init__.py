@@ -6,13 +6,24 @@ One file per family (names distinct from timm's own module names, which are regi
 
 Task packages build, load and start models only through :mod:`simattn.models.factory` (``create_model``,
 ``load_model``, ``load_initial_weights``); every ``.safetensors`` file carries the record of
-:mod:`simattn.models.weights`.
+:mod:`simattn.models.weights`. :func:`prepare_for_export` lays a model out for export at one input size.
+
+Graph capture: every model scripts with ``torch.jit.script``, traces with ``torch.fx`` (timm's feature extraction
+or any other tracer), exports with ``torch.export`` (strict or not, dynamic batch) and compiles with
+``torch.compile(fullgraph=True)`` (``tests/test_graph_capture.py``).
 """
 from typing import List
 
 import timm
+from timm.layers import register_notrace_module
 
+from ..attention import TokenAttention
 from . import sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
+from .export_ready import prepare_for_export, revert_sync_batchnorm
+
+# timm's FX tracing (feature_cls='fx', create_feature_extractor) keeps attention modules whole: each kind picks
+# its matmul order, dtypes and autocast handling from shapes and state in Python.
+register_notrace_module(TokenAttention)
 
 FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit")
 
@@ -22,4 +33,4 @@ def list_models() -> List[str]:
     return sorted(name for family in FAMILIES for name in timm.list_models(module=family))
 
 
-__all__ = ["FAMILIES", "list_models"]
+__all__ = ["FAMILIES", "list_models", "prepare_for_export", "revert_sync_batchnorm"]

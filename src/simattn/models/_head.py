@@ -1,7 +1,5 @@
 """The classifier head shared by the token models that are not timm's own (:class:`~._pyramid.PyramidTransformer`,
 :class:`~.sima_xcit.XCiTBackbone`): pool the normalized tokens of ``forward_features``, dropout, linear."""
-from __future__ import annotations
-
 import torch
 from torch import nn
 

@@ -2,7 +2,6 @@
 embedding → blocks of attention + MLP on a token grid), with timm's model API (features, intermediates, heads)."""
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
@@ -12,7 +11,11 @@ from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
+from ..attention._common import fx_tracing
 from ._head import TokenPoolHead
+
+# FX records the resampling as one call: it branches on sizes in Python
+torch.fx.wrap("resample_abs_pos_embed")
 
 __all__ = ["Grid", "GridBlock", "PyramidStage", "PyramidTransformer", "tokens_to_nchw", "check_size_fits",
            "drop_path_rates"]
@@ -34,17 +37,14 @@ def check_size_fits(owner: str, height: int, width: int, divisor: int) -> None:
                          f"multiples of {divisor} (the total stride)")
 
 
-def _takes_kwarg(fn: Optional[Callable], name: str) -> bool:
-    """Whether ``fn`` names ``name`` as a parameter (``**kwargs`` does not count)."""
-    return fn is not None and name in inspect.signature(fn).parameters
-
-
 class GridBlock(nn.Module):
     """Pre-norm transformer block on the tokens of a 2-D grid: ``x + attn(norm1 x)``, ``x + mlp(norm2 x)``.
 
-    Attention modules that need the grid (CvT's convolutional projection, SOFT's landmark pooling) receive
-    ``grid_size=(H, W)``; the others are called as plain token attention.
+    Attention modules that use the grid (``uses_grid``: CvT's convolutional projection, SOFT's landmark pooling)
+    receive ``grid_size=(H, W)``; the others are called as plain token attention.
     """
+
+    __constants__ = ["attn_uses_grid"]  # TorchScript compiles only the call that is made
 
     def __init__(self, dim: int, num_heads: int, attn_layer: Type[nn.Module], mlp_ratio: float = 4.,
                  qkv_bias: bool = True, proj_drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
@@ -56,13 +56,13 @@ class GridBlock(nn.Module):
         self.norm2 = norm_layer(dim)
         self.mlp = Mlp(in_features=dim, hidden_features=int(dim * mlp_ratio), act_layer=act_layer, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        # Decided once here, not per call: which attentions want the grid.
-        self.attn_takes_grid = _takes_kwarg(self.attn.forward, "grid_size") or \
-            _takes_kwarg(getattr(self.attn, "attend", None), "grid_size")
+        self.attn_uses_grid = bool(getattr(self.attn, "uses_grid", False))
 
     def forward(self, x: torch.Tensor, grid_size: Grid) -> torch.Tensor:
-        attn_kwargs = {"grid_size": grid_size} if self.attn_takes_grid else {}
-        x = x + self.drop_path1(self.attn(self.norm1(x), **attn_kwargs))
+        if self.attn_uses_grid:  # a constant in TorchScript, so the other call is not compiled
+            x = x + self.drop_path1(self.attn(self.norm1(x), grid_size=grid_size))
+        else:
+            x = x + self.drop_path1(self.attn(self.norm1(x)))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -90,6 +90,8 @@ class PyramidStage(nn.Module):
         self.pos_drop = nn.Dropout(pos_drop)
         self.blocks = nn.ModuleList(blocks)
         self.grad_checkpointing = False
+        # False: inputs have the grid pos_embed_grid, and the position embedding is added as it is
+        self.dynamic_img_size = True
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         """(B, C_in, H, W) → ((B, P + H'·W', C) tokens, (H', W'))."""
@@ -97,11 +99,18 @@ class PyramidStage(nn.Module):
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
-            x = x + resample_abs_pos_embed(self.pos_embed, list(grid), list(self.pos_embed_grid),
-                                           num_prefix_tokens=self.num_prefix_tokens)
+            if self.dynamic_img_size:
+                x = x + resample_abs_pos_embed(self.pos_embed, [grid[0], grid[1]],
+                                               [self.pos_embed_grid[0], self.pos_embed_grid[1]],
+                                               num_prefix_tokens=self.num_prefix_tokens)
+            else:
+                x = x + self.pos_embed
         x = self.pos_drop(x)
         for block in self.blocks:
-            x = checkpoint(block, x, grid) if self.grad_checkpointing and self.training else block(x, grid)
+            if self.grad_checkpointing and self.training and not torch.jit.is_scripting():
+                x = checkpoint(block, x, grid)
+            else:
+                x = block(x, grid)
         return x, grid
 
 
@@ -113,6 +122,8 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
     Inputs must have ``in_chans`` channels and sides that are positive multiples of ``size_divisor`` (the total
     stride), so every stage's map has exactly 1/4, 1/8, … of the input size.
     """
+
+    __jit_unused_properties__ = ["dynamic_img_size"]
 
     def __init__(self, stages: Sequence[PyramidStage], dims: Sequence[int], reductions: Sequence[int], *,
                  in_chans: int, num_classes: int, global_pool: str, drop_rate: float,
@@ -143,10 +154,38 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
                     nn.init.zeros_(module.bias)
 
     def check_img_size(self, height: int, width: int) -> None:
-        """ValueError unless both sides are positive multiples of the total stride."""
+        """ValueError unless both sides are positive multiples of the total stride (and, with a fixed input size,
+        equal to it)."""
         check_size_fits(type(self).__name__, height, width, self.size_divisor)
+        if not self.dynamic_img_size and (height, width) != tuple(self.img_size):
+            raise ValueError(f"{type(self).__name__}: input size {height}x{width} differs from the fixed input size "
+                             f"{self.img_size[0]}x{self.img_size[1]} (set_input_size(dynamic_img_size=False))")
+
+    @property
+    def dynamic_img_size(self) -> bool:
+        """Whether any input size that fits the total stride runs (position embeddings resampled per input)."""
+        return all(stage.dynamic_img_size for stage in self.stages)
+
+    @torch.jit.ignore
+    def set_input_size(self, img_size: Union[int, Tuple[int, int]], dynamic_img_size: bool = False) -> None:
+        """Lay the model out for ``img_size``: position embeddings are resampled to each stage's grid once, here,
+        and with ``dynamic_img_size=False`` inputs of that size only are taken, with no resampling in forward."""
+        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        check_size_fits(type(self).__name__, *img_size, self.size_divisor)
+        for stage, info in zip(self.stages, self.feature_info):
+            grid = (img_size[0] // info["reduction"], img_size[1] // info["reduction"])
+            if stage.pos_embed is not None and grid != stage.pos_embed_grid:
+                with torch.no_grad():
+                    resampled = resample_abs_pos_embed(stage.pos_embed, list(grid), list(stage.pos_embed_grid),
+                                                       num_prefix_tokens=stage.num_prefix_tokens)
+                stage.pos_embed = nn.Parameter(resampled, requires_grad=stage.pos_embed.requires_grad)
+                stage.pos_embed_grid = grid
+            stage.dynamic_img_size = dynamic_img_size
+        self.img_size = img_size
 
     def _check_input(self, x: torch.Tensor) -> None:
+        if fx_tracing():
+            return
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"{type(self).__name__}: expected input of shape (B, {self.in_chans}, H, W), "
                              f"got {tuple(x.shape)}")
@@ -188,7 +227,9 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) → normalized last-stage tokens (B, P + N, C), CLS first when the model has one."""
-        self._check_input(x)
+        if not torch.jit.is_scripting():
+            self._check_input(x)
+        tokens = x
         for stage in self.stages:
             tokens, grid = stage(x)
             x = tokens_to_nchw(tokens, grid, stage.num_prefix_tokens)

@@ -35,8 +35,9 @@ from timm.layers import get_act_layer
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ..attention import TokenAttention, attention_class
+from ..attention._common import fx_call_whole, fx_tracing
 from ..utils.io import extract_state_dict
-from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, _takes_kwarg, drop_path_rates
+from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
 
 __all__ = [
     "ConvProjection", "cvt_attention_class", "ConvEmbed", "CvT", "checkpoint_filter_fn",
@@ -62,8 +63,10 @@ class ConvProjection(TokenAttention):
     skip the convs. The kind's own ``attend(q, k, v, mask)`` combines them, so with ``kv_stride`` > 1 it sees
     Nq ≠ Nk: kinds that cannot (XCA, and SOFT whose q = k) raise a ValueError at construction.
 
-    ``forward(x, grid_size)`` takes x (B, P + H·W, C) with the grid tokens in row-major order.
+    ``forward(x, grid_size=(H, W))`` takes x (B, P + H·W, C) with the grid tokens in row-major order.
     """
+
+    uses_grid = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, kernel_size: int = 3, kv_stride: int = 2, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
@@ -77,18 +80,17 @@ class ConvProjection(TokenAttention):
         self.conv_proj_q = _dw_conv_bn(dim, kernel_size, 1)
         self.conv_proj_k = _dw_conv_bn(dim, kernel_size, kv_stride) if self.separate_qk else None
         self.conv_proj_v = _dw_conv_bn(dim, kernel_size, kv_stride)
-        self.attend_takes_grid = _takes_kwarg(self.attend, "grid_size")
         if kv_stride != 1 and not self.supports_cross_length:
             raise ValueError(f"CvT attention {self.attn_name!r} needs equal query and key lengths, so it cannot use "
                              f"key/value stride {kv_stride}; build the model with kv_stride=1")
 
-    def _project(self, conv: nn.Module, chunk: int, grid_img: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
-        """conv on the grid, prefix tokens put back in front, then this chunk of ``qkv`` → (B, heads, N', d)."""
+    def _project(self, conved: torch.Tensor, chunk: int, prefix: torch.Tensor) -> torch.Tensor:
+        """The conv's output map, prefix tokens put back in front, then this chunk of ``qkv`` → (B, heads, N', d)."""
         n_chunks = 3 if self.separate_qk else 2
         weight = self.qkv.weight.chunk(n_chunks)[chunk]
         bias = self.qkv.bias.chunk(n_chunks)[chunk] if self.qkv.bias is not None else None
-        tokens = conv(grid_img).flatten(2).transpose(1, 2)
-        if prefix.shape[1]:  # only the CLS stage; an empty cat would still copy every token
+        tokens = conved.flatten(2).transpose(1, 2)
+        if prefix.shape[1] > 0:  # only the CLS stage; an empty cat would still copy every token
             tokens = torch.cat([prefix, tokens], dim=1)
         B, N, _ = tokens.shape
         return F.linear(tokens, weight, bias).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
@@ -98,28 +100,46 @@ class ConvProjection(TokenAttention):
         B, N, C = x.shape
         H, W = grid_size
         num_prefix = N - H * W
-        if num_prefix < 0:
-            raise ValueError(f"{type(self).__name__}: {N} tokens do not cover a {H}x{W} grid")
+        if not torch.jit.is_scripting():
+            if not fx_tracing() and num_prefix < 0:
+                raise ValueError(f"{type(self).__name__}: {N} tokens do not cover a {H}x{W} grid")
         prefix = x[:, :num_prefix]
         grid_img = x[:, num_prefix:].transpose(1, 2).reshape(B, C, H, W)
-        q = self.q_norm(self._project(self.conv_proj_q, 0, grid_img, prefix))
-        if not self.separate_qk:
-            return q, q, self._project(self.conv_proj_v, 1, grid_img, prefix)
-        k = self.k_norm(self._project(self.conv_proj_k, 1, grid_img, prefix))
-        return q, k, self._project(self.conv_proj_v, 2, grid_img, prefix)
+        q = self.q_norm(self._project(self.conv_proj_q(grid_img), 0, prefix))
+        if self.conv_proj_k is None:  # q = k (SOFT)
+            return q, q, self._project(self.conv_proj_v(grid_img), 1, prefix)
+        k = self.k_norm(self._project(self.conv_proj_k(grid_img), 1, prefix))
+        return q, k, self._project(self.conv_proj_v(grid_img), 2, prefix)
 
-    def forward(self, x: torch.Tensor, grid_size: Grid, **attend_kwargs) -> torch.Tensor:  # type: ignore[override]
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"{type(self).__name__}: expected x of shape (B, N, {self.dim}), got {tuple(x.shape)}")
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """x (B, P + H·W, C) → (B, P + H·W, C); ``grid_size`` is required, masks and causal attention are not
+        supported (the convolutions mix tokens)."""
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
+            self._check_call(x, attn_mask, is_causal, grid_size)
+        assert grid_size is not None  # checked above; refines the type for TorchScript
         B, N, C = x.shape
         q, k, v = self.project_grid(x, grid_size)
-        if self.attend_takes_grid:  # e.g. SOFT pools its landmarks on the grid (q keeps stride 1)
-            attend_kwargs.setdefault("grid_size", tuple(grid_size))
-        out = self.attend(q, k, v, None, **attend_kwargs)
+        # kinds that take the grid (SOFT's landmarks) get it: q keeps stride 1
+        out = self._attend(q, k, v, None, False, grid_size)
         out = self.norm(out.transpose(1, 2).reshape(B, N, C))
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(out))
+
+    def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                    grid_size: Optional[Tuple[int, int]] = None) -> None:
+        if fx_tracing():
+            return
+        super()._check_call(x, attn_mask, is_causal)
+        if grid_size is None:
+            raise ValueError(f"{type(self).__name__}: forward needs grid_size=(H, W), the token grid")
+        if attn_mask is not None or is_causal:
+            raise ValueError(f"{type(self).__name__}: masks and causal attention are not supported (the "
+                             "convolutional projection mixes neighbouring tokens)")
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, kernel_size={self.kernel_size}, kv_stride={self.kv_stride}"

@@ -21,11 +21,12 @@ from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_device_dtype
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._manipulate import named_apply
+from timm.models._manipulate import checkpoint_seq, named_apply
 from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
 from ..attention import attention_class
+from ..attention._common import fx_tracing
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -63,16 +64,33 @@ class SoftmaxFreeViT(VisionTransformer):
                 init(self.head, name="head")
 
     def _check_input(self, x: torch.Tensor) -> None:
+        if fx_tracing():
+            return
         if x.dim() != 4:
             raise ValueError(f"{type(self).__name__}: expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
         ph, pw = self.patch_embed.patch_size
         if x.shape[-2] % ph or x.shape[-1] % pw:
             raise ValueError(f"input size {tuple(x.shape[-2:])} is not divisible by patch size {(ph, pw)}")
 
-    def forward_features(self, x, *args, **kwargs):
-        self._check_input(x)
-        return super().forward_features(x, *args, **kwargs)
+    def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
+                         is_causal: bool = False) -> torch.Tensor:
+        # timm's VisionTransformer.forward_features after the input check, written out: TorchScript has no super()
+        if not torch.jit.is_scripting():
+            self._check_input(x)
+        x = self.patch_embed(x)
+        x = self._pos_embed(x)
+        x = self.patch_drop(x)
+        x = self.norm_pre(x)
+        if attn_mask is not None or is_causal:
+            for blk in self.blocks:
+                x = blk(x, attn_mask=attn_mask, is_causal=is_causal)
+        elif self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return self.norm(x)
 
+    @torch.jit.ignore
     def forward_intermediates(self, x, *args, **kwargs):
         self._check_input(x)
         return super().forward_intermediates(x, *args, **kwargs)

@@ -19,18 +19,17 @@ class-attention ``qkv``, held under ``model``) and timm's XCiT layout (``pos_emb
 ``attn.temperature``) onto these models; keys that still do not fit are reported by name by
 ``simattn.utils.io.load_weights``.
 """
-from __future__ import annotations
-
-import inspect
 import math
 from functools import partial
 from typing import Any, Dict, List, Optional, Tuple, Type, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, Mlp, get_device_dtype, resample_abs_pos_embed, to_2tuple, trunc_normal_
+from timm.layers import DropPath, Mlp, get_device_dtype, register_notrace_module, resample_abs_pos_embed, to_2tuple, \
+    trunc_normal_
 from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models.cait import ClassAttn
@@ -38,9 +37,12 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
     PositionalEncodingFourier
 
 from ..attention import HookPoint, attention_class
-from ..attention._common import no_autocast
+from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead
+
+# FX records the resampling as one call: it branches on sizes in Python
+torch.fx.wrap("resample_abs_pos_embed")
 
 __all__ = [
     "XCiTBackbone", "XCiTBlock", "ClassAttention", "ClassAttentionBlock", "sima_class_attention_weights",
@@ -59,14 +61,19 @@ def sima_class_attention_weights(q: torch.Tensor, k: torch.Tensor, eps: float = 
     CLS query (q₀ / (s_q s_k)), so q̂ and k̂ are never materialized; computed in fp32 (norms over many tokens)
     even under autocast.
     """
-    acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     with no_autocast(q):
-        s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
-        s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        q_cls = q[:, :, :1].to(acc) / (s_q * s_k).unsqueeze(-2)
-        return q_cls @ k.to(acc).transpose(-2, -1)
+        return _sima_cls_weights(q, k, eps)
 
 
+def _sima_cls_weights(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:
+    acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
+    s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
+    s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
+    q_cls = q[:, :, :1].to(acc) / (s_q * s_k).unsqueeze(-2)
+    return q_cls @ k.to(acc).transpose(-2, -1)
+
+
+@register_notrace_module  # SimA's kind folds norms in fp32 with autocast checks in Python
 class ClassAttention(ClassAttn):
     """Class attention (the CLS query over all tokens) with timm's parameters (``q``, ``k``, ``v``, ``proj``).
 
@@ -87,24 +94,39 @@ class ClassAttention(ClassAttn):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x (B, N, C) with the CLS token first → the new CLS token (B, 1, C)."""
-        if self.kind == "softmax" and not self.attn_weights.has_hooks:
-            return super().forward(x)
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), {})
+            if traced is not None:
+                return traced
         B, N, C = x.shape
-
-        def heads(t):
-            return t.reshape(B, -1, self.num_heads, C // self.num_heads).transpose(1, 2)
-
-        k, v = heads(self.k(x)), heads(self.v(x))
-        if self.kind == "sima":
-            # Every token's query is needed: the l1 norms over tokens scale the CLS query.
-            weights = self.attn_weights(sima_class_attention_weights(heads(self.q(x)), k, self.eps))
-            with no_autocast(v):  # weights lie in [-d, d]: keep the product in fp32
-                x_cls = (self.attn_drop(weights) @ v.to(weights.dtype)).to(v.dtype)
+        k = self.k(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
+        v = self.v(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
+        if torch.jit.is_scripting():  # the weights as such; autocast handling and the hook point are Python
+            if self.kind == "sima":
+                q = self.q(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
+                weights = _sima_cls_weights(q, k, self.eps)
+            else:
+                q = self.q(x[:, :1]).reshape(B, 1, self.num_heads, C // self.num_heads).transpose(1, 2)
+                weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+            x_cls = (self.attn_drop(weights) @ v.to(weights.dtype)).to(v.dtype)
         else:
-            weights = self.attn_weights(softmax_weights(heads(self.q(x[:, :1])), k, scale=self.scale))
-            x_cls = self.attn_drop(weights) @ v
+            x_cls = self._attend_python(x, k, v)
         x_cls = x_cls.transpose(1, 2).reshape(B, 1, C)
         return self.proj_drop(self.proj(x_cls))
+
+    def _attend_python(self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        if self.kind == "sima":
+            # Every token's query is needed: the l1 norms over tokens scale the CLS query.
+            q = self.q(x).reshape(B, N, self.num_heads, C // self.num_heads).transpose(1, 2)
+            weights = self.attn_weights(sima_class_attention_weights(q, k, self.eps))
+            with no_autocast(v):  # weights lie in [-d, d]: keep the product in fp32
+                return (self.attn_drop(weights) @ v.to(weights.dtype)).to(v.dtype)
+        q = self.q(x[:, :1]).reshape(B, 1, self.num_heads, C // self.num_heads).transpose(1, 2)
+        if self.fused_attn and not self.attn_weights.has_hooks:  # timm's fused path
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.)
+        weights = self.attn_weights(softmax_weights(q, k, scale=self.scale))
+        return self.attn_drop(weights) @ v
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, num_heads={self.num_heads}"
@@ -129,6 +151,8 @@ class XCiTBlock(nn.Module):
     timm XCiT weights map one to one. ``attn_layer`` is a registry class (``simattn.attention.attention_class``).
     """
 
+    __constants__ = ["attn_uses_grid"]  # TorchScript compiles only the call that is made
+
     def __init__(self, dim: int, num_heads: int, attn_layer: Type[nn.Module], mlp_ratio: float = 4.,
                  qkv_bias: bool = False, proj_drop: float = 0., attn_drop: float = 0., drop_path: float = 0.,
                  act_layer: Type[nn.Module] = nn.GELU, norm_layer: Type[nn.Module] = nn.LayerNorm,
@@ -138,8 +162,8 @@ class XCiTBlock(nn.Module):
         self.norm1 = norm_layer(dim, **dd)
         self.attn = attn_layer(dim, num_heads=num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop,
                                proj_drop=proj_drop, **dd)
-        # Kinds that need the 2-D token grid (SOFT's landmark pooling) take it as ``grid_size``.
-        self._attn_takes_grid = "grid_size" in inspect.signature(self.attn.attend).parameters
+        # Kinds that use the 2-D token grid (SOFT's landmark pooling) take it as ``grid_size``.
+        self.attn_uses_grid = bool(getattr(self.attn, "uses_grid", False))
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm3 = norm_layer(dim, **dd)
         self.local_mp = LPI(in_features=dim, act_layer=act_layer, **dd)
@@ -153,8 +177,10 @@ class XCiTBlock(nn.Module):
         self.gamma2 = nn.Parameter(eta * torch.ones(dim, **dd))
 
     def forward(self, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
-        attn_kwargs = {"grid_size": (H, W)} if self._attn_takes_grid else {}
-        x = x + self.drop_path1(self.gamma1 * self.attn(self.norm1(x), **attn_kwargs))
+        if self.attn_uses_grid:  # a constant in TorchScript, so the other call is not compiled
+            x = x + self.drop_path1(self.gamma1 * self.attn(self.norm1(x), grid_size=(H, W)))
+        else:
+            x = x + self.drop_path1(self.gamma1 * self.attn(self.norm1(x)))
         x = x + self.drop_path3(self.gamma3 * self.local_mp(self.norm3(x), H, W))
         x = x + self.drop_path2(self.gamma2 * self.mlp(self.norm2(x)))
         return x
@@ -173,9 +199,13 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
         pos_embed_type: 'fourier' (XCiT/SimA, recomputed for any grid), 'learned' (UFO-ViT, resampled for other
             grids) or 'none'.
         eta: layer-scale initial value; tokens_norm: normalize all tokens (not only CLS) in class attention.
+        dynamic_img_size: take any input size that is a multiple of the patch size (a learned positional
+            encoding is resampled to each input's grid); False takes ``img_size`` only (see :meth:`set_input_size`).
         drop_path_rate: stochastic depth, constant across the blocks as in the official code (class attention
             has none).
     """
+
+    __constants__ = ["learned_pos_embed"]  # TorchScript compiles only the positional encoding in use
 
     def __init__(
             self,
@@ -203,6 +233,7 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
             norm_layer: Optional[Type[nn.Module]] = None,
             eta: float = 1.,
             tokens_norm: bool = False,
+            dynamic_img_size: bool = True,
             device=None,
             dtype=None,
     ) -> None:
@@ -233,13 +264,16 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
         self.global_pool = global_pool
         self.grad_checkpointing = False
         self.patch_size = patch_size
+        self.img_size = img_size
         self.grid_size = (img_size[0] // patch_size, img_size[1] // patch_size)
+        self.dynamic_img_size = dynamic_img_size
         self.num_prefix_tokens = 1
 
         self.patch_embed = ConvPatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                                           embed_dim=embed_dim, act_layer=act_layer, **dd)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim, **dd))
         self.pos_embed_type = pos_embed_type
+        self.learned_pos_embed = pos_embed_type == "learned"
         if pos_embed_type == "fourier":
             self.pos_embed = PositionalEncodingFourier(dim=embed_dim, **dd)
         elif pos_embed_type == "learned":
@@ -310,18 +344,37 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
         self.head = nn.Linear(self.num_features, num_classes, **dd) if num_classes > 0 else nn.Identity()
         self.head.train(self.training)
 
+    @torch.jit.ignore
+    def set_input_size(self, img_size: Union[int, Tuple[int, int]], dynamic_img_size: bool = False) -> None:
+        """Lay the model out for ``img_size``: a learned positional encoding is resampled to its grid once, here,
+        and with ``dynamic_img_size=False`` inputs of that size only are taken, with no resampling in forward."""
+        img_size = to_2tuple(img_size)
+        p = self.patch_size
+        if img_size[0] % p or img_size[1] % p or min(img_size) < p:
+            raise ValueError(f"img_size {img_size} must be a positive multiple of the patch size {p}")
+        grid_size = (img_size[0] // p, img_size[1] // p)
+        if isinstance(self.pos_embed, nn.Parameter) and grid_size != self.grid_size:
+            with torch.no_grad():
+                resampled = resample_abs_pos_embed(self.pos_embed, new_size=list(grid_size),
+                                                   old_size=list(self.grid_size), num_prefix_tokens=0)
+            self.pos_embed = nn.Parameter(resampled, requires_grad=self.pos_embed.requires_grad)
+        self.img_size, self.grid_size, self.dynamic_img_size = img_size, grid_size, dynamic_img_size
+
     # ---- forward pieces ------------------------------------------------------------------------------------
     def _pos_encoding(self, Hp: int, Wp: int) -> Optional[torch.Tensor]:
         """(1, Hp·Wp, C) positional encoding for a Hp×Wp grid."""
         if self.pos_embed is None:
             return None
-        if self.pos_embed_type == "fourier":
-            return self.pos_embed(1, Hp, Wp).flatten(2).transpose(1, 2)
-        return resample_abs_pos_embed(self.pos_embed, new_size=(Hp, Wp), old_size=self.grid_size,
-                                      num_prefix_tokens=0)
+        if self.learned_pos_embed:
+            if not self.dynamic_img_size:  # fixed input size (checked): no resampling op in a captured graph
+                return self.pos_embed
+            return resample_abs_pos_embed(self.pos_embed, new_size=[Hp, Wp],
+                                          old_size=[self.grid_size[0], self.grid_size[1]], num_prefix_tokens=0)
+        return self.pos_embed(1, Hp, Wp).flatten(2).transpose(1, 2)
 
-    def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
-        """Images (B, C, H, W) → patch tokens (B, N, C) with positions added, and the grid (Hp, Wp)."""
+    def _check_input(self, x: torch.Tensor) -> None:
+        if fx_tracing():
+            return
         if x.dim() != 4 or x.shape[1] != self.in_chans:
             raise ValueError(f"{type(self).__name__}: expected images (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
         H, W = x.shape[-2:]
@@ -329,6 +382,14 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
         if H % p or W % p or H < p or W < p:
             raise ValueError(f"{type(self).__name__}: input size {H}x{W} must be a positive multiple of the patch "
                              f"size {p}")
+        if not self.dynamic_img_size and (H, W) != self.img_size:
+            raise ValueError(f"{type(self).__name__}: input size {H}x{W} differs from the fixed input size "
+                             f"{self.img_size[0]}x{self.img_size[1]} (dynamic_img_size=False)")
+
+    def _embed(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        """Images (B, C, H, W) → patch tokens (B, N, C) with positions added, and the grid (Hp, Wp)."""
+        if not torch.jit.is_scripting():
+            self._check_input(x)
         x, (Hp, Wp) = self.patch_embed(x)
         pos = self._pos_encoding(Hp, Wp)
         if pos is not None:
@@ -343,20 +404,30 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
     def forward_cls(self, x: torch.Tensor, return_cls: bool = False):
         """Prepend the class token and run the class-attention blocks; ``return_cls`` also returns the CLS token
         after each block (un-normalized)."""
-        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
-        cls_outputs = []
-        for blk in self.cls_attn_blocks:
-            x = self._run(blk, x)
-            cls_outputs.append(x[:, 0])
+        x, cls_outputs = self._forward_cls(x)
         return (x, cls_outputs) if return_cls else x
+
+    def _forward_cls(self, x: torch.Tensor) -> Tuple[torch.Tensor, List[torch.Tensor]]:
+        x = torch.cat((self.cls_token.expand(x.shape[0], -1, -1), x), dim=1)
+        cls_outputs: List[torch.Tensor] = []
+        for blk in self.cls_attn_blocks:
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+            cls_outputs.append(x[:, 0])
+        return x, cls_outputs
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images → normalized tokens (B, 1 + N, C), CLS first (patch tokens only once class attention is pruned)."""
         x, (Hp, Wp) = self._embed(x)
         for blk in self.blocks:
-            x = self._run(blk, x, Hp, Wp)
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x, Hp, Wp)
+            else:
+                x = blk(x, Hp, Wp)
         if self.cls_attn_blocks is not None:
-            x = self.forward_cls(x)
+            x, _ = self._forward_cls(x)
         return self.norm(x)
 
     def forward_intermediates(

@@ -1,0 +1,78 @@
+"""Lay a model out for graph export at one input size: :func:`prepare_for_export`.
+
+``torch.export`` (and the runtimes behind it: ExecuTorch, Core ML, ONNX) capture one input size best. A model built
+with ``dynamic_img_size=True`` resamples its learned position embeddings on every forward, and while exporting
+timm does so even at the size the embeddings already have (so that the graph does not specialize to the example
+input), with antialiased bicubic interpolation: ``aten._upsample_bicubic2d_aa``, which ExecuTorch and Core ML do
+not accept and which ONNX carries as ``Resize(cubic, antialias)`` on a constant. :func:`prepare_for_export`
+resamples the embeddings once, here, in eager mode, and turns per-forward resampling off, so the exported graph
+adds them as constants. It also turns ``SyncBatchNorm`` (the official SimA training layout) into ``BatchNorm2d``,
+which export backends know, and puts the model in eval mode.
+"""
+from typing import Tuple, Union
+
+import torch
+from torch import nn
+from timm.layers import BatchNormAct2d, SyncBatchNormAct, to_2tuple
+from timm.layers.format import Format
+from timm.models.vision_transformer import VisionTransformer
+
+from ._pyramid import PyramidTransformer
+from .sima_xcit import XCiTBackbone
+
+__all__ = ["prepare_for_export", "revert_sync_batchnorm"]
+
+
+def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
+    """Every ``nn.SyncBatchNorm`` in ``module`` becomes an ``nn.BatchNorm2d`` (timm's ``SyncBatchNormAct``: a
+    ``BatchNormAct2d``) with the same parameters, running statistics and mode; the inverse of
+    ``nn.SyncBatchNorm.convert_sync_batchnorm`` / ``timm.layers.convert_sync_batchnorm`` for the 2-D maps every
+    BatchNorm of these models normalizes. Returns the module (a new one when ``module`` itself is converted)."""
+    out = module
+    if isinstance(module, SyncBatchNormAct):
+        out = BatchNormAct2d(module.num_features, module.eps, module.momentum, module.affine,
+                             module.track_running_stats)
+        out.act, out.drop = module.act, module.drop
+    elif isinstance(module, nn.SyncBatchNorm):
+        out = nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
+                             module.track_running_stats)
+    if out is not module:
+        if module.affine:
+            out.weight, out.bias = module.weight, module.bias
+        out.running_mean, out.running_var = module.running_mean, module.running_var
+        out.num_batches_tracked = module.num_batches_tracked
+        out.train(module.training)
+    for name, child in module.named_children():
+        new = revert_sync_batchnorm(child)
+        if new is not child:
+            setattr(out, name, new)
+    return out
+
+
+def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) -> nn.Module:
+    """Fix ``model``'s input size to ``img_size`` (H, W) for export, in place, and return it in eval mode.
+
+    - Learned position embeddings are resampled to the grid of ``img_size`` once, here, and per-forward resampling
+      is turned off (timm's ``dynamic_img_size``; the same switch on XCiT-layout and pyramid models), so an
+      exported graph holds no resampling op (no ``aten._upsample_bicubic2d_aa``). Fourier encodings (SimA/XCiT)
+      and CvT (no position embedding) need nothing. The model then takes inputs of ``img_size`` only (a
+      ValueError or timm's assertion otherwise), with any batch size.
+    - ``SyncBatchNorm`` layers become ``BatchNorm2d`` (:func:`revert_sync_batchnorm`).
+    - ``model.eval()``.
+
+    Outputs at ``img_size`` are unchanged: the embeddings added are the ones the model resampled for that size.
+    Use the returned module: it is ``model`` itself unless ``model`` is a bare ``SyncBatchNorm``.
+    """
+    h, w = to_2tuple(img_size)
+    model = revert_sync_batchnorm(model)
+    if isinstance(model, VisionTransformer):
+        patch_embed = model.patch_embed
+        if getattr(model, "dynamic_img_size", False):
+            model.dynamic_img_size = False
+            # dynamic models keep patches as an NHWC grid for resampling; a fixed size takes timm's flat tokens
+            patch_embed.flatten, patch_embed.output_fmt = True, Format.NCHW
+        model.set_input_size(img_size=(h, w))
+        patch_embed.strict_img_size = True
+    elif isinstance(model, (XCiTBackbone, PyramidTransformer)):
+        model.set_input_size((h, w), dynamic_img_size=False)
+    return model.eval()
