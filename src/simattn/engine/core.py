@@ -40,6 +40,7 @@ import torch.distributed as torch_dist
 import yaml
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
+from timm.layers import convert_sync_batchnorm
 from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
@@ -152,7 +153,8 @@ class Engine:
         if cfg.sync_bn and dist.distributed:
             if self.device.type != "cuda":
                 raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
-            self.model = nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
+            # timm's conversion keeps BatchNormAct2d's activation (torch's drops it)
+            self.model = convert_sync_batchnorm(self.model)
         self.ema = None
         if cfg.model_ema:
             self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)

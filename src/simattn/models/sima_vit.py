@@ -25,6 +25,7 @@ from timm.models._manipulate import checkpoint_seq, named_apply
 from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
+from ._checks import check_model_kwargs
 from ..attention import attention_class
 from ..attention._common import fx_tracing
 
@@ -131,6 +132,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -
 
 def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
             attn_kwargs: Optional[Dict[str, Any]] = None, **kwargs) -> VisionTransformer:
+    check_model_kwargs(variant, kwargs)
     kwargs.setdefault("dynamic_img_size", True)
     out_indices = kwargs.pop("out_indices", 3)
     model = build_model_with_cfg(

@@ -36,6 +36,7 @@ from timm.models.cait import ClassAttn
 from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBlock, ConvPatchEmbed, \
     PositionalEncodingFourier
 
+from ._checks import check_model_kwargs
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
@@ -58,8 +59,9 @@ def sima_class_attention_weights(q: torch.Tensor, k: torch.Tensor, eps: float = 
     """SimA's class-attention weights (B, H, 1, N): q̂₀ · k̂ⱼ with q̂, k̂ l1-normalized over all N tokens.
 
     q, k are (B, H, N, d) with the CLS token at index 0. As in SimA's blocks, the normalization is folded into the
-    CLS query (q₀ / (s_q s_k)), so q̂ and k̂ are never materialized; computed in fp32 (norms over many tokens)
-    even under autocast.
+    CLS query (q₀ / s_q / s_k, each norm dividing on its own, so no intermediate leaves fp16's range where the
+    result does not), so q̂ and k̂ are never materialized; computed in fp32 (norms over many tokens) even under
+    autocast.
     """
     with no_autocast(q):
         return _sima_cls_weights(q, k, eps)
@@ -69,7 +71,7 @@ def _sima_cls_weights(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Ten
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
     s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
     s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-    q_cls = q[:, :, :1].to(acc) / (s_q * s_k).unsqueeze(-2)
+    q_cls = q[:, :, :1].to(acc) / s_q.unsqueeze(-2) / s_k.unsqueeze(-2)
     return q_cls @ k.to(acc).transpose(-2, -1)
 
 
@@ -522,6 +524,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: XCiTBackbone) -> Dic
 
 def create_xcit_backbone(variant: str, pretrained: bool = False, **kwargs) -> XCiTBackbone:
     """Build a registered :class:`XCiTBackbone` variant through timm (pretrained cfg, features_only, filter)."""
+    check_model_kwargs(variant, kwargs)
     out_indices = kwargs.pop("out_indices", 3)
     return build_model_with_cfg(
         XCiTBackbone, variant, pretrained,

@@ -214,7 +214,8 @@ class DinoTrainer(Engine):
         from lightly.loss import DINOLoss
         self.student, self.teacher = build_dino_networks(self.recipe)
         if self.dist.distributed and self.device.type == "cuda":  # the engine converts the student
-            self.teacher = nn.SyncBatchNorm.convert_sync_batchnorm(self.teacher)
+            from timm.layers import convert_sync_batchnorm
+            self.teacher = convert_sync_batchnorm(self.teacher)
         self.teacher.to(self.device)
         t = self.t
         self.criterion = DINOLoss(self.recipe["head"]["output_dim"], student_temp=t["student_temp"],
