@@ -41,6 +41,17 @@ EXP_LIKE_ATEN = ("exp", "exp2", "expm1", "elu", "selu", "celu", "sinh", "cosh")
 EXP_LIKE_ATEN_PARTS = ("softmax", "gelu", "erf", "tanh", "sigmoid", "silu", "mish", "softplus", "logsumexp")
 
 
+def _load_edge_packages() -> None:
+    """Import executorch and torchao once with torch's pytree deprecation notice (a torchao registration, logged
+    as a warning on every first import) held back."""
+    from .onnx import quiet_loggers
+
+    with quiet_loggers("torch.utils._pytree"):
+        import executorch.exir  # noqa: F401
+        import executorch.runtime  # noqa: F401
+        import torchao.quantization.pt2e  # noqa: F401
+
+
 def capture(model: nn.Module, input_size: Iterable[int], batch: int = 1):
     """``torch.export.export`` of ``model`` (in eval mode already: a PT2E-converted graph refuses ``.eval()``;
     no grad) at a fixed ``(batch, *input_size)``."""
@@ -70,6 +81,7 @@ def exp_like_ops(counts: Mapping[str, int]) -> Dict[str, int]:
 
 
 def _quantizer(dynamic: bool):
+    _load_edge_packages()
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
                                                                          get_symmetric_quantization_config)
 
@@ -88,6 +100,7 @@ def quantize_pt2e(model: nn.Module, input_size: Iterable[int], mode: str,
     ``mode='static'`` calibrates activation scales on ``calibration`` (batches of 1 image, preprocessed as the model
     expects); ``'dynamic'`` quantizes activations at run time. Returns the converted module, ready to
     :func:`capture`."""
+    _load_edge_packages()
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if mode not in ("static", "dynamic"):
@@ -113,6 +126,7 @@ def lower_executorch(program, metadata: Mapping[str, Any]):
     """Lower an exported program to ExecuTorch with the XNNPACK partitioner, with ``metadata`` in the
     :data:`PTE_METADATA_METHOD` constant method. Returns the edge program manager (``.to_executorch().buffer``
     is the ``.pte``; :func:`delegation_summary` reads what XNNPACK took)."""
+    _load_edge_packages()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -126,6 +140,7 @@ def lower_executorch(program, metadata: Mapping[str, Any]):
 def delegation_summary(edge) -> Dict[str, Any]:
     """What the XNNPACK delegate took: ``{'delegated_nodes', 'portable_nodes', 'subgraphs', 'not_delegated':
     {op: count}}`` (ops left to ExecuTorch's portable kernels, getitem bookkeeping left out)."""
+    _load_edge_packages()
     from executorch.devtools.backend_debug import get_delegation_info
 
     info = get_delegation_info(edge.exported_program().graph_module)
@@ -156,6 +171,7 @@ def _quiet_runtime():
 
 
 def _program(path: Union[str, Path]):
+    _load_edge_packages()
     from executorch.runtime import Runtime
 
     path = Path(path)
@@ -189,6 +205,7 @@ def set_executorch_threads(threads: Optional[int]) -> Optional[int]:
     whatever torch's thread count; returns the pool's size."""
     if not threads:
         return None
+    _load_edge_packages()
     from executorch.extension.pybindings import portable_lib
 
     with _quiet_runtime():
