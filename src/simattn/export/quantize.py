@@ -1,7 +1,6 @@
 """int8 dynamic quantization with onnxruntime, and the accuracy it costs on the embedded digits data."""
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -9,7 +8,7 @@ import numpy as np
 import torch
 
 from ..utils.io import atomic_path
-from ..utils.onnx import metadata_data_config, ort_session, quiet_loggers, read_onnx_metadata, run_onnx
+from ..utils.onnx import QDQ_OP_TYPES, quantize_static_int8, metadata_data_config, ort_session, quiet_loggers, read_onnx_metadata, run_onnx
 
 __all__ = ["quantize_int8", "quantize_static_int8", "QDQ_OP_TYPES", "onnx_top1", "digits_eval_tensors", "quantization_report"]
 
@@ -30,46 +29,6 @@ def quantize_int8(src: str | Path, dst: str | Path) -> Path:
     with atomic_path(dst) as tmp:
         with quiet_loggers(""):
             quantize_dynamic(proto, str(tmp), weight_type=QuantType.QInt8)
-        quantized = onnx.load(str(tmp))
-        keys = {p.key for p in quantized.metadata_props}
-        quantized.metadata_props.extend(p for p in proto.metadata_props if p.key not in keys)
-        onnx.save(quantized, str(tmp))
-    return dst
-
-
-#: the matmul-type ONNX ops static QDQ quantizes; adds, norms and SimA's normalization between them stay float
-QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")
-
-
-def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Tensor, batch_size: int = 16) -> Path:
-    """Write a static int8 copy of the ONNX model ``src`` to ``dst`` (atomically): QDQ format, per-channel int8
-    weights, activation scales calibrated (min-max) on ``calibration`` (preprocessed images), only
-    :data:`QDQ_OP_TYPES` quantized; ``src``'s simattn metadata is carried over."""
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    proto = onnx.load(str(src))
-    del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see quantize_int8)
-    name = proto.graph.input[0].name
-    batches = [calibration[i:i + batch_size].numpy() for i in range(0, len(calibration), batch_size)]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter(batches)
-
-        def get_next(self):
-            x = next(self.items, None)
-            return None if x is None else {name: x}
-
-    dst = Path(dst)
-    with atomic_path(dst) as tmp, tempfile.TemporaryDirectory(prefix="simattn_qdq_") as work:
-        plain = Path(work) / "fp32.onnx"
-        onnx.save(proto, str(plain))
-        with quiet_loggers(""):
-            # u8 activations with s8 weights: the pairing onnxruntime's x86 int8 kernels (VNNI) are fastest at
-            quantize_static(str(plain), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
-                            op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         quantized = onnx.load(str(tmp))
         keys = {p.key for p in quantized.metadata_props}
         quantized.metadata_props.extend(p for p in proto.metadata_props if p.key not in keys)

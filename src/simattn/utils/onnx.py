@@ -36,7 +36,7 @@ from ..utils.io import atomic_path
 
 __all__ = ["EXPORTERS", "METADATA_KEYS", "OPTIONAL_METADATA_KEYS", "check_metadata_values", "ExportError", "ExportResult", "onnx_metadata", "read_onnx_metadata",
            "metadata_data_config", "export_onnx", "ort_session", "run_onnx", "check_parity", "export_and_verify",
-           "quiet_loggers"]
+           "quiet_loggers", "QDQ_OP_TYPES", "quantize_static_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
 INPUT_NAME = "input"
@@ -343,3 +343,45 @@ def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str,
         raise ExportError(f"onnxruntime output differs from PyTorch beyond {atol:g} for {path}: {detail}",
                           result, parity)
     return result, parity
+
+
+#: the matmul-type ONNX ops static QDQ quantizes; adds, norms and SimA's normalization between them stay float
+QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")
+
+
+def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Tensor, batch_size: int = 16) -> Path:
+    """Write a static int8 copy of the ONNX model ``src`` to ``dst`` (atomically): QDQ format, per-channel int8
+    weights, activation scales calibrated (min-max) on ``calibration`` (preprocessed images), only
+    :data:`QDQ_OP_TYPES` quantized; ``src``'s simattn metadata is carried over."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    proto = onnx.load(str(src))
+    del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see simattn.export.quantize.quantize_int8)
+    name = proto.graph.input[0].name
+    batches = [calibration[i:i + batch_size].numpy() for i in range(0, len(calibration), batch_size)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(batches)
+
+        def get_next(self):
+            x = next(self.items, None)
+            return None if x is None else {name: x}
+
+    dst = Path(dst)
+    with atomic_path(dst) as tmp, tempfile.TemporaryDirectory(prefix="simattn_qdq_") as work:
+        plain = Path(work) / "fp32.onnx"
+        onnx.save(proto, str(plain))
+        with quiet_loggers(""):
+            # u8 activations with s8 weights: the pairing onnxruntime's x86 int8 kernels (VNNI) are fastest at
+            quantize_static(str(plain), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
+                            op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        quantized = onnx.load(str(tmp))
+        keys = {p.key for p in quantized.metadata_props}
+        quantized.metadata_props.extend(p for p in proto.metadata_props if p.key not in keys)
+        onnx.save(quantized, str(tmp))
+    return dst
