@@ -46,7 +46,7 @@ def _load_edge_packages() -> None:
     as a warning on every first import) held back."""
     from .onnx import quiet_loggers
 
-    with quiet_loggers("torch.utils._pytree"):
+    with quiet_loggers("torch.utils._pytree"), _quiet_runtime():
         import executorch.exir  # noqa: F401
         import executorch.runtime  # noqa: F401
         import torchao.quantization.pt2e  # noqa: F401

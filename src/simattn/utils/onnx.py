@@ -379,7 +379,11 @@ def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Te
             # u8 activations with s8 weights: the pairing onnxruntime's x86 int8 kernels (VNNI) are fastest at
             quantize_static(str(plain), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
                             op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True,
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            # the int8 layers' outputs go on in float, and each quantized input gets its own
+                            # Q/DQ pair, so the other readers of a tensor (SimA's norms, the residual) read float
+                            extra_options={"OpTypesToExcludeOutputQuantization": list(QDQ_OP_TYPES),
+                                           "DedicatedQDQPair": True})
         quantized = onnx.load(str(tmp))
         keys = {p.key for p in quantized.metadata_props}
         quantized.metadata_props.extend(p for p in proto.metadata_props if p.key not in keys)
