@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="onnx (onnxruntime), executorch (.pte, XNNPACK delegate) or coreml (.mlpackage, mlprogram)"
                           " (default onnx)")
     out.add_argument("-o", "--output", help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
-    out.add_argument("--report", help="JSON report (default: the ONNX path with .json)")
+    out.add_argument("--report", help="JSON report (default: the output path with .json)")
     out.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 18 (default 18)")
     out.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
                      help="torch.onnx exporter; auto = dynamo, falling back to TorchScript (default auto)")
