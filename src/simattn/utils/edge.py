@@ -9,9 +9,9 @@ text in a constant method, :data:`PTE_METADATA_METHOD` (constant methods hold in
 strings, so the text is a uint8 tensor); an ``.mlpackage`` stores each key as JSON text under ``simattn.<key>`` in
 ``user_defined_metadata``.
 
-Quantization: the matmul-type layers only (linear, conv). Residual adds, norms and SimA's normalization stay in
-float: quantizing them breaks the model (SimA's ``s_q·s_k`` product and the residual stream span ranges that one
-int8 scale cannot hold).
+Quantization: the matmul-type layers only (linear, conv: int8 inputs, weights and outputs). Residual adds, norms and
+SimA's normalization compute in float, and the residual stream is never rounded to int8: quantizing them breaks
+the model (SimA's ``s_q·s_k`` product and the residual stream span ranges that one int8 scale cannot hold).
 """
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ import os
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
 
-import numpy as np
 import torch
 from torch import nn
 
