@@ -359,7 +359,7 @@ def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Te
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     proto = onnx.load(str(src))
-    del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see simattn.export.quantize.quantize_int8)
+    del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see export.quantize_int8)
     name = proto.graph.input[0].name
     batches = [calibration[i:i + batch_size].numpy() for i in range(0, len(calibration), batch_size)]
 
