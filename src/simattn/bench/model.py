@@ -585,7 +585,8 @@ def _ratio_spread(slow: Dict[str, Any], fast: Dict[str, Any], prefix: str) -> Di
     keys = [f"{prefix}_p10_ms", f"{prefix}_p90_ms"]
     if not all(slow.get(k) and fast.get(k) for k in keys):
         return {}
-    return {f"{prefix}_speedup_lo": slow[keys[0]] / fast[keys[1]], f"{prefix}_speedup_hi": slow[keys[1]] / fast[keys[0]]}
+    return {f"{prefix}_speedup_lo": slow[keys[0]] / fast[keys[1]],
+            f"{prefix}_speedup_hi": slow[keys[1]] / fast[keys[0]]}
 
 
 def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -660,8 +661,8 @@ RESULT_COLUMNS = ["model", "label", "attn", "attn_kwargs", "runtime", "sima_orde
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
                   "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
-                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "runtime_max_abs_diff", "runtime_threads", "rounds",
-                  "error"]
+                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "runtime_max_abs_diff", "runtime_threads",
+                  "rounds", "error"]
 
 
 def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str, Any],

@@ -4,8 +4,9 @@ The model name, its kwargs and the preprocessing come from the weights' record (
 metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
 ``simattn validate --weights run/best.safetensors`` reproduces the accuracy training reported. Resolution, crop
 ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m.pte``) is evaluated in its runtime
-(onnxruntime, ExecuTorch) with the preprocessing its metadata records, and gives the same JSON. Weights holding NaN/inf are refused (naming the tensor) and the JSON
-never holds NaN: a non-finite metric is written as null with a warning.
+(onnxruntime, ExecuTorch) with the preprocessing its metadata records, and gives the same JSON. Weights holding
+NaN/inf are refused (naming the tensor) and the JSON never holds NaN: a non-finite metric is written as null with a
+warning.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ from torch import nn
 
 from ..utils.io import atomic_path
 
-__all__ = ["EXPORTERS", "METADATA_KEYS", "OPTIONAL_METADATA_KEYS", "check_metadata_values", "ExportError", "ExportResult", "onnx_metadata", "read_onnx_metadata",
+__all__ = ["EXPORTERS", "METADATA_KEYS", "OPTIONAL_METADATA_KEYS", "check_metadata_values", "ExportError",
+           "ExportResult", "onnx_metadata", "read_onnx_metadata",
            "metadata_data_config", "export_onnx", "ort_session", "run_onnx", "check_parity", "export_and_verify",
            "quiet_loggers", "QDQ_OP_TYPES", "quantize_static_int8"]
 
