@@ -198,3 +198,14 @@ def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
     assert rows["executorch"]["runtime_threads"] == rows["executorch int8"]["runtime_threads"] == 1
     assert {u["runtime"] for u in result["runtime_speedups"]} == {"executorch", "executorch int8"}
     assert "cpu_features" in result["meta"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runtime", "torch", "tflite"], "--runtime 'tflite': expected some of torch, onnxruntime, executorch"),
+    (["--runtime", "torch", "--int8"], "--int8 needs --runtime onnxruntime or executorch"),
+    (["--runtime", "executorch", "--measure", "memory"], "--runtime executorch measures latency"),
+])
+def test_bench_model_runtime_errors_are_one_line(argv, message, capsys, tmp_path):
+    assert simattn_main(["bench", "model", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()

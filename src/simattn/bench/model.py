@@ -811,6 +811,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise ValueError(f"--runtime {unknown[0]!r}: expected some of {', '.join(RUNTIMES)}")
+    from ..utils.extras import require
+
+    for runtime, module in (("onnxruntime", "onnxruntime"), ("executorch", "executorch"), ("openvino", "openvino")):
+        if runtime in runtimes:  # a missing package: one line naming its extra, before any worker starts
+            require(module, f"simattn bench model --runtime {runtime}")
     if args.int8 and not set(runtimes) & set(INT8_RUNTIMES):
         raise ValueError(f"--int8 needs --runtime {' or '.join(INT8_RUNTIMES)} (given: {', '.join(runtimes)})")
     variants = [(r, None) for r in runtimes] + [(r, "static") for r in runtimes if args.int8 and r in INT8_RUNTIMES]
