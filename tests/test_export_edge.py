@@ -209,3 +209,12 @@ def test_bench_model_runtime_errors_are_one_line(argv, message, capsys, tmp_path
     assert simattn_main(["bench", "model", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_onnx_static_spatial_graph_has_no_resample(weights, tmp_path):
+    from simattn.export import audit_onnx
+
+    out = tmp_path / "m.onnx"
+    assert export_main(["--weights", str(weights), "--static-spatial", "-o", str(out)]) == 0
+    ops = audit_onnx(out).op_counts
+    assert "Resize" not in ops and ops.get("MatMul", 0) > 0

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 18 (default 18)")
     out.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
                      help="torch.onnx exporter; auto = dynamo, falling back to TorchScript (default auto)")
-    out.add_argument("--static-spatial", action="store_true", help="fix height/width (batch stays dynamic)")
+    out.add_argument("--static-spatial", action="store_true",
+                     help="fix height/width (batch stays dynamic; no position-embedding resample in the graph)")
     out.add_argument("--batch", type=int, default=2, help="example batch for export and parity (default 2)")
     out.add_argument("--atol", type=float, default=1e-4, help="max |onnxruntime - PyTorch| allowed (default 1e-4)")
     chk = p.add_argument_group("audit, latency, quantization")
@@ -214,6 +215,11 @@ def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration
     from ..utils.onnx import ExportError, export_and_verify, read_onnx_metadata
     from .loading import model_stride
 
+    if args.static_spatial:
+        from .prepare import prepare_for_export
+
+        # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
+        model = prepare_for_export(model, metadata["input_size"])
     with tempfile.TemporaryDirectory(prefix="simattn_export_") as work:
         fp32_path = Path(work) / output.name if mode else output
         print(f"exporting to {fp32_path if not mode else 'a temporary fp32 file'} (exporter {args.exporter}, "
