@@ -250,18 +250,19 @@ def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
     # the int8 file run here on digits normalized by hand with DeiT's mean/std gives the reported accuracy
     mean, std = (torch.tensor(IMAGENET[k]).view(1, 3, 1, 1) for k in ("mean", "std"))
     xr, _ = digits_tensors("val", img_size=32, normalize=False)
-    session, xn = ort_session(out.parent / "m_int8.onnx"), (xr - mean) / std
+    session, xn = ort_session(out), (xr - mean) / std  # with --quantize, -o is the int8 file
     # dynamic quantization scales activations per run: batches of 64, as the report runs them
     int8 = np.concatenate([run_onnx(session, xn[i:i + 64]).argmax(-1) for i in range(0, len(xn), 64)])
     assert q["int8_top1"] == pytest.approx((torch.from_numpy(int8) == yv).float().mean().item() * 100, abs=0.01)
     assert q["int8_top1"] > 30 and q["prediction_agreement"] > 50 and q["int8_mb"] < q["fp32_mb"]
-    assert (out.parent / "m_int8.onnx").is_file() and (out.parent / "m_softmax.onnx").is_file()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m.json", "m.onnx", "m_softmax.onnx"]
     lat = report["latency"]
     assert lat["input_shape"] == [1, 3, 32, 32]
     assert 0 < lat["model"]["p10_ms"] <= lat["model"]["median_ms"] <= lat["model"]["p90_ms"]
     assert "sima speed-up over softmax: ×" in captured.out
-    # every file written carries the metadata: the model, its twin and the int8 copy
-    for name, attention in (("m", "sima"), ("m_softmax", "softmax"), ("m_int8", "sima")):
+    # every file written carries the metadata: the int8 model and its softmax twin
+    assert q["mode"] == "dynamic" and q["int8_path"] == str(out)
+    for name, attention in (("m", "sima"), ("m_softmax", "softmax")):
         meta = read_onnx_metadata(out.parent / f"{name}.onnx")
         assert meta["model"] == DEIT and meta["attention"] == attention and meta["input_size"] == [3, 32, 32]
     assert report["metadata"]["model_kwargs"]["act_layer"] == "relu"

@@ -14,10 +14,16 @@ Every timing comes with its p10 and p90 (throughput: batch / p90 and batch / p10
 the timings whose p10-p90 range is wider than :data:`simattn.bench.report.WIDE_SPREAD` of the median.
 
 What runs the model (the ``runtime`` column): ``eager`` PyTorch, ``compiled`` (``--compile``, ``torch.compile``;
-the first, compiling call is part of the warm-up) or ``onnxruntime`` (``--runtime onnxruntime``: the model is
-exported with :mod:`simattn.utils.onnx`, the core ``simattn export`` uses, checked against PyTorch and timed in an
-onnxruntime CPU session; inference only), with ``channels-last`` added under ``--channels-last``. Exp/FLOP counts
-and memory are always those of the eager model.
+the first, compiling call is part of the warm-up), ``onnxruntime`` (the model exported with
+:mod:`simattn.utils.onnx`, the core ``simattn export`` uses, timed in an onnxruntime CPU session), ``executorch``
+(captured at the input size, lowered with the XNNPACK delegate, :mod:`simattn.utils.edge`) or ``openvino``
+(``openvino.convert_model``, CPU plugin, fp32 inference precision), with ``channels-last`` added under
+``--channels-last``. ``--runtime`` takes several; ``--int8`` adds an int8 row for onnxruntime (static QDQ) and
+ExecuTorch (PT2E static), both calibrated on digits. Every exported graph is checked against PyTorch
+(``runtime_max_abs_diff``) and is inference only. Every runtime is held to ``--threads`` (torch's intra-op pool,
+onnxruntime's intra-op threads, ExecuTorch's XNNPACK pool, OpenVINO's inference threads), and the CPU's vector
+features (AVX2, AVX-512, VNNI, AMX) are recorded, since int8 speed depends on them. Exp/FLOP counts and memory are
+always those of the eager model.
 
 Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
 isolating the cost of exp. ``--attn`` lists the kinds (``LABEL=KIND`` runs a kind twice under another name),
@@ -62,16 +68,20 @@ from .cli import require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
-__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "RUNTIMES", "measure", "run_specs", "speedups", "plot_results",
+__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "RUNTIMES", "INT8_RUNTIMES", "measure", "run_specs", "speedups",
+           "runtime_speedups", "plot_results",
            "parse_attn", "runtime_name", "main"]
 
 #: precision name → autocast dtype (None = plain fp32, no autocast)
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MEASURES = ("latency", "throughput", "train-latency", "train-throughput", "counts", "memory")
 SIMA_ORDERS = ("auto", "kv_first", "qk_first")
-RUNTIMES = ("torch", "onnxruntime")
-#: what onnxruntime can measure: inference only (training steps and torch memory describe PyTorch)
+RUNTIMES = ("torch", "onnxruntime", "executorch", "openvino")
+#: runtimes with an int8 row (--int8): static int8 of the matmul-type layers, calibrated on real images
+INT8_RUNTIMES = ("onnxruntime", "executorch")
+#: what an exported graph can measure: inference only (training steps and torch memory describe PyTorch)
 ORT_MEASURES = ("latency", "throughput", "counts")
+CALIBRATION_IMAGES = 32
 DEFAULT_ATTN = "default"  # keep the model's own attention kind
 _RESULT_TAG = "SIMATTN_BENCH_RESULT "
 MB = 2 ** 20
@@ -110,6 +120,7 @@ class BenchSpec:
     compile_backend: str = "inductor"
     channels_last: bool = False
     onnx_exporter: str = "auto"
+    quantize: Optional[str] = None  # 'static': int8 row of an exported runtime
 
     def __post_init__(self) -> None:
         self.measures = tuple(self.measures)
@@ -136,8 +147,12 @@ def _default_label(spec: BenchSpec) -> str:
 
 
 def runtime_name(spec: BenchSpec) -> str:
-    """What ran the timed calls: 'eager', 'compiled' or 'onnxruntime', with ', channels-last' when set."""
-    name = "onnxruntime" if spec.runtime == "onnxruntime" else "compiled" if spec.compile else "eager"
+    """What ran the timed calls: 'eager', 'compiled', or the runtime ('executorch int8' for an int8 row), with
+    ', channels-last' when set."""
+    if spec.runtime == "torch":
+        name = "compiled" if spec.compile else "eager"
+    else:
+        name = spec.runtime + (" int8" if spec.quantize else "")
     return name + (", channels-last" if spec.channels_last else "")
 
 
@@ -177,15 +192,18 @@ def validate_spec(spec: BenchSpec) -> None:
                              f"{', '.join(list_backends(exclude_tags=()))}")
     if spec.runtime not in RUNTIMES:
         raise ValueError(f"--runtime {spec.runtime!r} is not one of {', '.join(RUNTIMES)}")
-    if spec.runtime == "onnxruntime":
+    if spec.quantize is not None and (spec.quantize != "static" or spec.runtime not in INT8_RUNTIMES):
+        raise ValueError(f"int8 ({spec.quantize!r}) is measured for --runtime {' and '.join(INT8_RUNTIMES)} (static), "
+                         f"not {spec.runtime}")
+    if spec.runtime != "torch":
         if spec.compile or spec.channels_last:
-            raise ValueError("--compile and --channels-last apply to --runtime torch, not onnxruntime")
+            raise ValueError(f"--compile and --channels-last apply to --runtime torch, not {spec.runtime}")
         if spec.precision != "fp32" or device.type != "cpu":
-            raise ValueError(f"--runtime onnxruntime runs fp32 on cpu, got precision {spec.precision!r} on "
+            raise ValueError(f"--runtime {spec.runtime} runs fp32 on cpu, got precision {spec.precision!r} on "
                              f"{spec.device!r}")
         other = set(spec.measures) - set(ORT_MEASURES)
         if other:
-            raise ValueError(f"--runtime onnxruntime measures {', '.join(ORT_MEASURES)} only, not "
+            raise ValueError(f"--runtime {spec.runtime} measures {', '.join(ORT_MEASURES)} only, not "
                              f"{', '.join(sorted(other))}")
 
 
@@ -250,9 +268,16 @@ class _Runner:
         self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
                       else self.model)
         self.session = None
+        self.deployed = None  # the exported graph's call (batch -> first output) for the other runtimes
         self.onnx_max_abs_diff: Optional[float] = None
+        self.runtime_max_abs_diff: Optional[float] = None
+        self.runtime_threads: Optional[int] = None
         if spec.runtime == "onnxruntime":
             self._export(onnx_dir)
+        elif spec.runtime == "executorch":
+            self._executorch(onnx_dir)
+        elif spec.runtime == "openvino":
+            self._openvino()
         self.optimizer = None
         self.scaler = None
 
@@ -267,11 +292,82 @@ class _Runner:
                              self.spec.model_kwargs)
         path = os.path.join(onnx_dir, "model.onnx")
         export_onnx(model, path, meta, exporter=self.spec.onnx_exporter, dynamic_spatial=False)
+        if self.spec.quantize:
+            from ..utils.onnx import quantize_static_int8
+
+            int8_path = os.path.join(onnx_dir, "model_int8.onnx")
+            quantize_static_int8(path, int8_path, self._calibration(data_config))
+            path = int8_path
         self.session = ort_session(path, threads=self.spec.threads)
+        self.runtime_threads = self.spec.threads
         parity = check_parity(model, self.session, {"random": self.inputs(1)}, atol=float("inf"))["random"]
         if "error" in parity:
             raise RuntimeError(f"onnxruntime cannot run the exported model: {parity['error']}")
-        self.onnx_max_abs_diff = parity["max_abs_diff"]
+        self.onnx_max_abs_diff = self.runtime_max_abs_diff = parity["max_abs_diff"]
+
+    def _calibration(self, data_config) -> torch.Tensor:
+        """Digits (train split) at the model's input size and normalization: int8 rows are calibrated on real
+        images, as ``simattn export --quantize static`` does by default."""
+        from ..data.calibration import calibration_images, open_calibration_dataset
+
+        config = {"crop_pct": 1.0, "interpolation": "bilinear", **data_config, "input_size": self.shape}
+        return calibration_images(open_calibration_dataset("digits"), config, CALIBRATION_IMAGES)
+
+    def _check_deployed(self) -> None:
+        x = self.inputs(1)
+        with torch.no_grad():
+            ref = _first_tensor(self.model(x))
+        self.runtime_max_abs_diff = float((torch.as_tensor(self.deployed(x)) - ref).abs().max())
+
+    def _executorch(self, work_dir: str) -> None:
+        """Capture at the input size, (int8: PT2E static), lower with XNNPACK, load with the pool at --threads."""
+        from ..data.images import resolve_data_config
+        from ..export.prepare import prepare_for_export  # the models-level export helper once merged
+        from ..utils.edge import (capture, executorch_method, lower_executorch, quantize_pt2e, run_executorch)
+        from ..utils.onnx import onnx_metadata
+
+        model = prepare_for_export(self.model, self.shape)
+        data_config = {**resolve_data_config(model), "input_size": self.shape}
+        if self.spec.quantize:
+            calib = self._calibration(data_config)
+            program = capture(quantize_pt2e(model, self.shape, "static", list(calib.split(1))), self.shape)
+        else:
+            program = capture(model, self.shape)
+        meta = onnx_metadata(self.spec.model, getattr(model, "attn_type", self.spec.attn), data_config,
+                             self.spec.model_kwargs)
+        path = os.path.join(work_dir, "model.pte")
+        with open(path, "wb") as f:
+            f.write(lower_executorch(program, meta).to_executorch().buffer)
+        from ..utils.edge import set_executorch_threads
+
+        method = executorch_method(path, self.spec.threads)
+        self.runtime_threads = set_executorch_threads(self.spec.threads)
+        # the program takes batch 1: a larger batch (throughput) runs image by image, as on a device
+        self.deployed = lambda x: run_executorch(method, x)
+        self._check_deployed()
+
+    def _openvino(self) -> None:
+        """``openvino.convert_model`` of the eager model, compiled for the CPU in fp32 at --threads."""
+        from ..utils.extras import require
+
+        ov = require("openvino", "simattn bench model --runtime openvino")
+        model = self.model.eval()
+        example = self.inputs(1)
+        with torch.no_grad():
+            converted = ov.convert_model(model, example_input=example)
+        converted.reshape([1, *self.shape])
+        # fp32 like the other rows (the CPU plugin would pick bf16 on CPUs with AMX/AVX-512 bf16)
+        compiled = ov.Core().compile_model(converted, "CPU", {"INFERENCE_NUM_THREADS": int(self.spec.threads),
+                                                               "INFERENCE_PRECISION_HINT": "f32"})
+        self.runtime_threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
+        request = compiled.create_infer_request()
+
+        def run(x: torch.Tensor):
+            return torch.cat([torch.from_numpy(request.infer([x[i:i + 1].numpy()])[0].copy())
+                              for i in range(len(x))])
+
+        self.deployed = run
+        self._check_deployed()
 
     def autocast(self):
         if self.dtype is None:
@@ -289,6 +385,8 @@ class _Runner:
         if timed and self.session is not None:
             feed = {self.session.get_inputs()[0].name: x.numpy()}
             return lambda: self.session.run(None, feed)
+        if timed and self.deployed is not None:
+            return lambda: self.deployed(x)
         model = self.timed if timed else self.model
 
         def infer():
@@ -354,6 +452,9 @@ def _measure(spec: BenchSpec, onnx_dir: str) -> Dict[str, Any]:
     }
     if run.onnx_max_abs_diff is not None:
         row["onnx_max_abs_diff"] = run.onnx_max_abs_diff
+    if run.runtime_max_abs_diff is not None:
+        row["runtime_max_abs_diff"] = run.runtime_max_abs_diff
+        row["runtime_threads"] = run.runtime_threads
     b1 = spec.latency_batch
     if "counts" in spec.measures:
         infer = run.infer_fn(b1, timed=False)
@@ -482,8 +583,36 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
         for metric, name in (("infer_ips", "infer_ips_ratio"), ("train_ips", "train_ips_ratio")):
             if r.get(metric) and b.get(metric):
                 entry[name] = r[metric] / b[metric]
+        entry.update(_ratio_spread(b, r, "infer"))
         if len(entry) > 7:  # some timing was measured on both
             out.append(entry)
+    return out
+
+
+def _ratio_spread(slow: Dict[str, Any], fast: Dict[str, Any], prefix: str) -> Dict[str, float]:
+    """The range of ``slow / fast`` that the two p10-p90 ranges allow (p10/p90 to p90/p10)."""
+    keys = [f"{prefix}_p10_ms", f"{prefix}_p90_ms"]
+    if not all(slow.get(k) and fast.get(k) for k in keys):
+        return {}
+    return {f"{prefix}_speedup_lo": slow[keys[0]] / fast[keys[1]],
+            f"{prefix}_speedup_hi": slow[keys[1]] / fast[keys[0]]}
+
+
+def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Eager PyTorch time / each other runtime's time, for the same model, label, size, precision and device, with
+    the range the p10-p90 spreads allow (> 1: the runtime is faster than eager)."""
+    def key(r):
+        return r["model"], r["label"], r["img_size"], r["precision"], r["device"]
+
+    eager = {key(r): r for r in rows if r.get("runtime") == "eager" and "error" not in r}
+    out = []
+    for r in rows:
+        e = eager.get(key(r))
+        if e is None or r is e or "error" in r or not (r.get("infer_p50_ms") and e.get("infer_p50_ms")):
+            continue
+        out.append({"model": r["model"], "label": r["label"], "img_size": r["img_size"], "runtime": r["runtime"],
+                    "threads": r.get("threads"), "eager_ms": e["infer_p50_ms"], "runtime_ms": r["infer_p50_ms"],
+                    "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer")})
     return out
 
 
@@ -541,7 +670,8 @@ RESULT_COLUMNS = ["model", "label", "attn", "attn_kwargs", "runtime", "sima_orde
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
                   "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
-                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "rounds", "error"]
+                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "runtime_max_abs_diff", "runtime_threads",
+                  "rounds", "error"]
 
 
 def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str, Any],
@@ -550,24 +680,28 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     out_dir = Path(out_dir)
     ups = speedups(rows, baseline)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
-    write_json({"meta": meta, "rows": list(rows), "speedups": ups}, paths["json"])
+    write_json({"meta": meta, "rows": list(rows), "speedups": ups, "runtime_speedups": runtime_speedups(rows)},
+               paths["json"])
     extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
     write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
-    write_text(summary_markdown(rows, ups, meta) + "\n", paths["md"])
+    write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
     plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
                                           f"torch {meta.get('torch')}")
     return paths
 
 
-def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any]) -> str:
+def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any],
+                     runtime_ups: Sequence[Dict[str, Any]] = ()) -> str:
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
     cols = ["model", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
             "infer_p90_ms", "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms",
             "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops", "attn_gflops", "exp_softmax",
-            "exp_total", "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "error"]
+            "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff", "runtime_threads", "error"]
     present = [c for c in cols if any(r.get(c) is not None for r in rows)]
-    parts = [f"Device {meta.get('device')}, {meta.get('threads')} threads, torch {meta.get('torch')}. Times in ms "
-             f"(p50 = median; p10/p90 beside it), throughput in images/s.", "",
+    features = f" (CPU {meta.get('cpu_name')}; {', '.join(meta['cpu_features'])})" if meta.get("cpu_features") \
+        else ""
+    parts = [f"Device {meta.get('device')}{features}, {meta.get('threads')} threads, torch {meta.get('torch')}. Times "
+             f"in ms (p50 = median; p10/p90 beside it), throughput in images/s.", "",
              markdown_table(rows, present)]
     spreads = {f"{r['label']} {r['img_size']}px {prefix}": relative_spread(r.get(f"{prefix}_p10_ms"),
                                                                            r.get(f"{prefix}_p90_ms"),
@@ -578,10 +712,14 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
         parts += ["", warning]
     if ups:
         ucols = [c for c in ("model", "label", "baseline", "runtime", "img_size", "precision", "infer_speedup",
-                             "infer_speedup_min", "train_speedup", "train_speedup_min", "infer_ips_ratio",
-                             "train_ips_ratio") if any(u.get(c) for u in ups)]
-        parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster):", "",
-                  markdown_table(ups, ucols)]
+                             "infer_speedup_lo", "infer_speedup_hi", "infer_speedup_min", "train_speedup",
+                             "train_speedup_min", "infer_ips_ratio", "train_ips_ratio") if any(u.get(c) for u in ups)]
+        parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster; lo-hi: the range the p10-p90 "
+                      "spreads allow):", "", markdown_table(ups, ucols)]
+    if runtime_ups:
+        parts += ["", "Speed-up of each runtime over eager PyTorch (batch-1 latency, same threads):", "",
+                  markdown_table(runtime_ups, ["model", "label", "img_size", "runtime", "threads", "eager_ms",
+                                               "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi"])]
     return "\n".join(parts)
 
 
@@ -641,9 +779,12 @@ def build_parser() -> argparse.ArgumentParser:
     order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
                    help=f"create_model kwargs of every model, {OPTIONS_HELP}: e.g. depth=6 act_layer=relu")
-    p.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                   help="run the model in PyTorch, or export it to ONNX and run it in onnxruntime (CPU, fp32, "
-                        "inference only)")
+    p.add_argument("--runtime", nargs="+", default=["torch"], metavar="RUNTIME",
+                   help=f"one or more of {', '.join(RUNTIMES)}: PyTorch, or the model exported and run in "
+                        "onnxruntime, ExecuTorch (XNNPACK) or OpenVINO (CPU, fp32, inference only), each at --threads")
+    p.add_argument("--int8", action="store_true",
+                   help=f"add an int8 row for each of {', '.join(INT8_RUNTIMES)} in --runtime (static, linear/conv/"
+                        f"matmul only, calibrated on {CALIBRATION_IMAGES} digits images)")
     p.add_argument("--compile", action="store_true", help="time the torch.compile'd model (runtime torch)")
     p.add_argument("--compile-backend", default="inductor",
                    help="torch.compile backend (see torch._dynamo.list_backends())")
@@ -677,33 +818,50 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     kwargs = parse_model_kwargs(args.model_kwargs)
     attns = parse_attn(args.attn, args.attn_kwargs)
+    runtimes = list(dict.fromkeys(args.runtime))
+    unknown = [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        raise ValueError(f"--runtime {unknown[0]!r}: expected some of {', '.join(RUNTIMES)}")
+    from ..utils.extras import require
+
+    for runtime, module in (("onnxruntime", "onnxruntime"), ("executorch", "executorch"), ("openvino", "openvino")):
+        if runtime in runtimes:  # a missing package: one line naming its extra, before any worker starts
+            require(module, f"simattn bench model --runtime {runtime}")
+    if args.int8 and not set(runtimes) & set(INT8_RUNTIMES):
+        raise ValueError(f"--int8 needs --runtime {' or '.join(INT8_RUNTIMES)} (given: {', '.join(runtimes)})")
+    variants = [(r, None) for r in runtimes] + [(r, "static") for r in runtimes if args.int8 and r in INT8_RUNTIMES]
     measures = tuple(args.measure)
-    if args.runtime == "onnxruntime":
+    deployed_measures = tuple(m for m in measures if m in ORT_MEASURES)
+    if any(r != "torch" for r in runtimes):
+        exported = ", ".join(r for r in runtimes if r != "torch")
         skipped = [m for m in measures if m not in ORT_MEASURES]
-        measures = tuple(m for m in measures if m in ORT_MEASURES)
         if skipped:
-            print(f"--runtime onnxruntime: not measured: {', '.join(skipped)} (inference only)", flush=True)
-        if not measures:
-            raise ValueError(f"--runtime onnxruntime measures {', '.join(ORT_MEASURES)}; --measure gave none of them")
+            print(f"--runtime {exported}: not measured: {', '.join(skipped)} (inference only)", flush=True)
+        if not deployed_measures:
+            raise ValueError(f"--runtime {exported} measures {', '.join(ORT_MEASURES)}; --measure gave none of them")
     specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
                        img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,
-                       sima_order=order, model_kwargs=kwargs, measures=measures, warmup=args.warmup,
-                       repeats=args.repeats, max_time=args.max_time, runtime=args.runtime, compile=args.compile,
-                       compile_backend=args.compile_backend,
+                       sima_order=order, model_kwargs=kwargs,
+                       measures=measures if runtime == "torch" else deployed_measures, warmup=args.warmup,
+                       repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
+                       compile_backend=args.compile_backend, quantize=quantize,
                        channels_last=args.channels_last, onnx_exporter=args.onnx_exporter)
+             for runtime, quantize in variants
              for m in args.models for label, kind, attn_kwargs in attns for s in args.img_size
              for p in args.precision]
     for spec in specs:
         validate_spec(spec)
     meta = {**machine_info(args.device, threads), "sima_order": order or "model default",
-            "runtime": runtime_name(specs[0]),
+            "runtime": ", ".join(dict.fromkeys(runtime_name(s) for s in specs)),
             "model_kwargs": kwargs, "batch_size": args.batch_size, "rounds": args.rounds,
             "command": "simattn bench model " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench model: {len(specs)} configuration(s) on {args.device}, {threads} CPU threads "
-          f"(fixed in every worker), runtime {runtime_name(specs[0])}, SimA order: {meta['sima_order']}", flush=True)
+          f"(fixed in every worker and runtime), runtime {meta['runtime']}, SimA order: {meta['sima_order']}; "
+          f"CPU {meta.get('cpu_name') or meta['cpu']}, features: {', '.join(meta.get('cpu_features') or ['unknown'])}",
+          flush=True)
     rows = run_specs(specs, rounds=args.rounds, in_process=args.in_process, timeout=args.timeout)
     paths = write_results(rows, args.out, meta, baseline=args.baseline)
-    print(summary_markdown(rows, speedups(rows, args.baseline), meta))
+    print(summary_markdown(rows, speedups(rows, args.baseline), meta, runtime_speedups(rows)))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 1 if any("error" in r for r in rows) else 0
 

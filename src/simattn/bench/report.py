@@ -62,9 +62,34 @@ def machine_info(device: str, threads: int) -> Dict[str, Any]:
         info["timm"] = timm.__version__
     except ImportError:  # pragma: no cover - timm is a dependency
         pass
+    info.update(cpu_info())
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return info
+
+
+#: /proc/cpuinfo flag → what the int8 and fp32 kernels can use
+CPU_FEATURES = {"avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512", "avx512_vnni": "AVX-512 VNNI",
+                "avx_vnni": "AVX-VNNI", "avx512_bf16": "AVX-512 BF16", "amx_int8": "AMX-INT8", "asimddp": "NEON dot"}
+
+
+def cpu_info() -> Dict[str, Any]:
+    """The CPU's name and the vector features int8/fp32 speed depends on (Linux ``/proc/cpuinfo``; empty
+    elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    flags: set = set()
+    name = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key in ("flags", "Features") and not flags:
+            flags = set(value.split())
+        elif key == "model name" and name is None:
+            name = value.strip()
+    return {"cpu_name": name, "cpu_features": [label for flag, label in CPU_FEATURES.items() if flag in flags]}
 
 
 def _columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:

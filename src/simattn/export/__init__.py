@@ -1,7 +1,9 @@
-"""Deployment: ONNX export with onnxruntime parity checks, an exp-op graph audit, latency and int8 quantization.
+"""Deployment: ONNX export with onnxruntime parity checks, ExecuTorch and Core ML export (:mod:`.edge`, core in
+:mod:`simattn.utils.edge`), an exp-op graph audit, latency and int8 quantization (dynamic, or static calibrated on
+real images).
 
-onnx/onnxruntime are imported inside the functions that need them (the ``export`` extra), so importing this
-package stays cheap.
+onnx/onnxruntime (the ``export`` extra) and executorch/coremltools (the ``edge`` extra) are imported inside the
+functions that need them, so importing this package stays cheap.
 """
 from .audit import EXP_LIKE_OPS, ExpFreeError, GraphAudit, audit_onnx
 from .loading import attention_kind, model_stride, softmax_twin

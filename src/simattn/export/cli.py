@@ -1,11 +1,15 @@
-"""``simattn export``: ONNX export, onnxruntime parity, exp-op audit, softmax latency comparison, int8 quantization.
+"""``simattn export``: ONNX, ExecuTorch or Core ML export with a parity check in its runtime, an exp-op audit,
+int8 quantization (dynamic or static) and a softmax latency comparison.
 
 Examples::
 
     simattn export --model sima_deit_small_patch16_224 --model-kwargs act_layer=relu --require-exp-free
     simattn export --weights runs/digits/best.safetensors --compare-softmax --quantize
+    simattn export --weights W.safetensors --format executorch --quantize static -o m8.pte
+    simattn export --weights W.safetensors --format coreml --precision fp16 -o m.mlpackage
 
-Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input.
+With ``--quantize``, ``-o`` is the int8 file. ExecuTorch and Core ML graphs are captured at one fixed input size.
+Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input (nothing written).
 """
 from __future__ import annotations
 
@@ -15,7 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "FORMATS", "QUANTIZE_MODES", "check_options"]
+
+FORMATS = ("onnx", "executorch", "coreml")
+#: format → file suffix
+SUFFIXES = {"onnx": ".onnx", "executorch": ".pte", "coreml": ".mlpackage"}
+#: format → --quantize modes it has
+QUANTIZE_MODES = {"onnx": ("dynamic", "static"), "executorch": ("dynamic", "static"), "coreml": ()}
+PRECISIONS = ("fp32", "fp16")
+DEFAULT_CALIB_IMAGES, MAX_CALIB_IMAGES = 128, 100_000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,12 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(src)
     src.add_argument("--img-size", type=int, help="export resolution (default: the model's)")
     out = p.add_argument_group("export")
-    out.add_argument("-o", "--output", help="ONNX file (default: runs/export/<model>.onnx)")
-    out.add_argument("--report", help="JSON report (default: the ONNX path with .json)")
+    out.add_argument("--format", default="onnx", metavar="{" + ",".join(FORMATS) + "}",
+                     help="onnx (onnxruntime), executorch (.pte, XNNPACK delegate) or coreml (.mlpackage, mlprogram)"
+                          " (default onnx)")
+    out.add_argument("-o", "--output", help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
+    out.add_argument("--report", help="JSON report (default: the output path with .json)")
     out.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 18 (default 18)")
     out.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
                      help="torch.onnx exporter; auto = dynamo, falling back to TorchScript (default auto)")
-    out.add_argument("--static-spatial", action="store_true", help="fix height/width (batch stays dynamic)")
+    out.add_argument("--static-spatial", action="store_true",
+                     help="fix height/width (batch stays dynamic; no position-embedding resample in the graph)")
     out.add_argument("--batch", type=int, default=2, help="example batch for export and parity (default 2)")
     out.add_argument("--atol", type=float, default=1e-4, help="max |onnxruntime - PyTorch| allowed (default 1e-4)")
     chk = p.add_argument_group("audit, latency, quantization")
@@ -44,8 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--bench-batch", type=int, default=1, help="batch size for latency (default 1)")
     chk.add_argument("--bench-time", type=float, default=1.0,
                      help="seconds of timed runs per model and round, at least 20 runs (default 1.0)")
-    chk.add_argument("--quantize", action="store_true",
-                     help="int8 dynamic quantization; accuracy fp32 vs int8 on the digits val split (10-class weights)")
+    chk.add_argument("--quantize", nargs="?", const="dynamic", default=None, metavar="{dynamic,static}",
+                     help="int8 matmul-type layers (linear/conv/matmul; adds, norms and SimA's normalization stay "
+                          "float), onnx and executorch; bare --quantize is dynamic; the int8 file is -o; accuracy "
+                          "fp32 vs int8 on the digits val split (10-class weights)")
+    chk.add_argument("--calib-data", default=None, metavar="DATASET",
+                     help="--quantize static: images to calibrate on, any dataset train reads "
+                          "(digits | folder/imagenet | cifar10 | cifar100; train split) (default digits)")
+    chk.add_argument("--calib-dir", default=None, help="--calib-data root folder (not used by digits)")
+    chk.add_argument("--calib-images", type=int, default=None,
+                     help=f"--quantize static: calibration images, 1 to {MAX_CALIB_IMAGES} (default "
+                          f"{DEFAULT_CALIB_IMAGES})")
+    chk.add_argument("--precision", default=None, metavar="{fp32,fp16}",
+                     help="--format coreml: compute precision (default fp32; Core ML's own default is fp16)")
     return p
 
 
@@ -65,31 +92,103 @@ def _real_inputs(data_config) -> Dict[str, Any]:
     return {"digits_val_8": digits[:8], "photo_astronaut": photo}
 
 
+def check_options(args: argparse.Namespace) -> Dict[str, Any]:
+    """Every option checked before any work, one-line ValueErrors naming the option, the value and what is
+    allowed; returns what the run needs of them (``format``, ``quantize``, ``output``, ``calibration`` dataset)."""
+    fmt = args.format
+    if fmt not in FORMATS:
+        raise ValueError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    mode = args.quantize
+    if mode is not None and mode not in ("dynamic", "static"):
+        raise ValueError(f"--quantize {mode!r}: expected dynamic or static (a bare --quantize is dynamic)")
+    if mode is not None and mode not in QUANTIZE_MODES[fmt]:
+        raise ValueError(f"--quantize {mode} is not available for --format {fmt}; it has "
+                         f"{', '.join(QUANTIZE_MODES[fmt]) or 'no int8 mode'}"
+                         + (" (use --precision fp16 for a smaller model)" if fmt == "coreml" else ""))
+    if args.precision is not None:
+        if args.precision not in PRECISIONS:
+            raise ValueError(f"--precision {args.precision!r}: expected one of {', '.join(PRECISIONS)}")
+        if fmt != "coreml":
+            raise ValueError(f"--precision applies to --format coreml, not {fmt}")
+    calib_given = [o for o, v in (("--calib-data", args.calib_data), ("--calib-dir", args.calib_dir),
+                                  ("--calib-images", args.calib_images)) if v is not None]
+    if calib_given and mode != "static":
+        raise ValueError(f"{', '.join(calib_given)} applies to --quantize static only")
+    if args.calib_images is not None and not 1 <= args.calib_images <= MAX_CALIB_IMAGES:
+        raise ValueError(f"--calib-images {args.calib_images}: expected 1 to {MAX_CALIB_IMAGES}")
+    if fmt != "onnx":
+        onnx_only = [o for o, given in (("--compare-softmax", args.compare_softmax),
+                                        ("--static-spatial", args.static_spatial),
+                                        ("--exporter", args.exporter != "auto"), ("--opset", args.opset != 18))
+                     if given]
+        if onnx_only:
+            raise ValueError(f"{', '.join(onnx_only)} applies to --format onnx, not {fmt}")
+    for name, value, low in (("--threads", args.threads, 1), ("--bench-batch", args.bench_batch, 1),
+                             ("--batch", args.batch, 2)):
+        if value < low:
+            raise ValueError(f"{name} {value}: expected an integer >= {low}")
+    if args.atol < 0:
+        raise ValueError(f"--atol {args.atol}: expected a number >= 0")
+    output = Path(args.output) if args.output else None
+    if output is not None:
+        if output.suffix.lower() != SUFFIXES[fmt]:
+            raise ValueError(f"-o {output}: a --format {fmt} file ends with {SUFFIXES[fmt]}")
+        if args.weights and output.resolve() == Path(args.weights).resolve():
+            raise ValueError(f"-o {output} is the --weights file; choose another output")
+        if output.is_dir() and fmt != "coreml":
+            raise ValueError(f"-o {output} is a folder")
+        if fmt == "coreml" and output.exists() and not output.is_dir():
+            raise ValueError(f"-o {output} exists and is not an .mlpackage folder")
+    calibration = None
+    if mode == "static":
+        from ..data.calibration import open_calibration_dataset
+
+        calibration = open_calibration_dataset(args.calib_data or "digits", args.calib_dir, "train")
+    elif args.calib_dir is not None:
+        raise ValueError("--calib-dir applies to --quantize static only")
+    return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration}
+
+
 def run(args: argparse.Namespace) -> int:
+    opts = check_options(args)
     import torch
 
     from ..utils.io import atomic_write_json
-    from .audit import audit_onnx
     from ..models.factory import parse_model_kwargs
     from ..data.images import resolve_data_config
     from ..models.factory import load_model
-    from ..utils.onnx import ExportError, export_and_verify, onnx_metadata, read_onnx_metadata
-    from .loading import attention_kind, model_stride
+    from .loading import attention_kind
 
+    fmt, mode = opts["format"], opts["quantize"]
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     input_size = tuple(data_config["input_size"])
-    output = Path(args.output or Path("runs/export") / f"{spec['model']}.onnx")
+    suffix = ("_int8" if mode else "") + SUFFIXES[fmt]
+    output = opts["output"] or Path("runs/export") / f"{spec['model']}{suffix}"
     report_path = Path(args.report) if args.report else output.with_suffix(".json")
+    if args.report and report_path.resolve() in (output.resolve(), Path(args.weights or output).resolve()):
+        raise ValueError(f"--report {report_path} is the output or the weights file; choose another path")
     kind = attention_kind(model)
     if args.compare_softmax and kind == "softmax":
         raise ValueError("--compare-softmax: the model already uses softmax attention")
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"model {spec['model']} ({n_params:.2f}M params, attention {kind}), input {'x'.join(map(str, input_size))}"
-          f", weights {spec['weights'] or 'random'}")
+          f", weights {spec['weights'] or 'random'}; format {fmt}" + (f", int8 {mode}" if mode else ""))
     report: Dict[str, Any] = {"model": spec["model"], "model_kwargs": spec["config"], "weights": spec["weights"],
-                              "attention": kind, "params_m": round(n_params, 3), "data_config": data_config}
+                              "attention": kind, "params_m": round(n_params, 3), "data_config": data_config,
+                              "format": fmt, "quantize": mode, "output": str(output)}
+    from ..utils.onnx import onnx_metadata
     metadata = onnx_metadata(spec["model"], kind, data_config, spec["config"])
+    calibration = None
+    if mode == "static":
+        from ..data.calibration import calibration_images
+
+        count = args.calib_images or DEFAULT_CALIB_IMAGES
+        calibration = calibration_images(opts["calibration"], data_config, count)
+        report["calibration"] = {"dataset": args.calib_data or "digits", "split": "train",
+                                 "images": len(calibration)}
+        print(f"calibration: {len(calibration)} images of {args.calib_data or 'digits'} (train), preprocessed as "
+              "the model is evaluated")
 
     def finish(status: int) -> int:
         atomic_write_json(report, report_path)
@@ -97,51 +196,79 @@ def run(args: argparse.Namespace) -> int:
         return status
 
     torch.manual_seed(0)
-    print(f"exporting to {output} (exporter {args.exporter}, opset {args.opset}) ...", flush=True)
-    try:
-        result, parity = export_and_verify(
-            model, output, metadata, real_inputs=_real_inputs, batch=args.batch, opset=args.opset,
-            exporter=args.exporter, dynamic_spatial=not args.static_spatial, stride=model_stride(model),
-            atol=args.atol)
-    except ExportError as e:
-        if e.parity is not None:
-            report.update(export=e.result.to_dict(), parity=e.parity)
-            _print_parity(e.parity)
-            print(f"simattn export: {e}", file=sys.stderr)
-            return finish(1)
-        raise
-    for note in result.notes:
-        print(f"  note: {note}")
-    print(f"  {result.exporter} exporter, {result.seconds:.1f} s; input {result.input_shape} (dynamic batch"
-          f"{', dynamic height/width' if result.dynamic_spatial else ', fixed height/width'})")
-    print(f"parity onnxruntime vs PyTorch (atol {args.atol:g}):")
-    _print_parity(parity)
-    report.update(export=result.to_dict(), parity=parity, metadata=read_onnx_metadata(output),
-                  max_abs_diff=max(r["max_abs_diff"] for r in parity.values()))
-    print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
+    if fmt == "onnx":
+        return finish(_run_onnx(args, model, spec, kind, output, metadata, mode, calibration, report))
+    from .edge import export_edge
 
-    audit = audit_onnx(output)
-    report["audit"] = audit.to_dict()
-    print("graph audit (ops, functions expanded, subgraphs included):")
-    print(audit.format())
-    if args.require_exp_free and audit.exp_like:
-        output.unlink()
-        print(f"simattn export: --require-exp-free: {spec['model']} is not exp-free: the graph contains "
-              f"{audit.describe_exp_like()}; removed {output}", file=sys.stderr)
-        report["exp_free_check"] = "failed"
-        return finish(1)
-    if args.require_exp_free:
-        report["exp_free_check"] = "passed"
-        print("exp-free: yes")
-
-    if args.compare_softmax:
-        report["latency"] = _compare_softmax(args, spec, output, metadata, result, kind)
-    if args.quantize:
-        report["quantization"] = _quantize(args, output, model)
-    return finish(0)
+    return finish(export_edge(model, spec, output, metadata, fmt=fmt, quantize=mode, calibration=calibration,
+                              precision=args.precision or "fp32", require_exp_free=args.require_exp_free,
+                              atol=args.atol, threads=args.threads, report=report,
+                              real_inputs=_real_inputs(data_config)))
 
 
-def _compare_softmax(args, spec, output: Path, metadata, result, kind) -> Dict[str, Any]:
+def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration, report) -> int:
+    """ONNX: export and verify the fp32 graph (to a temporary file when an int8 one is the output), audit,
+    compare with softmax, quantize."""
+    import tempfile
+
+    from .audit import audit_onnx
+    from ..utils.onnx import ExportError, export_and_verify, read_onnx_metadata
+    from .loading import model_stride
+
+    if args.static_spatial:
+        from .prepare import prepare_for_export
+
+        # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
+        model = prepare_for_export(model, metadata["input_size"])
+    with tempfile.TemporaryDirectory(prefix="simattn_export_") as work:
+        fp32_path = Path(work) / output.name if mode else output
+        print(f"exporting to {fp32_path if not mode else 'a temporary fp32 file'} (exporter {args.exporter}, "
+              f"opset {args.opset}) ...", flush=True)
+        try:
+            result, parity = export_and_verify(
+                model, fp32_path, metadata, real_inputs=_real_inputs, batch=args.batch, opset=args.opset,
+                exporter=args.exporter, dynamic_spatial=not args.static_spatial, stride=model_stride(model),
+                atol=args.atol)
+        except ExportError as e:
+            if e.parity is not None:
+                report.update(export=e.result.to_dict(), parity=e.parity)
+                _print_parity(e.parity)
+                print(f"simattn export: {e}", file=sys.stderr)
+                return 1
+            raise
+        for note in result.notes:
+            print(f"  note: {note}")
+        print(f"  {result.exporter} exporter, {result.seconds:.1f} s; input {result.input_shape} (dynamic batch"
+              f"{', dynamic height/width' if result.dynamic_spatial else ', fixed height/width'})")
+        print(f"parity onnxruntime vs PyTorch (atol {args.atol:g}):")
+        _print_parity(parity)
+        report.update(export=result.to_dict(), parity=parity, metadata=read_onnx_metadata(fp32_path),
+                      max_abs_diff=max(r["max_abs_diff"] for r in parity.values()))
+        print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
+
+        audit = audit_onnx(fp32_path)
+        report["audit"] = audit.to_dict()
+        print("graph audit (ops, functions expanded, subgraphs included):")
+        print(audit.format())
+        if args.require_exp_free and audit.exp_like:
+            if fp32_path.exists() and not mode:
+                fp32_path.unlink()
+            print(f"simattn export: --require-exp-free: {spec['model']} is not exp-free: the graph contains "
+                  f"{audit.describe_exp_like()}; nothing written", file=sys.stderr)
+            report["exp_free_check"] = "failed"
+            return 1
+        if args.require_exp_free:
+            report["exp_free_check"] = "passed"
+            print("exp-free: yes")
+
+        if args.compare_softmax:
+            report["latency"] = _compare_softmax(args, spec, fp32_path, output, metadata, result, kind)
+        if mode:
+            report["quantization"] = _quantize(args, fp32_path, output, model, mode, calibration)
+    return 0
+
+
+def _compare_softmax(args, spec, fp32_path: Path, output: Path, metadata, result, kind) -> Dict[str, Any]:
     from ..utils.onnx import export_and_verify
     from .latency import compare_latency
     from .loading import softmax_twin
@@ -155,7 +282,7 @@ def _compare_softmax(args, spec, output: Path, metadata, result, kind) -> Dict[s
                                        exporter=result.exporter, dynamic_spatial=result.dynamic_spatial,
                                        atol=args.atol)
     print(f"onnxruntime CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
-    lat = compare_latency(output, twin_path, batch=args.bench_batch, threads=args.threads,
+    lat = compare_latency(fp32_path, twin_path, batch=args.bench_batch, threads=args.threads,
                           min_time=args.bench_time)
     m, b = lat["model"], lat["baseline"]
     print(f"  input {'x'.join(map(str, lat['input_shape']))} (from the files' metadata)")
@@ -166,24 +293,27 @@ def _compare_softmax(args, spec, output: Path, metadata, result, kind) -> Dict[s
     return lat
 
 
-def _quantize(args, output: Path, model) -> Dict[str, Any]:
-    from .quantize import quantization_report, quantize_int8
+def _quantize(args, fp32_path: Path, output: Path, model, mode: str, calibration) -> Dict[str, Any]:
+    from .quantize import quantization_report, quantize_int8, quantize_static_int8
 
-    int8_path = output.with_name(f"{output.stem}_int8.onnx")
-    print(f"int8 dynamic quantization to {int8_path} ...", flush=True)
-    quantize_int8(output, int8_path)
+    print(f"int8 {mode} quantization (MatMul/Gemm/Conv{', per-channel' if mode == 'static' else ''}) to {output} ...",
+          flush=True)
+    if mode == "static":
+        quantize_static_int8(fp32_path, output, calibration)
+    else:
+        quantize_int8(fp32_path, output)
     num_classes = getattr(model, "num_classes", None)
     if num_classes != 10:
         print(f"  accuracy not measured: the model has {num_classes} classes; the digits data has 10 "
               "(pass weights trained on digits)")
-        return {"int8_path": str(int8_path), "accuracy": None}
+        return {"mode": mode, "int8_path": str(output), "accuracy": None}
     if not args.weights:
         print("  warning: random weights; the accuracies below are near chance")
-    q = quantization_report(output, int8_path, threads=args.threads)
+    q = quantization_report(fp32_path, output, threads=args.threads)
     print(f"  digits val ({q['images']} images): fp32 top-1 {q['fp32_top1']:.2f}%  int8 top-1 {q['int8_top1']:.2f}%"
           f"  (Δ {q['delta_top1']:+.2f}, agreement {q['prediction_agreement']:.1f}%), "
           f"{q['fp32_mb']:.2f} MB → {q['int8_mb']:.2f} MB")
-    return q
+    return {"mode": mode, **q}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -196,8 +326,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"simattn export: {e}", file=sys.stderr)
         return 1
     except ModuleNotFoundError as e:
-        if e.name and e.name.split(".")[0] in ("onnx", "onnxruntime", "onnxscript", "skimage"):
-            print(f"simattn export: {e.name} is not installed: pip install 'simattn[export,viz]'", file=sys.stderr)
+        from ..utils.extras import EXTRAS, missing_extra
+
+        top = (e.name or "").split(".")[0]
+        if top in EXTRAS:
+            print(f"simattn export: error: {missing_extra(top, f'simattn export --format {args.format}')}",
+                  file=sys.stderr)
             return 2
         raise
 

@@ -8,9 +8,11 @@ import numpy as np
 import torch
 
 from ..utils.io import atomic_path
-from ..utils.onnx import metadata_data_config, ort_session, quiet_loggers, read_onnx_metadata, run_onnx
+from ..utils.onnx import (QDQ_OP_TYPES, metadata_data_config, ort_session, quantize_static_int8, quiet_loggers,
+                          read_onnx_metadata, run_onnx)
 
-__all__ = ["quantize_int8", "onnx_top1", "digits_eval_tensors", "quantization_report"]
+__all__ = ["quantize_int8", "quantize_static_int8", "QDQ_OP_TYPES", "onnx_top1", "digits_eval_tensors",
+           "quantization_report"]
 
 
 def quantize_int8(src: str | Path, dst: str | Path) -> Path:

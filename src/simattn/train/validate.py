@@ -3,8 +3,10 @@
 The model name, its kwargs and the preprocessing come from the weights' record (``simattn-weights-v1`` safetensors
 metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
 ``simattn validate --weights run/best.safetensors`` reproduces the accuracy training reported. Resolution, crop
-ratio and interpolation can be changed freely. Weights holding NaN/inf are refused (naming the tensor) and the JSON
-never holds NaN: a non-finite metric is written as null with a warning.
+ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m.pte``) is evaluated in its runtime
+(onnxruntime, ExecuTorch) with the preprocessing its metadata records, and gives the same JSON. Weights holding
+NaN/inf are refused (naming the tensor) and the JSON never holds NaN: a non-finite metric is written as null with a
+warning.
 """
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                      interpolation: Optional[str] = None, batch_size: int = 64, workers: int = 0,
                      use_ema: bool = False, device: Optional[str] = None, amp: bool = False,
                      amp_dtype: str = "bfloat16", channels_last: bool = False,
-                     show_progress: bool = False) -> Dict[str, Any]:
+                     show_progress: bool = False, threads: Optional[int] = None) -> Dict[str, Any]:
     """Evaluate ``weights`` (checkpoint or safetensors) on ``dataset``/``split``; returns metrics and settings.
 
     ``model``/``model_kwargs`` default to what the weights record; the number of classes must match the dataset
@@ -70,7 +72,18 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from .evaluation import evaluate
     from .transforms import build_transform
 
+    from ..utils.deployed import is_deployed
+
     weights = Path(weights)
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads {threads}: expected an integer >= 1")
+    if is_deployed(weights):
+        return _validate_deployed(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
+                                  img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
+                                  batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
+                                  channels_last=channels_last, show_progress=show_progress, threads=threads)
+    if threads is not None:
+        torch.set_num_threads(threads)
     dev = resolve_device(device)
     stored = model_spec_from_weights(weights)
     data = create_dataset(dataset, data_dir, split)
@@ -119,6 +132,48 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                          "params": sum(p.numel() for p in net.parameters()), **metrics})
 
 
+def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *, dataset: str,
+                       data_dir: Optional[str], split: str, img_size: Optional[int], crop_pct: Optional[float],
+                       interpolation: Optional[str], batch_size: int, workers: int, use_ema: bool,
+                       device: Optional[str], amp: bool, channels_last: bool, show_progress: bool,
+                       threads: Optional[int]) -> Dict[str, Any]:
+    """:func:`validate_weights` of an exported file, run in its runtime on the CPU."""
+    from ..data.factory import create_dataset, dataset_classes
+    from ..utils.deployed import DeployedModel, read_deployed_metadata
+    from .loader import build_eval_loader, build_transform
+    from .loop import evaluate
+
+    given = [o for o, v in (("--model", model), ("--model-kwargs", model_kwargs), ("--use-ema", use_ema),
+                            ("--amp", amp), ("--channels-last", channels_last)) if v]
+    if given:
+        raise ValueError(f"{', '.join(given)} do(es) not apply to an exported file ({path.name}): the graph is fixed")
+    if device is not None and torch.device(device).type != "cpu":
+        raise ValueError(f"--device {device}: exported files run on the CPU here")
+    if not path.is_file():
+        raise FileNotFoundError(f"exported file not found: {path}")
+    meta = read_deployed_metadata(path)  # before the dataset: a file without a record is refused first
+    size = meta["input_size"]
+    if img_size and [img_size, img_size] != size[1:]:
+        raise ValueError(f"--img-size {img_size}: {path.name} was exported at {size[1]}x{size[2]} and takes only that")
+    data = create_dataset(dataset, data_dir, split)
+    n_classes = len(dataset_classes(data))
+    recorded = (meta.get("model_kwargs") or {}).get("num_classes")
+    if recorded is not None and recorded != n_classes:
+        raise ValueError(f"{path.name} ({meta['model']}) has {recorded} classes but dataset {dataset!r} has "
+                         f"{n_classes}")
+    net = DeployedModel(path, threads)
+    data_config = {"input_size": list(size), "mean": list(meta["mean"]), "std": list(meta["std"]),
+                   "crop_pct": float(crop_pct or meta.get("crop_pct") or 0.875),
+                   "interpolation": interpolation or meta.get("interpolation") or "bicubic"}
+    data.transform = build_transform(data_config)
+    loader = build_eval_loader(data, batch_size, workers)
+    metrics = evaluate(net, loader, torch.device("cpu"), show_progress=show_progress, desc="validate")
+    return _finite_json({"model": meta["model"], "weights": str(path), "runtime": net.runtime,
+                         "use_ema": False, "dataset": dataset, "split": split, "img_size": size[-1],
+                         "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
+                         "params": None, **metrics})
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="simattn validate",
@@ -133,7 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interpolation", help="resize interpolation (default: as trained)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--device", help="cpu | cuda (default: cuda when available; exported files: cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads (torch's, or the exported file's runtime: onnxruntime intra-op, ExecuTorch's "
+                        "XNNPACK pool) (default: the runtime's own)")
     p.add_argument("--amp", action="store_true", help="autocast")
     p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"])
     p.add_argument("--channels-last", action="store_true")
@@ -148,7 +206,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
                               use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
-                              channels_last=args.channels_last, show_progress=use_tqdm())
+                              channels_last=args.channels_last, show_progress=use_tqdm(), threads=args.threads)
     if result.get("non_finite"):
         print(f"warning: non-finite {', '.join(result['non_finite'])} (written as null)", file=sys.stderr)
     print(json.dumps(result, indent=2, allow_nan=False), flush=True)  # the numbers first, whatever happens next

@@ -1,7 +1,7 @@
 """Optional dependencies: import them with a message that says which ``pip install 'simattn[extra]'`` to run.
 
-``export`` needs onnx/onnxruntime, ``viz`` scikit-image, ``ssl`` lightly and ``detect`` pycocotools (pyproject's
-``[project.optional-dependencies]``).
+``export`` needs onnx/onnxruntime, ``edge`` executorch (with torchao) and coremltools, ``openvino`` OpenVINO, ``viz``
+scikit-image, ``ssl`` lightly and ``detect`` pycocotools (pyproject's ``[project.optional-dependencies]``).
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ __all__ = ["MissingDependency", "EXTRAS", "require", "missing_extra"]
 #: top-level module → the simattn extra that installs it
 EXTRAS = {
     "onnx": "export", "onnxruntime": "export", "onnxscript": "export",
+    "executorch": "edge", "torchao": "edge", "coremltools": "edge",
+    "openvino": "openvino",
     "skimage": "viz",
     "lightly": "ssl",
     "pycocotools": "detect",

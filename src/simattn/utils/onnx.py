@@ -34,9 +34,10 @@ from torch import nn
 
 from ..utils.io import atomic_path
 
-__all__ = ["EXPORTERS", "METADATA_KEYS", "ExportError", "ExportResult", "onnx_metadata", "read_onnx_metadata",
+__all__ = ["EXPORTERS", "METADATA_KEYS", "OPTIONAL_METADATA_KEYS", "check_metadata_values", "ExportError",
+           "ExportResult", "onnx_metadata", "read_onnx_metadata",
            "metadata_data_config", "export_onnx", "ort_session", "run_onnx", "check_parity", "export_and_verify",
-           "quiet_loggers"]
+           "quiet_loggers", "QDQ_OP_TYPES", "quantize_static_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
 INPUT_NAME = "input"
@@ -49,6 +50,11 @@ METADATA_KEYS = {
     "mean": "per-channel mean subtracted from [0, 1] images",
     "std": "per-channel std the centred images are divided by",
     "simattn_version": "version of simattn that wrote the file",
+}
+#: keys written when the weights record them, read when present: the rest of the evaluation preprocessing
+OPTIONAL_METADATA_KEYS = {
+    "crop_pct": "center-crop ratio of the evaluation transform",
+    "interpolation": "resize interpolation of the evaluation transform",
 }
 
 
@@ -109,10 +115,15 @@ def _simattn_version() -> str:
 def onnx_metadata(model: str, attention: Optional[str], data_config: Mapping[str, Any],
                   model_kwargs: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """The :data:`METADATA_KEYS` values for a model exported at ``data_config['input_size']``."""
-    return {"model": model, "model_kwargs": dict(model_kwargs or {}), "attention": attention or "mixed",
+    meta = {"model": model, "model_kwargs": dict(model_kwargs or {}), "attention": attention or "mixed",
             "input_size": [int(v) for v in data_config["input_size"]],
             "mean": [float(v) for v in data_config["mean"]], "std": [float(v) for v in data_config["std"]],
             "simattn_version": _simattn_version()}
+    if data_config.get("crop_pct") is not None:
+        meta["crop_pct"] = float(data_config["crop_pct"])
+    if data_config.get("interpolation"):
+        meta["interpolation"] = str(data_config["interpolation"])
+    return meta
 
 
 def _check_metadata(metadata: Mapping[str, Any]) -> None:
@@ -138,13 +149,19 @@ def read_onnx_metadata(model: Union[str, Path, Any]) -> Dict[str, Any]:
     proto = onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path)) else model
     what = model if isinstance(model, (str, Path)) else "ONNX model"
     props = {p.key: p.value for p in proto.metadata_props}
-    missing = [k for k in METADATA_KEYS if k not in props]
-    if missing:
-        raise ValueError(f"{what} lacks simattn metadata ({', '.join(missing)}); export it with `simattn export`")
     try:
-        meta = {k: json.loads(props[k]) for k in METADATA_KEYS}
+        meta = {k: json.loads(props[k]) for k in (*METADATA_KEYS, *OPTIONAL_METADATA_KEYS) if k in props}
     except json.JSONDecodeError as e:
         raise ValueError(f"{what}: malformed simattn metadata ({e})") from None
+    return check_metadata_values(meta, what=str(what))
+
+
+def check_metadata_values(meta: Mapping[str, Any], what: str = "metadata") -> Dict[str, Any]:
+    """``meta`` (decoded :data:`METADATA_KEYS`, plus any :data:`OPTIONAL_METADATA_KEYS`) checked: a one-line
+    ValueError names what is missing or malformed. Shared by every format's reader."""
+    missing = [k for k in METADATA_KEYS if k not in meta]
+    if missing:
+        raise ValueError(f"{what} lacks simattn metadata ({', '.join(missing)}); export it with `simattn export`")
     size, mean, std = meta["input_size"], meta["mean"], meta["std"]
     if not (isinstance(size, list) and len(size) == 3 and all(isinstance(v, int) and v > 0 for v in size)):
         raise ValueError(f"{what}: metadata input_size {size!r} is not [channels, height, width]")
@@ -154,12 +171,14 @@ def read_onnx_metadata(model: Union[str, Path, Any]) -> Dict[str, Any]:
             raise ValueError(f"{what}: metadata {name} {values!r} is not {size[0]} numbers (one per channel)")
     if any(v <= 0 for v in std):
         raise ValueError(f"{what}: metadata std {std!r} has a value <= 0")
-    return meta
+    return {k: meta[k] for k in (*METADATA_KEYS, *OPTIONAL_METADATA_KEYS) if k in meta}
 
 
 def metadata_data_config(meta: Mapping[str, Any]) -> Dict[str, Any]:
     """The preprocessing part of :func:`read_onnx_metadata`'s result: ``input_size``, ``mean``, ``std``."""
-    return {"input_size": tuple(meta["input_size"]), "mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
+    config = {"input_size": tuple(meta["input_size"]), "mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
+    config.update({k: meta[k] for k in OPTIONAL_METADATA_KEYS if k in meta})
+    return config
 
 
 def _output_names(model: nn.Module, example: torch.Tensor) -> List[str]:
@@ -325,3 +344,49 @@ def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str,
         raise ExportError(f"onnxruntime output differs from PyTorch beyond {atol:g} for {path}: {detail}",
                           result, parity)
     return result, parity
+
+
+#: the matmul-type ONNX ops static QDQ quantizes; adds, norms and SimA's normalization between them stay float
+QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")
+
+
+def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Tensor, batch_size: int = 16) -> Path:
+    """Write a static int8 copy of the ONNX model ``src`` to ``dst`` (atomically): QDQ format, per-channel int8
+    weights, activation scales calibrated (min-max) on ``calibration`` (preprocessed images), only
+    :data:`QDQ_OP_TYPES` quantized; ``src``'s simattn metadata is carried over."""
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    proto = onnx.load(str(src))
+    del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see export.quantize_int8)
+    name = proto.graph.input[0].name
+    batches = [calibration[i:i + batch_size].numpy() for i in range(0, len(calibration), batch_size)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(batches)
+
+        def get_next(self):
+            x = next(self.items, None)
+            return None if x is None else {name: x}
+
+    dst = Path(dst)
+    with atomic_path(dst) as tmp, tempfile.TemporaryDirectory(prefix="simattn_qdq_") as work:
+        plain = Path(work) / "fp32.onnx"
+        onnx.save(proto, str(plain))
+        with quiet_loggers(""):
+            # u8 activations with s8 weights: the pairing onnxruntime's x86 int8 kernels (VNNI) are fastest at
+            quantize_static(str(plain), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
+                            op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                            # the int8 layers' outputs go on in float, and each quantized input gets its own
+                            # Q/DQ pair, so the other readers of a tensor (SimA's norms, the residual) read float
+                            extra_options={"OpTypesToExcludeOutputQuantization": list(QDQ_OP_TYPES),
+                                           "DedicatedQDQPair": True})
+        quantized = onnx.load(str(tmp))
+        keys = {p.key for p in quantized.metadata_props}
+        quantized.metadata_props.extend(p for p in proto.metadata_props if p.key not in keys)
+        onnx.save(quantized, str(tmp))
+    return dst

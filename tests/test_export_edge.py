@@ -1,0 +1,220 @@
+"""simattn export --format executorch|coreml and --quantize static, validate on exported files, bench model's
+ExecuTorch runtime: parity, metadata read back from each format, int8 kept to the matmul-type layers, one-line
+errors that write nothing."""
+import json
+
+import pytest
+import timm
+import torch
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("executorch")
+pytest.importorskip("coremltools")
+
+import simattn  # noqa: E402,F401  (registers the models)
+from simattn.cli import main as simattn_main  # noqa: E402
+from simattn.export.cli import main as export_main  # noqa: E402
+from simattn.models.weights import save_weights, weights_metadata  # noqa: E402
+from simattn.train.validate import validate_weights  # noqa: E402
+
+DEIT = "sima_deit_tiny_patch16_224"
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_classes=10)
+PREPROCESS = {"input_size": [3, 32, 32], "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "crop_pct": 1.0,
+              "interpolation": "bilinear"}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """A tiny SimA DeiT trained on digits for a few seconds (about 60 % top-1: predictions that mean something,
+    so int8 and runtime differences show), written through our weights record."""
+    from simattn.data.digits import digits_tensors
+
+    torch.manual_seed(0)
+    model = timm.create_model(DEIT, **TINY)
+    x, y = digits_tensors("train", img_size=32, normalize=False)
+    x = (x - 0.5) / 0.25
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    for _ in range(8):
+        for idx in torch.randperm(len(x)).split(64):
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    path = tmp_path_factory.mktemp("edge") / "w.safetensors"
+    save_weights(model.eval(), path, weights_metadata(DEIT, TINY, producer="test", data_config=PREPROCESS))
+    return path
+
+
+def _files(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys):
+    from simattn.utils.edge import read_pte_metadata
+
+    out = tmp_path / "m.pte"
+    assert export_main(["--weights", str(weights), "--format", "executorch", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "not delegated:" in printed and "native_layer_norm" in printed  # the delegation summary is shown
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert all(r["ok"] and r["max_abs_diff"] < 1e-3 and r["cosine"] > 0.99999 for r in report["parity"].values())
+    assert not any("upsample" in op for op in report["aten_ops"])  # captured at a fixed size: no resample
+    meta = read_pte_metadata(out)
+    assert meta["model"] == DEIT and meta["attention"] == "sima" and meta["input_size"] == [3, 32, 32]
+    assert meta["std"] == [0.25] * 3 and meta["interpolation"] == "bilinear" and meta["model_kwargs"] == TINY
+    # the file, run in ExecuTorch with the preprocessing its metadata records, scores as the checkpoint does
+    ref = validate_weights(weights, device="cpu")
+    got = validate_weights(out, threads=1)
+    assert got["runtime"] == "executorch" and got["samples"] == ref["samples"] == 359
+    assert ref["top1"] > 40 and got["top1"] == pytest.approx(ref["top1"], abs=0.3)
+    assert got["loss"] == pytest.approx(ref["loss"], abs=1e-4)
+    assert set(ref) - {"use_ema"} <= set(got)
+
+
+def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
+    import onnx
+
+    from simattn.utils.edge import capture, quantize_pt2e
+
+    # ONNX static QDQ: every dequantized tensor feeds MatMul/Gemm/Conv only; adds and norms read float
+    onnx8 = tmp_path / "m8.onnx"
+    assert export_main(["--weights", str(weights), "--quantize", "static", "--calib-images", "32",
+                        "-o", str(onnx8)]) == 0
+    graph = onnx.load(str(onnx8)).graph
+    dq_out = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    consumers = {n.op_type for n in graph.node if set(n.input) & dq_out} - {"Shape"}  # Shape reads no values
+    assert consumers and consumers <= {"MatMul", "Gemm", "Conv"}
+    q_out = {o for n in graph.node if n.op_type == "QuantizeLinear" for o in n.output}
+    assert {n.op_type for n in graph.node if set(n.input) & q_out} == {"DequantizeLinear"}
+    assert {"Add", "ReduceSum"} <= {n.op_type for n in graph.node}
+    q = json.loads(onnx8.with_suffix(".json").read_text())["quantization"]
+    assert q["mode"] == "static" and abs(q["delta_top1"]) <= 3 and q["prediction_agreement"] >= 90
+    ref = validate_weights(weights, device="cpu")
+    assert validate_weights(onnx8)["top1"] == pytest.approx(ref["top1"], abs=3)
+
+    # PT2E: int8 only around linear and conv
+    model = timm.create_model(DEIT, **TINY, dynamic_img_size=False).eval()
+    converted = quantize_pt2e(model, (3, 32, 32), "static", [torch.randn(1, 3, 32, 32) for _ in range(4)])
+    program = capture(converted, (3, 32, 32))
+
+    def op(node):
+        return getattr(node.target, "__name__", str(node.target)).split(".")[0]
+
+    quantized_from = set()  # ops whose outputs are rounded to int8
+    for dq in (n for n in program.graph.nodes if n.op == "call_function" and op(n) == "dequantize_per_tensor"):
+        q = dq.args[0]
+        if q.op != "call_function":  # a constant folded to int8 (a weight), not an activation
+            continue
+        src = q.args[0]  # dequantize(quantize(src))
+        quantized_from.add(op(src) if src.op == "call_function" else src.op)
+    # the residual stream and SimA's norms (sum, reciprocal, mul, bmm) are never rounded to int8
+    assert "linear" in quantized_from and not quantized_from & {"add", "mul", "sum", "reciprocal", "bmm", "abs"}
+
+    # ExecuTorch int8 file: calibrated on real images, close to the fp32 model, scored within a point or so
+    pte8 = tmp_path / "m8.pte"
+    assert export_main(["--weights", str(weights), "--format", "executorch", "--quantize", "static",
+                        "--calib-images", "32", "-o", str(pte8)]) == 0
+    report = json.loads(pte8.with_suffix(".json").read_text())
+    assert report["calibration"] == {"dataset": "digits", "split": "train", "images": 32}
+    assert min(r["cosine"] for r in report["parity"].values()) > 0.99
+    assert validate_weights(pte8, threads=1)["top1"] == pytest.approx(ref["top1"], abs=3)
+
+
+def test_coreml_package_carries_metadata_and_exp_free_gate(weights, tmp_path, capsys):
+    from simattn.utils.edge import read_coreml_metadata
+
+    out = tmp_path / "m.mlpackage"
+    assert export_main(["--weights", str(weights), "--format", "coreml", "--precision", "fp16",
+                        "-o", str(out)]) == 0
+    meta = read_coreml_metadata(out)
+    assert meta["model"] == DEIT and meta["input_size"] == [3, 32, 32] and meta["mean"] == [0.5] * 3
+    assert out.is_dir() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    # GELU evaluates erf: --require-exp-free fails (exit 1) before anything is written
+    capsys.readouterr()
+    gated = tmp_path / "gated.pte"
+    assert export_main(["--weights", str(weights), "--format", "executorch", "--require-exp-free",
+                        "-o", str(gated)]) == 1
+    assert "gelu" in capsys.readouterr().err and not gated.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "tflite"], "--format 'tflite': expected one of onnx, executorch, coreml"),
+    (["--format", "coreml", "--quantize", "static"], "--quantize static is not available for --format coreml"),
+    (["--quantize", "int4"], "--quantize 'int4': expected dynamic or static"),
+    (["--format", "executorch", "--quantize", "static", "--calib-data", "folder", "--calib-dir", "{tmp}/none"],
+     "not found"),
+    (["--quantize", "static", "--calib-data", "mnist"], "unknown dataset 'mnist'"),
+    (["--quantize", "static", "--calib-images", "0"], "--calib-images 0: expected 1 to"),
+    (["--precision", "fp16"], "--precision applies to --format coreml"),
+    (["--format", "executorch", "-o", "{tmp}/m.onnx"], "a --format executorch file ends with .pte"),
+    (["--format", "executorch", "--compare-softmax"], "--compare-softmax applies to --format onnx"),
+    (["--weights", "{tmp}/bare.pth"], "the weights file does not name its model"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(weights, tmp_path, capsys, args, message):
+    torch.save(timm.create_model(DEIT, **TINY).state_dict(), tmp_path / "bare.pth")
+    before = _files(tmp_path)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    argv = ["export"] + ([] if "--weights" in args else ["--weights", str(weights)]) + args
+    if "-o" not in args:
+        argv += ["-o", str(tmp_path / ("m.mlpackage" if "coreml" in args else
+                                       "m.pte" if "executorch" in args else "m.onnx"))]
+    assert simattn_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert _files(tmp_path) == before
+
+
+def test_output_equal_to_weights_and_unreadable_exported_files_are_refused(weights, tmp_path, capsys):
+    same = tmp_path / "w.onnx"
+    same.write_bytes(b"x")
+    assert simattn_main(["export", "--model", DEIT, "--weights", str(same), "-o", str(same)]) == 2
+    assert "is the --weights file" in capsys.readouterr().err
+    junk = tmp_path / "junk.pte"
+    junk.write_bytes(b"not a program")
+    assert simattn_main(["validate", "--weights", str(junk)]) == 2
+    # (in-process, the runtime's own C++ log can reach pytest's capture too; the command prints one line)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("simattn")]
+    assert len(err) == 1 and "is not an ExecuTorch program" in err[0]
+
+
+def test_exp_like_aten_names():
+    from simattn.utils.edge import exp_like_ops
+
+    counts = {"expand": 1, "gelu": 2, "relu": 3, "hardtanh": 1, "_softmax": 1, "exp": 1, "erf": 1, "linear": 4}
+    assert exp_like_ops(counts) == {"gelu": 2, "_softmax": 1, "exp": 1, "erf": 1}
+
+
+def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
+    from simattn.bench import model as bench_model
+
+    args = ["--models", DEIT, "--img-size", "32", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=1",
+            "num_heads=2", "--attn", "sima", "--threads", "1", "--in-process", "--measure", "latency",
+            "--repeats", "3", "--runtime", "torch", "executorch", "--int8", "--out", str(tmp_path)]
+    assert bench_model.main(args) == 0
+    result = json.loads((tmp_path / "bench_model.json").read_text())
+    rows = {r["runtime"]: r for r in result["rows"]}
+    assert set(rows) == {"eager", "executorch", "executorch int8"}
+    assert rows["executorch"]["runtime_max_abs_diff"] < 1e-4 and rows["executorch int8"]["runtime_max_abs_diff"] < 0.1
+    assert rows["executorch"]["runtime_threads"] == rows["executorch int8"]["runtime_threads"] == 1
+    assert {u["runtime"] for u in result["runtime_speedups"]} == {"executorch", "executorch int8"}
+    assert "cpu_features" in result["meta"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--runtime", "torch", "tflite"], "--runtime 'tflite': expected some of torch, onnxruntime, executorch"),
+    (["--runtime", "torch", "--int8"], "--int8 needs --runtime onnxruntime or executorch"),
+    (["--runtime", "executorch", "--measure", "memory"], "--runtime executorch measures latency"),
+])
+def test_bench_model_runtime_errors_are_one_line(argv, message, capsys, tmp_path):
+    assert simattn_main(["bench", "model", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_onnx_static_spatial_graph_has_no_resample(weights, tmp_path):
+    from simattn.export import audit_onnx
+
+    out = tmp_path / "m.onnx"
+    assert export_main(["--weights", str(weights), "--static-spatial", "-o", str(out)]) == 0
+    ops = audit_onnx(out).op_counts
+    assert "Resize" not in ops and ops.get("MatMul", 0) > 0
