@@ -322,11 +322,11 @@ class _Runner:
     def _executorch(self, work_dir: str) -> None:
         """Capture at the input size, (int8: PT2E static), lower with XNNPACK, load with the pool at --threads."""
         from ..data.images import resolve_data_config
-        from ..export.prepare import prepare_for_export  # the models-level export helper once merged
+        from ..models import prepare_for_export
         from ..utils.edge import (capture, executorch_method, lower_executorch, quantize_pt2e, run_executorch)
         from ..utils.onnx import onnx_metadata
 
-        model = prepare_for_export(self.model, self.shape)
+        model = prepare_for_export(self.model, tuple(self.shape[1:]))
         data_config = {**resolve_data_config(model), "input_size": self.shape}
         if self.spec.quantize:
             calib = self._calibration(data_config)

@@ -216,10 +216,10 @@ def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration
     from .loading import model_stride
 
     if args.static_spatial:
-        from .prepare import prepare_for_export
+        from ..models import prepare_for_export
 
         # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
-        model = prepare_for_export(model, metadata["input_size"])
+        model = prepare_for_export(model, tuple(metadata["input_size"][1:]))
     with tempfile.TemporaryDirectory(prefix="simattn_export_") as work:
         fp32_path = Path(work) / output.name if mode else output
         print(f"exporting to {fp32_path if not mode else 'a temporary fp32 file'} (exporter {args.exporter}, "

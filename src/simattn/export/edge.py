@@ -38,10 +38,10 @@ def export_edge(model: nn.Module, spec: Mapping[str, Any], output: Path, metadat
     """Write ``model`` as a ``.pte`` (``fmt='executorch'``) or ``.mlpackage`` (``'coreml'``) at ``output``;
     fills ``report``; returns the exit status (1: parity or ``require_exp_free`` failed, nothing written)."""
     from ..utils.edge import aten_op_counts, capture, exp_like_ops
-    from .prepare import prepare_for_export
+    from ..models import prepare_for_export
 
     input_size = tuple(metadata["input_size"])
-    model = prepare_for_export(model, input_size)
+    model = prepare_for_export(model, input_size[1:])
     print(f"capturing with torch.export at 1x{'x'.join(map(str, input_size))} (fixed size) ...", flush=True)
     program = capture(model, input_size)
     counts = aten_op_counts(program)
@@ -142,7 +142,4 @@ def _coreml(program, output: Path, metadata, precision: str, report) -> int:
     report["precision"] = precision
     print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
     print(f"wrote {output}; Core ML runs it on macOS/iOS only (no parity check here)")
-    if precision == "fp16" and metadata.get("attention") == "sima":
-        print("  note: fp16 compute: SimA's l1 norms are products of sums over tokens; check the model's outputs "
-              "on a Mac against the fp32 export before deploying")
     return 0

@@ -140,8 +140,9 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     """:func:`validate_weights` of an exported file, run in its runtime on the CPU."""
     from ..data.factory import create_dataset, dataset_classes
     from ..utils.deployed import DeployedModel, read_deployed_metadata
-    from .loader import build_eval_loader, build_transform
-    from .loop import evaluate
+    from ..engine.data import build_eval_loader
+    from .evaluation import evaluate
+    from .transforms import build_transform
 
     given = [o for o, v in (("--model", model), ("--model-kwargs", model_kwargs), ("--use-ema", use_ema),
                             ("--amp", amp), ("--channels-last", channels_last)) if v]
