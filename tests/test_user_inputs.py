@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -343,3 +344,43 @@ def test_a_model_built_for_another_size_than_the_data_says_which_wins(tmp_path, 
     flags = [f if f != "img_size=16" else "img_size=32" for f in FLAGS]
     assert simattn_main(["train", *flags, "--output", str(tmp_path / "run")]) == 0
     assert "the model is built for 32 px (model kwarg img_size) and the data is fed at 16 px" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- the Python API names the bad argument
+@pytest.mark.parametrize("name, kwargs, says", [
+    ("sima_deit_tiny_patch16_224", {"num_classes": -3}, "option 'num_classes': got -3"),
+    ("sima_deit_tiny_patch16_224", {"drop_path_rate": 1.5}, "option 'drop_path_rate': got 1.5; allowed: a number in [0, 1)"),
+    ("sima_deit_tiny_patch16_224", {"depth": -1}, "option 'depth': got -1"),
+    ("sima_deit_tiny_patch16_224", {"img_size": 30, "patch_size": 16}, "patch_size=16 does not divide img_size=30"),
+    ("sima_nano_12_p16", {"mlp_ratio": -1}, "option 'mlp_ratio'"),
+    ("sima_cvt_13", {"num_classes": True}, "option 'num_classes': got True"),
+    ("soft_tiny", {"drop_rate": 2}, "option 'drop_rate'"),
+    ("ufo_vit_tiny", {"patch_size": 0}, "option 'patch_size'"),
+])
+def test_timm_create_model_refuses_kwargs_outside_their_declared_range(name, kwargs, says):
+    import timm
+    with pytest.raises(ValueError) as caught:
+        timm.create_model(name, **kwargs)
+    assert str(caught.value).startswith(f"{name}: ") and says in str(caught.value)
+
+
+@pytest.mark.parametrize("kind, kwargs, says", [
+    ("sima", {"eps": float("nan")}, "eps=nan; allowed: a finite number > 0"),
+    ("sima", {"eps": -1}, "eps=-1"),
+    ("sima", {"num_heads": True}, "num_heads=True; allowed: an integer >= 1"),
+    ("elu", {"eps": 0}, "eps=0"),
+    ("xca", {"eps": float("inf")}, "eps=inf"),
+    ("xnorm", {"eps": -1e-6}, "eps=-1e-06"),
+    ("relu", {"alpha": float("nan")}, "alpha=nan; allowed: a finite number"),
+])
+def test_create_attention_refuses_bad_options(kind, kwargs, says):
+    from simattn.attention import create_attention
+    with pytest.raises(ValueError, match=re.escape(says)):
+        create_attention(kind, **{"dim": 64, "num_heads": 2, **kwargs})
+
+
+def test_the_functional_op_checks_its_options():
+    from simattn.attention.sima import sima_attention
+    q = torch.randn(1, 1, 4, 8)
+    with pytest.raises(ValueError, match=r"sima: eps=0.0; allowed: a finite number > 0"):
+        sima_attention(q, q, q, eps=0.0)

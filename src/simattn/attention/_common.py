@@ -1,6 +1,7 @@
 """Pieces every attention kind shares: input checks, token masks, fp32 helpers and the hook point."""
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from typing import Any, Dict, Optional, Tuple
 
@@ -10,6 +11,9 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 __all__ = [
     "HookPoint",
+    "check_count",
+    "check_finite",
+    "check_positive",
     "fx_call_whole",
     "fx_tracing",
     "check_qkv",
@@ -60,6 +64,27 @@ def fx_tracing() -> bool:
     Python skip then, as timm's do. Eager runs, ``torch.compile`` and ``torch.export`` run the checks; TorchScript
     callers skip them with ``if not torch.jit.is_scripting()``."""
     return is_fx_symbolic_tracing()
+
+
+def check_count(owner: str, name: str, value: Any, low: int = 1) -> int:
+    """``value`` if it is an integer (not a bool) >= ``low``; a one-line ValueError naming ``owner.name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{owner}: {name}={value!r}; allowed: an integer >= {low}")
+    return value
+
+
+def check_finite(owner: str, name: str, value: Any) -> float:
+    """``value`` if it is a finite real number; a one-line ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{owner}: {name}={value!r}; allowed: a finite number")
+    return float(value)
+
+
+def check_positive(owner: str, name: str, value: Any) -> float:
+    """``value`` if it is a finite number > 0 (norm floors such as ``eps``); a one-line ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{owner}: {name}={value!r}; allowed: a finite number > 0")
+    return float(value)
 
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same_length: bool = False) -> None:

@@ -15,7 +15,7 @@ from typing import Optional, Tuple, Type
 import torch
 from torch import nn
 
-from ._common import fx_call_whole, fx_tracing
+from ._common import check_count, fx_call_whole, fx_tracing
 
 __all__ = ["TokenAttention"]
 
@@ -66,7 +66,10 @@ class TokenAttention(nn.Module):
             dtype=None,
     ) -> None:
         super().__init__()
-        if dim <= 0 or num_heads <= 0 or dim % num_heads != 0:
+        name = type(self).__name__
+        check_count(name, "dim", dim)
+        check_count(name, "num_heads", num_heads)
+        if dim % num_heads != 0:
             raise ValueError(f"{type(self).__name__}: dim ({dim}) must be a positive multiple of num_heads ({num_heads})")
         if not 0 <= attn_drop < 1 or (attn_drop > 0 and not self.supports_attn_drop):
             allowed = "0 <= attn_drop < 1" if self.supports_attn_drop else \

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import elu_reference as elu_attention_reference
@@ -50,7 +50,7 @@ class ELUAttention(TokenAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
-        self.eps = eps
+        self.eps = check_positive(type(self).__name__, "eps", eps)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():  # autocast handling is Python

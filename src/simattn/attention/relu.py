@@ -6,8 +6,8 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, check_qkv, check_token_mask, no_autocast,
-                      range_safe_dtype)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv, check_token_mask,
+                      no_autocast, range_safe_dtype)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
@@ -132,6 +132,7 @@ class ReLUAttention(TokenAttention):
                  **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         _activation(activation)
+        check_finite(type(self).__name__, "alpha", alpha)
         self.activation = activation
         self.alpha = alpha
         self.attn_weights = HookPoint()

@@ -30,8 +30,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_qkv, no_autocast, range_safe_dtype,
-                      resolve_masks)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, no_autocast,
+                      range_safe_dtype, resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
@@ -83,6 +83,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
     """
     check_qkv(q, k, v, "sima")
+    check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     autocast = torch.is_autocast_enabled(q.device.type)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
@@ -151,6 +152,7 @@ class SimAAttention(TokenAttention):
                  backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         resolve_sima_order(order, 1, 1, 1)  # validate early
+        check_positive("SimAAttention", "eps", eps)
         if backend not in _BACKENDS:
             raise ValueError(f"SimAAttention: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
         self.order = order

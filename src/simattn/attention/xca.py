@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import HookPoint, acc_dtype, apply_token_mask, check_qkv, matmul_dtype, no_autocast, resolve_masks
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_positive, check_qkv, matmul_dtype, no_autocast,
+                      resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import xca_reference as xca_attention_reference
@@ -68,7 +69,7 @@ class XCAttention(TokenAttention):
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-12, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
-        self.eps = eps
+        self.eps = check_positive(type(self).__name__, "eps", eps)
         self.attn_weights = HookPoint()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

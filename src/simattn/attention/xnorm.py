@@ -12,7 +12,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ._common import acc_dtype, apply_token_mask, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import (acc_dtype, apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype,
+                      no_autocast)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import xnorm_reference as xnorm_attention_reference
@@ -64,7 +65,7 @@ class XNormAttention(TokenAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.gamma_q = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.gamma_kv = nn.Parameter(torch.ones(num_heads, 1, 1))
-        self.eps = eps
+        self.eps = check_positive(type(self).__name__, "eps", eps)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():  # autocast handling is Python
