@@ -13,7 +13,7 @@ from typing import List, Optional
 COMMANDS = {
     "bench": ("simattn.bench.cli", "benchmarks: attention kernels, whole models, the paper's tables"),
     "train": ("simattn.train.cli", "train a model from a YAML recipe (torchrun for DDP)"),
-    "validate": ("simattn.train.validate", "top-1/top-5 accuracy and loss of a model + weights"),
+    "validate": ("simattn.validate", "top-1/top-5 accuracy and loss of a model + weights"),
     "demo": ("simattn.demo", "train SimA and softmax twins on the embedded digits data and compare"),
     "export": ("simattn.export.cli", "export to ONNX, ExecuTorch or Core ML (fp32 or int8), audit exp-like ops, check parity"),
     "viz": ("simattn.viz.cli", "q̂/k̂ token-importance heatmaps"),

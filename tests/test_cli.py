@@ -25,7 +25,7 @@ def test_errors_are_one_line_with_their_exit_code(capsys, monkeypatch, error, co
     def boom(argv):
         raise error
 
-    monkeypatch.setattr("simattn.train.validate.main", boom)
+    monkeypatch.setattr("simattn.validate.main", boom)
     assert main(["validate"]) == code
     err = capsys.readouterr().err
     assert err == f"simattn validate: error: {message} (SIMATTN_DEBUG=1 for the traceback)\n"
@@ -35,7 +35,7 @@ def test_debug_env_keeps_the_traceback(monkeypatch):
     def boom(argv):
         raise FileNotFoundError("missing")
 
-    monkeypatch.setattr("simattn.train.validate.main", boom)
+    monkeypatch.setattr("simattn.validate.main", boom)
     monkeypatch.setenv("SIMATTN_DEBUG", "1")
     with pytest.raises(FileNotFoundError, match="missing"):
         main(["validate"])

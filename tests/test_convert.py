@@ -15,7 +15,7 @@ from simattn.convert import build_student, check_kind, convert, convertible_kind
 from simattn.convert.student import attention_modules
 from simattn.convert.trainers import TransferTrainer, distill_loss, transfer_parameters
 from simattn.models.factory import model_spec_from_weights
-from simattn.train import validate_weights
+from simattn.validate import validate_weights
 from simattn.utils.distributed import DistInfo
 
 MODEL = "sima_deit_tiny_patch16_224"

@@ -109,7 +109,7 @@ def test_file_system_faults_are_one_line_errors_at_the_cli(tmp_path, monkeypatch
     def read_only(argv):
         raise PermissionError(errno.EROFS, "Read-only file system", "/mnt/ro/run")
 
-    monkeypatch.setattr("simattn.train.validate.main", read_only)
+    monkeypatch.setattr("simattn.validate.main", read_only)
     assert simattn_main(["validate"]) == 2
     err = capsys.readouterr().err
     assert err == ("simattn validate: error: Read-only file system: /mnt/ro/run (choose a writable --output) "
@@ -118,14 +118,14 @@ def test_file_system_faults_are_one_line_errors_at_the_cli(tmp_path, monkeypatch
     def full(argv):
         raise OSError(errno.ENOSPC, "No space left on device", "runs/x/last.pth")
 
-    monkeypatch.setattr("simattn.train.validate.main", full)
+    monkeypatch.setattr("simattn.validate.main", full)
     assert simattn_main(["validate"]) == 2
     assert "No space left on device: runs/x/last.pth (the disk is full" in capsys.readouterr().err
 
     def bug(argv):
         raise OSError(errno.EBADF, "Bad file descriptor")  # not a user fault: one line, exit 1; traceback on demand
 
-    monkeypatch.setattr("simattn.train.validate.main", bug)
+    monkeypatch.setattr("simattn.validate.main", bug)
     assert simattn_main(["validate"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unexpected error OSError" in err
@@ -141,7 +141,7 @@ def test_missing_optional_packages_name_the_extra(monkeypatch, capsys):
     def needs_lightly(argv):
         raise ModuleNotFoundError("No module named 'lightly'", name="lightly")
 
-    monkeypatch.setattr("simattn.train.validate.main", needs_lightly)
+    monkeypatch.setattr("simattn.validate.main", needs_lightly)
     assert simattn_main(["validate"]) == 2
     assert "pip install 'simattn[ssl]'" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "pycocotools", None)  # as if not installed

@@ -13,10 +13,11 @@ import torch
 from PIL import Image
 
 import simattn  # noqa: F401  (registers the models)
-from simattn.train import TrainConfig, load_config, list_recipes, scaled_lr, train, validate_weights
+from simattn.train import TrainConfig, load_config, list_recipes, scaled_lr, train
+from simattn.validate import validate_weights
 from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
-from simattn.train import validate as validate_mod
+from simattn import validate as validate_mod
 from simattn.train.engine import build_model, build_optimizer, build_scheduler
 from simattn.utils.io import read_safetensors_metadata
 

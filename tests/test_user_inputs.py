@@ -152,7 +152,7 @@ def test_validate_output_equal_to_the_weights_is_refused(digits_run, capsys):
 
 def test_validate_refuses_a_device_it_cannot_evaluate_on(digits_run, capsys):
     code = simattn_main(["validate", "--weights", str(digits_run / "final.safetensors"), "--device", "meta"])
-    assert "cpu or cuda" in _one_line_error(capsys, code)
+    assert "option '--device': got 'meta'; allowed: cpu, cuda" in _one_line_error(capsys, code)
 
 
 def test_two_outputs_that_are_one_file_are_refused_but_special_files_are_shared(tmp_path):

@@ -62,7 +62,8 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
              latency_sizes: Sequence[int] = (32, 64)) -> Dict[str, Any]:
     """Train, validate and time the SimA and softmax twins; write report.md, curves.png and demo.json."""
     from .models.factory import with_attention
-    from .train import load_config, train, validate_weights
+    from .train import load_config, train
+    from .validate import validate_weights
     from .engine.log import format_table
     from .utils.io import atomic_write_json, atomic_write_text
     from .utils.runs import run_files

@@ -1,4 +1,4 @@
-"""Training and evaluation: ``simattn train`` (YAML recipes, DDP, AMP, exact resume) and ``simattn validate``.
+"""Training: ``simattn train`` (YAML recipes, DDP, AMP, exact resume) as the classification task of the engine.
 
 Python use::
 
@@ -8,7 +8,5 @@ Python use::
 """
 from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
 from .engine import Trainer, TrainResult, train
-from .validate import validate_weights
 
-__all__ = ["TrainConfig", "Trainer", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train",
-           "validate_weights"]
+__all__ = ["TrainConfig", "Trainer", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train"]

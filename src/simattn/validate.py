@@ -19,9 +19,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
-from ..utils.io import atomic_write_json, check_outputs
-from ..utils.runlog import use_tqdm
+from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
+from .utils.io import atomic_write_json, check_outputs
+from .utils.runlog import use_tqdm
 
 __all__ = ["validate_weights", "resolve_device", "main"]
 
@@ -67,12 +67,12 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     """
     from timm.data import resolve_data_config
 
-    from ..data.factory import create_dataset, dataset_classes
-    from ..engine.data import build_eval_loader
-    from .evaluation import evaluate
-    from .transforms import build_transform
+    from .data.factory import create_dataset, dataset_classes
+    from .engine.data import build_eval_loader
+    from .train.evaluation import evaluate
+    from .train.transforms import build_transform
 
-    from ..utils.deployed import is_deployed
+    from .utils.deployed import is_deployed
 
     weights = Path(weights)
     if threads is not None and threads < 1:
@@ -119,7 +119,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
         data_config["crop_pct"] = float(crop_pct)
     if interpolation:
         data_config["interpolation"] = interpolation
-    from ..utils.memory import check_memory, image_batch_bytes
+    from .utils.memory import check_memory, image_batch_bytes
     _, h, w = data_config["input_size"]
     check_memory(image_batch_bytes(batch_size, h, w), f"a batch of {batch_size} images of {h}x{w} pixels")
     data.transform = build_transform(data_config)
@@ -138,11 +138,11 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
                        device: Optional[str], amp: bool, channels_last: bool, show_progress: bool,
                        threads: Optional[int]) -> Dict[str, Any]:
     """:func:`validate_weights` of an exported file, run in its runtime on the CPU."""
-    from ..data.factory import create_dataset, dataset_classes
-    from ..utils.deployed import DeployedModel, read_deployed_metadata
-    from ..engine.data import build_eval_loader
-    from .evaluation import evaluate
-    from .transforms import build_transform
+    from .data.factory import create_dataset, dataset_classes
+    from .utils.deployed import DeployedModel, read_deployed_metadata
+    from .engine.data import build_eval_loader
+    from .train.evaluation import evaluate
+    from .train.transforms import build_transform
 
     given = [o for o, v in (("--model", model), ("--model-kwargs", model_kwargs), ("--use-ema", use_ema),
                             ("--amp", amp), ("--channels-last", channels_last)) if v]
@@ -175,33 +175,46 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
                          "params": None, **metrics})
 
 
+def _options():
+    from .data.factory import DATASETS
+    from .utils.recipe import INTERPOLATIONS, Opt, check_device, maybe
+    return {
+        "dataset": Opt("digits", "digits | folder/imagenet | cifar10 | cifar100", choices=list(DATASETS)),
+        "data_dir": Opt(None, "dataset root (not used by digits)", type=maybe(str)),
+        "split": Opt("val", "split (sub-folder) to evaluate"),
+        "img_size": Opt(None, "evaluation resolution (default: as trained)", type=maybe(int), low=1),
+        "crop_pct": Opt(None, "center-crop ratio (default: as trained)", type=maybe(float), low=0.0, high=1.0,
+                        low_open=True),
+        "interpolation": Opt(None, "resize interpolation (default: as trained)", type=maybe(str),
+                             choices=[i for i in INTERPOLATIONS if i != "random"]),
+        "batch_size": Opt(64, low=1),
+        "workers": Opt(0, "data-loader worker processes", low=0),
+        "device": Opt(None, "cpu | cuda | cuda:N (default: cuda when available; exported files: cpu)",
+                      type=maybe(str), check=check_device),
+        "threads": Opt(None, "CPU threads (torch's, or the exported file's runtime: onnxruntime intra-op, "
+                             "ExecuTorch's XNNPACK pool) (default: the runtime's own)", type=maybe(int), low=1),
+        "amp": Opt(False, "autocast"),
+        "amp_dtype": Opt("bfloat16", choices=["bfloat16", "float16"]),
+        "channels_last": Opt(False, "channels-last memory format"),
+        "output": Opt(None, "also write the JSON result to this file", type=maybe(str)),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .utils.recipe import add_option_flags
     p = argparse.ArgumentParser(
         prog="simattn validate",
         description="Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
                     "and preprocessing default to those recorded with the weights by simattn train.")
     add_model_arguments(p, weights_required=True)
-    p.add_argument("--dataset", default="digits", help="digits | folder/imagenet | cifar10 | cifar100")
-    p.add_argument("--data-dir", help="dataset root (not used by digits)")
-    p.add_argument("--split", default="val")
-    p.add_argument("--img-size", type=int, help="evaluation resolution (default: as trained)")
-    p.add_argument("--crop-pct", type=float, help="center-crop ratio (default: as trained)")
-    p.add_argument("--interpolation", help="resize interpolation (default: as trained)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--device", help="cpu | cuda (default: cuda when available; exported files: cpu)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads (torch's, or the exported file's runtime: onnxruntime intra-op, ExecuTorch's "
-                        "XNNPACK pool) (default: the runtime's own)")
-    p.add_argument("--amp", action="store_true", help="autocast")
-    p.add_argument("--amp-dtype", default="bfloat16", choices=["bfloat16", "float16"])
-    p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--output", help="also write the JSON result to this file")
+    add_option_flags(p, _options())
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from .utils.recipe import checked_flags
     args = build_parser().parse_args(argv)
+    vars(args).update(checked_flags(args, _options()))
     check_outputs({"--output": args.output}, {"--weights": args.weights})
     result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
