@@ -16,7 +16,7 @@ import simattn  # noqa: E402,F401  (registers the models)
 from simattn.export import audit_onnx, export_and_verify, ort_session  # noqa: E402
 from simattn.cli import main as simattn_main  # noqa: E402
 from simattn.export.cli import main as export_main  # noqa: E402
-from simattn.export.loading import model_stride  # noqa: E402
+from simattn.export.architecture import model_stride  # noqa: E402
 from simattn.utils.onnx import onnx_metadata, read_onnx_metadata, run_onnx  # noqa: E402
 from simattn.utils.io import save_safetensors  # noqa: E402
 
@@ -283,7 +283,7 @@ def test_cli_errors(tmp_path, capsys):
     assert simattn_main(["export", "--model", DEIT, "--model-kwargs", "depth"]) == 2
     assert "not KEY=VALUE" in capsys.readouterr().err
     assert simattn_main(["export", "--model", DEIT, *_kwargs_args(TINY_DEIT), "--opset", "17"]) == 2
-    assert "opset must be >= 18" in capsys.readouterr().err
+    assert "option '--opset': got 17; allowed: an integer >= 18" in capsys.readouterr().err
 
 
 def test_compare_latency_keeps_each_files_best_median(monkeypatch):

@@ -138,13 +138,13 @@ def test_coreml_package_carries_metadata_and_exp_free_gate(weights, tmp_path, ca
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--format", "tflite"], "--format 'tflite': expected one of onnx, executorch, coreml"),
+    (["--format", "tflite"], "option '--format': got 'tflite'; allowed: one of onnx, executorch, coreml"),
     (["--format", "coreml", "--quantize", "static"], "--quantize static is not available for --format coreml"),
-    (["--quantize", "int4"], "--quantize 'int4': expected dynamic or static"),
+    (["--quantize", "int4"], "option '--quantize': got 'int4'; allowed: one of dynamic, static"),
     (["--format", "executorch", "--quantize", "static", "--calib-data", "folder", "--calib-dir", "{tmp}/none"],
      "not found"),
-    (["--quantize", "static", "--calib-data", "mnist"], "unknown dataset 'mnist'"),
-    (["--quantize", "static", "--calib-images", "0"], "--calib-images 0: expected 1 to"),
+    (["--quantize", "static", "--calib-data", "mnist"], "option '--calib-data': got 'mnist'; allowed: one of digits"),
+    (["--quantize", "static", "--calib-images", "0"], "option '--calib-images': got 0; allowed: an integer in [1, "),
     (["--precision", "fp16"], "--precision applies to --format coreml"),
     (["--format", "executorch", "-o", "{tmp}/m.onnx"], "a --format executorch file ends with .pte"),
     (["--format", "executorch", "--compare-softmax"], "--compare-softmax applies to --format onnx"),

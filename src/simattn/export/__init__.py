@@ -6,7 +6,7 @@ onnx/onnxruntime (the ``export`` extra) and executorch/coremltools (the ``edge``
 functions that need them, so importing this package stays cheap.
 """
 from .audit import EXP_LIKE_OPS, ExpFreeError, GraphAudit, audit_onnx
-from .loading import attention_kind, model_stride, softmax_twin
+from .architecture import attention_kind, model_stride, softmax_twin
 from ..utils.onnx import (ExportError, ExportResult, check_parity, export_and_verify, export_onnx, onnx_metadata,
                           ort_session, read_onnx_metadata)
 

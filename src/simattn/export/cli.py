@@ -30,49 +30,67 @@ PRECISIONS = ("fp32", "fp16")
 DEFAULT_CALIB_IMAGES, MAX_CALIB_IMAGES = 128, 100_000
 
 
+def _check_opset(opset: int) -> Optional[str]:
+    from onnx.defs import onnx_opset_version
+    if opset > onnx_opset_version():
+        return f"allowed: 18 to {onnx_opset_version()} (the newest opset the installed onnx knows)"
+    return None
+
+
+def _options() -> Dict[str, Dict[str, Any]]:
+    """The export options by group, declared through the option mechanism (checked by :func:`check_options`)."""
+    from ..data.factory import DATASETS
+    from ..utils.recipe import Opt, maybe
+    return {
+        "model": {
+            "img_size": Opt(None, "export resolution (default: the model's)", type=maybe(int), low=16),
+        },
+        "export": {
+            "format": Opt("onnx", "onnx (onnxruntime), executorch (.pte, XNNPACK delegate) or coreml (.mlpackage, "
+                                  "mlprogram)", choices=list(FORMATS)),
+            "opset": Opt(18, "ONNX opset", low=18, check=_check_opset),
+            "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
+                            choices=["auto", "dynamo", "torchscript"]),
+            "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
+                                         "the graph)"),
+            "batch": Opt(2, "example batch for export and parity", low=2),
+            "atol": Opt(1e-4, "max |runtime - PyTorch| allowed", low=0.0),
+        },
+        "audit, latency, quantization": {
+            "require_exp_free": Opt(False, "fail (exit 1, nothing written) if the graph has any exp-like op"),
+            "compare_softmax": Opt(False, "also export the same architecture with softmax attention and compare "
+                                          "onnxruntime latency"),
+            "threads": Opt(1, "runtime threads for parity and timing", low=1),
+            "bench_batch": Opt(1, "batch size for latency", low=1),
+            "bench_time": Opt(1.0, "seconds of timed runs per model and round, at least 20 runs", low=0.0,
+                              low_open=True),
+            "quantize": Opt(None, "int8 matmul-type layers (linear/conv/matmul; adds, norms and SimA's "
+                                  "normalization stay float), onnx and executorch; bare --quantize is dynamic; the "
+                                  "int8 file is -o", type=maybe(str), choices=["dynamic", "static"], const="dynamic"),
+            "calib_data": Opt(None, "--quantize static: images to calibrate on, any dataset train reads (train "
+                                    "split; default digits)", type=maybe(str), choices=list(DATASETS)),
+            "calib_dir": Opt(None, "--calib-data root folder (not used by digits)", type=maybe(str)),
+            "calib_images": Opt(None, f"--quantize static: calibration images (default {DEFAULT_CALIB_IMAGES})",
+                                type=maybe(int), low=1, high=MAX_CALIB_IMAGES),
+            "precision": Opt(None, "--format coreml: compute precision (default fp32; Core ML's own default is "
+                                   "fp16)", type=maybe(str), choices=list(PRECISIONS)),
+        },
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..models.factory import add_model_arguments
+    from ..utils.recipe import add_option_flags
 
     p = argparse.ArgumentParser(prog="simattn export", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    src = p.add_argument_group("model")
-    add_model_arguments(src)
-    src.add_argument("--img-size", type=int, help="export resolution (default: the model's)")
-    out = p.add_argument_group("export")
-    out.add_argument("--format", default="onnx", metavar="{" + ",".join(FORMATS) + "}",
-                     help="onnx (onnxruntime), executorch (.pte, XNNPACK delegate) or coreml (.mlpackage, mlprogram)"
-                          " (default onnx)")
-    out.add_argument("-o", "--output", help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
-    out.add_argument("--report", help="JSON report (default: the output path with .json)")
-    out.add_argument("--opset", type=int, default=18, help="ONNX opset, >= 18 (default 18)")
-    out.add_argument("--exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
-                     help="torch.onnx exporter; auto = dynamo, falling back to TorchScript (default auto)")
-    out.add_argument("--static-spatial", action="store_true",
-                     help="fix height/width (batch stays dynamic; no position-embedding resample in the graph)")
-    out.add_argument("--batch", type=int, default=2, help="example batch for export and parity (default 2)")
-    out.add_argument("--atol", type=float, default=1e-4, help="max |onnxruntime - PyTorch| allowed (default 1e-4)")
-    chk = p.add_argument_group("audit, latency, quantization")
-    chk.add_argument("--require-exp-free", action="store_true",
-                     help="fail (exit 1, ONNX file removed) if the graph has any exp-like op")
-    chk.add_argument("--compare-softmax", action="store_true",
-                     help="also export the same architecture with softmax attention and compare onnxruntime latency")
-    chk.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads for timing (default 1)")
-    chk.add_argument("--bench-batch", type=int, default=1, help="batch size for latency (default 1)")
-    chk.add_argument("--bench-time", type=float, default=1.0,
-                     help="seconds of timed runs per model and round, at least 20 runs (default 1.0)")
-    chk.add_argument("--quantize", nargs="?", const="dynamic", default=None, metavar="{dynamic,static}",
-                     help="int8 matmul-type layers (linear/conv/matmul; adds, norms and SimA's normalization stay "
-                          "float), onnx and executorch; bare --quantize is dynamic; the int8 file is -o; accuracy "
-                          "fp32 vs int8 on the digits val split (10-class weights)")
-    chk.add_argument("--calib-data", default=None, metavar="DATASET",
-                     help="--quantize static: images to calibrate on, any dataset train reads "
-                          "(digits | folder/imagenet | cifar10 | cifar100; train split) (default digits)")
-    chk.add_argument("--calib-dir", default=None, help="--calib-data root folder (not used by digits)")
-    chk.add_argument("--calib-images", type=int, default=None,
-                     help=f"--quantize static: calibration images, 1 to {MAX_CALIB_IMAGES} (default "
-                          f"{DEFAULT_CALIB_IMAGES})")
-    chk.add_argument("--precision", default=None, metavar="{fp32,fp16}",
-                     help="--format coreml: compute precision (default fp32; Core ML's own default is fp16)")
+    groups = {name: p.add_argument_group(name) for name in _options()}
+    add_model_arguments(groups["model"])
+    groups["export"].add_argument("-o", "--output",
+                                  help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
+    groups["export"].add_argument("--report", help="JSON report (default: the output path with .json)")
+    for name, specs in _options().items():
+        add_option_flags(groups[name], specs)
     return p
 
 
@@ -95,27 +113,21 @@ def _real_inputs(data_config) -> Dict[str, Any]:
 def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Every option checked before any work, one-line ValueErrors naming the option, the value and what is
     allowed; returns what the run needs of them (``format``, ``quantize``, ``output``, ``calibration`` dataset)."""
+    from ..utils.recipe import checked_flags
+    for specs in _options().values():
+        vars(args).update(checked_flags(args, specs))
     fmt = args.format
-    if fmt not in FORMATS:
-        raise ValueError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     mode = args.quantize
-    if mode is not None and mode not in ("dynamic", "static"):
-        raise ValueError(f"--quantize {mode!r}: expected dynamic or static (a bare --quantize is dynamic)")
     if mode is not None and mode not in QUANTIZE_MODES[fmt]:
         raise ValueError(f"--quantize {mode} is not available for --format {fmt}; it has "
                          f"{', '.join(QUANTIZE_MODES[fmt]) or 'no int8 mode'}"
                          + (" (use --precision fp16 for a smaller model)" if fmt == "coreml" else ""))
-    if args.precision is not None:
-        if args.precision not in PRECISIONS:
-            raise ValueError(f"--precision {args.precision!r}: expected one of {', '.join(PRECISIONS)}")
-        if fmt != "coreml":
-            raise ValueError(f"--precision applies to --format coreml, not {fmt}")
+    if args.precision is not None and fmt != "coreml":
+        raise ValueError(f"--precision applies to --format coreml, not {fmt}")
     calib_given = [o for o, v in (("--calib-data", args.calib_data), ("--calib-dir", args.calib_dir),
                                   ("--calib-images", args.calib_images)) if v is not None]
     if calib_given and mode != "static":
         raise ValueError(f"{', '.join(calib_given)} applies to --quantize static only")
-    if args.calib_images is not None and not 1 <= args.calib_images <= MAX_CALIB_IMAGES:
-        raise ValueError(f"--calib-images {args.calib_images}: expected 1 to {MAX_CALIB_IMAGES}")
     if fmt != "onnx":
         onnx_only = [o for o, given in (("--compare-softmax", args.compare_softmax),
                                         ("--static-spatial", args.static_spatial),
@@ -123,12 +135,6 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                      if given]
         if onnx_only:
             raise ValueError(f"{', '.join(onnx_only)} applies to --format onnx, not {fmt}")
-    for name, value, low in (("--threads", args.threads, 1), ("--bench-batch", args.bench_batch, 1),
-                             ("--batch", args.batch, 2)):
-        if value < low:
-            raise ValueError(f"{name} {value}: expected an integer >= {low}")
-    if args.atol < 0:
-        raise ValueError(f"--atol {args.atol}: expected a number >= 0")
     output = Path(args.output) if args.output else None
     if output is not None:
         if output.suffix.lower() != SUFFIXES[fmt]:
@@ -157,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.factory import parse_model_kwargs
     from ..data.images import resolve_data_config
     from ..models.factory import load_model
-    from .loading import attention_kind
+    from .architecture import attention_kind
 
     fmt, mode = opts["format"], opts["quantize"]
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
@@ -213,7 +219,7 @@ def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration
 
     from .audit import audit_onnx
     from ..utils.onnx import ExportError, export_and_verify, read_onnx_metadata
-    from .loading import model_stride
+    from .architecture import model_stride
 
     if args.static_spatial:
         from ..models import prepare_for_export
@@ -271,7 +277,7 @@ def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration
 def _compare_softmax(args, spec, fp32_path: Path, output: Path, metadata, result, kind) -> Dict[str, Any]:
     from ..utils.onnx import export_and_verify
     from .latency import compare_latency
-    from .loading import softmax_twin
+    from .architecture import softmax_twin
 
     twin_path = output.with_name(f"{output.stem}_softmax.onnx")
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)

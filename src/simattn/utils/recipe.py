@@ -591,8 +591,9 @@ def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
         else:
             choices = spec.choice_list() if not callable(spec.choices) else None
             metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
+            bare = {"nargs": "?", "const": spec.const} if spec.const is not None else {}  # ``--quantize`` alone
             parser.add_argument(_flag(name), dest=name, type=parse_value, default=spec.default, metavar=metavar,
-                                help=help_)
+                                help=help_, **bare)
 
 
 def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:

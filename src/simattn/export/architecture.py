@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 from torch import nn
 
-from ..models.factory import attention_kind
+from ..models.factory import attention_kind, with_attention
 
 __all__ = ["softmax_twin", "model_stride", "attention_kind"]
 
@@ -27,6 +27,5 @@ def softmax_twin(spec: Mapping[str, Any]) -> nn.Module:
     ``attn_type=``."""
     from ..models.factory import load_model
 
-    kwargs = {k: v for k, v in (spec.get("config") or {}).items() if k != "attn_kwargs"}
-    model, _ = load_model(spec["model"], None, {**kwargs, "attn_type": "softmax"})
+    model, _ = load_model(spec["model"], None, with_attention(spec.get("config") or {}, "softmax"))
     return model
