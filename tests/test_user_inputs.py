@@ -290,6 +290,15 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     (["demo", "--latency-batch", "0"], "option '--latency-batch': got 0"),
     (["demo", "--latency-sizes", "32"], "(2 values)"),
     (["train", "-c", "digits_cpu", "--dist-timeout", "0"], "option 'dist_timeout'"),
+    (["validate", "--weights", "w.safetensors", "--interpolation", "bogus"], "option '--interpolation': got 'bogus'"),
+    (["validate", "--weights", "w.safetensors", "--img-size", "0"], "option '--img-size': got 0"),
+    (["export", "--weights", "w.safetensors", "--opset", "1000"], "option '--opset': got 1000; allowed: 18 to"),
+    (["export", "--weights", "w.safetensors", "--threads", "0"], "option '--threads': got 0"),
+    (["export", "--weights", "w.safetensors", "--bench-time", "-1"], "option '--bench-time': got -1"),
+    (["bench", "attention", "--max-seconds", "nan"], "option '--max-seconds': got nan"),
+    (["bench", "paper", "--device", "bogus"], "option '--device': got 'bogus'"),
+    (["bench", "paper", "--quick", "--sizes", "-64"], "option '--sizes': got [-64]"),
+    (["bench", "model", "--threads", "0"], "option '--threads': got 0"),
 ])
 def test_bad_options_are_one_line_errors_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)

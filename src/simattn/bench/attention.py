@@ -39,7 +39,7 @@ from ..attention import (elu_attention, relu_attention, sima_attention, sima_att
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
-from .cli import require_cuda
+from .cli import check_bench_flags, require_cuda
 from .report import WIDE_SPREAD, relative_spread, spread_warning
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
@@ -395,6 +395,7 @@ def main(argv: List[str]) -> int:
                    help="default float32 on CPU, bfloat16 with --device cuda")
     p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
     args = p.parse_args(argv)
+    check_bench_flags(args)
     gpu = torch.device(args.device).type == "cuda"
     if gpu:
         require_cuda(args.device)

@@ -12,6 +12,31 @@ BENCHES = {
 }
 
 
+def _bench_options():
+    from ..utils.recipe import Opt, check_device, maybe
+    count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
+    seconds = dict(type=maybe(float), low=0.0, low_open=True)
+    return {
+        "device": Opt("cpu", "cpu | cuda | cuda:N", check=check_device), "threads": Opt(None, **count),
+        "batch": Opt(None, **count), "table3_batch": Opt(None, **count), "heads": Opt(None, **count),
+        "head_dim": Opt(None, **count), "repeats": Opt(None, **count), "rounds": Opt(None, **count),
+        "repeats_models": Opt(None, **count), "rounds_models": Opt(None, **count),
+        "warmup_models": Opt(None, type=maybe(int), low=0), "deit_depth": Opt(None, type=maybe(int), low=0),
+        "xcit_depth": Opt(None, **count), "tokens": Opt(None, **counts), "sizes": Opt(None, **counts),
+        "dims": Opt(None, **counts), "img_size": Opt(None, **counts), "hbm_gbps": Opt(None, **seconds),
+        "max_seconds": Opt(None, **seconds), "max_time": Opt(None, **seconds), "timeout": Opt(None, **seconds),
+        "min_time": Opt(None, **seconds), "bench_time": Opt(None, **seconds),
+    }
+
+
+def check_bench_flags(args) -> None:
+    """Check the benchmarks' shared options present on ``args`` against their declared ranges (one-line
+    ValueError naming the flag), before any work."""
+    from ..utils.recipe import checked_flags
+    specs = {name: spec for name, spec in _bench_options().items() if hasattr(args, name)}
+    vars(args).update(checked_flags(args, specs))
+
+
 def require_cuda(device: str) -> None:
     """For ``--device cuda[:i]``: a one-line ValueError (exit code 2 from the command line) when torch sees no CUDA
     device, before a benchmark does any work."""

@@ -64,7 +64,7 @@ from torch import nn
 from ..models.factory import create_model, parse_model_kwargs
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
-from .cli import require_cuda
+from .cli import check_bench_flags, require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
@@ -810,6 +810,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return _worker_main(args.worker)
+    check_bench_flags(args)
     require_cuda(args.device)
     args.precision = args.precision or (["bf16"] if torch.device(args.device).type == "cuda" else ["fp32"])
     threads = set_threads(args.threads)

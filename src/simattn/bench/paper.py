@@ -33,6 +33,7 @@ from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAtten
 from ..attention.elu import elu_attention_reference
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model import BenchSpec, run_specs
+from .cli import check_bench_flags
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
@@ -367,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    check_bench_flags(args)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
         defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box
