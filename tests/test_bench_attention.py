@@ -27,9 +27,9 @@ def test_tiny_sweep_end_to_end(tmp_path, layout, capsys, one_thread):
 
 
 def test_bad_counts_are_rejected():
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match=r"option '--rounds': got 0; allowed: an integer >= 1"):
         bench.main(["--rounds", "0"])
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match=r"option '--threads': got 0"):
         bench.main(["--threads", "0"])
 
 

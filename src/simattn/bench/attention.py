@@ -340,7 +340,8 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     """``--device cuda``: the GPU sweep (see the module docstring)."""
     bad = [kind for kind in args.kinds if kind not in GPU_KINDS]
     if bad:
-        p.error(f"--kinds {' '.join(bad)}: not GPU kinds; with --device cuda choose from {', '.join(GPU_KINDS)}")
+        raise ValueError(f"--kinds {' '.join(bad)}: not GPU kinds; with --device cuda choose from "
+                         f"{', '.join(GPU_KINDS)}")
     device = torch.device(args.device)
     peak, source = (args.hbm_gbps, f"--hbm-gbps {args.hbm_gbps:g}") if args.hbm_gbps else hbm_gbps(device)
     dtype = getattr(torch, args.dtype)
@@ -404,14 +405,12 @@ def main(argv: List[str]) -> int:
     args.heads = args.heads or (16 if gpu else 6)
     args.repeats = args.repeats or (50 if gpu else 10)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
-    if args.rounds < 1 or args.repeats < 1 or min(args.tokens) < 1 or (args.threads is not None and args.threads < 1) \
-            or args.batch < 1:
-        p.error("--rounds, --repeats, --threads, --batch and --tokens must be positive")
     if gpu:
         return main_gpu(args, p)
     bad = [kind for kind in args.kinds if kind not in KINDS]
     if bad:
-        p.error(f"--kinds {' '.join(bad)}: GPU kinds, for --device cuda; on CPU choose from {', '.join(KINDS)}")
+        raise ValueError(f"--kinds {' '.join(bad)}: GPU kinds, for --device cuda; on CPU choose from "
+                         f"{', '.join(KINDS)}")
     for required in reversed(REQUIRED):
         if required not in args.kinds:
             args.kinds.insert(0, required)  # the ratios are against these
