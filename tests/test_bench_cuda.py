@@ -68,7 +68,7 @@ def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
 
 
 def test_gpu_kinds_are_refused_on_cpu():
-    with pytest.raises(SystemExit):
+    with pytest.raises(ValueError, match="--kinds sima_triton: GPU kinds, for --device cuda"):
         bench.main(["--kinds", "sima_triton"])
 
 
