@@ -393,3 +393,15 @@ def test_the_functional_op_checks_its_options():
     q = torch.randn(1, 1, 4, 8)
     with pytest.raises(ValueError, match=r"sima: eps=0.0; allowed: a finite number > 0"):
         sima_attention(q, q, q, eps=0.0)
+
+
+def test_viz_refuses_weights_with_nan(digits_run, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+    from simattn.utils.io import read_safetensors_metadata
+    tensors = load_file(digits_run / "final.safetensors")
+    name = next(k for k in tensors if k.endswith("qkv.weight"))
+    tensors[name][0, 0] = float("nan")
+    broken = tmp_path / "nan.safetensors"
+    save_file(tensors, broken, metadata=read_safetensors_metadata(digits_run / "final.safetensors"))
+    err = _one_line_error(capsys, simattn_main(["viz", "--weights", str(broken), "--out", str(tmp_path / "viz")]))
+    assert f"tensor {name!r} holds 1 non-finite value" in err and not (tmp_path / "viz").exists()

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..models.factory import create_model, parse_model_kwargs
+from ..models.factory import create_model, parse_model_kwargs, with_attention
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
 from .cli import check_bench_flags, require_cuda
@@ -217,18 +217,12 @@ def build_model(spec: BenchSpec) -> nn.Module:
 
     kwargs = dict(spec.model_kwargs)
     if spec.attn != DEFAULT_ATTN:
-        kwargs["attn_type"] = spec.attn
         attn_kwargs = {**kwargs.get("attn_kwargs", {}), **spec.attn_kwargs}
         if spec.attn == "sima" and spec.sima_order:
             attn_kwargs["order"] = spec.sima_order
-        if attn_kwargs:
-            kwargs["attn_kwargs"] = attn_kwargs
-    try:
-        model = create_model(spec.model, img_size=spec.img_size, **kwargs)
-    except ValueError as e:
-        if "img_size" not in str(e):
-            raise
-        model = create_model(spec.model, **kwargs)
+        kwargs = with_attention(kwargs, spec.attn, attn_kwargs)
+    # every family takes img_size; one it cannot be built for is a one-line error naming the size
+    model = create_model(spec.model, **{"img_size": spec.img_size, **kwargs})
     if spec.sima_order:
         # Models whose default attention is SimA (or that mix kinds) get the order on every SimA module too.
         for module in model.modules():
