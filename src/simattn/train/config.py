@@ -85,15 +85,17 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, A
     return load_recipe(TrainConfig, recipe, overrides)
 
 
-def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """``-c``, ``--set`` and one flag per option (``--batch-size``), all defaulting to 'not given' so that the
-    recipe's value stands."""
+def add_config_arguments(parser: argparse.ArgumentParser, schema: type = TrainConfig) -> None:
+    """``-c``, ``--set`` and one flag per option of ``schema`` (``--batch-size``; a TrainConfig or a subclass), all
+    defaulting to 'not given' so that the recipe's value stands; sections (``convert.*``) are set with ``--set``."""
     parser.add_argument("-c", "--config", metavar="RECIPE",
                         help="recipe: a YAML file or a shipped recipe name (default: built-in defaults)")
     parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set epochs=3 model_kwargs.depth=4")
     group = parser.add_argument_group("recipe options (override the YAML recipe)")
-    for name, opt in specs_of(TrainConfig).items():
+    for name, opt in specs_of(schema).items():
+        if isinstance(opt, Mapping):
+            continue
         flag = "--" + name.replace("_", "-")
         help_ = f"{opt.help} (default {opt.default!r})".lstrip()
         if opt.hint is bool:
@@ -107,9 +109,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=name, type=parse_value, default=argparse.SUPPRESS, help=help_, **extra)
 
 
-def overrides_from_args(args: argparse.Namespace) -> Dict[str, Any]:
+def overrides_from_args(args: argparse.Namespace, schema: type = TrainConfig) -> Dict[str, Any]:
     """The recipe options given on the command line: ``--set`` items, then the per-option flags."""
-    fields = specs_of(TrainConfig)
+    fields = {k: v for k, v in specs_of(schema).items() if not isinstance(v, Mapping)}
     given = {k: v for k, v in vars(args).items() if k in fields}
     if "model_kwargs" in given:
         given["model_kwargs"] = parse_assignments(given["model_kwargs"], what="--model-kwargs item")
