@@ -1,21 +1,96 @@
+"""Isolation for every test: the same process-wide torch settings at each test's start, no process outliving the
+test that started it, and no temp folder outliving the session."""
 import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from pathlib import Path
 
 import pytest
 import torch
 
 # Tests measure behaviour, not speed: keep them deterministic and light on a shared 2-core machine.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+SUITE_THREADS = max(1, min(2, os.cpu_count() or 1))
+torch.set_num_threads(SUITE_THREADS)
+
+#: every process the suite starts inherits this variable, so it can be found even after its parent died
+MARK = "SIMATTN_TEST_SESSION"
+_session = f"{os.getpid()}-{uuid.uuid4().hex}"
+os.environ[MARK] = _session
+
+# Everything the suite and its child processes put in the temp folder (torchrun's torchelastic_* folders, pytest's
+# tmp_path, tempfile users) goes under one folder that is removed when the session ends.
+_temp_root = Path(tempfile.mkdtemp(prefix="simattn-tests-"))
+os.environ["TMPDIR"] = str(_temp_root)
+tempfile.tempdir = None  # re-read TMPDIR
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(_temp_root, ignore_errors=True)
+
+
+def _started_by_suite():
+    """PIDs of live processes (not zombies) that carry this session's mark, other than this one."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if f"{MARK}={_session}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:  # gone, or not ours to read
+            continue
+        if state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return found
+
+
+def _end_leftovers(grace: float) -> list:
+    """Wait up to ``grace`` seconds for the suite's other processes to end, then SIGKILL those left (a stopped
+    process too); returns what had to be killed, with its command line."""
+    deadline = time.monotonic() + grace
+    left = _started_by_suite()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = _started_by_suite()
+    killed = []
+    for pid in left:
+        try:
+            cmd = (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            os.kill(pid, signal.SIGKILL)
+            killed.append(f"{pid}: {cmd}")
+        except (OSError, ProcessLookupError):
+            pass
+    return killed
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_process_outlives_the_suite():
+    yield
+    killed = _end_leftovers(grace=10)
+    assert not killed, f"processes started by the suite were still alive at its end (killed now): {killed}"
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _isolated(request):
+    """Each test starts from the suite's settings and seed, and ends with no process of its own still running."""
+    from simattn.utils.global_state import GlobalState
+
+    if torch.get_num_threads() != SUITE_THREADS:
+        torch.set_num_threads(SUITE_THREADS)
     torch.manual_seed(0)
+    state = GlobalState()
+    yield
+    state.restore()
+    killed = _end_leftovers(grace=10)
+    assert not killed, f"{request.node.nodeid} left processes running (killed now): {killed}"
 
 
 @pytest.fixture
 def one_thread():
-    # Tiny models on a busy CPU run fastest single-threaded; restore the suite's setting afterwards.
-    before = torch.get_num_threads()
+    # Tiny models on a busy CPU run fastest single-threaded; the autouse fixture restores the suite's setting.
     torch.set_num_threads(1)
     yield 1
-    torch.set_num_threads(before)

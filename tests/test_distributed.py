@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import torch
 
@@ -44,6 +47,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _job_processes(job: str) -> list:
+    """PIDs of the live processes of one launched job (launchers and workers: torchrun starts its workers in their
+    own session, so killing a launcher's group does not reach them), found by the variable they all inherit."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and f"SIMATTN_TEST_JOB={job}".encode() in \
+                    (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def _end_job(nodes, job: str) -> None:
+    """SIGKILL every process of the job (a stopped one too) and reap the launchers."""
+    for pid in _job_processes(job):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for n in nodes:
+        n.kill()
+        n.wait(timeout=30)
+    deadline = time.monotonic() + 10  # a killed orphan is gone once init has reaped it
+    while _job_processes(job) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _two_nodes(script, argv, extra_env=None):
     port = _free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(extra_env or {})}
@@ -72,8 +104,9 @@ def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     start = time.monotonic()
+    job = uuid.uuid4().hex
     nodes = _two_nodes(script, ["train", *TINY, "--dist-timeout", "0.2", "--output", str(tmp_path / "run")],
-                       {"FREEZE_RANK": "1"})
+                       {"FREEZE_RANK": "1", "SIMATTN_TEST_JOB": job})
     lines: list = []
     readers = [threading.Thread(target=lambda n=n: lines.extend(n.stdout), daemon=True) for n in nodes]
     for r in readers:
@@ -84,11 +117,8 @@ def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
         while time.monotonic() - start < 150 and not any(said in line for line in lines):
             time.sleep(0.5)
     finally:
-        for n in nodes:
-            try:
-                os.killpg(n.pid, 9)
-            except ProcessLookupError:
-                pass
+        _end_job(nodes, job)
+    assert not _job_processes(job)
     took = time.monotonic() - start
     error = [line for line in lines if said in line]
     assert error, "".join(lines)[-3000:]

@@ -18,14 +18,18 @@ from .utils.extras import EXTRAS, MissingDependency, missing_extra
 def run(name: str, rest: List[str]) -> int:
     """Run subcommand ``name`` (a key of ``COMMANDS``) with arguments ``rest``; returns the exit code."""
     module = importlib.import_module(COMMANDS[name][0])
+    from .utils.global_state import preserved_global_state
+
     code = 1
     try:
-        code = _run(name, module, rest)
+        # a command run in-process (tests, notebooks) leaves threads, random streams and backend flags as it found them
+        with preserved_global_state():
+            code = _run(name, module, rest)
         return code
     except Exception as e:  # not a fault of the input: still one line; the traceback is for SIMATTN_DEBUG=1
         if os.environ.get("SIMATTN_DEBUG"):
             raise
-        first = (str(e).strip().splitlines() or [""])[0][:300]
+        first = bounded((str(e).strip().splitlines() or [""])[0], 300)
         print(f"{_prog(name, rest)}: unexpected error {type(e).__name__}: {first} (a bug in simattn or a library it "
               "uses; SIMATTN_DEBUG=1 shows the traceback)", file=sys.stderr)
         return 1
@@ -94,9 +98,20 @@ def _os_message(e: OSError) -> str:
 def _fail(name: str, rest: List[str], text: str, code: int) -> int:
     if os.environ.get("SIMATTN_DEBUG"):
         raise
-    message = "; ".join(line.strip() for line in text.splitlines() if line.strip())
+    message = bounded("; ".join(line.strip() for line in text.splitlines() if line.strip()), MAX_MESSAGE)
     print(f"{_prog(name, rest)}: error: {message} (SIMATTN_DEBUG=1 for the traceback)", file=sys.stderr)
     return code
+
+
+#: the most characters of one error message printed: a value quoted in it (a recipe entry, a path) can be huge
+MAX_MESSAGE = 1000
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… [{len(text) - limit} more characters]"
 
 
 def _prog(name: str, rest: List[str]) -> str:

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
+from .utils.global_state import restores_global_state
 from .utils.io import atomic_write_json, check_outputs
 from .utils.runlog import use_tqdm
 
@@ -53,6 +54,7 @@ def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: (None if k in bad else v) for k, v in result.items()}, "non_finite": bad}
 
 
+@restores_global_state  # threads= and the data pipeline's seeding stay inside the call
 def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
                      dataset: str = "digits", data_dir: Optional[str] = None, split: str = "val",
                      img_size: Optional[int] = None, crop_pct: Optional[float] = None,

@@ -49,6 +49,7 @@ from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, ch
 from ..utils.recipe import recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
 from ..utils.runs import check_inputs_kept, check_run_folder, claim_run_folder, resolve_output
+from ..utils.global_state import restores_global_state
 from ..utils.timing import set_threads
 from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
@@ -634,6 +635,7 @@ class Engine:
                          self.dist.is_main)
 
 
+@restores_global_state  # the run's threads and seeds stay inside it
 def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
     """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
     cfg.validate()
