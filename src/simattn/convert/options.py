@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple
 
 from ..train.config import TrainConfig
 from ..utils.recipe import Opt, check_section, load_recipe, maybe, section
@@ -40,6 +40,9 @@ class ConvertConfig(TrainConfig):
     and the ``convert`` section (:data:`CONVERT_SCHEMA`)."""
 
     convert: Dict[str, Any] = section(CONVERT_SCHEMA)
+
+    #: the student is the teacher's network (--model/--model-kwargs): the recipe's model_kwargs build nothing
+    model_kwargs_build_the_model: ClassVar[bool] = False
 
     def validate(self) -> "ConvertConfig":
         super().validate()

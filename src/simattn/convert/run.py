@@ -27,7 +27,8 @@ from ..train.transforms import build_transform, data_config_for
 from ..utils.distributed import DistInfo, barrier, cleanup_distributed, init_distributed
 from ..utils.io import atomic_path, atomic_write_json
 from ..utils.recipe import recipe_name
-from ..utils.runs import open_run_folder
+from ..utils.runs import (check_not_in_use, held_run_folders, lock_run_folder, open_run_folder, release_run_folders,
+                          run_files)
 from ..utils.timing import set_threads
 from .options import ConvertOptions
 from .report import write_report
@@ -40,6 +41,22 @@ __all__ = ["convert", "STAGES"]
 STAGES = {"transfer": "transfer", "distill": "distill", "finetune": "baselines/finetune", "scratch": "baselines/scratch"}
 #: files the conversion itself writes into the output folder
 OUTPUTS = ("final.safetensors", "results.json", "report.md", "convert.png")
+
+
+def check_conversion_folder(out: Path) -> None:
+    """Refuse (one-line error) to resume ``out`` unless it is a conversion's folder: nothing in it but the stage
+    folders and the conversion's own files (an empty folder is a conversion stopped before its first stage). A
+    train run's folder holds ``last.pth`` and ``metrics.jsonl``, which no conversion writes at its top."""
+    if not out.is_dir():
+        raise FileNotFoundError(f"no conversion to resume in {out}")
+    stages = {name.split("/")[0] for name in STAGES.values()}
+    foreign = [n for n in run_files(out) if not (n in OUTPUTS and (out / n).is_file())
+               and not (n in stages and (out / n).is_dir())]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else "")
+        raise ValueError(f"--resume: {out} holds no conversion to resume: it holds {shown}, which simattn convert "
+                         "never writes there (another task's run, e.g. simattn train); give the --output of a "
+                         "conversion, or start a new one in an empty folder (without --resume)")
 
 
 def _stage_cfg(cfg, out: Path, **changes: Any):
@@ -70,11 +87,15 @@ def convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional[
     options.validate(cfg.epochs)
     if cfg.resume and not cfg.output:
         raise ValueError("option 'resume': give the folder of the conversion to continue (--output DIR)")
+    if cfg.resume:
+        check_conversion_folder(Path(cfg.output))
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
     dist = init_distributed(cfg.device, cfg.dist_timeout)
+    held = held_run_folders()
     try:
         return _convert(cfg, options, teacher_weights, model, model_kwargs, teacher_attn, dist)
     finally:
+        release_run_folders(keep=held)  # the output and stage folders are free again once the conversion is over
         if created_group:
             cleanup_distributed()
 
@@ -83,6 +104,8 @@ def _convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional
              model_kwargs: Optional[Dict[str, Any]], teacher_attn: Optional[str], dist: DistInfo) -> Dict[str, Any]:
     set_threads(cfg.threads)
     say = print if dist.is_main else (lambda *a, **k: None)
+    if cfg.output and dist.is_main:  # another live conversion there: refused before the teacher and data are read
+        check_not_in_use(Path(cfg.output))
     # inputs first: nothing in the output folder changes before the teacher and the data are read
     teacher, spec = load_teacher(teacher_weights, model, model_kwargs, teacher_attn)
     kind = options.to
@@ -93,8 +116,10 @@ def _convert(cfg, options: ConvertOptions, teacher_weights: str, model: Optional
     num_classes = len(classes)
     if cfg.resume:  # the stage folders decide what is done; the conversion's own files are rewritten
         out = Path(cfg.output)
-        if not out.is_dir():
-            raise FileNotFoundError(f"no conversion to resume in {out}")
+        barrier()  # every process has read the folder before the main one holds it
+        if dist.is_main:
+            lock_run_folder(out)
+            check_conversion_folder(out)  # again, under the lock: another command may have written there meanwhile
     else:
         out = open_run_folder(cfg.output, recipe_name(cfg.recipe), "convert", overwrite=cfg.overwrite,
                               replaced=OUTPUTS, is_main=dist.is_main, inputs={"--weights": teacher_weights})

@@ -28,7 +28,8 @@ def create_dataset(name: str, root: Optional[str | os.PathLike] = None, split: s
     """
     kind = DATASETS.get(str(name).lower())
     if kind is None:
-        raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        from ..utils.recipe import quoted
+        raise ValueError(f"unknown dataset {quoted(name)}; known: {', '.join(DATASETS)}")
     if kind == "digits":
         from .digits import DigitsDataset
         return DigitsDataset(split, transform=transform)

@@ -6,10 +6,12 @@ lazily in loader workers, so an unreadable image is replaced by ``None`` with a 
 validation loops add those counts up for their summaries.
 
 What counts as data: hidden folders and files (``.ipynb_checkpoints``, ``.DS_Store``) are neither classes nor
-images; only regular files with an image extension are samples (a FIFO or device named ``x.png`` would block the
-reader, so it is skipped with a warning); symbolic links are followed, but never into a folder already on the path
-(a link loop would list the same images again and again). Images are decoded by :func:`simattn.data.images.read_image`,
-which keeps the range of 16-bit images.
+images; only regular files with an image extension are samples (a FIFO, a device or a link to one named ``x.png``
+would block or never end, so it is skipped with a warning). Links to folders are followed only when they lead out of
+everything already walked: a link to a folder inside the dataset (another class, the split folder), to a folder
+above it, or to a folder the walk has already listed (by its real path) is skipped with a warning, so a link loop
+neither repeats images nor gives one class another's images. Images are decoded by
+:func:`simattn.data.images.read_image`, which keeps the range of 16-bit images.
 """
 from __future__ import annotations
 
@@ -39,12 +41,40 @@ def list_class_folders(directory: str | os.PathLike) -> List[str]:
     return sorted(e.name for e in os.scandir(directory) if e.is_dir() and not _hidden(e.name))
 
 
-def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_EXTENSIONS) -> List[str]:
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+class _Walked:
+    """The folders one dataset walk has listed (real paths), and the dataset's own folder: a link to a folder is
+    followed only when it leads out of both."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.path.realpath(root)
+        self.folders: set = set()
+
+    def refuse(self, link: str) -> Optional[str]:
+        """Why the folder link ``link`` is not followed, or None."""
+        target = os.path.realpath(link)
+        if _inside(target, self.root):
+            return "a link to a folder inside the dataset (its images are listed where they are)"
+        if _inside(self.root, target):
+            return "a link to a folder above the dataset (a loop)"
+        if any(_inside(target, f) or _inside(f, target) for f in self.folders):
+            return "a link to a folder already listed (or one above it)"
+        return None
+
+
+def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_EXTENSIONS,
+                walked: Optional[_Walked] = None) -> List[str]:
     """Every image file under ``directory`` (recursively, sorted): regular files with one of ``extensions``, hidden
-    files and folders left out. Links are followed except into a folder that is already on the walked path."""
+    files and folders left out. Links to folders are followed only out of the folders already walked (``walked``:
+    shared by the classes of one dataset; by default ``directory`` alone) and the dataset's own folder."""
     found: List[str] = []
+    walked = walked if walked is not None else _Walked(directory)
 
     def walk(folder: str, ancestors: frozenset) -> None:
+        walked.folders.add(os.path.realpath(folder))
         try:
             entries = sorted(os.scandir(folder), key=lambda e: e.name)
         except OSError as e:
@@ -62,6 +92,10 @@ def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_
                 key = (info.st_dev, info.st_ino)
                 if key in ancestors:
                     _logger.warning("skipping %s: a link back to a folder above it (a loop)", entry.path)
+                    continue
+                why = walked.refuse(entry.path) if entry.is_symlink() else None
+                if why:
+                    _logger.warning("skipping %s: %s", entry.path, why)
                     continue
                 walk(entry.path, ancestors | {key})
             elif entry.name.lower().endswith(extensions):
@@ -95,8 +129,15 @@ class SkippingImageFolder(ImageFolder):
         extensions = tuple(e.lower() for e in (extensions or IMG_EXTENSIONS))
         samples: List[Tuple[str, int]] = []
         empty = []
+        walked = _Walked(directory)  # one walk over every class: no folder is listed twice, under two classes
         for name, index in sorted(class_to_idx.items(), key=lambda item: item[1]):
-            paths = list_images(os.path.join(directory, name), extensions)
+            folder = os.path.join(directory, name)
+            why = walked.refuse(folder) if os.path.islink(folder) else None
+            if why:  # a class folder that is a link to another class's images, or to a folder above the dataset
+                _logger.warning("class %s: skipping %s: %s", name, folder, why)
+                paths = []
+            else:
+                paths = list_images(folder, extensions, walked)
             if not paths:
                 empty.append(name)
             samples.extend((path, index) for path in paths)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Union
 
-from ..utils.recipe import PROB, Opt, check_device, check_optimizer, maybe, register_nested_schema
+from ..utils.recipe import PROB, Opt, check_device, check_optimizer, check_path, maybe, register_nested_schema
 
 __all__ = ["DETECT_SCHEMA"]
 
@@ -59,7 +59,7 @@ DETECT_SCHEMA: Dict[str, Any] = {
         "every": Opt(1, "epochs between evaluations (0: only at the end)", low=0),
         "batch_size": Opt(2, low=1),
     },
-    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=maybe(str)),
+    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=maybe(str), check=check_path),
 }
 
 register_nested_schema(DETECT_SCHEMA)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from ..utils.recipe import SCHEDULES, check_device, check_fields, check_optimizer, option
+from ..utils.recipe import SCHEDULES, check_device, check_fields, check_optimizer, check_path, option
 
 __all__ = ["EngineConfig", "scaled_lr"]
 
@@ -65,9 +65,9 @@ class EngineConfig:
     dist_timeout: float = option(10.0, "minutes a torchrun process waits at a collective before the job stops (a "
                                      "frozen or dead rank)", low=0.0, low_open=True)
     output: Optional[str] = option(None, "run folder (last.pth, best/final .safetensors, metrics.jsonl, summary.json, "
-                                       "summary.csv); None = runs/<recipe>/<date-time>")
+                                       "summary.csv); None = runs/<recipe>/<date-time>", check=check_path)
     resume: Optional[str] = option(None, "checkpoint to continue; 'auto' (or the bare flag) = <output>/last.pth",
-                                 const="auto")
+                                 const="auto", check=check_path)
     overwrite: bool = option(False, "write into <output> even if it holds another run's files (they are replaced)")
     checkpoint_every_steps: int = option(0, "also write last.pth every K updates (0 = only at epoch ends)", low=0)
     eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", low=1)

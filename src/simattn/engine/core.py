@@ -45,11 +45,12 @@ from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
 from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
-from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
-from ..utils.recipe import recipe_name, recipe_to_save
-from ..utils.runlog import progress, use_tqdm
-from ..utils.runs import check_inputs_kept, check_run_folder, claim_run_folder, resolve_output
 from ..utils.global_state import restores_global_state
+from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
+from ..utils.recipe import quoted, recipe_name, recipe_to_save
+from ..utils.runlog import progress, use_tqdm
+from ..utils.runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_run_folder, held_run_folders,
+                          release_run_folders, resolve_output)
 from ..utils.timing import set_threads
 from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
@@ -125,6 +126,8 @@ class Engine:
         # where the run writes, checked before any work (nothing is written until the resume state proved valid)
         self.resume_path = self._resume_path()
         self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), self.task_name, self.resume_path)
+        if dist.is_main:  # another live run there: refused now rather than after the model and data are built
+            check_not_in_use(self.out)
         check_run_folder(self.out, self.resume_path, cfg.overwrite)
         self.check_options()
         resume_state = load_train_state(self.resume_path, self.producer) if self.resume_path is not None else None
@@ -182,7 +185,8 @@ class Engine:
         barrier()
         if dist.is_main:
             check_inputs_kept(self.out, self.run_files, self.inputs())
-            claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files)
+            claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files,
+                             resume_from=self.resume_path)
         source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
         self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
         if dist.is_main:
@@ -320,7 +324,8 @@ class Engine:
     def _check_same_run(self, path: Path, state: Dict[str, Any]) -> None:
         """Refuse to resume a checkpoint of another network or data (a one-line CheckpointError naming them)."""
         saved, mine = self.same_run_of(state), self.same_run()
-        diffs = [f"{key} {saved.get(key)!r} vs {value!r}" for key, value in mine.items() if saved.get(key) != value]
+        diffs = [f"{key} {quoted(saved.get(key))} vs {quoted(value)}" for key, value in mine.items()
+                 if saved.get(key) != value]
         if diffs:
             raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
                                   "(checkpoint vs this run); resume with the run's own options (its config.yaml), "
@@ -641,8 +646,10 @@ def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
     cfg.validate()
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
     dist = init_distributed(cfg.device, cfg.dist_timeout)
+    held = held_run_folders()
     try:
         return engine_cls(cfg, dist, **kwargs).run()
     finally:
+        release_run_folders(keep=held)  # the run folder is free again once its run is over
         if created_group:
             cleanup_distributed()

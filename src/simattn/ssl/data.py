@@ -26,4 +26,5 @@ def build_image_dataset(data: Mapping[str, Any], split: str, transform: Optional
             raise ValueError("data.root is required for data.name 'folder' (a folder with train/ and val/)")
         from ..data.folder import image_folder
         return image_folder(data["root"], split, transform=transform)
-    raise ValueError(f"unknown data.name {name!r}; expected one of {', '.join(DATASET_NAMES)}")
+    from ..utils.recipe import quoted
+    raise ValueError(f"unknown data.name {quoted(name)}; expected one of {', '.join(DATASET_NAMES)}")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ..utils.recipe import Opt, check_device, check_optimizer, maybe, register_nested_schema
+from ..utils.recipe import Opt, check_device, check_optimizer, check_path, maybe, quoted, register_nested_schema
 
 __all__ = ["SSL_SCHEMA"]
 
@@ -22,7 +22,7 @@ def _check_augment(value: Dict[str, Any]) -> Optional[str]:
     for key in _PROBABILITIES:
         v = value.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
-            return f"{key}={v!r} is not a probability in [0, 1]"
+            return f"{key}={quoted(v)} is not a probability in [0, 1]"
     return None
 
 
@@ -98,7 +98,7 @@ SSL_SCHEMA: Dict[str, Any] = {
         "linear_lr": Opt(1e-3, low=0.0, low_open=True),
         "linear_batch_size": Opt(256, low=1),
     },
-    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=maybe(str)),
+    "output": Opt(None, "run folder; null = runs/<recipe>/<date-time>", type=maybe(str), check=check_path),
 }
 
 register_nested_schema(SSL_SCHEMA)

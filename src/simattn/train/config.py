@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 from ..engine.config import EngineConfig, scaled_lr
 from ..utils.options import OPTIONS_HELP, deep_merge, parse_assignments, parse_value
-from ..utils.recipe import (INTERPOLATIONS, PROB, check_auto_augment, find_recipe, list_recipes,
-                            load_recipe, option, specs_of)
+from ..utils.recipe import (INTERPOLATIONS, PROB, check_auto_augment, check_path, find_recipe, list_recipes,
+                            load_recipe, option, quoted, specs_of)
 
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
-           "scaled_lr"]
+           "scaled_lr", "PATH_OPTIONS"]
+
+#: options whose flag value is a path, taken as typed (not read as YAML)
+PATH_OPTIONS = ("output", "resume", "data_dir", "initial_checkpoint")
 
 
 @dataclass
@@ -30,12 +33,13 @@ class TrainConfig(EngineConfig):
                                             "error)", low=1)
     initial_checkpoint: Optional[str] = option(None, "weights to start from (a classification checkpoint or "
                                                    "safetensors of any layout the model family reads); the "
-                                                   "classifier is re-initialized when its size differs")
+                                                   "classifier is re-initialized when its size differs",
+                                                   check=check_path)
     drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
     drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
                                   "cifar100 (checked by simattn.data.create_dataset)")
-    data_dir: Optional[str] = option(None, "dataset root (not used by digits)")
+    data_dir: Optional[str] = option(None, "dataset root (not used by digits)", check=check_path)
     train_split: str = option("train", "split (sub-folder) to train on")
     val_split: str = option("val", "split to evaluate on")
     img_size: Optional[int] = option(None, "input resolution; None = model_kwargs.img_size or the model's default",
@@ -64,14 +68,24 @@ class TrainConfig(EngineConfig):
     mixup_mode: str = option("batch", "batch | pair | elem", choices=["batch", "pair", "elem"])
     smoothing: float = option(0.1, "label smoothing", low=0.0, high=1.0, high_open=True)
 
+    #: whether ``model_kwargs`` build the trained network (a conversion's student takes its teacher's instead)
+    model_kwargs_build_the_model: ClassVar[bool] = True
+
     def validate(self) -> "TrainConfig":
         """Check every option and the ones that depend on each other (a one-line ValueError)."""
         super().validate()
         for name in ("scale", "ratio"):
             low, high = getattr(self, name)
             if low > high:
-                raise ValueError(f"option {name!r}: got {getattr(self, name)!r}; allowed: [low, high] with "
+                raise ValueError(f"option {name!r}: got {quoted(getattr(self, name))}; allowed: [low, high] with "
                                  "low <= high")
+        built = self.model_kwargs.get("img_size") if isinstance(self.model_kwargs, dict) else None
+        if self.model_kwargs_build_the_model and self.img_size is not None and built is not None \
+                and built != self.img_size:
+            # the network would be built for one size and fed another: neither silently wins
+            raise ValueError(f"options 'img_size' (--img-size) {quoted(self.img_size)} and 'model_kwargs.img_size' "
+                             f"(--model-kwargs img_size=) {quoted(built)} disagree: the model is built for one and the "
+                             "data is fed at the other; give one of them, or the same size to both")
         return self
 
 
@@ -106,7 +120,9 @@ def add_config_arguments(parser: argparse.ArgumentParser, schema: type = TrainCo
                                metavar="KEY=VALUE", help=f"{opt.help}: {OPTIONS_HELP}")
         else:
             extra = {"nargs": "?", "const": opt.const} if opt.const is not None else {}
-            group.add_argument(flag, dest=name, type=parse_value, default=argparse.SUPPRESS, help=help_, **extra)
+            # a path is text as typed: as YAML, '' would be null (the default folder) and 2024 a number
+            kind = str if name in PATH_OPTIONS else parse_value
+            group.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=help_, **extra)
 
 
 def overrides_from_args(args: argparse.Namespace, schema: type = TrainConfig) -> Dict[str, Any]:

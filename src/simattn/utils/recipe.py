@@ -37,11 +37,58 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 __all__ = ["Opt", "option", "section", "check_fields", "check_section", "RUN_KEYS", "RecipeDefaults", "load_recipe", "merge_recipe",
            "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "defaults_of",
            "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "register_nested_schema",
-           "check_optimizer", "check_device", "check_auto_augment", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe",
-           "add_option_flags", "checked_flags"]
+           "check_optimizer", "check_device", "check_auto_augment", "check_path", "INTERPOLATIONS", "SCHEDULES",
+           "PROB", "maybe", "add_option_flags", "checked_flags", "quoted", "load_yaml", "MAX_YAML_NODES"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
+
+
+#: the longest a value quoted in an error message may get (characters)
+QUOTE_LIMIT = 200
+
+
+def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (``...`` marks the cut). Strings and
+    containers are only rendered as far as they are shown, so a huge value costs no more than a small one."""
+    out: List[str] = []
+    budget = [limit]
+
+    def emit(text: str) -> bool:
+        if len(text) > budget[0]:
+            out.append(text[:max(budget[0], 0)] + "...")
+            budget[0] = -1
+            return False
+        out.append(text)
+        budget[0] -= len(text)
+        return True
+
+    def walk(v: Any, depth: int, seen: frozenset) -> bool:
+        if isinstance(v, str):
+            return emit(repr(v[:budget[0] + 1]) if len(v) > budget[0] else repr(v))
+        if isinstance(v, (list, tuple, dict)):
+            if id(v) in seen or depth > 20:
+                return emit("...")
+            seen = seen | {id(v)}
+            opening, closing = ("{", "}") if isinstance(v, dict) else ("[", "]") if isinstance(v, list) else ("(", ")")
+            if not emit(opening):
+                return False
+            items = v.items() if isinstance(v, dict) else v
+            for i, item in enumerate(items):
+                if i and not emit(", "):
+                    return False
+                if isinstance(v, dict):
+                    if not (walk(item[0], depth + 1, seen) and emit(": ") and walk(item[1], depth + 1, seen)):
+                        return False
+                elif not walk(item, depth + 1, seen):
+                    return False
+            if isinstance(v, tuple) and len(v) == 1 and not emit(","):
+                return False
+            return emit(closing)
+        return emit(repr(v))
+
+    walk(value, 0, frozenset())
+    return "".join(out)
 
 
 # ----- one option ---------------------------------------------------------------------------------------------------
@@ -196,7 +243,7 @@ def _numbers(value: Any) -> List[float]:
 def check_value(name: str, spec: Opt, value: Any) -> Any:
     """``value`` for option ``name`` brought to its type and checked; a one-line ValueError otherwise."""
     def bad(extra: str = "") -> ValueError:
-        return ValueError(f"option {name!r}: got {value!r}; allowed: {spec.describe()}{extra}")
+        return ValueError(f"option {name!r}: got {quoted(value)}; allowed: {spec.describe()}{extra}")
 
     try:
         out = _coerce(spec.hint, value)
@@ -207,7 +254,7 @@ def check_value(name: str, spec: Opt, value: Any) -> Any:
     choices = spec.choice_list()
     if choices is not None and out not in choices:
         close = difflib.get_close_matches(str(out), [str(c) for c in choices], n=1)
-        raise bad(f" (did you mean {close[0]!r}?)" if close else "")
+        raise bad(f" (did you mean {quoted(close[0])}?)" if close else "")
     for v in _numbers(out):
         if spec.low is not None and (v < spec.low or (spec.low_open and v == spec.low)):
             raise bad()
@@ -218,7 +265,7 @@ def check_value(name: str, spec: Opt, value: Any) -> Any:
     if spec.check is not None:
         problem = spec.check(out)
         if problem:
-            raise ValueError(f"option {name!r}: got {value!r}; {problem}")
+            raise ValueError(f"option {name!r}: got {quoted(value)}; {problem}")
     return out
 
 
@@ -249,6 +296,11 @@ def check_auto_augment(text: str) -> Optional[str]:
         return (f"{reason}; allowed: a timm auto-augment string such as rand-m9-mstd0.5-inc1, augmix-m5-w4-d2, "
                 "original, v0, 3a")
     return None
+
+
+def check_path(text: str) -> Optional[str]:
+    """An empty path is refused: ``Path('')`` is the current folder, which nobody means by it."""
+    return None if text.strip() else "an empty path is not allowed (give a path, or leave the option out)"
 
 
 def check_device(text: str) -> Optional[str]:
@@ -292,7 +344,7 @@ def check_fields(config: Any) -> None:
 def check_section(values: Mapping[str, Any], specs: Mapping[str, Any], where: str) -> Dict[str, Any]:
     """``values`` of a nested section checked against ``specs`` (unknown keys refused, defaults filled in)."""
     if not isinstance(values, Mapping):
-        raise ValueError(f"recipe: {where.rstrip('.')!r} must be a mapping of options, got {values!r}")
+        raise ValueError(f"recipe: {where.rstrip('.')!r} must be a mapping of options, got {quoted(values)}")
     _merge({}, values, specs, where, check=False)  # unknown keys
     return _check_all(values, specs, where)
 
@@ -361,7 +413,7 @@ def _unknown(name: str, specs: Mapping[str, Any]) -> ValueError:
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     known = (f"known keys here: {', '.join(sorted(specs))}" if len(specs) <= 25 else
              "--help lists every option")
-    return ValueError(f"recipe: unknown key {name!r}{hint}; {known}")
+    return ValueError(f"recipe: unknown key {quoted(name)}{hint}; {known}")
 
 
 def _merge(values: Dict[str, Any], update: Mapping[str, Any], specs: Mapping[str, Any], where: str = "",
@@ -376,13 +428,13 @@ def _merge(values: Dict[str, Any], update: Mapping[str, Any], specs: Mapping[str
             if value is None:
                 continue
             if not isinstance(value, Mapping):
-                raise ValueError(f"recipe: {name!r} must be a mapping of options, got {value!r}")
+                raise ValueError(f"recipe: {name!r} must be a mapping of options, got {quoted(value)}")
             out[key] = _merge(out.get(key, {}), value, spec, f"{name}.", check)
         elif _is_free(spec):  # free-form kwargs: null empties them, a mapping merges key by key
             if value is None:
                 out[key] = {}
             elif not isinstance(value, Mapping):
-                raise ValueError(f"option {name!r}: got {value!r}; allowed: a mapping (KEY=VALUE items)")
+                raise ValueError(f"option {name!r}: got {quoted(value)}; allowed: a mapping (KEY=VALUE items)")
             else:
                 out[key] = {**(out.get(key) or {}), **value}
         else:
@@ -475,8 +527,8 @@ def find_recipe(recipe: str, schema: Optional[Schema] = None) -> Path:
     if str(path.parent) in ("", ".", "configs") and shipped.is_file():
         return Path(str(shipped))
     if path.exists():
-        raise ValueError(f"recipe {recipe!r} is not a file")
-    raise FileNotFoundError(f"recipe file not found: {recipe!r} is neither a file nor a shipped recipe "
+        raise ValueError(f"recipe {quoted(recipe)} is not a file")
+    raise FileNotFoundError(f"recipe file not found: {quoted(recipe)} is neither a file nor a shipped recipe "
                             f"({', '.join(list_recipes(schema))})")
 
 
@@ -488,14 +540,85 @@ def recipe_name(recipe: Optional[str]) -> Optional[str]:
     return name[:-5] if name.endswith(".yaml") else name
 
 
+#: the most nodes a YAML document may hold once its aliases are expanded (a recipe has a few hundred; an "alias
+#: bomb" of nested aliases expands a few lines into billions)
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: Any, limit: int) -> Optional[int]:
+    """The number of nodes of the composed YAML node graph ``root`` with every alias expanded, or None when it
+    exceeds ``limit`` or an alias holds itself (an infinite document). Iterative: nesting depth costs no stack."""
+    import yaml
+    size: Dict[int, int] = {}
+    stack: List[Tuple[Any, bool]] = [(root, False)]
+    open_: set = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.ScalarNode):
+            size[key] = 1
+            continue
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value))
+        if children_done:
+            open_.discard(key)
+            total = 1 + sum(size[id(c)] for c in children)
+            if total > limit:
+                return None
+            size[key] = total
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            return None  # a node inside itself
+        open_.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_:
+                return None
+            if id(child) not in size:
+                stack.append((child, False))
+    return size[id(root)]
+
+
+def load_yaml(text: str, where: str, limit: int = MAX_YAML_NODES) -> Any:
+    """The YAML document ``text`` (safe types only), refused in one line (naming ``where``) when it is not valid
+    YAML, is nested too deeply, or expands to more than ``limit`` nodes through its aliases."""
+    import yaml
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, limit) is None:
+            raise ValueError(f"{where} expands to more than {limit} values through its YAML aliases (&anchor/*alias), "
+                             "or an alias refers to itself: refused; write the values out")
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where} is not valid YAML: {quoted(str(e).splitlines()[0], 300)}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to read") from None
+    finally:
+        loader.dispose()
+
+
+def _read_yaml_mapping(path: Path) -> Dict[str, Any]:
+    """A recipe file's top-level mapping (:func:`load_yaml`); an empty file is an empty mapping."""
+    if not path.is_file():
+        raise FileNotFoundError(f"recipe file not found: {path}")
+    loaded = load_yaml(path.read_text(), f"recipe {path}") or {}
+    if not isinstance(loaded, Mapping):
+        raise ValueError(f"recipe {path} must hold a mapping of option: value, got {type(loaded).__name__}")
+    return dict(loaded)
+
+
 def _read_recipe(recipe: str, specs: Mapping[str, Any], schema: Schema, chain: Tuple[Path, ...] = ()
                  ) -> Dict[str, Any]:
     """A recipe's values (unchecked), after those of its ``base:`` recipe (a shipped name or a path beside it)."""
-    from .io import read_yaml_mapping
     path = find_recipe(recipe, schema)
     if path.resolve() in chain:
         raise ValueError(f"recipe {path} inherits from itself (base: chain {' -> '.join(map(str, chain))})")
-    loaded = read_yaml_mapping(path)
+    loaded = _read_yaml_mapping(path)
     base = loaded.pop("base", None)
     values: Dict[str, Any] = {}
     if base is not None:
@@ -561,7 +684,7 @@ def recipe_from_args(schema: Schema, args: Any) -> Dict[str, Any]:
     """The checked recipe of :func:`add_recipe_arguments`' options."""
     from .options import deep_merge, parse_assignments
     overrides = parse_assignments(args.set_items, what="--set item")
-    if args.output:
+    if args.output is not None:  # '' too: the schema refuses it rather than falling back to the default folder
         overrides = deep_merge(overrides, {"output": args.output})
     return load_recipe(schema, args.config, overrides)
 
