@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,14 @@ def run_a(tmp_path_factory):
     return result
 
 
+@pytest.fixture
+def own_run(run_a, tmp_path) -> Path:
+    """A copy of run A's folder for a test that trains on in it (run A stays as trained, whatever ran before)."""
+    folder = tmp_path / "A"
+    shutil.copytree(run_a.output, folder)
+    return folder
+
+
 # ---------------------------------------------------------------- no run writes over another
 def test_resume_into_another_runs_folder_is_refused_and_leaves_it_intact(run_a, tmp_path, capsys):
     other = tmp_path / "B"
@@ -74,16 +83,16 @@ def test_a_fresh_run_never_writes_into_a_folder_with_files(tmp_path, capsys):
     assert read_safetensors_metadata(folder / "final.safetensors")["model"] == TINY["model"]
 
 
-def test_resume_continues_in_its_own_folder_and_accumulates_train_time(run_a):
+def test_resume_continues_in_its_own_folder_and_accumulates_train_time(own_run):
     # the checkpoint claims 1000 s of training so far: the summary must add this session to it
-    last = run_a.output / "last.pth"
+    last = own_run / "last.pth"
     state = torch.load(last, weights_only=True)
     state["train_time_s"] = 1000.0
     atomic_torch_save(state, last)
     resumed = train(load_config(None, {**TINY, "epochs": 2, "resume": str(last)}))  # output: the checkpoint's folder
-    assert resumed.output == run_a.output
+    assert resumed.output == own_run
     assert 1000.0 < resumed.summary["train_time_s"] < 1000.0 + 600
-    assert json.loads((run_a.output / "summary.json").read_text())["train_time_s"] == resumed.summary["train_time_s"]
+    assert json.loads((own_run / "summary.json").read_text())["train_time_s"] == resumed.summary["train_time_s"]
 
 
 def test_resume_refuses_other_model_kwargs_or_data(run_a, capsys):
@@ -114,10 +123,10 @@ def test_output_that_is_a_file_or_under_one_is_a_one_line_error(tmp_path, capsys
         check_run_folder(a_file / "run")
 
 
-def test_stale_temporary_files_are_removed_on_start(run_a):
-    stale = run_a.output / ".last.pth.k1ll3d.tmp"
+def test_stale_temporary_files_are_removed_on_start(own_run):
+    stale = own_run / ".last.pth.k1ll3d.tmp"
     stale.write_bytes(b"half a checkpoint")
-    train(load_config(None, {**TINY, "epochs": 3, "resume": str(run_a.output / "last.pth")}))
+    train(load_config(None, {**TINY, "epochs": 3, "resume": str(own_run / "last.pth")}))
     assert not stale.exists()
 
 
