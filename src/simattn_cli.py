@@ -2,7 +2,8 @@
 
 It lives outside the ``simattn`` package because importing that package registers every model with timm, which
 loads torch, timm and torchvision (seconds); the usage text and the subcommand table need none of them. A
-subcommand's module (and so torch) is imported only when that subcommand runs, by :func:`simattn.cli.run`.
+subcommand's module (and so torch) is imported only when that subcommand runs, by
+:func:`simattn.commands.run_command`.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if name not in COMMANDS:
         print(f"simattn: unknown command {name!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    from simattn.cli import run
+    from simattn.commands import run_command
 
-    return run(name, rest)
+    return run_command(name, COMMANDS[name][0], rest)
 
 
 if __name__ == "__main__":  # pragma: no cover

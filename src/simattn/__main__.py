@@ -1,6 +1,6 @@
 """``python -m simattn`` (and ``torchrun -m simattn train ...``)."""
 import sys
 
-from .cli import main
+from simattn_cli import main
 
 sys.exit(main())
