@@ -1,5 +1,6 @@
 """Isolation for every test: the same process-wide torch settings at each test's start, no process outliving the
 test that started it, and no temp folder outliving the session."""
+import atexit
 import os
 import shutil
 import signal
@@ -27,8 +28,16 @@ os.environ["TMPDIR"] = str(_temp_root)
 tempfile.tempdir = None  # re-read TMPDIR
 
 
-def pytest_unconfigure(config):
+def _remove_temp_root():
     shutil.rmtree(_temp_root, ignore_errors=True)
+
+
+def pytest_unconfigure(config):
+    _remove_temp_root()
+
+
+# and once more at exit: exit handlers registered later (torch's compile caches) run before this one
+atexit.register(_remove_temp_root)
 
 
 def _started_by_suite():
