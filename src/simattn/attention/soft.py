@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_qkv, matmul_dtype, no_autocast
+from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -109,8 +109,7 @@ def newton_pinv(m: torch.Tensor, num_iters: int = 20, backward: str = "exact",
     if backward not in _BACKWARDS:
         raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
     _check_newton_init(newton_init)
-    if num_iters < 0:
-        raise ValueError(f"soft: num_iters must be >= 0, got {num_iters}")
+    check_count("soft", "num_iters", num_iters, low=0)
     if backward == "exact":
         return _NewtonPinvExact.apply(m, num_iters, newton_init)
     return _nr_iterate(m, num_iters, newton_init)
@@ -128,10 +127,21 @@ def pinv_residual(m: torch.Tensor, num_iters: int = 20, newton_init: str = "rele
         return torch.linalg.matrix_norm(m @ x @ m - m) / torch.linalg.matrix_norm(m).clamp_min(1e-30)
 
 
+def _is_count(value, low: int) -> bool:
+    """An integer >= low; symbolic sizes (``torch.export`` with dynamic shapes) pass unchecked."""
+    if isinstance(value, torch.SymInt):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def infer_grid(n: int, grid_size: Optional[Tuple[int, int]] = None,
                num_prefix_tokens: Optional[int] = None) -> Tuple[Tuple[int, int], int]:
     """((H, W), number of prefix tokens) for n tokens: from ``grid_size`` or a square grid with 0 or 1 prefix tokens."""
+    if num_prefix_tokens is not None and not _is_count(num_prefix_tokens, 0):
+        raise ValueError(f"soft: num_prefix_tokens={num_prefix_tokens!r}; allowed: an integer >= 0")
     if grid_size is not None:
+        if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2 or not all(_is_count(s, 1) for s in grid_size):
+            raise ValueError(f"soft: grid_size={grid_size!r}; allowed: (H, W), two integers >= 1")
         gh, gw = grid_size
         prefix = n - gh * gw
         if prefix < 0 or (num_prefix_tokens is not None and prefix != num_prefix_tokens):
@@ -166,8 +176,16 @@ def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_
     return pooled.flatten(2).transpose(1, 2).reshape(B, H, -1, d)
 
 
-def _check_soft(q, k, v, grid_size, num_prefix_tokens):
+def _check_soft(q, k, v, grid_size, num_prefix_tokens, ratio, num_iters, landmarks):
     check_qkv(q, k, v, "soft")
+    check_count("soft", "ratio", ratio)
+    check_count("soft", "num_iters", num_iters, low=0)
+    for name, lm in landmarks:
+        if lm is not None and (lm.dim() != 4 or lm.shape[:2] != q.shape[:2] or lm.shape[-1] != q.shape[-1]):
+            raise ValueError(f"soft: {name} must have shape (B, H, m, d) = ({q.shape[0]}, {q.shape[1]}, m, "
+                             f"{q.shape[-1]}), got {tuple(lm.shape)}")
+        if lm is not None and lm.device != q.device:
+            raise ValueError(f"soft: {name} is on {lm.device} but q is on {q.device}; allowed: one device")
     return infer_grid(k.shape[-2], grid_size, num_prefix_tokens)
 
 
@@ -185,7 +203,8 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """
     if mask is not None:
         raise ValueError("soft: token masks are not supported (landmarks are pooled over the whole grid)")
-    grid, prefix = _check_soft(q, k, v, grid_size, num_prefix_tokens)
+    grid, prefix = _check_soft(q, k, v, grid_size, num_prefix_tokens, ratio, num_iters,
+                               (("q_landmarks", q_landmarks), ("k_landmarks", k_landmarks)))
     if k_landmarks is None:
         k_landmarks = pool_landmarks(k, grid, ratio, prefix)
     if q_landmarks is None:
@@ -227,8 +246,11 @@ class SoftAttention(TokenAttention):
         if backward not in _BACKWARDS:
             raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
         _check_newton_init(newton_init)
-        if ratio < 1:
-            raise ValueError(f"soft: ratio must be >= 1, got {ratio}")
+        check_count("SoftAttention", "ratio", ratio)
+        check_count("SoftAttention", "num_iters", num_iters, low=0)
+        check_count("SoftAttention", "v_conv_kernel", v_conv_kernel, low=0)
+        if num_prefix_tokens is not None:
+            check_count("SoftAttention", "num_prefix_tokens", num_prefix_tokens, low=0)
         self.ratio, self.num_iters, self.backward, self.newton_init = ratio, num_iters, backward, newton_init
         self.num_prefix_tokens = num_prefix_tokens
         self.landmarks = landmarks

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, acc_dtype, check_qkv, matmul_dtype
+from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_rate, matmul_dtype
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import softmax_reference as softmax_attention_reference
@@ -25,6 +25,14 @@ def _sdpa_mask(mask: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -
     return mask[:, None, None, :]
 
 
+def _check_options(scale: Optional[float], dropout_p: float = 0., is_causal: bool = False) -> None:
+    if scale is not None:
+        check_finite("softmax", "scale", scale)
+    check_rate("softmax", "dropout_p", dropout_p)
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"softmax: is_causal={is_causal!r}; allowed: True or False")
+
+
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
                       scale: Optional[float] = None, dropout_p: float = 0., is_causal: bool = False) -> torch.Tensor:
     """softmax(q kᵀ / √d) v through ``F.scaled_dot_product_attention`` (fused kernels where available).
@@ -32,6 +40,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask
     ``mask``: boolean keep-mask (B, Nk) over keys, or any mask SDPA accepts (4-D bool or additive float).
     """
     check_qkv(q, k, v, "softmax")
+    _check_options(scale, dropout_p, is_causal)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=_sdpa_mask(mask, q, k), dropout_p=dropout_p, scale=scale,
                                           is_causal=is_causal)
 
@@ -39,6 +48,7 @@ def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask
 def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     scale: Optional[float] = None) -> torch.Tensor:
     """The (B, H, Nq, Nk) weights softmax(q kᵀ · scale); ``mask`` is SDPA-style (bool keep or additive)."""
+    _check_options(scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = (q * scale) @ k.transpose(-2, -1)
     if mask is not None:
