@@ -1,5 +1,5 @@
 """Bad arguments to the attention ops, modules and models are a one-line ValueError naming the argument, its value
-and what is allowed."""
+and what is allowed; and the ops stay finite and accurate at large activations in fp32 and under autocast."""
 import math
 import re
 from functools import partial
@@ -15,7 +15,7 @@ from simattn.attention.elu import elu_attention
 from simattn.attention.relu import relu_attention, relu_weights
 from simattn.attention.sima import sima_attention
 from simattn.attention.soft import soft_attention
-from simattn.attention.softmax import softmax_attention, softmax_weights
+from simattn.attention.softmax import SoftmaxAttention, softmax_attention, softmax_weights
 from simattn.attention.xca import xca_attention
 from simattn.attention.xnorm import xnorm_attention
 
@@ -162,3 +162,62 @@ def test_models_refuse_inputs_that_are_not_in_chans_image_batches(name):
             msg = _raises_one_line(lambda: model(torch.randn(shape)), "in_chans=3", f"shape {shape}")
             assert re.match(r"^\w+: expected an image batch", msg), msg
         _raises_one_line(lambda: model.forward_intermediates(torch.randn(1, 1, size, size)), "in_chans=3")
+
+
+# ---------------------------------------------------------------- SOFT at large activations
+@pytest.mark.parametrize("d", [32, 64])
+def test_soft_single_token_large_activations_finite_and_exact(d):
+    """At N = 1 a token is its own landmark: the kernel is exp(0) = 1 and the output is v / 1.01 for the released
+    Newton init. Inputs ×1e4 used to lose exp(0) to the rounding of ‖a‖² + ‖b‖² − 2a·b (non-finite at d = 64)."""
+    for seed in range(3):
+        x = torch.randn(2, 2, 1, d, generator=torch.Generator().manual_seed(seed)) * 1e4
+        out = soft_attention(x, x, x, grid_size=(1, 1))
+        ref = R.soft_reference(x.double(), x.double(), (1, 1))
+        assert torch.isfinite(out).all() and error_ratio(out, ref) < 1e-6
+        for dtype in (torch.float16, torch.bfloat16):
+            with torch.autocast("cpu", dtype=dtype):
+                low = soft_attention(x, x, x, grid_size=(1, 1))
+            assert torch.isfinite(low).all() and error_ratio(low, ref) <= torch.finfo(dtype).eps
+
+
+def test_soft_tokens_far_from_the_origin_keep_fp32_accuracy():
+    """Tokens close to each other (spread 0.5) but ~1e4 from the origin: the kernel depends on their distances
+    only, so the fast path is as accurate as the oracle's explicit differences in fp32 (both limited by pooling
+    values of 1e4 in fp32, ~2e-4); the expanded ‖a‖² + ‖b‖² − 2a·b on the raw values was off by 30-90×."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 1, 64, generator=g) * 1e4 + torch.randn(2, 2, 16, 64, generator=g) * 0.5
+    v = torch.randn(2, 2, 16, 64, generator=g)
+    out = soft_attention(x, x, v, grid_size=(4, 4))
+    ref = R.soft_reference(x.double(), v.double(), (4, 4))
+    plain_fp32 = error_ratio(R.soft_reference(x, v, (4, 4)), ref)
+    assert torch.isfinite(out).all() and error_ratio(out, ref) <= 1.5 * plain_fp32 < 1e-3
+
+
+# ---------------------------------------------------------------- softmax under autocast at large activations
+# Bound: rms relative error vs the fp64 oracle ≤ 1 machine epsilon of the autocast dtype (fp16 2⁻¹⁰, bf16 2⁻⁷),
+# i.e. the rounding of the output to that dtype; before, fp32 inputs were rounded before the scores (10-20 % off).
+@pytest.mark.parametrize("path", ["fused", "explicit"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_softmax_autocast_large_fp32_inputs_accurate(dtype, path):
+    fn = softmax_attention if path == "fused" else (lambda q, k, v: softmax_weights(q, k) @ v)
+    for seed in (0, 1):
+        q, k, v = qkv(b=1, n=197, scale=1e4, seed=seed)
+        ref = R.softmax_reference(q.double(), k.double(), v.double())
+        with torch.autocast("cpu", dtype=dtype):
+            out = fn(q, k, v)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        assert error_ratio(out, ref) <= torch.finfo(dtype).eps, (seed, error_ratio(out, ref))
+
+
+def test_softmax_explicit_path_large_fp16_inputs_finite():
+    """fp16 scores of ×1e4 inputs overflow (|q·k| ~ 1e9): the explicit weights compute them in fp32."""
+    dtype = torch.float16
+    q, k, v = (t.to(dtype) for t in qkv(b=1, n=17, scale=1e4))
+    ref = R.softmax_reference(q.double(), k.double(), v.double())
+    with torch.autocast("cpu", dtype=dtype):
+        out = softmax_weights(q, k) @ v
+    assert torch.isfinite(out).all() and error_ratio(out, ref) <= torch.finfo(dtype).eps
+    m = SoftmaxAttention(32, num_heads=2, fused=False)
+    with torch.autocast("cpu", dtype=dtype):
+        y = m(torch.randn(2, 17, 32) * 1e4)
+    assert torch.isfinite(y).all()

@@ -40,12 +40,50 @@ __all__ = [
 _BACKWARDS = ("exact", "iterative")
 
 
-def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32 (or fp64 for fp64 inputs)."""
+def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, same_points: bool = False) -> torch.Tensor:
+    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32 (or fp64 for fp64 inputs).
+
+    ‖a − b‖² = ‖a‖² + ‖b‖² − 2 a·b (matmul cost) rounds relative to ‖a‖², so the points are first moved by b's
+    mean (distances do not change): the rounding then scales with the points' spread, not their distance from
+    the origin. Without it, activations of order 1e4 at d = 64 carry a rounding error of ~1e2 in fp32, and the
+    kernel of a token with itself, exp(0) = 1, comes out as e⁻²⁵. ``same_points``: a and b are the same points
+    (the landmark kernel), whose diagonal is exp(0) = 1 exactly.
+    """
     acc = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    a, b = a.to(acc), b.to(acc)
-    sq = a.square().sum(-1, keepdim=True) + b.square().sum(-1).unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
+    center = b.detach().to(acc).mean(-2, keepdim=True)  # a constant shift: no gradient flows through it
+    a, b = a.to(acc) - center, b.to(acc) - center
+    return _kernel(a, b, _sq_norms(a), _sq_norms(b), same_points)
+
+
+def _sq_norms(x: torch.Tensor) -> torch.Tensor:
+    return x.square().sum(-1)
+
+
+def _kernel(a: torch.Tensor, b: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor,
+            same_points: bool = False) -> torch.Tensor:
+    """exp(-‖a_i − b_j‖² / (2√d)) from a (…, Na, d), b (…, Nb, d) (centered) and their squared norms (…, N)."""
+    sq = a_sq.unsqueeze(-1) + b_sq.unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
+    if same_points:
+        sq.diagonal(dim1=-2, dim2=-1).zero_()
     return torch.exp(sq.clamp_min(0) * (-0.5 / math.sqrt(a.shape[-1])))
+
+
+def _soft_kernels(q: torch.Tensor, k: torch.Tensor, q_landmarks: torch.Tensor,
+                  k_landmarks: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SOFT's three kernels exp(Q ⊖ K̃), exp(Q̃ ⊖ K̃), exp(Q̃ ⊖ K) as :func:`gaussian_kernel` computes them, with
+    one shift (the key landmarks' mean) and each squared norm computed once for all three."""
+    acc = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    center = k_landmarks.detach().to(acc).mean(-2, keepdim=True)
+    same_landmarks = q_landmarks is k_landmarks
+    qc = q.to(acc) - center
+    kc = qc if k is q else k.to(acc) - center
+    klc = k_landmarks.to(acc) - center
+    qlc = klc if same_landmarks else q_landmarks.to(acc) - center
+    q_sq, kl_sq = _sq_norms(qc), _sq_norms(klc)
+    k_sq = q_sq if k is q else _sq_norms(kc)
+    ql_sq = kl_sq if same_landmarks else _sq_norms(qlc)
+    return (_kernel(qc, klc, q_sq, kl_sq), _kernel(qlc, klc, ql_sq, kl_sq, same_landmarks),
+            _kernel(qlc, kc, ql_sq, k_sq))
 
 
 _NEWTON_INITS = ("released", "paper")
@@ -211,9 +249,7 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         q_landmarks = k_landmarks if q is k else pool_landmarks(q, grid, ratio, prefix)
     dt = matmul_dtype(v)
     with no_autocast(q):
-        left = gaussian_kernel(q, k_landmarks)  # (B, H, Nq, m)
-        core = gaussian_kernel(q_landmarks, k_landmarks)  # (B, H, m, m)
-        right = gaussian_kernel(q_landmarks, k)  # (B, H, m, Nk)
+        left, core, right = _soft_kernels(q, k, q_landmarks, k_landmarks)  # (B, H, Nq | m, m | Nk)
         out = left @ (newton_pinv(core, num_iters, backward, newton_init) @ (right @ v.to(left.dtype)))
     return out.to(dt)
 
@@ -284,7 +320,7 @@ class SoftAttention(TokenAttention):
         if torch.jit.is_scripting():  # no autograd.Function or autocast handling: the kernels and iterations as such
             lm = pool_landmarks(q, grid, self.ratio, prefix) if landmarks is None else landmarks
             left = gaussian_kernel(q, lm)
-            core = _nr_iterate(gaussian_kernel(lm, lm), self.num_iters, self.newton_init)
+            core = _nr_iterate(gaussian_kernel(lm, lm, True), self.num_iters, self.newton_init)
             out = (left @ (core @ (gaussian_kernel(lm, q) @ v.to(left.dtype)))).to(v.dtype)
         else:
             out = soft_attention(q, q, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,
