@@ -166,8 +166,9 @@ def pinv_residual(m: torch.Tensor, num_iters: int = 20, newton_init: str = "rele
 
 
 def _is_count(value, low: int) -> bool:
-    """An integer >= low; symbolic sizes (``torch.export`` with dynamic shapes) pass unchecked."""
-    if isinstance(value, torch.SymInt):
+    """An integer >= low; symbolic sizes (``torch.export`` with dynamic shapes, tensors under ``torch.jit.trace``)
+    pass unchecked."""
+    if isinstance(value, (torch.SymInt, torch.Tensor)):
         return True
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
