@@ -35,9 +35,9 @@ def _soft_oracle(q, k, v, **kw):
 
 
 def _with(fn, **fixed):
-    """fn with tensor options moved to the inputs' dtype (so fp64 runs stay fp64)."""
+    """fn with tensor options moved to the inputs' device and dtype (so fp64 runs stay fp64)."""
     def call(q, k, v, **kw):
-        opts = {key: val.to(q.dtype) if torch.is_tensor(val) else val for key, val in fixed.items()}
+        opts = {key: val.to(device=q.device, dtype=q.dtype) if torch.is_tensor(val) else val for key, val in fixed.items()}
         return fn(q, k, v, **opts, **kw)
     return call
 

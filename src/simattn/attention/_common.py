@@ -12,8 +12,11 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 __all__ = [
     "HookPoint",
     "check_count",
+    "check_device",
     "check_finite",
+    "check_per_head",
     "check_positive",
+    "check_rate",
     "fx_call_whole",
     "fx_tracing",
     "check_qkv",
@@ -87,11 +90,64 @@ def check_positive(owner: str, name: str, value: Any) -> float:
     return float(value)
 
 
+def check_rate(owner: str, name: str, value: Any) -> float:
+    """``value`` if it is a probability in [0, 1) (dropout rates: 1 would scale the kept values by 1/0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{owner}: {name}={value!r}; allowed: a number in [0, 1)")
+    return float(value)
+
+
+def check_device(owner: str, device: Any) -> None:
+    """A one-line ValueError when ``device`` is not a device name, or names one this machine lacks (``'cuda'``
+    without CUDA, ``'cuda:3'`` on a machine with one GPU); None passes (the default device)."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"{owner}: device={device!r} is not a device; allowed: e.g. 'cpu', 'cuda', 'cuda:0'") from None
+    backend = getattr(torch, dev.type, None) if dev.type not in ("cpu", "meta") else None
+    is_available = getattr(backend, "is_available", None)
+    if is_available is None:  # cpu, meta, and kinds torch has no availability query for
+        return
+    if not is_available():
+        raise ValueError(f"{owner}: device={device!r} was asked for, but {dev.type.upper()} is not available on this "
+                         f"machine; allowed: 'cpu'")
+    count = getattr(backend, "device_count", None)
+    if dev.index is not None and count is not None and dev.index >= count():
+        raise ValueError(f"{owner}: device={device!r} was asked for, but this machine has {count()} {dev.type} "
+                         f"device(s); allowed: indices 0 to {count() - 1}")
+
+
+def check_per_head(owner: str, name: str, value: Any, q: torch.Tensor) -> Any:
+    """A per-head option (XCA's temperature, XNorm's γ) for q (B, H, N, d): a finite number, or a tensor on q's
+    device with one value, or one per head shaped (H,), (H, 1, 1), (1, H, 1, 1) or (B, H, 1, 1). Returns the
+    number, or the tensor shaped to broadcast against (B, H, ·, ·); a one-line ValueError otherwise.
+
+    Shapes only, no values: reading a tensor's values would wait for the GPU on every call."""
+    if not torch.is_tensor(value):
+        return check_finite(owner, name, value)
+    if value.device != q.device and value.dim() > 0:  # torch itself lets 0-dim CPU tensors meet any device
+        raise ValueError(f"{owner}: {name} is on {value.device} but q is on {q.device}; allowed: one device")
+    B, H = q.shape[0], q.shape[1]
+    if value.dim() == 1 and value.shape[0] == H:
+        return value.reshape(1, H, 1, 1)
+    shape = [1] * (4 - value.dim()) + list(value.shape) if value.dim() <= 4 else list(value.shape)
+    if len(shape) != 4 or not (shape[0] == 1 or shape[0] == B) or not (shape[1] == 1 or shape[1] == H) \
+            or shape[2] != 1 or shape[3] != 1:
+        raise ValueError(f"{owner}: {name} has shape {tuple(value.shape)}; expected one value per head for "
+                         f"{H} heads: shape ({H},), ({H}, 1, 1) or (1, {H}, 1, 1), or a single value")
+    return value
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same_length: bool = False) -> None:
-    """Validate (B, H, N, d) query/key/value shapes with one-line errors."""
+    """Validate (B, H, N, d) query/key/value shapes and their device with one-line errors."""
     for t, tn in ((q, "q"), (k, "k"), (v, "v")):
         if t.dim() != 4:
             raise ValueError(f"{name}: {tn} must have shape (B, H, N, d), got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    if q.device != k.device or k.device != v.device:
+        raise ValueError(f"{name}: q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
+                         f"v on {v.device}")
     if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
         raise ValueError(
             f"{name}: batch and head dims must match, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -106,10 +162,14 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same
         raise ValueError(f"{name}: empty token axis: q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
-def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name: str) -> Optional[torch.Tensor]:
-    """Validate a boolean keep-mask of shape (B, N) (True = token takes part). Returns it as bool or None."""
+def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name: str,
+                     device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
+    """Validate a boolean keep-mask of shape (B, N) (True = token takes part), on ``device`` when given. Returns it
+    as bool or None."""
     if mask is None:
         return None
+    if device is not None and mask.device != device:
+        raise ValueError(f"{name}: token mask is on {mask.device} but the keys are on {device}; allowed: one device")
     if mask.dim() != 2 or mask.shape[0] != batch or mask.shape[1] != length:
         raise ValueError(f"{name}: token mask must have shape (B, N) = ({batch}, {length}), got {tuple(mask.shape)}")
     if mask.dtype != torch.bool:
@@ -120,10 +180,10 @@ def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name
 def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], q_mask: Optional[torch.Tensor],
                   name: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Validate key and query keep-masks. With equal lengths (self-attention) the key mask also masks queries."""
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], name)
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], name, k.device)
     if q_mask is None and mask is not None and q.shape[-2] == k.shape[-2]:
         q_mask = mask
-    q_mask = check_token_mask(q_mask, q.shape[0], q.shape[-2], name)
+    q_mask = check_token_mask(q_mask, q.shape[0], q.shape[-2], name, q.device)
     return mask, q_mask
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Tuple, Type
 import torch
 from torch import nn
 
-from ._common import check_count, fx_call_whole, fx_tracing
+from ._common import check_count, check_device, fx_call_whole, fx_tracing
 
 __all__ = ["TokenAttention"]
 
@@ -75,6 +75,7 @@ class TokenAttention(nn.Module):
             allowed = "0 <= attn_drop < 1" if self.supports_attn_drop else \
                 f"only 0: {self.attn_name} attention has no weight matrix to drop"
             raise ValueError(f"{type(self).__name__}: attn_drop={attn_drop} is not supported; allowed: {allowed}")
+        check_device(name, device)
         norm_layer = norm_layer or nn.LayerNorm
         dd = {"device": device, "dtype": dtype}
         self.dim = dim

@@ -26,7 +26,8 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32.
     """
     check_qkv(q, k, v, "elu")
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu")
+    check_positive("elu", "eps", eps)
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
     dt = matmul_dtype(q)
     with no_autocast(q):
         out = _elu(q, k, v, mask, eps)

@@ -74,7 +74,8 @@ def relu_weights(q: torch.Tensor, k: torch.Tensor, *, activation: str = "relu", 
     Computed in fp32 (fp64 for fp64 inputs) even under autocast: the scores overflow fp16 for large activations,
     and in bf16 their rounding flips the sign tests of relu-like h near 0, which the gradient feels."""
     h = _activation(activation)
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
+    check_finite("relu", "alpha", alpha)
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu", k.device)
     with no_autocast(q):
         q, k = q.to(acc_dtype(q)), k.to(acc_dtype(k))
         w = h((q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5) * _length(k, mask).pow(-alpha)
@@ -92,7 +93,8 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     """
     check_qkv(q, k, v, "relu")
     _activation(activation)
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu")
+    check_finite("relu", "alpha", alpha)
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu", k.device)
     degree = _HOMOGENEOUS_DEGREE.get(activation)
     out_dtype = _out_dtype(q)
     if degree is None:

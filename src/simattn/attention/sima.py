@@ -131,6 +131,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
 def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                    eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
     """Materialize q̂ and k̂ (for visualization and the reference), l1 over tokens in fp32."""
+    check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, None, "sima")
     q_hat = F.normalize(apply_token_mask(q.to(acc_dtype(q)), q_mask), p=1.0, dim=-2, eps=eps)
     k_hat = F.normalize(apply_token_mask(k.to(acc_dtype(k)), mask), p=1.0, dim=-2, eps=eps)

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_qkv, matmul_dtype, no_autocast
+from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 
@@ -40,12 +40,50 @@ __all__ = [
 _BACKWARDS = ("exact", "iterative")
 
 
-def gaussian_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32 (or fp64 for fp64 inputs)."""
+def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, same_points: bool = False) -> torch.Tensor:
+    """exp(-‖a_i − b_j‖² / (2√d)) for a (..., Na, d), b (..., Nb, d), in fp32 (or fp64 for fp64 inputs).
+
+    ‖a − b‖² = ‖a‖² + ‖b‖² − 2 a·b (matmul cost) rounds relative to ‖a‖², so the points are first moved by b's
+    mean (distances do not change): the rounding then scales with the points' spread, not their distance from
+    the origin. Without it, activations of order 1e4 at d = 64 carry a rounding error of ~1e2 in fp32, and the
+    kernel of a token with itself, exp(0) = 1, comes out as e⁻²⁵. ``same_points``: a and b are the same points
+    (the landmark kernel), whose diagonal is exp(0) = 1 exactly.
+    """
     acc = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
-    a, b = a.to(acc), b.to(acc)
-    sq = a.square().sum(-1, keepdim=True) + b.square().sum(-1).unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
+    center = b.detach().to(acc).mean(-2, keepdim=True)  # a constant shift: no gradient flows through it
+    a, b = a.to(acc) - center, b.to(acc) - center
+    return _kernel(a, b, _sq_norms(a), _sq_norms(b), same_points)
+
+
+def _sq_norms(x: torch.Tensor) -> torch.Tensor:
+    return x.square().sum(-1)
+
+
+def _kernel(a: torch.Tensor, b: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Tensor,
+            same_points: bool = False) -> torch.Tensor:
+    """exp(-‖a_i − b_j‖² / (2√d)) from a (…, Na, d), b (…, Nb, d) (centered) and their squared norms (…, N)."""
+    sq = a_sq.unsqueeze(-1) + b_sq.unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
+    if same_points:
+        sq.diagonal(dim1=-2, dim2=-1).zero_()
     return torch.exp(sq.clamp_min(0) * (-0.5 / math.sqrt(a.shape[-1])))
+
+
+def _soft_kernels(q: torch.Tensor, k: torch.Tensor, q_landmarks: torch.Tensor,
+                  k_landmarks: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SOFT's three kernels exp(Q ⊖ K̃), exp(Q̃ ⊖ K̃), exp(Q̃ ⊖ K) as :func:`gaussian_kernel` computes them, with
+    one shift (the key landmarks' mean) and each squared norm computed once for all three."""
+    acc = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    center = k_landmarks.detach().to(acc).mean(-2, keepdim=True)
+    same_landmarks = q_landmarks is k_landmarks
+    qc = q.to(acc) - center
+    kc = qc if k is q else k.to(acc) - center
+    klc = k_landmarks.to(acc) - center
+    qlc = klc if same_landmarks else q_landmarks.to(acc) - center
+    q_sq, kl_sq = _sq_norms(qc), _sq_norms(klc)
+    k_sq = q_sq if k is q else _sq_norms(kc)
+    ql_sq = kl_sq if same_landmarks else _sq_norms(qlc)
+    return (_kernel(qc, klc, q_sq, kl_sq), _kernel(qlc, klc, ql_sq, kl_sq, same_landmarks),
+            _kernel(qlc, kc, ql_sq, k_sq))
 
 
 _NEWTON_INITS = ("released", "paper")
@@ -109,8 +147,7 @@ def newton_pinv(m: torch.Tensor, num_iters: int = 20, backward: str = "exact",
     if backward not in _BACKWARDS:
         raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
     _check_newton_init(newton_init)
-    if num_iters < 0:
-        raise ValueError(f"soft: num_iters must be >= 0, got {num_iters}")
+    check_count("soft", "num_iters", num_iters, low=0)
     if backward == "exact":
         return _NewtonPinvExact.apply(m, num_iters, newton_init)
     return _nr_iterate(m, num_iters, newton_init)
@@ -128,10 +165,22 @@ def pinv_residual(m: torch.Tensor, num_iters: int = 20, newton_init: str = "rele
         return torch.linalg.matrix_norm(m @ x @ m - m) / torch.linalg.matrix_norm(m).clamp_min(1e-30)
 
 
+def _is_count(value, low: int) -> bool:
+    """An integer >= low; symbolic sizes (``torch.export`` with dynamic shapes, tensors under ``torch.jit.trace``)
+    pass unchecked."""
+    if isinstance(value, (torch.SymInt, torch.Tensor)):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
 def infer_grid(n: int, grid_size: Optional[Tuple[int, int]] = None,
                num_prefix_tokens: Optional[int] = None) -> Tuple[Tuple[int, int], int]:
     """((H, W), number of prefix tokens) for n tokens: from ``grid_size`` or a square grid with 0 or 1 prefix tokens."""
+    if num_prefix_tokens is not None and not _is_count(num_prefix_tokens, 0):
+        raise ValueError(f"soft: num_prefix_tokens={num_prefix_tokens!r}; allowed: an integer >= 0")
     if grid_size is not None:
+        if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2 or not all(_is_count(s, 1) for s in grid_size):
+            raise ValueError(f"soft: grid_size={grid_size!r}; allowed: (H, W), two integers >= 1")
         gh, gw = grid_size
         prefix = n - gh * gw
         if prefix < 0 or (num_prefix_tokens is not None and prefix != num_prefix_tokens):
@@ -166,8 +215,16 @@ def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_
     return pooled.flatten(2).transpose(1, 2).reshape(B, H, -1, d)
 
 
-def _check_soft(q, k, v, grid_size, num_prefix_tokens):
+def _check_soft(q, k, v, grid_size, num_prefix_tokens, ratio, num_iters, landmarks):
     check_qkv(q, k, v, "soft")
+    check_count("soft", "ratio", ratio)
+    check_count("soft", "num_iters", num_iters, low=0)
+    for name, lm in landmarks:
+        if lm is not None and (lm.dim() != 4 or lm.shape[:2] != q.shape[:2] or lm.shape[-1] != q.shape[-1]):
+            raise ValueError(f"soft: {name} must have shape (B, H, m, d) = ({q.shape[0]}, {q.shape[1]}, m, "
+                             f"{q.shape[-1]}), got {tuple(lm.shape)}")
+        if lm is not None and lm.device != q.device:
+            raise ValueError(f"soft: {name} is on {lm.device} but q is on {q.device}; allowed: one device")
     return infer_grid(k.shape[-2], grid_size, num_prefix_tokens)
 
 
@@ -185,16 +242,15 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     """
     if mask is not None:
         raise ValueError("soft: token masks are not supported (landmarks are pooled over the whole grid)")
-    grid, prefix = _check_soft(q, k, v, grid_size, num_prefix_tokens)
+    grid, prefix = _check_soft(q, k, v, grid_size, num_prefix_tokens, ratio, num_iters,
+                               (("q_landmarks", q_landmarks), ("k_landmarks", k_landmarks)))
     if k_landmarks is None:
         k_landmarks = pool_landmarks(k, grid, ratio, prefix)
     if q_landmarks is None:
         q_landmarks = k_landmarks if q is k else pool_landmarks(q, grid, ratio, prefix)
     dt = matmul_dtype(v)
     with no_autocast(q):
-        left = gaussian_kernel(q, k_landmarks)  # (B, H, Nq, m)
-        core = gaussian_kernel(q_landmarks, k_landmarks)  # (B, H, m, m)
-        right = gaussian_kernel(q_landmarks, k)  # (B, H, m, Nk)
+        left, core, right = _soft_kernels(q, k, q_landmarks, k_landmarks)  # (B, H, Nq | m, m | Nk)
         out = left @ (newton_pinv(core, num_iters, backward, newton_init) @ (right @ v.to(left.dtype)))
     return out.to(dt)
 
@@ -227,8 +283,11 @@ class SoftAttention(TokenAttention):
         if backward not in _BACKWARDS:
             raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
         _check_newton_init(newton_init)
-        if ratio < 1:
-            raise ValueError(f"soft: ratio must be >= 1, got {ratio}")
+        check_count("SoftAttention", "ratio", ratio)
+        check_count("SoftAttention", "num_iters", num_iters, low=0)
+        check_count("SoftAttention", "v_conv_kernel", v_conv_kernel, low=0)
+        if num_prefix_tokens is not None:
+            check_count("SoftAttention", "num_prefix_tokens", num_prefix_tokens, low=0)
         self.ratio, self.num_iters, self.backward, self.newton_init = ratio, num_iters, backward, newton_init
         self.num_prefix_tokens = num_prefix_tokens
         self.landmarks = landmarks
@@ -262,7 +321,7 @@ class SoftAttention(TokenAttention):
         if torch.jit.is_scripting():  # no autograd.Function or autocast handling: the kernels and iterations as such
             lm = pool_landmarks(q, grid, self.ratio, prefix) if landmarks is None else landmarks
             left = gaussian_kernel(q, lm)
-            core = _nr_iterate(gaussian_kernel(lm, lm), self.num_iters, self.newton_init)
+            core = _nr_iterate(gaussian_kernel(lm, lm, True), self.num_iters, self.newton_init)
             out = (left @ (core @ (gaussian_kernel(lm, q) @ v.to(left.dtype)))).to(v.dtype)
         else:
             out = soft_attention(q, q, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import HookPoint, acc_dtype, check_qkv, matmul_dtype
+from ._common import HookPoint, cast, check_finite, check_qkv, check_rate, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import softmax_reference as softmax_attention_reference
@@ -25,25 +25,58 @@ def _sdpa_mask(mask: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -
     return mask[:, None, None, :]
 
 
+def _check_options(scale: Optional[float], dropout_p: float = 0., is_causal: bool = False) -> None:
+    if scale is not None:
+        check_finite("softmax", "scale", scale)
+    check_rate("softmax", "dropout_p", dropout_p)
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"softmax: is_causal={is_causal!r}; allowed: True or False")
+
+
 def softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
                       scale: Optional[float] = None, dropout_p: float = 0., is_causal: bool = False) -> torch.Tensor:
     """softmax(q kᵀ / √d) v through ``F.scaled_dot_product_attention`` (fused kernels where available).
 
     ``mask``: boolean keep-mask (B, Nk) over keys, or any mask SDPA accepts (4-D bool or additive float).
+
+    Under autocast the op runs in its inputs' own dtype and returns autocast's: autocast would round fp32 q and k
+    to fp16/bf16 before the scores, an error of about |q|·|k|·scale·ε in every logit, which at large activations
+    exceeds the gaps between logits (×1e4 inputs: 10-20 % off). The fused kernels accumulate the scores in fp32
+    from inputs of any dtype, so low-precision inputs (a network's projections under autocast) run as before.
     """
     check_qkv(q, k, v, "softmax")
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=_sdpa_mask(mask, q, k), dropout_p=dropout_p, scale=scale,
+    _check_options(scale, dropout_p, is_causal)
+    sdpa_mask = _sdpa_mask(mask, q, k)
+    if torch.is_autocast_enabled(q.device.type):
+        low = torch.get_autocast_dtype(q.device.type)
+        dt = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        if dt != low:  # (inputs in autocast's dtype already have nothing to round: the plain call below)
+            if sdpa_mask is not None and sdpa_mask.is_floating_point():
+                sdpa_mask = cast(sdpa_mask, dt)
+            with no_autocast(q):
+                out = F.scaled_dot_product_attention(cast(q, dt), cast(k, dt), cast(v, dt), attn_mask=sdpa_mask,
+                                                     dropout_p=dropout_p, scale=scale, is_causal=is_causal)
+            return cast(out, low)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale,
                                           is_causal=is_causal)
 
 
 def softmax_weights(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                     scale: Optional[float] = None) -> torch.Tensor:
-    """The (B, H, Nq, Nk) weights softmax(q kᵀ · scale); ``mask`` is SDPA-style (bool keep or additive)."""
+    """The (B, H, Nq, Nk) weights softmax(q kᵀ · scale); ``mask`` is SDPA-style (bool keep or additive).
+
+    Scores and softmax run in fp32 (fp64 for fp64 inputs) even under autocast: fp16 scores overflow past 65504, and
+    scores from inputs rounded to fp16/bf16 are off by |q|·|k|·scale·ε. Returned in the dtype ``weights @ v``
+    runs in (autocast's, else q's)."""
+    _check_options(scale)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    logits = (q * scale) @ k.transpose(-2, -1)
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask
-    return logits.to(acc_dtype(logits)).softmax(dim=-1).to(matmul_dtype(q))  # fp32 reduction, safe under autocast
+    acc = torch.promote_types(torch.promote_types(q.dtype, k.dtype), torch.float32)
+    with no_autocast(q):
+        logits = (cast(q, acc) * scale) @ cast(k, acc).transpose(-2, -1)
+        if mask is not None:
+            logits = logits.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else logits + mask.to(acc)
+        weights = logits.softmax(dim=-1)
+    return cast(weights, matmul_dtype(q))
 
 
 @register_attention("softmax")

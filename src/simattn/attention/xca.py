@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, check_positive, check_qkv, matmul_dtype, no_autocast,
-                      resolve_masks)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, matmul_dtype,
+                      no_autocast, resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import xca_reference as xca_attention_reference
@@ -17,8 +17,8 @@ __all__ = ["xca_attention", "xca_attention_reference", "xca_weights", "XCAttenti
 
 
 def _temperature(temperature, q):
-    t = torch.as_tensor(temperature, dtype=acc_dtype(q), device=q.device)
-    return t.reshape(1, -1, 1, 1) if t.dim() >= 1 and t.numel() > 1 else t
+    """The temperature as a tensor that broadcasts against the (B, H, d, d) scores; one-line errors otherwise."""
+    return torch.as_tensor(check_per_head("xca", "temperature", temperature, q), dtype=acc_dtype(q), device=q.device)
 
 
 def xca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -38,6 +38,7 @@ def xca_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 def xca_weights(q: torch.Tensor, k: torch.Tensor, temperature: Union[float, torch.Tensor] = 1.0,
                 mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
     """The (B, H, d, d) channel weights softmax(q̂ᵀ k̂ · temperature), in fp32."""
+    check_positive("xca", "eps", eps)
     with no_autocast(q):
         return _xca_weights(q, k, _temperature(temperature, q), mask, eps)
 

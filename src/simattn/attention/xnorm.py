@@ -12,8 +12,8 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
-from ._common import (acc_dtype, apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype,
-                      no_autocast)
+from ._common import (acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, check_token_mask,
+                      matmul_dtype, no_autocast)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import xnorm_reference as xnorm_attention_reference
@@ -33,10 +33,14 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     """XNorm attention on q (B, H, Nq, d), k, v (B, H, Nk, ·); ``mask`` (B, Nk) removes keys.
 
     Fast path: KᵀV and its column norms in fp32; the per-token query norm is applied to the output rows, so the
-    normalized query is never materialized. γ may be floats or per-head tensors broadcastable to (B, H, 1, 1).
+    normalized query is never materialized. γ may be floats or per-head tensors: shape (H,), (H, 1, 1),
+    (1, H, 1, 1) or (B, H, 1, 1).
     """
     check_qkv(q, k, v, "xnorm")
-    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm")
+    gamma_q = check_per_head("xnorm", "gamma_q", gamma_q, q)
+    gamma_kv = check_per_head("xnorm", "gamma_kv", gamma_kv, q)
+    check_positive("xnorm", "eps", eps)
+    mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
     dt = matmul_dtype(q)
     with no_autocast(q):
         kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)

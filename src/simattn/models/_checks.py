@@ -3,11 +3,11 @@
 model, the argument and what is allowed, not a traceback from deep inside a layer (or a silently odd network)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Union
+from typing import Any, Dict, List, Mapping, Sequence, Union
 
 from ..utils.recipe import Opt, check_value
 
-__all__ = ["MODEL_OPTIONS", "check_model_kwargs"]
+__all__ = ["MODEL_OPTIONS", "check_model_kwargs", "image_batch_error"]
 
 _RATE = dict(low=0.0, high=1.0, high_open=True)
 _SIZES = Union[int, List[int]]
@@ -30,6 +30,12 @@ MODEL_OPTIONS: Dict[str, Opt] = {
     "attn_drop_rate": Opt(0.0, type=float, **_RATE),
     "drop_path_rate": Opt(0.0, "stochastic depth rate", type=float, **_RATE),
 }
+
+
+def image_batch_error(model: str, in_chans: int, shape: Sequence[int]) -> ValueError:
+    """The one-line error for an input that is not a (B, in_chans, H, W) image batch (wrong rank or channels)."""
+    return ValueError(f"{model}: expected an image batch of shape (B, in_chans={in_chans}, H, W), got an input of "
+                      f"shape {tuple(shape)}")
 
 
 def _first(value: Any) -> Any:

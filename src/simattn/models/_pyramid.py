@@ -12,6 +12,7 @@ from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
 from ..attention._common import fx_tracing
+from ._checks import image_batch_error
 from ._head import TokenPoolHead
 
 # FX records the resampling as one call: it branches on sizes in Python
@@ -187,8 +188,7 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
         if fx_tracing():
             return
         if x.dim() != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"{type(self).__name__}: expected input of shape (B, {self.in_chans}, H, W), "
-                             f"got {tuple(x.shape)}")
+            raise image_batch_error(type(self).__name__, self.in_chans, x.shape)
         self.check_img_size(x.shape[-2], x.shape[-1])
 
     def _check_pool(self, global_pool: str) -> str:

@@ -25,7 +25,7 @@ from timm.models._manipulate import checkpoint_seq, named_apply
 from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
-from ._checks import check_model_kwargs
+from ._checks import check_model_kwargs, image_batch_error
 from ..attention import attention_class
 from ..attention._common import fx_tracing
 
@@ -45,6 +45,7 @@ class SoftmaxFreeViT(VisionTransformer):
 
     def __init__(self, *, representation_size: Union[int, bool, None] = None, **kwargs) -> None:
         super().__init__(**kwargs)
+        self.in_chans: int = getattr(getattr(self.patch_embed, "proj", None), "in_channels", kwargs.get("in_chans", 3))
         self.pre_logits: nn.Module = nn.Identity()
         if representation_size is True:
             representation_size = self.embed_dim
@@ -67,8 +68,8 @@ class SoftmaxFreeViT(VisionTransformer):
     def _check_input(self, x: torch.Tensor) -> None:
         if fx_tracing():
             return
-        if x.dim() != 4:
-            raise ValueError(f"{type(self).__name__}: expected an image batch (B, C, H, W), got shape {tuple(x.shape)}")
+        if x.dim() != 4 or x.shape[1] != self.in_chans:
+            raise image_batch_error(type(self).__name__, self.in_chans, x.shape)
         ph, pw = self.patch_embed.patch_size
         if x.shape[-2] % ph or x.shape[-1] % pw:
             raise ValueError(f"input size {tuple(x.shape[-2:])} is not divisible by patch size {(ph, pw)}")

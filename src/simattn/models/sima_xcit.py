@@ -36,7 +36,7 @@ from timm.models.cait import ClassAttn
 from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBlock, ConvPatchEmbed, \
     PositionalEncodingFourier
 
-from ._checks import check_model_kwargs
+from ._checks import check_model_kwargs, image_batch_error
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
@@ -378,7 +378,7 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
         if fx_tracing():
             return
         if x.dim() != 4 or x.shape[1] != self.in_chans:
-            raise ValueError(f"{type(self).__name__}: expected images (B, {self.in_chans}, H, W), got {tuple(x.shape)}")
+            raise image_batch_error(type(self).__name__, self.in_chans, x.shape)
         H, W = x.shape[-2:]
         p = self.patch_size
         if H % p or W % p or H < p or W < p:
