@@ -72,7 +72,7 @@ def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys)
     assert export_main(["--weights", str(weights), "--format", "executorch", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "not delegated:" in printed and "native_layer_norm" in printed  # the delegation summary is shown
-    report = json.loads(out.with_suffix(".json").read_text())
+    report = json.loads((tmp_path / "m.pte.json").read_text())
     assert all(r["ok"] and r["max_abs_diff"] < 1e-3 and r["cosine"] > 0.99999 for r in report["parity"].values())
     assert not any("upsample" in op for op in report["aten_ops"])  # captured at a fixed size: no resample
     meta = read_pte_metadata(out)
@@ -103,7 +103,7 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
     q_out = {o for n in graph.node if n.op_type == "QuantizeLinear" for o in n.output}
     assert {n.op_type for n in graph.node if set(n.input) & q_out} == {"DequantizeLinear"}
     assert {"Add", "ReduceSum"} <= {n.op_type for n in graph.node}
-    q = json.loads(onnx8.with_suffix(".json").read_text())["quantization"]
+    q = json.loads((tmp_path / "m8.onnx.json").read_text())["quantization"]
     assert q["mode"] == "static" and abs(q["delta_top1"]) <= 3 and q["prediction_agreement"] >= 90
     ref = validate_weights(weights, device="cpu")
     assert validate_weights(onnx8)["top1"] == pytest.approx(ref["top1"], abs=3)
@@ -130,7 +130,7 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
     pte8 = tmp_path / "m8.pte"
     assert export_main(["--weights", str(weights), "--format", "executorch", "--quantize", "static",
                         "--calib-images", "32", "-o", str(pte8)]) == 0
-    report = json.loads(pte8.with_suffix(".json").read_text())
+    report = json.loads((tmp_path / "m8.pte.json").read_text())
     assert report["calibration"] == {"dataset": "digits", "split": "train", "images": 32}
     # What a user needs of an int8 file: the same answers on real images. Over models trained at 1 and 2 threads,
     # seeds 0-2 (fixture as above), ExecuTorch int8 agreed with fp32 on 92-98 % of the 359 val digits and moved top-1

@@ -101,13 +101,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     if spec["num_classes"] != n_classes:
         raise ValueError(f"model {spec['model']} has {spec['num_classes']} classes but dataset {dataset!r} has "
                          f"{n_classes}")
-    trained_on = (spec.get("extra") or {}).get("classes")
-    data_classes = [str(c) for c in dataset_classes(data)]
-    if isinstance(trained_on, list) and [str(c) for c in trained_on] != data_classes:
-        differ = [f"{i}: {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(trained_on, data_classes)) if str(a) != b]
-        raise ValueError(f"the weights were trained on other classes than dataset {dataset!r} holds (index: weights "
-                         f"vs data) {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}: the accuracy would be "
-                         "meaningless")
+    _check_classes((spec.get("extra") or {}).get("classes"), data, dataset, "the weights")
     net.to(dev)
     if channels_last:
         net.to(memory_format=torch.channels_last)
@@ -132,6 +126,19 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                          "split": split, "img_size": data_config["input_size"][-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": sum(p.numel() for p in net.parameters()), **metrics})
+
+
+def _check_classes(trained_on: Any, data, dataset: str, what: str) -> None:
+    """A one-line ValueError when the class names recorded for the model (``trained_on``, a list, or None when not
+    recorded) are not those of ``data`` in the same order: the accuracy would be meaningless."""
+    from .data.factory import dataset_classes
+
+    data_classes = [str(c) for c in dataset_classes(data)]
+    if isinstance(trained_on, list) and [str(c) for c in trained_on] != data_classes:
+        differ = [f"{i}: {a!r} vs {b!r}" for i, (a, b) in enumerate(zip(trained_on, data_classes)) if str(a) != b]
+        raise ValueError(f"{what} were trained on other classes than dataset {dataset!r} holds (index: weights vs "
+                         f"data) {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''}: the accuracy would be "
+                         "meaningless")
 
 
 def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *, dataset: str,
@@ -164,6 +171,7 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     if recorded is not None and recorded != n_classes:
         raise ValueError(f"{path.name} ({meta['model']}) has {recorded} classes but dataset {dataset!r} has "
                          f"{n_classes}")
+    _check_classes(meta.get("classes"), data, dataset, f"{path.name}'s weights")
     net = DeployedModel(path, threads)
     data_config = {"input_size": list(size), "mean": list(meta["mean"]), "std": list(meta["std"]),
                    "crop_pct": float(crop_pct or meta.get("crop_pct") or 0.875),

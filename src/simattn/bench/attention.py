@@ -39,7 +39,7 @@ from ..attention import (elu_attention, relu_attention, sima_attention, sima_att
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
-from .cli import check_bench_flags, require_cuda
+from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
 from .report import WIDE_SPREAD, relative_spread, spread_warning
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
@@ -365,19 +365,31 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _own_options():
+    """The options of ``bench attention`` beyond the benchmarks' shared ones, with their allowed values."""
+    from ..utils.recipe import Opt, maybe
+    from .cli import some_of
+    return {"kinds": Opt(None, type=maybe(List[str]),
+                         check=some_of(list(KINDS) + [k for k in GPU_KINDS if k not in KINDS])),
+            "passes": Opt(None, type=maybe(List[str]), check=some_of(list(PASSES))),
+            "layout": Opt("qkv", choices=list(LAYOUTS)),
+            "dtype": Opt(None, type=maybe(str), choices=["float32", "bfloat16", "float16"])}
+
+
 def main(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="simattn bench attention", description=__doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=None,
                    help=f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
                         f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)")
-    p.add_argument("--kinds", nargs="+", default=None, choices=list(KINDS) + [k for k in GPU_KINDS if k not in KINDS],
+    p.add_argument("--kinds", nargs="+", default=None,
                    help=f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)})")
     p.add_argument("--heads", type=int, default=None, help="heads H (default 6 on CPU, 16 with --device cuda)")
     p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=8, help="batch B with --device cuda (the CPU sweep uses 8 at N = 197, "
-                                                        "1 elsewhere)")
-    p.add_argument("--passes", nargs="+", default=list(PASSES), choices=PASSES,
-                   help="with --device cuda: forward alone and/or forward + backward")
+    p.add_argument("--batch", type=int, default=None, help="batch B with --device cuda (default 8; the CPU sweep uses "
+                                                           "8 at N = 197, 1 elsewhere)")
+    p.add_argument("--passes", nargs="+", default=None,
+                   help=f"with --device cuda: forward alone and/or forward + backward ({', '.join(PASSES)}; default "
+                        "both)")
     p.add_argument("--hbm-gbps", type=float, default=None,
                    help=f"peak HBM bandwidth for the roofline with --device cuda (default: by device name from a "
                         f"table, else {DEFAULT_HBM_GBPS} GB/s, the H200's)")
@@ -386,20 +398,31 @@ def main(argv: List[str]) -> int:
     p.add_argument("--repeats", type=int, default=None,
                    help="timed runs per measurement (median, p10, p90 reported; default 10 on CPU, 50 on CUDA)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the kinds (median reported)")
-    p.add_argument("--max-seconds", type=float, default=10.0, help="stop repeating a measurement after this long")
-    p.add_argument("--layout", default="qkv", choices=LAYOUTS,
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="CPU: stop repeating a measurement after this long (default 10)")
+    p.add_argument("--layout", default="qkv",
                    help="q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="leave glibc's trim/mmap defaults (calls then page-fault their buffers in, noisily)")
     p.add_argument("--device", default="cpu", help="cpu, or cuda[:i] for the GPU sweep")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="default float32 on CPU, bfloat16 with --device cuda")
+    p.add_argument("--dtype", default=None,
+                   help="float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)")
     p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
     args = p.parse_args(argv)
-    check_bench_flags(args)
+    check_bench_flags(args, _own_options())
     gpu = torch.device(args.device).type == "cuda"
     if gpu:
         require_cuda(args.device)
+        refuse_unused(args, ["threads", "max_seconds"], "to the CPU sweep, not --device cuda")
+        if not args.keep_freed_memory:
+            raise ValueError("--no-keep-freed-memory applies to the CPU sweep, not --device cuda")
+    else:
+        refuse_unused(args, ["batch", "passes", "hbm_gbps"], "to --device cuda (the CPU sweep's batch is 8 at "
+                                                             "N = 197, 1 elsewhere, forward only)")
+    check_out(args.out, folder=False)
+    args.batch = args.batch or 8
+    args.passes = args.passes or list(PASSES)
+    args.max_seconds = args.max_seconds or 10.0
     args.tokens = args.tokens or list(GPU_TOKENS if gpu else DEFAULT_TOKENS)
     args.kinds = args.kinds or list(GPU_KINDS if gpu else KINDS)
     args.heads = args.heads or (16 if gpu else 6)

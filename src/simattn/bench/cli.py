@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import List
+from typing import Any, Dict, List, Optional, Sequence
 
 BENCHES = {
     "attention": ("simattn.bench.attention", "attention kinds vs softmax SDPA and the official SimA, by token count"),
@@ -12,29 +12,70 @@ BENCHES = {
 }
 
 
+def xcit_models() -> List[str]:
+    """The registered models of the XCiT layout (``sima_xcit``): what ``bench paper --xcit-model`` takes."""
+    import timm
+
+    from .. import models  # noqa: F401  (registers the models)
+    return sorted(timm.list_models(module="sima_xcit"))
+
+
 def _bench_options():
     from ..utils.recipe import Opt, check_device, maybe
     count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
     seconds = dict(type=maybe(float), low=0.0, low_open=True)
     return {
         "device": Opt("cpu", "cpu | cuda | cuda:N", check=check_device), "threads": Opt(None, **count),
-        "batch": Opt(None, **count), "table3_batch": Opt(None, **count), "heads": Opt(None, **count),
-        "head_dim": Opt(None, **count), "repeats": Opt(None, **count), "rounds": Opt(None, **count),
-        "repeats_models": Opt(None, **count), "rounds_models": Opt(None, **count),
-        "warmup_models": Opt(None, type=maybe(int), low=0), "deit_depth": Opt(None, type=maybe(int), low=0),
-        "xcit_depth": Opt(None, **count), "tokens": Opt(None, **counts), "sizes": Opt(None, **counts),
+        "batch": Opt(None, **count), "batch_size": Opt(None, **count), "table3_batch": Opt(None, **count),
+        "heads": Opt(None, **count), "head_dim": Opt(None, **count), "repeats": Opt(None, **count),
+        "rounds": Opt(None, **count), "repeats_models": Opt(None, **count), "rounds_models": Opt(None, **count),
+        "warmup": Opt(None, type=maybe(int), low=0), "warmup_models": Opt(None, type=maybe(int), low=0),
+        "deit_depth": Opt(None, type=maybe(int), low=0), "xcit_depth": Opt(None, **count),
+        "xcit_model": Opt(None, type=maybe(str), choices=xcit_models),
+        "tokens": Opt(None, **counts), "sizes": Opt(None, **counts),
         "dims": Opt(None, **counts), "img_size": Opt(None, **counts), "hbm_gbps": Opt(None, **seconds),
         "max_seconds": Opt(None, **seconds), "max_time": Opt(None, **seconds), "timeout": Opt(None, **seconds),
         "min_time": Opt(None, **seconds), "bench_time": Opt(None, **seconds),
     }
 
 
-def check_bench_flags(args) -> None:
-    """Check the benchmarks' shared options present on ``args`` against their declared ranges (one-line
-    ValueError naming the flag), before any work."""
+def some_of(choices: Sequence[str]):
+    """An ``Opt`` check for a list option whose every item is one of ``choices``."""
+    def check(values) -> Optional[str]:
+        bad = [v for v in values if v not in choices]
+        return f"{', '.join(map(repr, bad))} not allowed; allowed: some of {', '.join(choices)}" if bad else None
+
+    return check
+
+
+def check_bench_flags(args, own: Optional[Dict[str, Any]] = None) -> None:
+    """Check the benchmarks' shared options present on ``args`` against their declared ranges, and ``own`` (the
+    benchmark's own options: name → ``Opt``), one-line ValueError naming the flag, before any work."""
     from ..utils.recipe import checked_flags
     specs = {name: spec for name, spec in _bench_options().items() if hasattr(args, name)}
+    specs.update(own or {})
     vars(args).update(checked_flags(args, specs))
+
+
+def refuse_unused(args, unused: List[str], why: str) -> None:
+    """A one-line ValueError when any of the options ``unused`` (attribute names, None or False when not given)
+    was given: ``why`` says what they apply to."""
+    given = ["--" + name.replace("_", "-") for name in unused
+             if getattr(args, name) is not None and getattr(args, name) is not False]
+    if given:
+        raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")
+
+
+def check_out(path, folder: bool) -> None:
+    """``--out``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
+    or a folder where a file is."""
+    from pathlib import Path
+
+    out = Path(path)
+    if folder and out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; the benchmark writes a folder of results there")
+    if not folder and out.is_dir():
+        raise ValueError(f"--out {out} is a folder; the benchmark writes a JSON file there")
 
 
 def require_cuda(device: str) -> None:

@@ -64,7 +64,7 @@ from torch import nn
 from ..models.factory import create_model, parse_model_kwargs, with_attention
 from ..utils.options import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
-from .cli import check_bench_flags, require_cuda
+from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
@@ -181,6 +181,9 @@ def validate_spec(spec: BenchSpec) -> None:
     if spec.img_size <= 0 or spec.batch_size <= 0 or spec.latency_batch <= 0 or spec.repeats <= 0:
         raise ValueError(f"image size, batch sizes and repeats must be positive, got img_size={spec.img_size}, "
                          f"batch_size={spec.batch_size}, latency_batch={spec.latency_batch}, repeats={spec.repeats}")
+    if spec.warmup < 0 or not spec.max_time > 0 or spec.threads < 1:
+        raise ValueError(f"warmup must be >= 0, max_time > 0 and threads >= 1, got warmup={spec.warmup}, "
+                         f"max_time={spec.max_time}, threads={spec.threads}")
     device = torch.device(spec.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {spec.device!r} requested but CUDA is not available")
@@ -205,6 +208,29 @@ def validate_spec(spec: BenchSpec) -> None:
         if other:
             raise ValueError(f"--runtime {spec.runtime} measures {', '.join(ORT_MEASURES)} only, not "
                              f"{', '.join(sorted(other))}")
+
+
+def check_builds(specs: Sequence[BenchSpec]) -> None:
+    """Build each distinct model of ``specs`` on the meta device (no memory, no weights initialized): kwargs or
+    attention options the model refuses are a one-line ValueError before any worker starts, not an error row per
+    configuration after the sweep."""
+    seen = set()
+    for spec in specs:
+        key = json.dumps([spec.model, spec.attn, spec.attn_kwargs, spec.sima_order, spec.model_kwargs,
+                          spec.img_size], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            with torch.device("meta"):
+                build_model(spec)
+        except ValueError as e:
+            message = str(e).strip().splitlines()[0]
+            what = [spec.model] if spec.model not in message else []
+            what += [f"attention {spec.label!r}"] if spec.attn != DEFAULT_ATTN else []
+            raise ValueError(f"{', '.join(what + [f'{spec.img_size} px'])}: {message}") from None
+        except Exception:  # noqa: BLE001 - an op the meta device lacks: the worker's real build will tell
+            pass
 
 
 # ------------------------------------------------------------------------------------------------ the worker
@@ -747,6 +773,17 @@ def parse_attn(entries: Sequence[str], kwargs_items: Sequence[str] = ()) -> List
     return [(label, kind, dict(options.get(label, {}))) for label, kind in labels.items()]
 
 
+def _own_options():
+    """The options of ``bench model`` beyond the benchmarks' shared ones, with their allowed values."""
+    from ..utils.recipe import Opt, maybe
+    from .cli import some_of
+    names = dict(type=maybe(List[str]))
+    return {"precision": Opt(None, **names, check=some_of(list(PRECISIONS))),
+            "measure": Opt(None, **names, check=some_of(list(MEASURES))),
+            "sima_order": Opt(None, type=maybe(str), choices=list(SIMA_ORDERS)),
+            "onnx_exporter": Opt(None, type=maybe(str), choices=["auto", "dynamo", "torchscript"])}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="simattn bench model",
                                 description="Latency, throughput, exp-like op and FLOP counts and peak memory of "
@@ -759,18 +796,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-kwargs", nargs="*", default=[], metavar="KIND.OPTION=VALUE",
                    help=f"options of each --attn entry, {OPTIONS_HELP}: e.g. sima.order=qk_first softmax.fused=false")
     p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
-    p.add_argument("--precision", nargs="+", default=None, choices=list(PRECISIONS),
+    p.add_argument("--precision", nargs="+", default=None,
                    help="fp32, or bf16/fp16 autocast (default: fp32 on CPU, bf16 on CUDA)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads in every worker; None = this process's torch.get_num_threads()")
     p.add_argument("--batch-size", type=int, default=8, help="batch of the throughput measurements")
-    p.add_argument("--measure", nargs="+", default=list(MEASURES), choices=MEASURES, help="what to measure")
+    p.add_argument("--measure", nargs="+", default=list(MEASURES), help=f"what to measure: some of "
+                                                                          f"{', '.join(MEASURES)}")
     order = p.add_mutually_exclusive_group()
     order.add_argument("--fixed-order", action="store_true",
                        help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
                             "difference is the cost of exp alone (the paper's comparison)")
-    order.add_argument("--sima-order", choices=SIMA_ORDERS, default=None, help="force this SimA order")
+    order.add_argument("--sima-order", default=None, help=f"force this SimA order ({', '.join(SIMA_ORDERS)})")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
                    help=f"create_model kwargs of every model, {OPTIONS_HELP}: e.g. depth=6 act_layer=relu")
     p.add_argument("--runtime", nargs="+", default=["torch"], metavar="RUNTIME",
@@ -780,19 +818,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"add an int8 row for each of {', '.join(INT8_RUNTIMES)} in --runtime (static, linear/conv/"
                         f"matmul only, calibrated on {CALIBRATION_IMAGES} digits images)")
     p.add_argument("--compile", action="store_true", help="time the torch.compile'd model (runtime torch)")
-    p.add_argument("--compile-backend", default="inductor",
-                   help="torch.compile backend (see torch._dynamo.list_backends())")
+    p.add_argument("--compile-backend", default=None,
+                   help="torch.compile backend with --compile (default inductor; see torch._dynamo.list_backends())")
     p.add_argument("--channels-last", action="store_true",
                    help="model and inputs in channels-last memory format (runtime torch)")
-    p.add_argument("--onnx-exporter", choices=("auto", "dynamo", "torchscript"), default="auto",
-                   help="torch.onnx exporter for --runtime onnxruntime (auto: dynamo, else TorchScript)")
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--onnx-exporter", default=None,
+                   help="torch.onnx exporter for --runtime onnxruntime (default auto: dynamo, else TorchScript)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs before each measurement")
     p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (at least)")
     p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
     p.add_argument("--rounds", type=int, default=1, help="time the whole sweep this often, interleaved; "
                                                          "report the median (steadier on a shared machine)")
-    p.add_argument("--baseline", default="softmax", help="the --attn entry the speed-ups are relative to")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before a worker is abandoned")
+    p.add_argument("--baseline", default=None,
+                   help="the --attn label the speed-ups are relative to (default: softmax, when listed)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a worker is abandoned (not with "
+                                                               "--in-process)")
     p.add_argument("--in-process", action="store_true", help="measure in this process (debugging)")
     p.add_argument("--out", type=Path, default=Path("runs/bench_model"), help="output folder")
     p.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
@@ -804,13 +844,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return _worker_main(args.worker)
-    check_bench_flags(args)
+    check_bench_flags(args, _own_options())
     require_cuda(args.device)
+    check_out(args.out, folder=True)
+    if not args.compile:
+        refuse_unused(args, ["compile_backend"], "to --compile")
+    if "onnxruntime" not in args.runtime:
+        refuse_unused(args, ["onnx_exporter"], "to --runtime onnxruntime")
+    if args.in_process:
+        refuse_unused(args, ["timeout"], "to workers, not --in-process")
     args.precision = args.precision or (["bf16"] if torch.device(args.device).type == "cuda" else ["fp32"])
-    threads = set_threads(args.threads)
     order = "qk_first" if args.fixed_order else args.sima_order
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     kwargs = parse_model_kwargs(args.model_kwargs)
     attns = parse_attn(args.attn, args.attn_kwargs)
     runtimes = list(dict.fromkeys(args.runtime))
@@ -834,18 +878,25 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"--runtime {exported}: not measured: {', '.join(skipped)} (inference only)", flush=True)
         if not deployed_measures:
             raise ValueError(f"--runtime {exported} measures {', '.join(ORT_MEASURES)}; --measure gave none of them")
+    threads = set_threads(args.threads)
     specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
                        img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,
                        sima_order=order, model_kwargs=kwargs,
                        measures=measures if runtime == "torch" else deployed_measures, warmup=args.warmup,
                        repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
-                       compile_backend=args.compile_backend, quantize=quantize,
-                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter)
+                       compile_backend=args.compile_backend or "inductor", quantize=quantize,
+                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto")
              for runtime, quantize in variants
              for m in args.models for label, kind, attn_kwargs in attns for s in args.img_size
              for p in args.precision]
     for spec in specs:
         validate_spec(spec)
+    labels = list(dict.fromkeys(s.label for s in specs))
+    if args.baseline is not None and args.baseline not in labels:
+        raise ValueError(f"--baseline {args.baseline!r} is not one of the runs' labels ({', '.join(labels)}): "
+                         "name an --attn entry")
+    baseline = args.baseline or "softmax"
+    check_builds(specs)
     meta = {**machine_info(args.device, threads), "sima_order": order or "model default",
             "runtime": ", ".join(dict.fromkeys(runtime_name(s) for s in specs)),
             "model_kwargs": kwargs, "batch_size": args.batch_size, "rounds": args.rounds,
@@ -855,8 +906,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"CPU {meta.get('cpu_name') or meta['cpu']}, features: {', '.join(meta.get('cpu_features') or ['unknown'])}",
           flush=True)
     rows = run_specs(specs, rounds=args.rounds, in_process=args.in_process, timeout=args.timeout)
-    paths = write_results(rows, args.out, meta, baseline=args.baseline)
-    print(summary_markdown(rows, speedups(rows, args.baseline), meta, runtime_speedups(rows)))
+    paths = write_results(rows, args.out, meta, baseline=baseline)
+    print(summary_markdown(rows, speedups(rows, baseline), meta, runtime_speedups(rows)))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 1 if any("error" in r for r in rows) else 0
 

@@ -33,7 +33,7 @@ from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAtten
 from ..attention.elu import elu_attention_reference
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model import BenchSpec, run_specs
-from .cli import check_bench_flags
+from .cli import check_bench_flags, check_out, refuse_unused
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
@@ -308,14 +308,8 @@ def figure_a1_markdown(records: Sequence[Dict[str, Any]], notes: Sequence[str]) 
 
 def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Run both panels; returns the records and notes on what was substituted."""
-    import timm
-
     notes = []
     xcit_model, xcit_kwargs = args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8}
-    if not timm.is_model(xcit_model):
-        notes.append(f"{xcit_model} is not registered here; the right panel uses the DeiT backbone with XCA vs "
-                     f"SimA attention (8 heads) instead of XCiT's blocks.")
-        xcit_model = "sima_deit_small_patch16_224"
     if args.deit_depth:
         notes.append(f"DeiT-S runs with depth {args.deit_depth} instead of 12 (all blocks are alike, so the ratio "
                      f"per block is unchanged; patch embedding and head weigh a little more).")
@@ -341,34 +335,56 @@ def build_parser() -> argparse.ArgumentParser:
                                             "Figure A1 (whole models) on this machine, the paper's numbers beside "
                                             "ours.")
     p.add_argument("--quick", action="store_true", help="fewer sizes, shallower models and repeats (minutes on CPU)")
-    p.add_argument("--only", choices=("table3", "figure_a1"), default=None, help="run one part only")
+    p.add_argument("--only", default=None, help="run one part only: table3 or figure_a1")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current count)")
-    p.add_argument("--readings", nargs="+", choices=list(READINGS), default=list(READINGS),
-                   help="Table 3: how D is read (per head: token dim D·H; total: token dim D)")
-    p.add_argument("--table3-batch", type=int, default=16,
-                   help="batch of the Table 3 blocks (the paper does not state it)")
+    p.add_argument("--readings", nargs="+", default=None,
+                   help=f"Table 3: how D is read ({', '.join(READINGS)}; default all; per head: token dim D·H; "
+                        "total: token dim D)")
+    p.add_argument("--table3-batch", type=int, default=None,
+                   help="batch of the Table 3 blocks (default 16; the paper does not state it)")
     p.add_argument("--batch", type=int, default=None, help="batch of the Figure A1 runs (default: 8 on CUDA as "
                                                             "in the paper, 1 on CPU)")
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="Figure A1 left: input sizes")
     p.add_argument("--dims", type=int, nargs="+", default=None, help="Figure A1 right: embedding dims "
                                                                       "(multiples of 8; paper goes to 8192)")
     p.add_argument("--deit-depth", type=int, default=None, help="Figure A1 left: blocks (0 = DeiT-S's 12)")
-    p.add_argument("--xcit-model", default="sima_small_12_p16", help="Figure A1 right: the XCiT/SimA model")
-    p.add_argument("--xcit-depth", type=int, default=1, help="Figure A1 right: blocks (wide models are big)")
+    p.add_argument("--xcit-model", default=None,
+                   help="Figure A1 right: the XCiT/SimA model (default sima_small_12_p16; an XCiT-layout model)")
+    p.add_argument("--xcit-depth", type=int, default=None,
+                   help="Figure A1 right: blocks (default 1; wide models are big)")
     p.add_argument("--repeats", type=int, default=None, help="Table 3 timed runs per round")
     p.add_argument("--rounds", type=int, default=None, help="Table 3 interleaved timing rounds (median reported)")
     p.add_argument("--repeats-models", type=int, default=None, help="Figure A1 timed runs per model")
     p.add_argument("--rounds-models", type=int, default=None, help="Figure A1 interleaved rounds (subprocesses)")
     p.add_argument("--warmup-models", type=int, default=None)
-    p.add_argument("--max-time", type=float, default=60.0, help="cap (s) on one Figure A1 model's timed runs")
+    p.add_argument("--max-time", type=float, default=None,
+                   help="cap (s) on one Figure A1 model's timed runs (default 60)")
     p.add_argument("--timeout", type=float, default=None, help="seconds before a Figure A1 worker is abandoned")
     p.add_argument("--out", type=Path, default=Path("runs/bench_paper"), help="output folder")
     return p
 
 
+TABLE3_OPTIONS = ("readings", "table3_batch", "repeats", "rounds")
+FIGURE_A1_OPTIONS = ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
+                     "rounds_models", "warmup_models", "max_time", "timeout")
+
+
+def _own_options():
+    """The options of ``bench paper`` beyond the benchmarks' shared ones, with their allowed values."""
+    from ..utils.recipe import Opt, maybe
+    from .cli import some_of
+    return {"only": Opt(None, type=maybe(str), choices=["table3", "figure_a1"]),
+            "readings": Opt(None, type=maybe(List[str]), check=some_of(list(READINGS)))}
+
+
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
-    check_bench_flags(args)
+    check_bench_flags(args, _own_options())
+    if args.only == "table3":
+        refuse_unused(args, list(FIGURE_A1_OPTIONS), "to Figure A1, which --only table3 leaves out")
+    if args.only == "figure_a1":
+        refuse_unused(args, list(TABLE3_OPTIONS), "to Table 3, which --only figure_a1 leaves out")
+    check_out(args.out, folder=True)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
         defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box
@@ -377,15 +393,20 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
             setattr(args, key, value)
     if args.batch is None:
         args.batch = 8 if torch.device(args.device).type == "cuda" else 1
+    args.readings = args.readings or list(READINGS)
+    args.table3_batch = args.table3_batch or 16
+    args.xcit_model = args.xcit_model or "sima_small_12_p16"
+    args.xcit_depth = args.xcit_depth or 1
+    args.max_time = args.max_time or 60.0
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {args.device!r} requested but CUDA is not available")
-    for name in ("table3_batch", "batch", "repeats", "rounds", "repeats_models", "rounds_models", "xcit_depth"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    bad = [d for d in args.dims if d <= 0 or d % 8]
-    if bad or any(s <= 0 for s in args.sizes):
-        raise ValueError(f"sizes must be positive and dims positive multiples of 8 (8 heads), got sizes "
-                         f"{args.sizes}, dims {args.dims}")
+    bad = [d for d in args.dims if d % 8]
+    if bad:
+        raise ValueError(f"--dims {' '.join(map(str, bad))}: the XCiT panel's dims must be multiples of 8 (8 heads)")
+    if args.only in (None, "figure_a1"):  # a model the sizes or dims do not fit: one line now, not after Table 3
+        from .model import check_builds
+
+        check_builds(figure_a1_specs(args, 1, args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8})[0])
     return args
 
 

@@ -8,7 +8,9 @@ Examples::
     simattn export --weights W.safetensors --format executorch --quantize static -o m8.pte
     simattn export --weights W.safetensors --format coreml --precision fp16 -o m.mlpackage
 
-With ``--quantize``, ``-o`` is the int8 file. ExecuTorch and Core ML graphs are captured at one fixed input size.
+With ``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
+(``m.pte.json``), so exports of one model to several formats keep their own reports. ExecuTorch and Core ML graphs
+are captured at one fixed input size.
 Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input (nothing written).
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["main", "build_parser", "FORMATS", "QUANTIZE_MODES", "check_options"]
+__all__ = ["main", "build_parser", "FORMATS", "QUANTIZE_MODES", "check_options", "side_file"]
 
 FORMATS = ("onnx", "executorch", "coreml")
 #: format → file suffix
@@ -28,6 +30,12 @@ SUFFIXES = {"onnx": ".onnx", "executorch": ".pte", "coreml": ".mlpackage"}
 QUANTIZE_MODES = {"onnx": ("dynamic", "static"), "executorch": ("dynamic", "static"), "coreml": ()}
 PRECISIONS = ("fp32", "fp16")
 DEFAULT_CALIB_IMAGES, MAX_CALIB_IMAGES = 128, 100_000
+
+
+def side_file(output: Path, suffix: str) -> Path:
+    """A file an export writes beside ``output``, named after its whole name (``m.pte`` → ``m.pte.json``), so the
+    exports of one model to several formats (``m.onnx``, ``m.pte``, ``m.mlpackage``) keep their own reports."""
+    return output.with_name(output.name + suffix)
 
 
 def _check_opset(opset: int) -> Optional[str]:
@@ -53,17 +61,18 @@ def _options() -> Dict[str, Dict[str, Any]]:
                             choices=["auto", "dynamo", "torchscript"]),
             "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
                                          "the graph)"),
-            "batch": Opt(2, "example batch for export and parity", low=2),
-            "atol": Opt(1e-4, "max |runtime - PyTorch| allowed", low=0.0),
+            "batch": Opt(2, "--format onnx: example batch for export and parity (ExecuTorch and Core ML programs "
+                            "take one image)", low=2),
+            "atol": Opt(1e-4, "max |runtime - PyTorch| allowed (onnx, executorch)", low=0.0),
         },
         "audit, latency, quantization": {
             "require_exp_free": Opt(False, "fail (exit 1, nothing written) if the graph has any exp-like op"),
-            "compare_softmax": Opt(False, "also export the same architecture with softmax attention and compare "
-                                          "onnxruntime latency"),
-            "threads": Opt(1, "runtime threads for parity and timing", low=1),
-            "bench_batch": Opt(1, "batch size for latency", low=1),
-            "bench_time": Opt(1.0, "seconds of timed runs per model and round, at least 20 runs", low=0.0,
-                              low_open=True),
+            "compare_softmax": Opt(False, "also export the same architecture with softmax attention "
+                                          "(<output>.softmax.onnx) and compare onnxruntime latency"),
+            "threads": Opt(1, "runtime threads for parity and timing (onnx, executorch)", low=1),
+            "bench_batch": Opt(1, "--compare-softmax: batch size for latency", low=1),
+            "bench_time": Opt(1.0, "--compare-softmax: seconds of timed runs per model and round, at least 20 runs",
+                              low=0.0, low_open=True),
             "quantize": Opt(None, "int8 matmul-type layers (linear/conv/matmul; adds, norms and SimA's "
                                   "normalization stay float), onnx and executorch; bare --quantize is dynamic; the "
                                   "int8 file is -o", type=maybe(str), choices=["dynamic", "static"], const="dynamic"),
@@ -88,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_arguments(groups["model"])
     groups["export"].add_argument("-o", "--output",
                                   help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
-    groups["export"].add_argument("--report", help="JSON report (default: the output path with .json)")
+    groups["export"].add_argument("--report", help="JSON report (default: the output's whole name + .json: "
+                                                   "m.onnx.json, m.pte.json, m.mlpackage.json)")
     for name, specs in _options().items():
         add_option_flags(groups[name], specs)
     return p
@@ -128,6 +138,16 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                                   ("--calib-images", args.calib_images)) if v is not None]
     if calib_given and mode != "static":
         raise ValueError(f"{', '.join(calib_given)} applies to --quantize static only")
+    from ..data.factory import DATASETS
+    if args.calib_dir is not None and DATASETS[args.calib_data or "digits"] == "digits":
+        raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
+                         f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
+                         "with --calib-data (folder, imagenet, cifar10 or cifar100)")
+    defaults = {name: spec.default for specs in _options().values() for name, spec in specs.items()}
+
+    def changed(*names: str) -> List[str]:
+        return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != defaults[n]]
+
     if fmt != "onnx":
         onnx_only = [o for o, given in (("--compare-softmax", args.compare_softmax),
                                         ("--static-spatial", args.static_spatial),
@@ -135,6 +155,14 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                      if given]
         if onnx_only:
             raise ValueError(f"{', '.join(onnx_only)} applies to --format onnx, not {fmt}")
+        if changed("batch"):
+            raise ValueError(f"--batch {args.batch} applies to --format onnx (the example batch of its dynamic "
+                             f"batch axis); --format {fmt} programs take one image, as devices run them")
+    if fmt == "coreml" and changed("atol", "threads"):
+        raise ValueError(f"{', '.join(changed('atol', 'threads'))} applies to the parity check, which --format "
+                         "coreml does not run here (Core ML runs on macOS/iOS only)")
+    if not args.compare_softmax and changed("bench_batch", "bench_time"):
+        raise ValueError(f"{', '.join(changed('bench_batch', 'bench_time'))} applies to --compare-softmax only")
     output = Path(args.output) if args.output else None
     if output is not None:
         if output.suffix.lower() != SUFFIXES[fmt]:
@@ -171,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     input_size = tuple(data_config["input_size"])
     suffix = ("_int8" if mode else "") + SUFFIXES[fmt]
     output = opts["output"] or Path("runs/export") / f"{spec['model']}{suffix}"
-    report_path = Path(args.report) if args.report else output.with_suffix(".json")
+    report_path = Path(args.report) if args.report else side_file(output, ".json")
     if args.report and report_path.resolve() in (output.resolve(), Path(args.weights or output).resolve()):
         raise ValueError(f"--report {report_path} is the output or the weights file; choose another path")
     kind = attention_kind(model)
@@ -184,7 +212,9 @@ def run(args: argparse.Namespace) -> int:
                               "attention": kind, "params_m": round(n_params, 3), "data_config": data_config,
                               "format": fmt, "quantize": mode, "output": str(output)}
     from ..utils.onnx import onnx_metadata
-    metadata = onnx_metadata(spec["model"], kind, data_config, spec["config"])
+    classes = (spec.get("extra") or {}).get("classes")
+    metadata = onnx_metadata(spec["model"], kind, data_config, spec["config"],
+                             classes=classes if isinstance(classes, list) and classes else None)
     calibration = None
     if mode == "static":
         from ..data.calibration import calibration_images
@@ -234,7 +264,7 @@ def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration
             result, parity = export_and_verify(
                 model, fp32_path, metadata, real_inputs=_real_inputs, batch=args.batch, opset=args.opset,
                 exporter=args.exporter, dynamic_spatial=not args.static_spatial, stride=model_stride(model),
-                atol=args.atol)
+                atol=args.atol, threads=args.threads)
         except ExportError as e:
             if e.parity is not None:
                 report.update(export=e.result.to_dict(), parity=e.parity)
@@ -279,7 +309,7 @@ def _compare_softmax(args, spec, fp32_path: Path, output: Path, metadata, result
     from .latency import compare_latency
     from .architecture import softmax_twin
 
-    twin_path = output.with_name(f"{output.stem}_softmax.onnx")
+    twin_path = side_file(output, ".softmax.onnx")
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)
     twin = softmax_twin(spec)
     # Same exporter and the same dynamic axes, so both graphs are built alike.

@@ -123,20 +123,28 @@ def _executorch(model, program, output: Path, metadata, quantize, calibration, a
 
 
 def _coreml(program, output: Path, metadata, precision: str, report) -> int:
-    from ..utils.edge import convert_coreml, read_coreml_metadata
+    from ..utils.edge import convert_coreml, kept_interrupts, read_coreml_metadata, save_coreml
 
     print(f"converting to Core ML (mlprogram, {precision} compute) ...", flush=True)
     mlmodel = convert_coreml(program, metadata, precision)
     output.parent.mkdir(parents=True, exist_ok=True)
-    # an .mlpackage is a folder: write it beside the target, then swap it in, so a failure leaves nothing
+    # an .mlpackage is a folder: write it beside the target, then swap it in, so a failure or an interrupt leaves
+    # the existing output as it was
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         staged = work / output.name
-        mlmodel.save(str(staged))
+        save_coreml(mlmodel, staged)
         report["metadata"] = read_coreml_metadata(staged)
-        if output.exists():
-            os.replace(output, work / "previous")
-        os.replace(staged, output)
+        with kept_interrupts(defer=True):  # the old package leaves only as the new one takes its place
+            previous = work / "previous"
+            if output.exists():
+                os.replace(output, previous)
+            try:
+                os.replace(staged, output)
+            except BaseException:
+                if previous.exists():
+                    os.replace(previous, output)
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     report["precision"] = precision

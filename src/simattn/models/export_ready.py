@@ -63,10 +63,18 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
     Outputs at ``img_size`` are unchanged: the embeddings added are the ones the model resampled for that size.
     Use the returned module: it is ``model`` itself unless ``model`` is a bare ``SyncBatchNorm``.
     """
-    h, w = to_2tuple(img_size)
+    size = tuple(img_size) if isinstance(img_size, (tuple, list)) else (img_size,)
+    if len(size) not in (1, 2) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size):
+        raise ValueError(f"prepare_for_export img_size {img_size!r}: expected a positive int or (height, width) of "
+                         "positive ints")
+    h, w = to_2tuple(size[0]) if len(size) == 1 else size
     model = revert_sync_batchnorm(model)
     if isinstance(model, VisionTransformer):
         patch_embed = model.patch_embed
+        ph, pw = to_2tuple(patch_embed.patch_size)
+        if h % ph or w % pw:
+            raise ValueError(f"prepare_for_export img_size {img_size!r}: height and width must be positive multiples "
+                             f"of the patch size {ph}x{pw}")
         if getattr(model, "dynamic_img_size", False):
             model.dynamic_img_size = False
             # dynamic models keep patches as an NHWC grid for resampling; a fixed size takes timm's flat tokens

@@ -21,7 +21,7 @@ import os
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -30,8 +30,8 @@ from .onnx import METADATA_KEYS, check_metadata_values
 
 __all__ = ["PTE_METADATA_METHOD", "COREML_KEY_PREFIX", "EXP_LIKE_ATEN", "capture", "aten_op_counts",
            "exp_like_ops", "quantize_pt2e", "lower_executorch", "delegation_summary", "read_pte_metadata",
-           "set_executorch_threads", "executorch_method", "run_executorch", "convert_coreml",
-           "read_coreml_metadata"]
+           "pte_input_shape", "set_executorch_threads", "executorch_method", "run_executorch", "coreml_ready",
+           "convert_coreml", "save_coreml", "kept_interrupts", "read_coreml_metadata"]
 
 PTE_METADATA_METHOD = "simattn_metadata"
 COREML_KEY_PREFIX = "simattn."
@@ -199,11 +199,25 @@ def read_pte_metadata(path: Union[str, Path]) -> Dict[str, Any]:
     return check_metadata_values(meta, what=str(path))
 
 
+def pte_input_shape(path: Union[str, Path]) -> Tuple[int, ...]:
+    """The shape of the first input of a ``.pte``'s ``forward`` (batch included): what the program takes."""
+    program = _program(path)
+    if "forward" not in program.method_names:
+        raise ValueError(f"{path} has no forward method; export it with `simattn export --format executorch`")
+    with _quiet_runtime():
+        meta = program.metadata("forward")
+    if meta.num_inputs() < 1:
+        raise ValueError(f"{path}: its forward method takes no input")
+    return tuple(int(v) for v in meta.input_tensor_meta(0).sizes())
+
+
 def set_executorch_threads(threads: Optional[int]) -> Optional[int]:
     """Size ExecuTorch's shared thread pool (XNNPACK's workers), which otherwise takes one thread per core
-    whatever torch's thread count; returns the pool's size."""
-    if not threads:
+    whatever torch's thread count; returns the pool's size. ``None`` leaves the pool as it is."""
+    if threads is None:
         return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"ExecuTorch threads {threads!r}: expected an integer >= 1 (or None for the pool as it is)")
     _load_edge_packages()
     from executorch.extension.pybindings import portable_lib
 
@@ -230,6 +244,32 @@ def run_executorch(run: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor)
     return torch.cat([run(x[i:i + 1]) for i in range(len(x))])
 
 
+def _alias_as_view(x: torch.Tensor) -> torch.Tensor:
+    return x.view(x.shape)
+
+
+def coreml_ready(program):
+    """``program`` as coremltools' torch.export frontend takes it, computing the same values:
+
+    - ``aten.alias`` (what an unbind/view whose result is used as is, or a model output that is an input's view,
+      becomes after functionalization) is not a node kind that frontend knows: it is decomposed to a view of the
+      same shape (a reshape to Core ML);
+    - ``clamp_min``/``clamp_max`` of a float tensor by an int (``x.clamp_min(0)``) trip its equal-dtype check:
+      the bound becomes the same value as a float.
+    """
+    aten = torch.ops.aten
+    program = program.run_decompositions({aten.alias.default: _alias_as_view})
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target in (aten.clamp_min.default, aten.clamp_max.default):
+            x, bound = node.args[0], node.args[1]
+            value = getattr(x, "meta", {}).get("val")
+            if (isinstance(bound, int) and not isinstance(bound, bool) and isinstance(value, torch.Tensor)
+                    and value.is_floating_point()):
+                node.args = (x, float(bound), *node.args[2:])
+    program.graph_module.recompile()
+    return program
+
+
 def convert_coreml(program, metadata: Mapping[str, Any], precision: str = "fp32"):
     """An mlprogram ``MLModel`` from an exported program, with ``metadata`` in ``user_defined_metadata``.
 
@@ -237,15 +277,68 @@ def convert_coreml(program, metadata: Mapping[str, Any], precision: str = "fp32"
     check_metadata_values(metadata)
     if precision not in ("fp32", "fp16"):
         raise ValueError(f"Core ML precision {precision!r}: expected fp32 or fp16")
-    with _quiet_coremltools():
+    # coremltools imports its optional dependencies under bare ``except:`` clauses, which would swallow a Ctrl-C;
+    # one pressed during the (slow) first import stops the export as soon as it is done, before the conversion
+    with kept_interrupts(), _quiet_coremltools():
         import coremltools as ct
-
+    with kept_interrupts(), _quiet_coremltools():
         compute = ct.precision.FLOAT32 if precision == "fp32" else ct.precision.FLOAT16
-        mlmodel = ct.convert(program.run_decompositions({}), convert_to="mlprogram", compute_precision=compute)
+        mlmodel = ct.convert(coreml_ready(program), convert_to="mlprogram", compute_precision=compute)
     for key, value in metadata.items():
         mlmodel.user_defined_metadata[COREML_KEY_PREFIX + key] = json.dumps(value, default=str)
     mlmodel.user_defined_metadata[COREML_KEY_PREFIX + "precision"] = json.dumps(precision)
     return mlmodel
+
+
+def save_coreml(mlmodel, path: Union[str, Path]) -> Path:
+    """``mlmodel.save(path)`` (an ``.mlpackage`` folder), with a failed file copy raised as the OSError it is:
+    coremltools copies the package with ``shutil.copytree``, which gathers its OSErrors into one ``shutil.Error``
+    as text, so a full disk would not read as one."""
+    import re
+    import shutil
+
+    try:
+        with kept_interrupts():
+            mlmodel.save(str(path))
+    except shutil.Error as e:
+        entries = e.args[0] if e.args and isinstance(e.args[0], list) else []
+        for entry in entries:
+            if isinstance(entry, tuple) and len(entry) == 3:
+                found = re.match(r"\[Errno (\d+)\] ([^:]+)", str(entry[2]))
+                if found:
+                    raise OSError(int(found.group(1)), found.group(2).strip(), str(entry[1])) from None
+        raise
+    return Path(path)
+
+
+@contextmanager
+def kept_interrupts(defer: bool = False):
+    """Ctrl-C (SIGINT) inside the block is never lost. A KeyboardInterrupt raised inside library code that catches
+    everything (bare ``except:``, as coremltools' optional imports do) would be swallowed and the work would go on;
+    here each SIGINT is also recorded, and a recorded one is raised when the block ends, whatever the block did.
+    ``defer=True`` only records it (for a few steps that must not be cut in two). Python's own handler is put back
+    on leaving. Nothing changes off the main thread or when SIGINT has another handler (ignored, or the caller's)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    hits = []
+
+    def handler(signum, frame):
+        hits.append(signum)
+        if not defer:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if hits:
+            raise KeyboardInterrupt
 
 
 @contextmanager

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from torch import nn
 from ..utils.io import atomic_path
 
 __all__ = ["EXPORTERS", "METADATA_KEYS", "OPTIONAL_METADATA_KEYS", "check_metadata_values", "ExportError",
-           "ExportResult", "onnx_metadata", "read_onnx_metadata",
+           "ExportResult", "onnx_metadata", "load_onnx", "read_onnx_metadata",
            "metadata_data_config", "export_onnx", "ort_session", "run_onnx", "check_parity", "export_and_verify",
            "quiet_loggers", "QDQ_OP_TYPES", "quantize_static_int8"]
 
@@ -55,6 +56,7 @@ METADATA_KEYS = {
 OPTIONAL_METADATA_KEYS = {
     "crop_pct": "center-crop ratio of the evaluation transform",
     "interpolation": "resize interpolation of the evaluation transform",
+    "classes": "class names, in output order, of the data the weights were trained on",
 }
 
 
@@ -113,8 +115,10 @@ def _simattn_version() -> str:
 
 
 def onnx_metadata(model: str, attention: Optional[str], data_config: Mapping[str, Any],
-                  model_kwargs: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
-    """The :data:`METADATA_KEYS` values for a model exported at ``data_config['input_size']``."""
+                  model_kwargs: Optional[Mapping[str, Any]] = None,
+                  classes: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The :data:`METADATA_KEYS` values for a model exported at ``data_config['input_size']`` (and ``classes``,
+    the class names the weights record, when given)."""
     meta = {"model": model, "model_kwargs": dict(model_kwargs or {}), "attention": attention or "mixed",
             "input_size": [int(v) for v in data_config["input_size"]],
             "mean": [float(v) for v in data_config["mean"]], "std": [float(v) for v in data_config["std"]],
@@ -123,6 +127,8 @@ def onnx_metadata(model: str, attention: Optional[str], data_config: Mapping[str
         meta["crop_pct"] = float(data_config["crop_pct"])
     if data_config.get("interpolation"):
         meta["interpolation"] = str(data_config["interpolation"])
+    if classes is not None:
+        meta["classes"] = [str(c) for c in classes]
     return meta
 
 
@@ -130,6 +136,7 @@ def _check_metadata(metadata: Mapping[str, Any]) -> None:
     missing = [k for k in METADATA_KEYS if k not in metadata]
     if missing:
         raise ValueError(f"ONNX metadata lacks {', '.join(missing)} (build it with onnx_metadata)")
+    check_metadata_values(metadata, what="ONNX metadata")
 
 
 def _write_metadata(proto, metadata: Mapping[str, Any]) -> None:
@@ -141,12 +148,29 @@ def _write_metadata(proto, metadata: Mapping[str, Any]) -> None:
         entry.key, entry.value = key, json.dumps(value, default=str)
 
 
+def load_onnx(path: Union[str, Path]):
+    """The ``onnx.ModelProto`` of the file ``path`` (external data not loaded); a one-line FileNotFoundError or
+    ValueError names the file and why it cannot be read (missing, truncated, another format)."""
+    import onnx
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ONNX file not found: {path}")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head[4:6] == b"ET":  # the flatbuffer identifier of an ExecuTorch program ("ET12")
+        raise ValueError(f"{path} is an ExecuTorch program, not an ONNX model (its name should end with .pte)")
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError, onnx's own errors: the bytes are not a whole ModelProto
+        raise ValueError(f"{path} is not a readable ONNX model (truncated, or another format: "
+                         f"{_first_line(e)})") from None
+
+
 def read_onnx_metadata(model: Union[str, Path, Any]) -> Dict[str, Any]:
     """The :data:`METADATA_KEYS` of an ONNX file (a path or an ``onnx.ModelProto``), JSON-decoded and checked:
     a ValueError names what is missing or malformed."""
-    import onnx
-
-    proto = onnx.load(str(model), load_external_data=False) if isinstance(model, (str, Path)) else model
+    proto = load_onnx(model) if isinstance(model, (str, Path)) else model
     what = model if isinstance(model, (str, Path)) else "ONNX model"
     props = {p.key: p.value for p in proto.metadata_props}
     try:
@@ -162,15 +186,41 @@ def check_metadata_values(meta: Mapping[str, Any], what: str = "metadata") -> Di
     missing = [k for k in METADATA_KEYS if k not in meta]
     if missing:
         raise ValueError(f"{what} lacks simattn metadata ({', '.join(missing)}); export it with `simattn export`")
+    from .recipe import INTERPOLATIONS
+
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    def shown(v: Any) -> str:
+        text = repr(v)
+        return text if len(text) <= 200 else text[:200] + "..."
+
     size, mean, std = meta["input_size"], meta["mean"], meta["std"]
-    if not (isinstance(size, list) and len(size) == 3 and all(isinstance(v, int) and v > 0 for v in size)):
-        raise ValueError(f"{what}: metadata input_size {size!r} is not [channels, height, width]")
+    if not (isinstance(size, (list, tuple)) and len(size) == 3 and
+            all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+        raise ValueError(f"{what}: metadata input_size {shown(size)} is not [channels, height, width]")
     for name, values in (("mean", mean), ("std", std)):
-        if not (isinstance(values, list) and len(values) == size[0] and
-                all(isinstance(v, (int, float)) for v in values)):
-            raise ValueError(f"{what}: metadata {name} {values!r} is not {size[0]} numbers (one per channel)")
+        if not (isinstance(values, (list, tuple)) and len(values) == size[0] and all(number(v) for v in values)):
+            raise ValueError(f"{what}: metadata {name} {shown(values)} is not {size[0]} finite numbers (one per "
+                             "channel)")
     if any(v <= 0 for v in std):
-        raise ValueError(f"{what}: metadata std {std!r} has a value <= 0")
+        raise ValueError(f"{what}: metadata std {shown(std)} has a value <= 0")
+    for key in ("model", "attention"):
+        if not isinstance(meta[key], str) or not meta[key]:
+            raise ValueError(f"{what}: metadata {key} {shown(meta[key])} is not a name")
+    if not isinstance(meta["model_kwargs"], dict):
+        raise ValueError(f"{what}: metadata model_kwargs {shown(meta['model_kwargs'])} is not a mapping")
+    crop = meta.get("crop_pct")
+    if crop is not None and not (number(crop) and 0 < crop <= 1):
+        raise ValueError(f"{what}: metadata crop_pct {shown(crop)} is not a number in (0, 1]")
+    interpolations = [i for i in INTERPOLATIONS if i != "random"]
+    interpolation = meta.get("interpolation")
+    if interpolation is not None and interpolation not in interpolations:
+        raise ValueError(f"{what}: metadata interpolation {shown(interpolation)} is not one of "
+                         f"{', '.join(interpolations)}")
+    classes = meta.get("classes")
+    if classes is not None and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise ValueError(f"{what}: metadata classes {shown(classes)} is not a list of class names")
     return {k: meta[k] for k in (*METADATA_KEYS, *OPTIONAL_METADATA_KEYS) if k in meta}
 
 
@@ -307,12 +357,15 @@ RealInputs = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor]]
 def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str, Any], *,
                       real_inputs: Optional[RealInputs] = None, batch: int = 2, opset: int = 18,
                       exporter: str = "auto", dynamic_spatial: bool = True, stride: int = 32,
-                      atol: float = 1e-4) -> Tuple[ExportResult, Dict[str, Dict[str, object]]]:
+                      atol: float = 1e-4, threads: Optional[int] = None
+                      ) -> Tuple[ExportResult, Dict[str, Dict[str, object]]]:
     """Export (:func:`export_onnx`), then compare onnxruntime with PyTorch on random inputs at ``batch`` and
     ``batch + 1`` (dynamic batch), at a second resolution (input size + ``stride``) when the graph has dynamic H/W,
     and on ``real_inputs(data_config)``. The input size and the data config (mean/std) are read back from the
     written file, so the checks feed the file what its metadata promises. If the second resolution fails, the
     model is re-exported at a fixed resolution.
+
+    onnxruntime runs at ``threads`` intra-op threads (None: its default).
 
     Returns (export result, parity per input). Raises :class:`ExportError` when any parity check fails.
     """
@@ -327,7 +380,7 @@ def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str,
     alt = {f"random_b1_{h + stride}x{w + stride}": torch.randn(1, c, h + stride, w + stride, generator=generator)}
 
     checks = {**fixed, **alt} if result.dynamic_spatial else fixed
-    parity = check_parity(model, ort_session(path, quiet=True), checks, atol)
+    parity = check_parity(model, ort_session(path, threads, quiet=True), checks, atol)
     if result.dynamic_spatial and not all(parity[k]["ok"] for k in alt):
         why = next(parity[k].get("error") or f"max abs diff {parity[k]['max_abs_diff']:.3g}" for k in alt)
         notes = result.notes + [f"dynamic height/width did not hold at {h + stride}x{w + stride} ({why}); "
@@ -336,7 +389,7 @@ def export_and_verify(model: nn.Module, path: str | Path, metadata: Mapping[str,
         result = export_onnx(model, path, metadata, batch=batch, opset=opset, exporter=result.exporter,
                              dynamic_spatial=False)
         result.notes = notes
-        parity = check_parity(model, ort_session(path, quiet=True), fixed, atol)
+        parity = check_parity(model, ort_session(path, threads, quiet=True), fixed, atol)
     failed = {k: v for k, v in parity.items() if not v["ok"]}
     if failed:
         detail = "; ".join(f"{k}: {v.get('error') or 'max abs diff %.3g' % v['max_abs_diff']}"
