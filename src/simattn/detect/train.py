@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
-import torch
-
 from ..engine.core import Engine, option_value, run
 from ..engine.dist import DistInfo, init_distributed
 from ..engine.log import plot_history

@@ -7,7 +7,7 @@ outputs and the pooled patch tokens of the last two blocks, as in the paper), el
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as F

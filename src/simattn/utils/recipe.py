@@ -341,27 +341,16 @@ def task_defaults(**defaults: Any):
     """Class decorator (under ``@dataclass``): a task's own defaults for options it inherits, which keep their one
     declaration (type, range, help) in the parent schema."""
     def apply(cls: type) -> type:
-        inherited = {f.name: f for base in cls.__mro__[1:] if dataclasses.is_dataclass(base)
-                     for f in dataclasses.fields(base)}
-        hints = {}
-        for base in reversed(cls.__mro__[1:]):
-            if dataclasses.is_dataclass(base):
-                hints.update(typing.get_type_hints(base))
-        annotations = cls.__dict__.get("__annotations__", {})
+        parent = cls.__mro__[1]
+        fields, hints = {f.name: f for f in dataclasses.fields(parent)}, typing.get_type_hints(parent)
+        cls.__annotations__ = annotations = dict(cls.__dict__.get("__annotations__", {}))
         for name, value in defaults.items():
-            parent = inherited[name]  # a KeyError here is a typo in the task's schema
-            annotations[name] = hints[name]
-            if isinstance(value, (list, dict)):
-                setattr(cls, name, field(default_factory=lambda v=value: copy.deepcopy(v), metadata=parent.metadata))
-            else:
-                setattr(cls, name, field(default=value, metadata=parent.metadata))
-        cls.__annotations__ = annotations
+            annotations[name] = hints[name]  # a KeyError here is a typo in the task's schema
+            metadata = fields[name].metadata
+            setattr(cls, name, field(default_factory=lambda v=value: copy.deepcopy(v), metadata=metadata)
+                    if isinstance(value, (list, dict)) else field(default=value, metadata=metadata))
         return cls
     return apply
-
-
-def _default_of(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 @functools.lru_cache(maxsize=None)
@@ -374,7 +363,8 @@ def _specs(cls: type) -> Dict[str, Any]:
         if "section" in f.metadata:
             out[f.name] = f.metadata["section"]
         elif "opt" in f.metadata:
-            out[f.name] = dataclasses.replace(f.metadata["opt"], type=hints[f.name], default=_default_of(f))
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = dataclasses.replace(f.metadata["opt"], type=hints[f.name], default=default)
     return out
 
 
@@ -404,17 +394,13 @@ def check_fields(config: Any, where: str = "") -> None:
         value = getattr(config, name)
         if _is_section(spec):
             if isinstance(value, Mapping):
-                value = _build(spec, _merge(_to_dict(spec()), value, spec, f"{where}{name}."))
+                value = _build(spec, _merge(dataclasses.asdict(spec()), value, spec, f"{where}{name}."))
             elif not isinstance(value, spec):
                 raise ValueError(f"recipe: {where}{name!r} must be a mapping of options, got {quoted(value)}")
             check_fields(value, f"{where}{name}.")
             setattr(config, name, value)
         else:
             setattr(config, name, check_value(f"{where}{name}", spec, value))
-
-
-def _to_dict(config: Any) -> Dict[str, Any]:
-    return dataclasses.asdict(config)
 
 
 def _build(schema: type, values: Mapping[str, Any]) -> Any:
@@ -448,7 +434,7 @@ def _unknown(name: str, value: Any, specs: Mapping[str, Any], root: type) -> Val
 
 def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, where: str = "",
            root: Optional[type] = None) -> Dict[str, Any]:
-    """``values`` (nested, as :func:`_to_dict` gives them) updated with ``update``; unknown keys refused, sections
+    """``values`` (nested, as ``dataclasses.asdict`` gives them) updated with ``update``; unknown keys refused, sections
     merged key by key, free-form mappings merged key by key (``null`` empties them); values checked later."""
     root = root or schema
     specs = _specs(schema)
@@ -479,7 +465,7 @@ def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, wher
 def merge_recipe(config: Any, update: Mapping[str, Any]) -> Any:
     """A copy of the schema instance ``config`` with the nested ``update`` applied, every value checked."""
     schema = type(config)
-    return _build(schema, _merge(_to_dict(config), update, schema)).validate()
+    return _build(schema, _merge(dataclasses.asdict(config), update, schema)).validate()
 
 
 # ----- recipe files -------------------------------------------------------------------------------------------------
@@ -637,7 +623,7 @@ def load_recipe(schema: type, recipe: Optional[str] = None,
     """Defaults < the recipe file ``recipe`` (a path or shipped name) < ``overrides`` (a nested mapping or
     ``key=value`` items), every value checked; an instance of ``schema`` with ``recipe`` set to the recipe given."""
     from .options import parse_assignments
-    values = _to_dict(schema())
+    values = dataclasses.asdict(schema())
     if recipe is not None:
         values = _merge(values, _read_recipe(str(recipe), schema), schema)
     if overrides:
@@ -651,7 +637,7 @@ def load_recipe(schema: type, recipe: Optional[str] = None,
 def recipe_to_save(config: Any) -> Dict[str, Any]:
     """A run's recipe as it is saved to ``config.yaml``: every option except :data:`RUN_KEYS`, so the file is a
     recipe for a new run (``--config run/config.yaml``) that writes to its own folder."""
-    return {k: v for k, v in _to_dict(config).items() if k not in RUN_KEYS and k != "recipe"}
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in RUN_KEYS and k != "recipe"}
 
 
 # ----- the command line: one flag per option ---------------------------------------------------------------------------
