@@ -16,7 +16,7 @@ from simattn.convert.student import attention_modules
 from simattn.convert.trainers import TransferTrainer, distill_loss, transfer_parameters
 from simattn.models.factory import model_spec_from_weights
 from simattn.validate import validate_weights
-from simattn.utils.distributed import DistInfo
+from simattn.engine.dist import DistInfo
 
 MODEL = "sima_deit_tiny_patch16_224"
 TINY = {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10}
@@ -101,8 +101,8 @@ def test_transfer_loss_matches_each_layer_to_the_teachers(timm_teacher, tmp_path
     """attention: each student attention layer on the teacher's layer input; block: each student block on the
     student's own stream, against the teacher's block output."""
     path, _ = timm_teacher
-    cfg, options = load_convert_recipe("convert_digits", {**FAST, "output": str(tmp_path / "t"),
-                                                           "model": MODEL, "model_kwargs": TINY})
+    cfg = load_convert_recipe("convert_digits", {**FAST, "output": str(tmp_path / "t"), "model": MODEL,
+                                                 "model_kwargs": TINY}).stage_config()
     teacher, spec = load_teacher(path, MODEL, TINY)
 
     def factory(c, n):
@@ -156,8 +156,7 @@ def test_transfer_loss_matches_each_layer_to_the_teachers(timm_teacher, tmp_path
 def _convert_tiny(teacher_path: Path, out: Path, **extra):
     overrides = {**FAST, "output": str(out), **extra}
     overrides["convert"] = {**FAST["convert"], **extra.get("convert", {})}
-    cfg, options = load_convert_recipe("convert_digits", overrides)
-    return convert(cfg, options, str(teacher_path), MODEL, TINY)
+    return convert(load_convert_recipe("convert_digits", overrides), str(teacher_path), MODEL, TINY)
 
 
 def test_convert_timm_deit_end_to_end_with_baselines(timm_teacher, tmp_path, one_thread):
@@ -204,5 +203,5 @@ def test_recipe_options_are_checked():
         load_convert_recipe("convert_digits", {"convert": {"lr": 1}})
     with pytest.raises(ValueError, match="distill_alpha"):
         load_convert_recipe("convert_digits", {"convert": {"distill_alpha": 2}})
-    cfg, options = load_convert_recipe("convert_deit_small_imagenet")
-    assert cfg.dataset == "imagenet" and options.to == "sima" and options.transfer_epochs < cfg.epochs
+    cfg = load_convert_recipe("convert_deit_small_imagenet")
+    assert cfg.dataset == "imagenet" and cfg.convert.to == "sima" and cfg.convert.transfer_epochs < cfg.epochs

@@ -25,10 +25,10 @@ WORKER = textwrap.dedent("""
             trained[_name] = {k: v.clone() for k, v in result.model.state_dict().items()}
             return result
         cls.run = run_and_keep
-    cfg, options = load_convert_recipe("convert_digits", {
+    cfg = load_convert_recipe("convert_digits", {
         "epochs": 2, "steps_per_epoch": 3, "batch_size": 32, "threads": 1, "device": "cpu", "log_interval": 1,
         "seed": 1, "output": out, "convert": {"transfer_batch_size": 32}})
-    convert(cfg, options, teacher, model, kwargs)
+    convert(cfg, teacher, model, kwargs)
     torch.save(trained, f"{out}/rank{os.environ['RANK']}.pt")
 """)
 

@@ -54,16 +54,16 @@ def test_sigkill_during_distillation_then_resume_matches_an_uninterrupted_run(tm
 
     watcher = threading.Thread(target=kill_mid_distillation)
     watcher.start()
-    cfg, options = load_convert_recipe("convert_digits", _overrides(straight))
-    reference = convert(cfg, options, str(teacher), MODEL, TINY)  # meanwhile, in this process
+    reference = convert(load_convert_recipe("convert_digits", _overrides(straight)), str(teacher), MODEL,
+                        TINY)  # meanwhile, in this process
     watcher.join(timeout=300)
     victim.wait(timeout=60)
     assert victim.returncode == -signal.SIGKILL, "".join(seen)
     assert (killed / "transfer" / "summary.json").is_file() and not (killed / "distill" / "summary.json").exists()
     transfer_before = (killed / "transfer" / "final.safetensors").read_bytes()
 
-    cfg, options = load_convert_recipe("convert_digits", {**_overrides(killed), "resume": "auto"})
-    resumed = convert(cfg, options, str(teacher), MODEL, TINY)
+    resumed = convert(load_convert_recipe("convert_digits", {**_overrides(killed), "resume": "auto"}), str(teacher),
+                      MODEL, TINY)
 
     assert (killed / "transfer" / "final.safetensors").read_bytes() == transfer_before  # stage 1 was not redone
     assert resumed["final"]["top1"] == pytest.approx(reference["final"]["top1"])

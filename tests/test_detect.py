@@ -1,4 +1,5 @@
 """Mask R-CNN on SimA backbones: pyramid adapters, COCO-layout data, AP evaluation, a short training run."""
+import dataclasses
 import json
 
 import pytest
@@ -6,12 +7,12 @@ import torch
 from torch import nn
 
 import simattn  # noqa: F401
-from simattn.detect import (DEFAULTS, CocoInstances, PyramidBackbone, build_body, build_mask_rcnn,
+from simattn.detect import (CocoInstances, DetectConfig, PyramidBackbone, build_body, build_mask_rcnn,
                             make_shapes_dataset, scale_adapter)
 from simattn.cli import main as simattn_main
 from simattn.detect.cli import main as detect_main
 from simattn.detect.evaluate import coco_ap, predictions_to_coco
-from simattn.utils.recipe import load_recipe
+from simattn.utils.recipe import load_recipe, merge_recipe, recipe_to_save
 
 pytest.importorskip("pycocotools")
 # pycocotools' own numpy-2 deprecation notice, not ours
@@ -32,20 +33,19 @@ def shapes(tmp_path_factory):
 
 
 def _recipe(shapes, tmp_path, backbone="sima_deit_tiny_patch16_224", kwargs=DEIT_TINY, out_indices=(0, 1, 2, 3),
-            **train):
+            **engine):
     overrides = {
         "model": {"backbone": backbone, "backbone_kwargs": kwargs, "out_indices": list(out_indices),
                   "fpn_channels": 32, "box_head_dim": 64, "mask_head_channels": 16, "min_size": 128,
                   "max_size": 128, "drop_path_rate": 0.0, "maskrcnn": TINY_HEADS},
         "data": {"train_images": str(shapes["train"][0]), "train_annotations": str(shapes["train"][1]),
-                 "val_images": str(shapes["val"][0]), "val_annotations": str(shapes["val"][1]), "workers": 0},
-        "train": {"device": "cpu", "amp": False, "threads": 1, "batch_size": 2, "lr": 1e-3, "warmup_steps": 3,
-                  "warmup_ratio": 0.1, "lr_decay_epochs": [100], "clip_grad": 5.0, **train},
-        "eval": {"every": 0, "batch_size": 4},
-        "output": str(tmp_path / "run"),
+                 "val_images": str(shapes["val"][0]), "val_annotations": str(shapes["val"][1])},
+        "schedule": {"warmup_steps": 3, "warmup_ratio": 0.1, "lr_decay_epochs": [100]},
+        "eval": {"batch_size": 4},
+        "device": "cpu", "amp": False, "threads": 1, "batch_size": 2, "lr": 1e-3, "clip_grad": 5.0, "workers": 0,
+        "eval_every_epochs": 0, "output": str(tmp_path / "run"), **engine,
     }
-    from simattn.utils.recipe import merge_recipe
-    return merge_recipe(DEFAULTS, overrides)
+    return merge_recipe(DetectConfig(), overrides)
 
 
 # --- the pyramid --------------------------------------------------------------------------------------------------
@@ -87,11 +87,11 @@ def test_pyramid_backbone_prunes_unused_blocks_and_rejects_bad_indices():
 
 
 def test_paper_recipe_taps_blocks_4_6_8_12():
-    recipe = load_recipe(DEFAULTS, "configs/detect_maskrcnn_sima_small_12_p16.yaml")
-    assert recipe["model"]["backbone"] == "sima_small_12_p16"
-    assert recipe["model"]["out_indices"] == [3, 5, 7, 11]
-    t = recipe["train"]
-    assert (t["optimizer"], t["lr"], t["weight_decay"], t["epochs"]) == ("adamw", 1e-4, 0.05, 36)
+    recipe = load_recipe(DetectConfig, "configs/detect_maskrcnn_sima_small_12_p16.yaml")
+    assert recipe.model.backbone == "sima_small_12_p16"
+    assert recipe.model.out_indices == [3, 5, 7, 11]
+    assert (recipe.opt, recipe.lr, recipe.weight_decay, recipe.epochs) == ("adamw", 1e-4, 0.05, 36)
+    assert recipe.batch_size * 8 == 16  # per process: 8 GPUs give the paper's 16
 
 
 def test_backbone_weights_load_and_must_fit(tmp_path):
@@ -203,7 +203,7 @@ def test_coco_ap_is_100_for_ground_truth_and_0_for_nothing(shapes):
 def test_xcit_sima_mask_rcnn_trains_one_step(shapes, tmp_path, one_thread):
     recipe = _recipe(shapes, tmp_path, backbone="sima_nano_12_p16", kwargs=XCIT_TINY)
     ds = CocoInstances(*shapes["train"], train=True)
-    model = build_mask_rcnn(recipe["model"], ds.num_classes)
+    model = build_mask_rcnn(dataclasses.asdict(recipe.model), ds.num_classes)
     images, targets = zip(*[ds[0], ds[1]])
     losses = model(list(images), list(targets))
     assert set(losses) == {"loss_classifier", "loss_box_reg", "loss_mask", "loss_objectness", "loss_rpn_box_reg"}
@@ -217,13 +217,13 @@ def test_xcit_sima_mask_rcnn_trains_one_step(shapes, tmp_path, one_thread):
 
 def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_thread):
     from simattn.detect import train
-    recipe = _recipe(shapes, tmp_path, epochs=8, save_every=4)
+    recipe = _recipe(shapes, tmp_path, epochs=8, checkpoint_every_epochs=4)
     results = train(recipe)
     losses = [r["train_loss"] for r in results["history"]]
     assert len(losses) == 8 and all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-2:]) / 2 < 0.8 * sum(losses[:2]) / 2, losses
     ev = results["eval"]
-    # AP50 after these 8 epochs, measured on train.seed 0, 1, 2: box 34.6, 50.4, 40.4; mask 26.2, 40.7, 40.4 (an
+    # AP50 after these 8 epochs, measured on seed 0, 1, 2: box 34.6, 50.4, 40.4; mask 26.2, 40.7, 40.4 (an
     # untrained detector scores ~0). Asked: the worst seed's, rounded down to 5 points (the test runs seed 0).
     assert ev["bbox"]["AP50"] >= 30.0 and ev["segm"]["AP50"] >= 25.0, ev
     out = tmp_path / "run"
@@ -233,7 +233,7 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
     # the saved detector evaluates to the same AP from the command line
     config = tmp_path / "recipe.yaml"
     import yaml
-    config.write_text(yaml.safe_dump(recipe))
+    config.write_text(yaml.safe_dump(recipe_to_save(recipe)))
     assert detect_main(["eval", "--config", str(config), "--weights", str(out / "last.pth")]) == 0
     again = json.loads((out / "eval.json").read_text())
     assert again["bbox"]["AP"] == pytest.approx(ev["bbox"]["AP"]) and again["segm"]["AP"] == pytest.approx(
@@ -243,6 +243,6 @@ def test_training_lowers_loss_and_evaluation_reports_ap(shapes, tmp_path, one_th
 def test_shapes_command_writes_where_the_cpu_recipe_reads(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert detect_main(["shapes", "--train-images", "1", "--val-images", "1", "--size", "32"]) == 0
-    recipe = load_recipe(DEFAULTS, "detect_shapes_cpu")
+    recipe = load_recipe(DetectConfig, "detect_shapes_cpu")
     for key in ("train_images", "train_annotations", "val_images", "val_annotations"):
-        assert (tmp_path / recipe["data"][key]).exists(), key
+        assert (tmp_path / getattr(recipe.data, key)).exists(), key

@@ -17,13 +17,14 @@ import yaml
 import simattn  # noqa: F401
 from simattn.cli import main as simattn_main
 from simattn.utils.io import atomic_torch_save, load_checkpoint
+from simattn.utils.recipe import recipe_to_save
 
 from test_detect import _recipe as detect_recipe, shapes  # noqa: F401  (the shapes fixture)
 
 TINY_SSL = ["model.kwargs={img_size: 16, patch_size: 4, embed_dim: 32, depth: 1, num_heads: 2}",
-            "head.hidden_dim=32", "head.bottleneck_dim=16", "head.output_dim=64", "train.epochs=2",
-            "train.batch_size=256", "train.checkpoint_every_steps=2", "train.save_every=1", "train.threads=1",
-            "eval.compare_random_init=false", "eval.linear_epochs=2", "eval.every=0", "data.workers=0"]
+            "head.hidden_dim=32", "head.bottleneck_dim=16", "head.output_dim=64", "epochs=2",
+            "batch_size=256", "checkpoint_every_steps=2", "checkpoint_every_epochs=1", "threads=1",
+            "eval.compare_random_init=false", "eval.linear_epochs=2", "eval_every_epochs=0", "workers=0"]
 
 
 @pytest.fixture(autouse=True)
@@ -69,11 +70,10 @@ def test_dino_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path)
 
 
 def test_detection_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(shapes, tmp_path):  # noqa: F811
-    recipe = detect_recipe(shapes, tmp_path, epochs=2, save_every=1)
-    recipe["train"].update(batch_size=2, checkpoint_every_steps=2, threads=1)
-    recipe["eval"]["every"] = 0
+    recipe = detect_recipe(shapes, tmp_path, epochs=2, checkpoint_every_epochs=1, batch_size=2,
+                           checkpoint_every_steps=2, threads=1, eval_every_epochs=0)
     config = tmp_path / "detect.yaml"
-    config.write_text(yaml.safe_dump({k: v for k, v in recipe.items() if k != "output"}))
+    config.write_text(yaml.safe_dump(recipe_to_save(recipe)))
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     base = ["detect", "train", "--config", str(config)]
     assert simattn_main([*base, "--output", str(straight)]) == 0

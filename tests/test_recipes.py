@@ -8,11 +8,10 @@ import pytest
 import yaml
 
 from simattn.cli import main as simattn_main
-from simattn.detect.schema import DETECT_SCHEMA
-from simattn.ssl.schema import SSL_SCHEMA
+from simattn.detect.config import DetectConfig
+from simattn.ssl.config import SslConfig
 from simattn.train.config import TrainConfig
-from simattn.utils.recipe import (defaults_of, list_recipes, load_recipe,
-                                  merge_recipe, recipe_to_save)
+from simattn.utils.recipe import list_recipes, load_recipe, merge_recipe, recipe_to_save
 
 # option, bad value, what the message must say is allowed
 BAD_TRAIN = [
@@ -33,7 +32,7 @@ BAD_TRAIN = [
     ("min_lr", -5, "a number >= 0"),
     ("lr", float("nan"), "a number > 0, or null"),
     ("threads", -1, "an integer >= 1, or null"),
-    ("clip_mode", "nrom", "one of norm, value, agc .*did you mean 'norm'"),
+    ("clip_mode", "nrom", "one of norm, value, agc, param_norm .*did you mean 'norm'"),
     ("interpolation", "bicubc", "one of bicubic, .*did you mean 'bicubic'"),
     ("sched", "cosin", "one of cosine, .*did you mean 'cosine'"),
     ("amp_dtype", "fp16", "one of float16, bfloat16"),
@@ -66,54 +65,65 @@ def test_good_values_pass_and_timm_strings_are_accepted():
 
 
 @pytest.mark.parametrize("schema,key,value,allowed", [
-    (SSL_SCHEMA, "train.epochs", 0, "an integer >= 1"),
-    (SSL_SCHEMA, "train.momentum_teacher", 1.5, r"\[0, 1\)"),
-    (SSL_SCHEMA, "data.name", "imagenet", "one of digits, folder"),
-    (SSL_SCHEMA, "eval.crop_pct", 0, r"\(0, 1\]"),
-    (SSL_SCHEMA, "train.amp", "yes", "true or false"),
-    (DETECT_SCHEMA, "train.warmup_ratio", 2, r"\[0, 1\]"),
-    (DETECT_SCHEMA, "train.optimizer", "adamx", "optimizer timm.optim knows"),
-    (DETECT_SCHEMA, "model.min_size", [0], "an integer or a list of integers >= 1"),
-    (DETECT_SCHEMA, "data.hflip_prob", -0.1, r"\[0, 1\]"),
+    (SslConfig, "epochs", 0, "an integer >= 1"),
+    (SslConfig, "dino.momentum_teacher", 1.5, r"\[0, 1\)"),
+    (SslConfig, "data.name", "imagenet", "one of digits, folder"),
+    (SslConfig, "eval.crop_pct", 0, r"\(0, 1\]"),
+    (SslConfig, "amp", "yes", "true or false"),
+    (DetectConfig, "schedule.warmup_ratio", 2, r"\[0, 1\]"),
+    (DetectConfig, "opt", "adamx", "optimizer timm.optim knows"),
+    (DetectConfig, "model.min_size", [0], "an integer or a list of integers >= 1"),
+    (DetectConfig, "data.hflip_prob", -0.1, r"\[0, 1\]"),
 ])
 def test_nested_recipes_are_range_checked_too(schema, key, value, allowed):
-    section, leaf = key.split(".")
+    update = {key: value} if "." not in key else {key.split(".")[0]: {key.split(".")[1]: value}}
     with pytest.raises(ValueError, match=rf"option '{key}': got .*{allowed}"):
-        load_recipe(schema, None, {section: {leaf: value}})
+        load_recipe(schema, None, update)
 
 
 def test_set_items_nest_merge_free_form_kwargs_and_reject_typos():
-    r = load_recipe(defaults_of(SSL_SCHEMA), "ssl_digits", ["train.lr=0.5", "model.kwargs.depth=3"])
-    assert r["train"]["lr"] == 0.5 and r["model"]["kwargs"]["depth"] == 3 and r["model"]["kwargs"]["embed_dim"] == 64
-    assert load_recipe(SSL_SCHEMA, "ssl_digits", ["model.kwargs=null"])["model"]["kwargs"] == {}
-    with pytest.raises(ValueError, match="unknown key 'train.epoch' .*did you mean 'epochs'"):
-        load_recipe(SSL_SCHEMA, None, ["train.epoch=3"])
+    r = load_recipe(SslConfig, "ssl_digits", ["lr=0.5", "model.kwargs.depth=3"])
+    assert r.lr == 0.5 and r.model.kwargs["depth"] == 3 and r.model.kwargs["embed_dim"] == 64
+    assert load_recipe(SslConfig, "ssl_digits", ["model.kwargs=null"]).model.kwargs == {}
+    with pytest.raises(ValueError, match="unknown key 'dino.teacher_tmp' .*did you mean 'teacher_temp'"):
+        load_recipe(SslConfig, None, ["dino.teacher_tmp=3"])
     with pytest.raises(ValueError, match="is not KEY=VALUE"):
-        load_recipe(DETECT_SCHEMA, None, ["train.epochs"])
-    # merge_recipe checks values against the schema of the sections it sees
-    with pytest.raises(ValueError, match="option 'train.epochs'"):
-        merge_recipe(defaults_of(SSL_SCHEMA), {"train": {"epochs": -1}})
+        load_recipe(DetectConfig, None, ["epochs"])
+    # merge_recipe checks values against the schema of the instance it changes
+    with pytest.raises(ValueError, match="option 'epochs'"):
+        merge_recipe(SslConfig(), {"epochs": -1})
+
+
+def test_keys_of_earlier_ssl_and_detect_recipes_name_their_option_now():
+    """The engine's options left the ssl/detect ``train`` sections: such a key names the option that took it."""
+    for schema, key, now in [(SslConfig, "train.epochs", "epochs"), (SslConfig, "train.teacher_temp", "dino.teacher_temp"),
+                             (SslConfig, "train.optimizer", "opt"), (SslConfig, "data.workers", "workers"),
+                             (DetectConfig, "train.max_steps", "max_updates"),
+                             (DetectConfig, "train.warmup_steps", "schedule.warmup_steps")]:
+        with pytest.raises(ValueError, match=rf"unknown key '{key}' \(did you mean '{now}'\?\)") as info:
+            load_recipe(schema, None, [f"{key}=1"])
+        assert "\n" not in str(info.value)
 
 
 def test_recipe_names_resolve_in_every_command_and_list_per_task():
-    assert list_recipes(SSL_SCHEMA) == ["ssl_digits", "ssl_dino_sima_small_12_p16"]
-    assert list_recipes(DETECT_SCHEMA) == ["detect_maskrcnn_sima_small_12_p16", "detect_shapes_cpu"]
+    assert list_recipes(SslConfig) == ["ssl_digits", "ssl_dino_sima_small_12_p16"]
+    assert list_recipes(DetectConfig) == ["detect_maskrcnn_sima_small_12_p16", "detect_shapes_cpu"]
     train_names = list_recipes(TrainConfig)
     assert "digits_cpu" in train_names and not any(n.startswith(("ssl_", "detect_")) for n in train_names)
     for name in ("ssl_digits", "ssl_digits.yaml", "configs/ssl_digits.yaml"):
-        assert load_recipe(SSL_SCHEMA, name)["model"]["kwargs"]["img_size"] == 16
-    assert load_recipe(DETECT_SCHEMA, "detect_shapes_cpu")["model"]["fpn_channels"] == 32
+        assert load_recipe(SslConfig, name).model.kwargs["img_size"] == 16
+    assert load_recipe(DetectConfig, "detect_shapes_cpu").model.fpn_channels == 32
     with pytest.raises(FileNotFoundError, match="neither a file nor a shipped recipe .*ssl_digits"):
-        load_recipe(SSL_SCHEMA, "ssl_digit")
+        load_recipe(SslConfig, "ssl_digit")
 
 
 def test_every_file_in_configs_ships_in_the_package_and_loads_under_its_task():
     shipped = resources.files("simattn") / "configs"
     names = sorted(p.name[:-5] for p in shipped.iterdir() if p.name.endswith(".yaml"))
-    for schema in (TrainConfig, SSL_SCHEMA, DETECT_SCHEMA):
+    for schema in (TrainConfig, SslConfig, DetectConfig):
         for name in list_recipes(schema):
             load_recipe(schema, name)  # every value of every shipped recipe passes its checks
-    claimed = set(list_recipes(TrainConfig)) | set(list_recipes(SSL_SCHEMA)) | set(list_recipes(DETECT_SCHEMA))
+    claimed = set(list_recipes(TrainConfig)) | set(list_recipes(SslConfig)) | set(list_recipes(DetectConfig))
     assert claimed <= set(names) and {"ssl_digits", "detect_shapes_cpu", "digits_cpu"} <= claimed
     for name in names:  # none names an output folder: default outputs never collide
         assert "output" not in yaml.safe_load((shipped / f"{name}.yaml").read_text()), name
@@ -123,16 +133,18 @@ def test_saved_recipes_leave_out_where_the_run_went():
     cfg = load_recipe(TrainConfig, "digits_cpu", {"output": "runs/x", "resume": "auto", "overwrite": True})
     saved = recipe_to_save(cfg)
     assert not {"output", "resume", "overwrite"} & set(saved) and saved["epochs"] == cfg.epochs
-    nested = recipe_to_save(load_recipe(SSL_SCHEMA, "ssl_digits", ["output=runs/y"]))
-    assert "output" not in nested and nested["train"]["epochs"] == 12
+    nested = recipe_to_save(load_recipe(SslConfig, "ssl_digits", ["output=runs/y"]))
+    assert "output" not in nested and nested["epochs"] == 12 and nested["dino"]["momentum_teacher"] == 0.99
 
 
 def test_bad_options_exit_2_with_one_line_in_every_command(capsys):
     for argv, expected in [
         (["train", "-c", "digits_cpu", "--hflip", "2"], "option 'hflip': got 2; allowed: a number in [0, 1]"),
         (["train", "-c", "digits_cpu", "--set", "epochs=true"], "option 'epochs': got True"),
-        (["ssl", "train", "--config", "ssl_digits", "--set", "train.epochs=0"], "option 'train.epochs': got 0"),
-        (["detect", "train", "--config", "detect_shapes_cpu", "--set", "eval.every=-1"], "option 'eval.every'"),
+        (["ssl", "train", "--config", "ssl_digits", "--set", "epochs=0"], "option 'epochs': got 0"),
+        (["ssl", "train", "--config", "ssl_digits", "--dino.teacher-temp", "0"], "option 'dino.teacher_temp': got 0"),
+        (["detect", "train", "--config", "detect_shapes_cpu", "--eval-every-epochs", "-1"],
+         "option 'eval_every_epochs'"),
         (["ssl", "eval", "--config", "nope"], "recipe file not found"),
     ]:
         assert simattn_main(argv) == 2, argv

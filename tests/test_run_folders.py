@@ -198,11 +198,12 @@ class _Distill(Trainer):
         self.seen += len(images)
         return super().compute_loss(images, target) * 0.5
 
-    def extra_state(self):
-        return {"seen": self.seen}
+    def task_state(self):
+        return {**super().task_state(), "seen": self.seen}
 
-    def load_extra_state(self, state):
-        self.loaded_extra = dict(state)
+    def load_task_state(self, state):
+        super().load_task_state(state)
+        self.loaded_extra = {"seen": state["seen"]}
 
     def export_metadata(self):
         return {"teacher": "sima_deit_tiny_patch16_224"}
@@ -221,7 +222,7 @@ def test_trainer_hooks_reach_checkpoints_and_metadata(tmp_path):
     out = tmp_path / "hooks"
     first = train(_cfg(out), trainer_cls=_Distill, model_factory=factory)
     assert built == [10] and isinstance(first.model, torch.nn.Sequential)
-    assert torch.load(out / "last.pth", weights_only=True)["extra"] == {"seen": 2 * 64}
+    assert torch.load(out / "last.pth", weights_only=True)["task_state"]["seen"] == 2 * 64
     assert read_safetensors_metadata(out / "final.safetensors")["teacher"] == "sima_deit_tiny_patch16_224"
     trainer = _Distill(_cfg(out, epochs=2, resume="auto"), model_factory=factory)
     assert trainer.loaded_extra == {"seen": 2 * 64}

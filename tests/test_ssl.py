@@ -1,4 +1,5 @@
 """DINO pretraining and frozen-feature evaluation: recipes, k-NN / linear probe, multi-crop networks, short runs."""
+import dataclasses
 import json
 import warnings
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 import simattn  # noqa: F401
-from simattn.ssl import DEFAULTS, knn_classify, linear_probe, load_recipe, pretrain
+from simattn.ssl import SslConfig, knn_classify, linear_probe, load_recipe, pretrain
 from simattn.cli import main as simattn_main
 from simattn.ssl.cli import main as ssl_main
 from simattn.ssl.dino import build_backbone, build_dino_networks, build_multicrop_transform
@@ -24,38 +25,37 @@ XCIT_TINY = {"img_size": 16, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_
 
 
 def _digits_recipe(tmp_path, **sections):
-    """configs/ssl_digits.yaml with section overrides (dicts merged key by key)."""
-    recipe = load_recipe(DEFAULTS, "configs/ssl_digits.yaml", [f"output={tmp_path / 'run'}", "train.threads=1"])
-    return merge_recipe(recipe, sections, DEFAULTS)
+    """configs/ssl_digits.yaml with overrides (sections merged key by key)."""
+    recipe = load_recipe(SslConfig, "configs/ssl_digits.yaml", [f"output={tmp_path / 'run'}", "threads=1"])
+    return merge_recipe(recipe, sections)
 
 
 # --- recipes ------------------------------------------------------------------------------------------------------
 
 def test_recipe_defaults_yaml_and_overrides(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("train:\n  epochs: 7\nmodel:\n  kwargs: {depth: 3}\n")
-    r = load_recipe(DEFAULTS, str(path), ["train.lr=0.5", "model.kwargs.embed_dim=32", "data.augment.hf_prob=0"])
-    assert r["train"]["epochs"] == 7 and r["train"]["lr"] == 0.5 and r["train"]["weight_decay"] == 0.04
-    assert r["model"]["kwargs"] == {"depth": 3, "embed_dim": 32} and r["data"]["augment"] == {"hf_prob": 0}
-    assert DEFAULTS["model"]["kwargs"] == {}  # defaults untouched
-    with pytest.raises(ValueError, match="unknown key 'train.epoch'"):
-        load_recipe(DEFAULTS, None, ["train.epoch=3"])
+    path.write_text("epochs: 7\nmodel:\n  kwargs: {depth: 3}\n")
+    r = load_recipe(SslConfig, str(path), ["lr=0.5", "model.kwargs.embed_dim=32", "data.augment.hf_prob=0"])
+    assert r.epochs == 7 and r.lr == 0.5 and r.weight_decay == 0.04
+    assert r.model.kwargs == {"depth": 3, "embed_dim": 32} and r.data.augment == {"hf_prob": 0}
+    assert SslConfig().model.kwargs == {}  # defaults untouched
+    with pytest.raises(ValueError, match="unknown key 'epoch'"):
+        load_recipe(SslConfig, None, ["epoch=3"])
     with pytest.raises(ValueError, match="is not KEY=VALUE"):
-        load_recipe(DEFAULTS, None, ["train.epochs"])
+        load_recipe(SslConfig, None, ["epochs"])
     with pytest.raises(FileNotFoundError, match="recipe file not found"):
-        load_recipe(DEFAULTS, str(tmp_path / "missing.yaml"))
-    path.write_text("train: [1, 2\n")
+        load_recipe(SslConfig, str(tmp_path / "missing.yaml"))
+    path.write_text("model: [1, 2\n")
     with pytest.raises(ValueError, match="not valid YAML"):
-        load_recipe(DEFAULTS, str(path))
+        load_recipe(SslConfig, str(path))
 
 
 def test_paper_recipe_matches_reference():
-    r = load_recipe(DEFAULTS, "configs/ssl_dino_sima_small_12_p16.yaml")
-    t = r["train"]
-    assert r["model"]["name"] == "sima_small_12_p16"
-    assert (t["epochs"], t["lr"], t["batch_size"], t["weight_decay"], t["weight_decay_end"]) == (
-        100, 2.5e-4, 256, 0.04, 0.4)
-    assert r["eval"]["knn_k"] == 20 and r["eval"]["linear_epochs"] == 100 and r["eval"]["linear_lr"] == 1e-3
+    r = load_recipe(SslConfig, "configs/ssl_dino_sima_small_12_p16.yaml")
+    assert r.model.name == "sima_small_12_p16"
+    # the batch is per process: 8 GPUs give the paper's 256
+    assert (r.epochs, r.lr, r.batch_size * 8, r.weight_decay, r.dino.weight_decay_end) == (100, 2.5e-4, 256, 0.04, 0.4)
+    assert r.eval.knn_k == 20 and r.eval.linear_epochs == 100 and r.eval.linear_lr == 1e-3
 
 
 # --- evaluations --------------------------------------------------------------------------------------------------
@@ -107,15 +107,16 @@ def test_feature_kinds_per_backbone():
 
 def test_multicrop_views_and_networks(tmp_path):
     recipe = _digits_recipe(tmp_path, data={"n_local_views": 3})
+    data = dataclasses.asdict(recipe.data)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a user sees no warning from building the networks
         student, teacher = build_dino_networks(recipe)
     assert all(not p.requires_grad for p in teacher.parameters())
     assert all(torch.equal(a, b) for a, b in zip(student.state_dict().values(), teacher.state_dict().values()))
     from simattn.ssl.data import build_image_dataset
-    tf = build_multicrop_transform(recipe["data"], student.backbone)
-    views, _ = build_image_dataset(recipe["data"], "train", tf)[0]
-    d = recipe["data"]
+    tf = build_multicrop_transform(data, student.backbone)
+    views, _ = build_image_dataset(data, "train", tf)[0]
+    d = data
     assert len(views) == 2 + d["n_local_views"]
     assert [v.shape[-1] for v in views] == [d["global_crop_size"]] * 2 + [d["local_crop_size"]] * d["n_local_views"]
     # one backbone call per resolution, one output per view
@@ -123,7 +124,7 @@ def test_multicrop_views_and_networks(tmp_path):
     student.backbone.register_forward_hook(lambda m, i, o: calls.append(i[0].shape))
     batch = [torch.stack([v] * 3) for v in views]
     out = student(batch)
-    assert len(out) == len(views) and all(o.shape == (3, recipe["head"]["output_dim"]) for o in out)
+    assert len(out) == len(views) and all(o.shape == (3, recipe.head.output_dim) for o in out)
     assert [c[0] for c in calls] == [6, 3 * d["n_local_views"]]
 
 
@@ -132,7 +133,7 @@ def test_relu_vit_views_use_its_own_normalization(tmp_path):
                                "kwargs": {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
                                           "num_heads": 2}})
     recipe = _digits_recipe(tmp_path)
-    tf = build_multicrop_transform(dict(recipe["data"], augment={"hf_prob": 0.0, "cj_prob": 0.0,
+    tf = build_multicrop_transform(dict(dataclasses.asdict(recipe.data), augment={"hf_prob": 0.0, "cj_prob": 0.0,
                                                                "random_gray_scale": 0.0, "solarization_prob": 0.0,
                                                                "gaussian_blur": (0.0, 0.0, 0.0)}), backbone)
     from PIL import Image
@@ -165,12 +166,12 @@ def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     assert wds == sorted(wds) and 0.3 < wds[-1] <= 0.4 and moms == sorted(moms) and moms[-1] > 0.999
     assert (out / "curves.png").stat().st_size > 0
     # the teacher backbone: in the checkpoint and as safetensors that open by their record alone
-    recipe = load_recipe(DEFAULTS, "configs/ssl_digits.yaml")
-    backbone = build_backbone(recipe["model"]).eval()
+    recipe = load_recipe(SslConfig, "configs/ssl_digits.yaml")
+    backbone = build_backbone(dataclasses.asdict(recipe.model)).eval()
     teacher = load_checkpoint(out / "last.pth")["task_state"]["teacher"]
     backbone.load_state_dict({k[len("backbone."):]: v for k, v in teacher.items() if k.startswith("backbone.")})
     opened, spec = load_model(weights=out / "backbone.safetensors")
-    assert (spec["model"], spec["num_classes"], spec["producer"]) == (recipe["model"]["name"], 0, "simattn ssl")
+    assert (spec["model"], spec["num_classes"], spec["producer"]) == (recipe.model.name, 0, "simattn ssl")
     assert spec["data_config"]["input_size"] == [3, 16, 16]
     x = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
@@ -188,15 +189,15 @@ def test_xcit_sima_dino_epoch_linear_probe_and_resume(tmp_path, one_thread):
         model={"name": "sima_nano_12_p8", "kwargs": XCIT_TINY},
         head={"hidden_dim": 64, "bottleneck_dim": 16, "output_dim": 64},
         data={"global_crop_size": 16, "local_crop_size": 8, "n_local_views": 1},
-        train={"epochs": 1, "batch_size": 512},
-        eval={"compare_random_init": False, "linear_epochs": 5, "every": 0, "img_size": 16},
+        epochs=1, batch_size=512,
+        eval={"compare_random_init": False, "linear_epochs": 5, "img_size": 16},
     )
     first = pretrain(recipe)
     assert len(first["history"]) == 1 and first["final"]["linear_feature_dim"] == 4 * 32
     print(f"\nXCiT-SimA after 1 epoch: 20-NN {first['final']['knn_top1']:.1f}%")
     assert first["final"]["feature_dim"] == 32 and first["final"]["knn_top1"] > 30.0  # 10 classes: chance is 10%
-    two = merge_recipe(recipe, {"train": {"epochs": 2}})
-    resumed = pretrain(two, resume=True)
+    two = merge_recipe(recipe, {"epochs": 2})
+    resumed = pretrain(merge_recipe(two, {"resume": "auto"}))
     assert [h["epoch"] for h in resumed["history"]] == [1, 2]
     # the resumed epoch continues the schedules where the first run stopped, as an uninterrupted run does
     straight = pretrain(merge_recipe(two, {"output": str(tmp_path / "straight")}))
@@ -222,8 +223,8 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert simattn_main(["ssl", "eval", "--config", "configs/ssl_digits.yaml", "--weights", str(tmp_path / "x.pth"),
                          "--output", str(tmp_path)]) == 2
     assert "weights not found" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="exceeds"):
-        pretrain(_digits_recipe(tmp_path, train={"batch_size": 4096}))
+    with pytest.raises(ValueError, match="training set too small: 1438 samples per rank for batch size 4096"):
+        pretrain(_digits_recipe(tmp_path, batch_size=4096))
 
 
 def test_eval_opens_a_classifier_file_as_backbone(tmp_path, one_thread, capsys):
@@ -236,7 +237,7 @@ def test_eval_opens_a_classifier_file_as_backbone(tmp_path, one_thread, capsys):
     path = tmp_path / "classifier.safetensors"
     save_weights(classifier, path, weights_metadata("sima_deit_tiny_patch16_224", kwargs, producer="test"))
     assert ssl_main(["eval", "--config", "ssl_digits", "--weights", str(path), "--output", str(tmp_path / "eval"),
-                     "--set", "eval.linear_epochs=0", "eval.compare_random_init=false", "train.threads=1"]) == 0
+                     "--set", "eval.linear_epochs=0", "eval.compare_random_init=false", "threads=1"]) == 0
     out = capsys.readouterr().out
     assert "dropped" in out and "head.weight" in out, out
     assert json.loads((tmp_path / "eval" / "eval.json").read_text())["weights"] == str(path)

@@ -18,8 +18,9 @@ from simattn.validate import validate_weights
 from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
 from simattn import validate as validate_mod
-from simattn.train.engine import build_model, build_optimizer, build_scheduler
+from simattn.train.task import build_model, build_optimizer, build_scheduler
 from simattn.utils.io import read_safetensors_metadata
+from simattn.utils.recipe import recipe_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def test_recipe_and_command_line_overrides():
         ["-c", "digits_cpu", "--epochs", "3", "--model-kwargs", "depth=2", "attn_kwargs.order=kv_first",
          "--lr", "1e-3", "--resume", "--output", "runs/x", "--no-model-ema", "--scale", "[0.5, 1.0]",
          "--set", "seed=7", "hflip=0.25"])
-    cfg = load_config(args.config, train_cli.overrides_from_args(args))
+    cfg = recipe_from_args(TrainConfig, args)
     assert cfg.epochs == 3 and cfg.lr == 1e-3 and cfg.resume == "auto" and cfg.model_ema is False
     assert cfg.scale == [0.5, 1.0] and (cfg.seed, cfg.hflip) == (7, 0.25)
     assert cfg.model_kwargs["attn_kwargs"] == {"order": "kv_first"}

@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 
 from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
-from simattn.train import load_config, train
+from simattn.train import TrainConfig, load_config, train
 from simattn.engine.state import load_train_state
 from simattn.utils.io import CheckpointError
+from simattn.utils.recipe import recipe_overrides
 
 TINY_FLAGS = [
     "--model", "sima_deit_tiny_patch16_224",
@@ -38,7 +39,7 @@ def _train_cmd(output: Path, *extra: str):
 
 def _config(output: Path, *extra: str):
     args = train_cli.build_parser().parse_args([*TINY_FLAGS, "--output", str(output), *extra])
-    return load_config(None, train_cli.overrides_from_args(args))
+    return load_config(None, recipe_overrides(TrainConfig, args))
 
 
 @pytest.fixture(autouse=True)
@@ -108,7 +109,7 @@ def short_run(tmp_path_factory):
     args = train_cli.build_parser().parse_args(TINY_FLAGS + ["--epochs", "1", "--steps-per-epoch", "2",
                                                              "--output", str(out)])
     threads = torch.get_num_threads()
-    train(load_config(None, train_cli.overrides_from_args(args)))
+    train(load_config(None, recipe_overrides(TrainConfig, args)))
     torch.set_num_threads(threads)
     return out, args
 
@@ -157,7 +158,7 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
 
 def test_resume_from_an_epoch_end_continues_to_more_epochs(short_run, tmp_path):
     out, args = short_run
-    cfg = load_config(None, {**train_cli.overrides_from_args(args), "output": str(out), "epochs": 2,
+    cfg = load_config(None, {**recipe_overrides(TrainConfig, args), "output": str(out), "epochs": 2,
                              "resume": "auto"})
     # a longer schedule than the checkpoint's is allowed: the run continues at epoch 2
     result = train(cfg)

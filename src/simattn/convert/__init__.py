@@ -3,13 +3,13 @@
 Python use::
 
     from simattn.convert import convert, load_convert_recipe
-    cfg, options = load_convert_recipe("convert_digits", {"output": "runs/convert", "epochs": 2})
-    results = convert(cfg, options, "teacher/final.safetensors")
+    cfg = load_convert_recipe("convert_digits", {"output": "runs/convert", "epochs": 2})
+    results = convert(cfg, "teacher/final.safetensors")
     results["final"]["top1"]
 """
-from .options import ConvertOptions, load_convert_recipe
+from .config import ConvertConfig, ConvertOptions, load_convert_recipe
 from .run import convert
 from .student import build_student, check_kind, convertible_kinds, load_teacher
 
-__all__ = ["ConvertOptions", "load_convert_recipe", "convert", "build_student", "check_kind", "convertible_kinds",
+__all__ = ["ConvertConfig", "ConvertOptions", "load_convert_recipe", "convert", "build_student", "check_kind", "convertible_kinds",
            "load_teacher"]

@@ -8,7 +8,8 @@ from .data import CocoInstances, collate_detection
 from .evaluate import evaluate_coco
 from .model import build_body, build_mask_rcnn
 from .shapes import make_shapes_dataset
-from .train import DEFAULTS, evaluate_checkpoint, train
+from .config import DetectConfig
+from .train import evaluate_checkpoint, train
 
 __all__ = ["PyramidBackbone", "scale_adapter", "CocoInstances", "collate_detection", "evaluate_coco", "build_body",
-           "build_mask_rcnn", "make_shapes_dataset", "DEFAULTS", "evaluate_checkpoint", "train"]
+           "build_mask_rcnn", "make_shapes_dataset", "DetectConfig", "evaluate_checkpoint", "train"]

@@ -1,7 +1,7 @@
 """``simattn detect``: Mask R-CNN training and COCO box/mask AP evaluation on COCO-layout data.
 
     simattn detect shapes [--out data/shapes]                    # a tiny synthetic COCO-layout dataset
-    simattn detect train --config detect_shapes_cpu [--set train.epochs=2 ...] [--output DIR] [--resume]
+    simattn detect train --config detect_shapes_cpu [--epochs 2 --set model.fpn_channels=64 ...] [--output DIR] [--resume]
     simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/last.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\
         --set data.train_images=/data/coco/train2017 ...
@@ -12,21 +12,21 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_arguments, recipe_from_args, recipe_name
-from .schema import DETECT_SCHEMA
+from ..utils.recipe import add_recipe_options, recipe_from_args, recipe_name, recipe_parser
+from .config import DetectConfig
 
 __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
     from .shapes import DEFAULT_SHAPES_ROOT
-    parser = argparse.ArgumentParser(prog="simattn detect", description="Mask R-CNN with FPN on a SimA backbone")
+    parser = recipe_parser("simattn detect", "Mask R-CNN with FPN on a SimA backbone")
     sub = parser.add_subparsers(dest="action", required=True)
-    for name, help_ in (("train", "train Mask R-CNN, evaluating box and mask AP"),
-                        ("eval", "box and mask AP of a trained checkpoint on the val data")):
-        p = sub.add_parser(name, help=help_)
-        add_recipe_arguments(p, DETECT_SCHEMA, "data.val_images=/data/val2017", run=name == "train")
-    sub.choices["eval"].add_argument("--weights", required=True, help="the detection run's last.pth")
+    add_recipe_options(sub.add_parser("train", help="train Mask R-CNN, evaluating box and mask AP"), DetectConfig,
+                       example="data.val_images=/data/val2017")
+    ev = sub.add_parser("eval", help="box and mask AP of a trained checkpoint on the val data")
+    add_recipe_options(ev, DetectConfig, example="data.val_images=/data/val2017", flags=False)
+    ev.add_argument("--weights", required=True, help="the detection run's last.pth")
     shapes = sub.add_parser("shapes", help="write a tiny synthetic COCO-layout dataset (train and val splits)")
     shapes.add_argument("--out", default=DEFAULT_SHAPES_ROOT,
                         help=f"dataset folder (default {DEFAULT_SHAPES_ROOT}, where configs/detect_shapes_cpu.yaml "
@@ -49,17 +49,17 @@ def main(argv: List[str]) -> int:
     from ..utils.extras import require
     require("pycocotools", f"simattn detect {args.action}")
     from .train import evaluate_checkpoint, train
-    recipe = recipe_from_args(DETECT_SCHEMA, args)
-    name = recipe_name(args.config) or "detect"
+    cfg = recipe_from_args(DetectConfig, args)
     if args.action == "train":
-        results = train(recipe, resume=args.resume, overwrite=args.overwrite, name=name)
+        results = train(cfg)
         if results:
             print(json_dumps({"output": results["output"], **_ap_summary(results.get("eval", {}))}))
         return 0
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
-    out = results_folder(recipe["output"], args.weights, f"{name}_eval", "detect_eval")
-    results = evaluate_checkpoint(recipe, args.weights)
+    name = recipe_name(args.config) or "detect"
+    out = results_folder(cfg.output, args.weights, f"{name}_eval", "detect_eval")
+    results = evaluate_checkpoint(cfg, args.weights)
     print(json_dumps(_ap_summary(results)), flush=True)  # shown before anything is written
     atomic_write_json({"weights": args.weights, **results}, out / "eval.json")
     return 0

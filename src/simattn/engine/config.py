@@ -1,7 +1,9 @@
-"""The engine's options: what every training task runs with (one schema, checked by :mod:`simattn.utils.recipe`).
+"""The engine's options: how every training task runs (batch per process, accumulation, EMA, precision, compile,
+clipping, optimizer and schedule, seeds, workers, threads, the run folder), declared once.
 
-``simattn train`` extends it with data, augmentation and model options (:class:`simattn.train.config.TrainConfig`);
-``simattn ssl`` and ``simattn detect`` translate their nested recipes into one.
+Every task's schema extends :class:`EngineConfig` with what it trains (:class:`simattn.train.config.TrainConfig`,
+:class:`simattn.convert.config.ConvertConfig`, :class:`simattn.ssl.config.SslConfig`,
+:class:`simattn.detect.config.DetectConfig`), so an engine option is the same key, flag and meaning in every task.
 """
 from __future__ import annotations
 
@@ -16,12 +18,10 @@ __all__ = ["EngineConfig", "scaled_lr"]
 
 @dataclass
 class EngineConfig:
-    """Every option the engine reads (each is a recipe key and, for ``simattn train``, a ``--flag``)."""
+    """Every option the engine reads (each is a recipe key, a ``--set`` key and a ``--flag`` of every task)."""
 
-    model: str = option("sima_deit_tiny_patch16_224", "registered model name (timm.create_model)")
-    model_kwargs: Dict[str, Any] = option(factory=dict, help="extra create_model kwargs (img_size, attn_type, ...)")
     workers: int = option(0, "data-loader worker processes per rank", low=0)
-    pin_memory: bool = option(False, "pin host memory for faster GPU copies")
+    pin_memory: bool = option(False, "pin host memory for faster GPU copies (CUDA only)")
     aug_repeats: int = option(0, "repeated augmentation (RepeatAugSampler) copies per image; 0 = off", low=0)
     epochs: int = option(10, "training epochs", low=1)
     batch_size: int = option(64, "per process", low=1)
@@ -48,7 +48,8 @@ class EngineConfig:
     min_lr: float = option(1e-5, "floor of the decayed learning rate", low=0.0)
     cooldown_epochs: int = option(0, "epochs at min_lr after the schedule", low=0)
     clip_grad: Optional[float] = option(None, "gradient clipping threshold; None = off", low=0.0, low_open=True)
-    clip_mode: str = option("norm", "norm | value | agc", choices=["norm", "value", "agc"])
+    clip_mode: str = option("norm", "norm | value | agc (timm) | param_norm (each parameter tensor's gradient norm on "
+                                    "its own, as DINO clips)", choices=["norm", "value", "agc", "param_norm"])
     model_ema: bool = option(False, "keep an EMA of the weights (timm ModelEmaV3)")
     model_ema_decay: float = option(0.9998, "EMA decay per update", low=0.0, high=1.0, low_open=True, high_open=True)
     model_ema_warmup: bool = option(False, "ramp the EMA decay up over the first updates")
@@ -60,7 +61,7 @@ class EngineConfig:
     grad_checkpointing: bool = option(False, "recompute activations in backward (model.set_grad_checkpointing)")
     channels_last: bool = option(False, "channels_last memory format for model and inputs")
     compile: bool = option(False, "torch.compile the model")
-    sync_bn: bool = option(False, "SyncBatchNorm across ranks (CUDA only)")
+    sync_bn: bool = option(False, "SyncBatchNorm across the processes of a multi-process run (CUDA only)")
     threads: Optional[int] = option(None, "CPU intra-op threads per process; None = torch's default", low=1)
     dist_timeout: float = option(10.0, "minutes a torchrun process waits at a collective before the job stops (a "
                                      "frozen or dead rank)", low=0.0, low_open=True)
@@ -69,9 +70,12 @@ class EngineConfig:
     resume: Optional[str] = option(None, "checkpoint to continue; 'auto' (or the bare flag) = <output>/last.pth",
                                  const="auto", check=check_path)
     overwrite: bool = option(False, "write into <output> even if it holds another run's files (they are replaced)")
+    checkpoint_every_epochs: int = option(1, "write last.pth every N epochs (and always after the last)", low=1)
     checkpoint_every_steps: int = option(0, "also write last.pth every K updates (0 = only at epoch ends)", low=0)
-    eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last)", low=1)
-    log_interval: int = option(50, "updates between progress lines / JSON step records", low=1)
+    eval_every_epochs: int = option(1, "evaluate every N epochs (and always after the last; 0 = only after the last)",
+                                    low=0)
+    log_interval: int = option(50, "updates between progress lines / JSON step records (0 = at epoch ends only)",
+                               low=0)
     seed: int = option(0, "base seed (each rank adds its rank)", low=0)
     recipe: Optional[str] = option(None, "the recipe this config came from (informational)")
 

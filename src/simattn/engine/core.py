@@ -1,29 +1,37 @@
 """The one training engine: every command that trains (``train``, ``ssl``, ``detect``, both ``convert`` stages) is a
 task run by :class:`Engine`.
 
-The engine alone owns: distributed set-up and the DDP wrap, AMP and loss scaling, gradient accumulation and
-clipping, the weight EMA, the non-finite guard, the run folder (:mod:`simattn.utils.runs`), the one checkpoint
-(``last.pth``, :mod:`simattn.engine.state`) and its same-run check on resume, the reproducible data stream
-(:mod:`simattn.engine.data`), ``metrics.jsonl``, ``summary.json``/``summary.csv`` and progress. One process or many
+The engine owns the run: the process group (:mod:`simattn.engine.dist`), world size, rank and device, the DDP wrap,
+SyncBatchNorm, AMP (its dtype and loss scaling), gradient accumulation and clipping, the weight EMA, the non-finite
+guard, the run folder (:mod:`simattn.utils.runs`), the config check, the one checkpoint (``last.pth``,
+:mod:`simattn.engine.state`) and its same-run check on resume, the reproducible data stream
+(:mod:`simattn.engine.data`), ``metrics.jsonl``, ``summary.json``/``summary.csv``, ``config.yaml`` and progress; a
+command made of several runs (convert's stages) runs them through :mod:`simattn.engine.stages`. One process or many
 (``torchrun``: each rank a shard of the data, rank 0 writes). Checkpoints hold the full state, per-rank RNG states
 and the position in the epoch, so a run killed at any point and resumed from its last checkpoint ends with the same
 weights and metrics as one that was never interrupted.
 
-A task is a subclass that supplies what differs (the methods under "task" below):
+A task is a subclass that supplies what differs:
 
-- ``create_model()`` → (model, record): the network the optimizer trains and what rebuilds it;
-- ``train_dataset()`` → the training dataset (its transform set), and ``collate_fn``;
-- ``to_device(batch)`` → (batch on the device, samples in it); ``batch_loss(batch)`` → loss, or (loss, parts);
+- ``setup()``: open the data (before the model: the data may decide its head);
+- ``create_model()`` → (model, record): the network the optimizer trains (with its initial weights unless
+  ``self.resuming``) and the ``create_model`` kwargs that rebuild it;
+- ``train_dataset()`` → the training dataset, its transform set (and ``collate_fn``);
+- ``batch_loss(batch)`` → loss, or (loss, {name: part}); ``to_device(batch)`` → (batch on the device, samples);
 - ``evaluate()`` → metrics of the current weights (keys as the history shows them);
-- ``same_run()`` → what a resumed run must share with its checkpoint; ``extra_state``/``load_extra_state``;
 - ``finish(summary)`` → what the task exports at the end (weights, plots);
-- optional: ``build_optimizer``/``build_scheduler``, ``clip_gradients``, ``before_step``, ``after_update``,
-  ``on_epoch_start``, ``summary_extra``, ``saved_recipe``.
+- ``same_run()`` → what a resumed run must share with its checkpoint;
+- ``task_state()``/``load_task_state(state)``: the task's own progress in ``last.pth``.
 
-``cfg`` is an :class:`~simattn.engine.config.EngineConfig`: the engine reads its run, batch, optimizer, schedule,
-precision and checkpoint options; tasks with recipes of their own (ssl, detect) translate them into one.
-Attributes a subclass needs (a teacher model, ...) are set before calling ``super().__init__``, since the
-constructor already resumes (and so calls ``load_extra_state``).
+Optional: ``started()`` (once the run folder is claimed), ``on_epoch_start()``, ``before_step()`` (gradients
+final, before the optimizer step), ``after_update()``, ``epoch_extra()`` and ``summary_extra()`` (more entries for
+the records), ``describe_eval(record)``, ``build_optimizer()``/``build_scheduler()``. Declarations: ``producer``,
+``task_name``, ``task_files``, ``csv_columns``, ``model_option`` and ``input_options`` (dotted option names).
+
+``cfg`` is the task's schema, an :class:`~simattn.engine.config.EngineConfig` subclass: the engine reads its run,
+batch, optimizer, schedule, precision and checkpoint options, the same in every task. Attributes a subclass needs
+(a teacher model, ...) are set before calling ``super().__init__``, since the constructor already resumes (and so
+calls ``load_task_state``).
 """
 from __future__ import annotations
 
@@ -44,7 +52,6 @@ from timm.layers import convert_sync_batchnorm
 from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
-from ..utils.distributed import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from ..utils.global_state import restores_global_state
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
 from ..utils.recipe import quoted, recipe_name, recipe_to_save
@@ -54,11 +61,12 @@ from ..utils.runs import (check_inputs_kept, check_not_in_use, check_run_folder,
 from ..utils.timing import set_threads
 from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
+from .dist import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
 from .log import MetricsLog
 from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
 
-__all__ = ["Engine", "RunResult", "run", "ENGINE_FILES", "autocast", "build_optimizer", "build_scheduler",
-           "scaled_lr"]
+__all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "autocast", "build_optimizer", "build_scheduler",
+           "scaled_lr", "option_value"]
 
 #: the files the engine writes into every run folder (a task adds its own: ``Engine.task_files``)
 ENGINE_FILES = ("last.pth", "metrics.jsonl", "summary.json", "summary.csv", "config.yaml")
@@ -92,6 +100,30 @@ def build_scheduler(cfg: EngineConfig, optimizer: torch.optim.Optimizer, updates
         step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
 
 
+@contextlib.contextmanager
+def _weight_norm_detached(model: nn.Module):
+    """``model`` without the weights that ``torch.nn.utils.weight_norm`` computes from ``weight_g``/``weight_v``
+    (non-leaf tensors, which ``copy.deepcopy`` refuses; e.g. lightly's DINO head); each is computed again before
+    the next forward, in the model and in any copy of it."""
+    from torch.nn.utils.weight_norm import WeightNorm
+    held = [(m, hook.name, getattr(m, hook.name)) for m in model.modules() for hook in m._forward_pre_hooks.values()
+            if isinstance(hook, WeightNorm) and hook.name in m.__dict__]
+    for m, name, _ in held:
+        delattr(m, name)
+    try:
+        yield model
+    finally:
+        for m, name, weight in held:
+            setattr(m, name, weight)
+
+
+def option_value(cfg: Any, name: str) -> Any:
+    """The value of option ``name`` of a schema instance (dotted for sections: ``model.weights``)."""
+    for part in name.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 @dataclass
 class RunResult:
     """What :func:`run` returns: the summary written to ``summary.json``, the trained modules and the folder."""
@@ -113,35 +145,41 @@ class Engine:
     task_files: Tuple[str, ...] = ()
     #: history keys that summary.csv shows after epoch and train_loss (timm's column names → history keys)
     csv_columns: Dict[str, str] = {}
-    #: the options a resumed run must share with its checkpoint: recipe entries of the engine config
-    same_run_options: Tuple[str, ...] = ()
     #: how the training loader batches samples (None: the engine's default, which drops unreadable images)
     collate_fn: Optional[Callable] = None
+    #: the option that names the network (recorded in checkpoints and summaries)
+    model_option = "model"
+    #: options whose values are input files of the run (the run folder must not replace them)
+    input_options: Tuple[str, ...] = ()
 
     def __init__(self, cfg: EngineConfig, dist: Optional[DistInfo] = None) -> None:
         dist = dist if dist is not None else init_distributed(cfg.device, cfg.dist_timeout)
         self.cfg, self.dist, self.device = cfg, dist, dist.device
         set_threads(cfg.threads)
         self.show_bars = use_tqdm(dist.is_main)
+        self.model_name = option_value(cfg, self.model_option)
+        self.pin_memory = cfg.pin_memory and self.device.type == "cuda"
+        self.sync_bn = cfg.sync_bn and dist.distributed
+        if self.sync_bn and self.device.type != "cuda":
+            raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
         # where the run writes, checked before any work (nothing is written until the resume state proved valid)
         self.resume_path = self._resume_path()
+        self.resuming = self.resume_path is not None
         self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), self.task_name, self.resume_path)
         if dist.is_main:  # another live run there: refused now rather than after the model and data are built
             check_not_in_use(self.out)
         check_run_folder(self.out, self.resume_path, cfg.overwrite)
-        self.check_options()
-        resume_state = load_train_state(self.resume_path, self.producer) if self.resume_path is not None else None
+        resume_state = load_train_state(self.resume_path, self.producer) if self.resuming else None
 
-        self.prepare_data()
+        self.setup()
         # identical initial weights on every rank; the per-rank seed for training randomness comes after
         torch.manual_seed(cfg.seed)
         self.model, self.model_kwargs = self.create_model()
-        self.start_weights(resumed=resume_state is not None)
         random_seed(cfg.seed, dist.rank)
 
         train_set = self.train_dataset()
-        self.train_loader, self.sampler = build_train_loader(train_set, cfg, dist, self.collate_fn) \
-            if self.collate_fn is not None else build_train_loader(train_set, cfg, dist)
+        self.train_loader, self.sampler = build_train_loader(train_set, cfg, dist, self.pin_memory,
+                                                             self.collate_fn)
         self.updates_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if cfg.steps_per_epoch:
             self.updates_per_epoch = min(self.updates_per_epoch, cfg.steps_per_epoch)
@@ -154,21 +192,19 @@ class Engine:
             self.model.to(memory_format=torch.channels_last)
         if cfg.grad_checkpointing:
             self.model.set_grad_checkpointing(True)
-        if cfg.sync_bn and dist.distributed:
-            if self.device.type != "cuda":
-                raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
+        if self.sync_bn:
             # timm's conversion keeps BatchNormAct2d's activation (torch's drops it)
             self.model = convert_sync_batchnorm(self.model)
         self.ema = None
         if cfg.model_ema:
-            self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
+            with _weight_norm_detached(self.model):  # ModelEmaV3 deep-copies the model
+                self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
 
         self.optimizer, self.lr = self.build_optimizer()
         self.scheduler, self.num_epochs = self.build_scheduler()
         self.scaler = None
         if cfg.amp and cfg.amp_dtype == "float16":
             self.scaler = torch.amp.GradScaler(self.device.type)
-        self.prepare()
 
         # run state (a fresh run; _resume overwrites it)
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
@@ -181,16 +217,17 @@ class Engine:
         keep_records = self._resume(resume_state) if resume_state is not None else None
 
         # only now (the resume checkpoint was valid) may files in the run folder change
-        in_place = self.resume_path is not None and self.resume_path.resolve().parent == self.out.resolve()
+        in_place = self.resuming and self.resume_path.resolve().parent == self.out.resolve()
         barrier()
         if dist.is_main:
-            check_inputs_kept(self.out, self.run_files, self.inputs())
+            inputs = {_flag_name(name): option_value(cfg, name) for name in self.input_options}
+            check_inputs_kept(self.out, self.run_files, inputs)
             claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files,
                              resume_from=self.resume_path)
-        source = None if in_place or self.resume_path is None else self.resume_path.parent / "metrics.jsonl"
+        source = None if in_place or not self.resuming else self.resume_path.parent / "metrics.jsonl"
         self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
         if dist.is_main:
-            atomic_write_text(yaml.safe_dump(self.saved_recipe(), sort_keys=False), self.out / "config.yaml")
+            atomic_write_text(yaml.safe_dump(recipe_to_save(cfg), sort_keys=False), self.out / "config.yaml")
         self.started()
 
         self.forward_model = torch.compile(self.model) if cfg.compile else self.model
@@ -204,105 +241,78 @@ class Engine:
         return ENGINE_FILES + tuple(self.task_files)
 
     # ----- task: what a task supplies (defaults where one makes sense)
-    def check_options(self) -> None:
-        """Refuse option combinations before any work (one-line ValueError)."""
-
-    def inputs(self) -> Dict[str, Any]:
-        """Input files of the run (option name → path): the run folder must not replace them."""
-        return {}
-
-    def prepare_data(self) -> None:
+    def setup(self) -> None:
         """Open the datasets (before the model is built: the data may decide its head)."""
 
     def create_model(self) -> Tuple[nn.Module, Dict[str, Any]]:
-        """The model the optimizer trains, and its ``create_model`` kwargs (checkpoints and weights record them)."""
+        """The model the optimizer trains, with its initial weights unless ``self.resuming`` (those come from the
+        checkpoint), and its ``create_model`` kwargs (checkpoints and weights record them)."""
         raise NotImplementedError
-
-    def start_weights(self, resumed: bool) -> None:
-        """Load initial weights into ``self.model`` (not called with weights when ``resumed``: those come from the
-        checkpoint)."""
 
     def train_dataset(self):
         """The training dataset, its transform set (the model exists by now)."""
         raise NotImplementedError
 
-    def prepare(self) -> None:
-        """Everything else the task needs (loss, teacher, evaluation data) once model and optimizer exist."""
-
-    def started(self) -> None:
-        """Called on every process once the run folder is claimed (main process: log what it starts from)."""
-
-    def to_device(self, batch: Any) -> Optional[Tuple[Any, int]]:
-        """(batch on the device, number of samples in it)."""
-        raise NotImplementedError
+    def to_device(self, batch: Any) -> Tuple[Any, int]:
+        """(batch on the device, number of samples in it): tensors in tuples, lists and dicts are moved; the samples
+        are the length of the batch's first entry."""
+        def move(x: Any) -> Any:
+            if torch.is_tensor(x):
+                return x.to(self.device, non_blocking=True)
+            if isinstance(x, (list, tuple)):
+                return type(x)(move(v) for v in x)
+            if isinstance(x, dict):
+                return {k: move(v) for k, v in x.items()}
+            return x
+        return move(batch), len(batch[0])
 
     def batch_loss(self, batch: Any):
         """The loss of one micro-batch (runs under autocast and DDP's no_sync), or (loss, {name: part})."""
         raise NotImplementedError
 
-    def clip_gradients(self, params: List[nn.Parameter]) -> None:
-        """Clip the (unscaled) gradients before the optimizer step."""
-        if self.cfg.clip_grad is not None:
-            dispatch_clip_grad(params, self.cfg.clip_grad, mode=self.cfg.clip_mode)
+    def evaluate(self) -> Dict[str, Any]:
+        """Metrics of the current weights, merged into the epoch's record (every process calls it)."""
+        return {}
+
+    def finish(self, summary: Dict[str, Any]) -> None:
+        """Export the task's results (main process; weights are checked finite before)."""
+
+    def same_run(self) -> Dict[str, Any]:
+        """What a resumed run must share with its checkpoint (the network, the data it learns from)."""
+        return {}
+
+    def task_state(self) -> Dict[str, Any]:
+        """The task's own progress for ``last.pth`` (tensors and plain values: the best score so far, a teacher),
+        given back to :meth:`load_task_state`."""
+        return {}
+
+    def load_task_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`task_state` saved (called while resuming, inside the constructor)."""
+
+    # ----- optional
+    def started(self) -> None:
+        """Called on every process once the run folder is claimed (main process: log what it starts from)."""
+
+    def on_epoch_start(self) -> None:
+        """Before each training epoch (``self.epoch`` is 0-based)."""
 
     def before_step(self) -> None:
         """Change gradients after clipping, before the step (e.g. DINO's frozen last layer)."""
 
     def after_update(self) -> None:
-        """After each optimizer update (e.g. a teacher's momentum update, weight-decay schedules)."""
-
-    def on_epoch_start(self) -> None:
-        """Before each training epoch (``self.epoch`` is 0-based)."""
-
-    def evaluate(self) -> Dict[str, Any]:
-        """Metrics of the current weights, merged into the epoch's record (every process calls it)."""
-        return {}
+        """After each optimizer update (e.g. a teacher's momentum update)."""
 
     def epoch_extra(self) -> Dict[str, Any]:
         """More entries for every epoch's record (e.g. where the task's own schedules stand)."""
         return {}
 
-    def checkpoint_this_epoch(self) -> bool:
-        """Whether ``last.pth`` is written after the epoch just trained (the last one always is)."""
-        return True
-
-    def describe_eval(self, record: Dict[str, Any]) -> str:
-        """The evaluation part of the per-epoch line (", val top-1 ...")."""
-        return ""
-
-    def same_run(self) -> Dict[str, Any]:
-        """What a resumed run must share with its checkpoint (the network, the data it learns from)."""
-        return {k: getattr(self.cfg, k) for k in self.same_run_options}
-
-    def task_state(self) -> Dict[str, Any]:
-        """The task's own progress for ``last.pth`` (e.g. the best score so far), given back to
-        :meth:`load_task_state`; :meth:`extra_state` is left to subclasses of a task."""
-        return {}
-
-    def load_task_state(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`task_state` saved."""
-
-    def same_run_of(self, state: Dict[str, Any]) -> Dict[str, Any]:
-        """What the checkpoint ``state`` says it shares with any run resuming it (see :meth:`same_run`)."""
-        return state.get("same_run") or {}
-
-    def extra_state(self) -> Dict[str, Any]:
-        """More state for ``last.pth`` (tensors and plain values), given back to :meth:`load_extra_state`."""
-        return {}
-
-    def load_extra_state(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`extra_state` saved (called while resuming, inside the constructor)."""
-
-    def saved_recipe(self) -> Dict[str, Any]:
-        """The recipe written to ``config.yaml`` (it must work as a recipe as it is)."""
-        return recipe_to_save(self.cfg)
-
     def summary_extra(self) -> Dict[str, Any]:
         """More entries for summary.json."""
         return {}
 
-    def finish(self, summary: Dict[str, Any]) -> None:
-        """Export the task's results (main process; weights are checked finite before)."""
+    def describe_eval(self, record: Dict[str, Any]) -> str:
+        """The evaluation part of the per-epoch line (", val top-1 ...")."""
+        return ""
 
     def build_optimizer(self) -> Tuple[torch.optim.Optimizer, float]:
         return build_optimizer(self.cfg, self.model, self.dist.world_size)
@@ -323,7 +333,7 @@ class Engine:
 
     def _check_same_run(self, path: Path, state: Dict[str, Any]) -> None:
         """Refuse to resume a checkpoint of another network or data (a one-line CheckpointError naming them)."""
-        saved, mine = self.same_run_of(state), self.same_run()
+        saved, mine = state.get("same_run") or {}, self.same_run()
         diffs = [f"{key} {quoted(saved.get(key))} vs {quoted(value)}" for key, value in mine.items()
                  if saved.get(key) != value]
         if diffs:
@@ -369,7 +379,6 @@ class Engine:
         self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
         self.train_time_base = float(state.get("train_time_s", 0.0))
         self.load_task_state(dict(state.get("task_state") or {}))
-        self.load_extra_state(dict(state.get("extra") or {}))
         ranks = state.get("ranks", [])
         saved_world = int(state.get("world_size", 1))
         saved_batch = (state.get("config") or {}).get("batch_size")
@@ -407,7 +416,7 @@ class Engine:
         if not self.dist.is_main:
             return
         state = {
-            "task": self.producer, "model_name": self.cfg.model, "model_kwargs": self.model_kwargs,
+            "task": self.producer, "model_name": self.model_name, "model_kwargs": self.model_kwargs,
             "config": self.cfg.to_dict(), "same_run": self.same_run(),
             "data_config": getattr(self, "data_config", None),
             "model": self.model.state_dict(),
@@ -419,7 +428,7 @@ class Engine:
             "last_eval": self.last_eval, "history": self.history,
             "nonfinite_skipped": self.nonfinite_skipped,
             "metrics_records": self.log.records, "train_time_s": self.train_time(),
-            "task_state": self.task_state(), "extra": self.extra_state(),
+            "task_state": self.task_state(),
         }
         check_finite_weights(self.model, "the model")
         if self.ema is not None:
@@ -473,7 +482,7 @@ class Engine:
             if step_now:
                 if self.scaler is not None:
                     self.scaler.unscale_(self.optimizer)
-                self.clip_gradients(params)
+                self._clip(params)
                 self.before_step()
                 if self.scaler is not None:
                     self.scaler.step(self.optimizer)
@@ -485,6 +494,18 @@ class Engine:
             self._pending_parts[name] = self._pending_parts.get(name, 0) + value.detach().double() * n
         self._pending_samples += n
         self._epoch_seen += n
+
+    def _clip(self, params: List[nn.Parameter]) -> None:
+        """Clip the (unscaled) gradients before the optimizer step."""
+        cfg = self.cfg
+        if cfg.clip_grad is None:
+            return
+        if cfg.clip_mode == "param_norm":  # each parameter tensor on its own, as DINO clips
+            for p in params:
+                if p.grad is not None:
+                    nn.utils.clip_grad_norm_(p, cfg.clip_grad)
+        else:
+            dispatch_clip_grad(params, cfg.clip_grad, mode=cfg.clip_mode)
 
     def _skip_nonfinite(self, value: float, parts: Dict[str, torch.Tensor]) -> None:
         """Skip the update a non-finite loss belongs to, or stop the run once more than max_nonfinite_steps
@@ -517,7 +538,8 @@ class Engine:
         self.after_update()
         if self.scheduler is not None:
             self.scheduler.step_update(num_updates=self.global_step)
-        if self.step_in_epoch % cfg.log_interval == 0 or self.step_in_epoch == self.updates_per_epoch:
+        if (cfg.log_interval and self.step_in_epoch % cfg.log_interval == 0) \
+                or self.step_in_epoch == self.updates_per_epoch:
             self._log_step()
         if (cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0
                 and self.step_in_epoch < self.updates_per_epoch):  # at the epoch end, the epoch checkpoint follows
@@ -549,7 +571,7 @@ class Engine:
 
     def describe(self) -> str:
         n_params = sum(p.numel() for p in self.model.parameters())
-        return (f"model {self.cfg.model} ({n_params / 1e6:.2f}M params), {self.dist.world_size} process(es) × batch "
+        return (f"model {self.model_name} ({n_params / 1e6:.2f}M params), {self.dist.world_size} process(es) × batch "
                 f"{self.cfg.batch_size} × accum {self.cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} "
                 f"epochs × {self.updates_per_epoch} updates, device {self.device}, output {self.out}")
 
@@ -561,9 +583,10 @@ class Engine:
         """Whether the epoch being trained (or just trained) is the run's last."""
         return self.epoch + 1 == self.num_epochs or self.stopped_early()
 
-    def should_evaluate(self) -> bool:
+    def _evaluate_now(self) -> bool:
         """Whether the epoch just trained is evaluated (the last one always is)."""
-        return self.is_last_epoch() or (self.epoch + 1) % self.cfg.eval_every_epochs == 0
+        every = self.cfg.eval_every_epochs
+        return self.is_last_epoch() or bool(every and (self.epoch + 1) % every == 0)
 
     def run(self) -> RunResult:
         log = self.log
@@ -581,7 +604,7 @@ class Engine:
                                       **{k: float(v / seen) for k, v in zip(names, totals[2:])},
                                       "lr": self.optimizer.param_groups[0]["lr"]}
             record.update(self.epoch_extra())
-            evaluated = self.should_evaluate()
+            evaluated = self._evaluate_now()
             if evaluated:
                 metrics = self.evaluate()
                 record.update(metrics)
@@ -601,7 +624,7 @@ class Engine:
             last = self.is_last_epoch()
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self.loss_sum, self.samples, self.part_sums = 0.0, 0, {}
-            if last or self.checkpoint_this_epoch():
+            if last or self.epoch % self.cfg.checkpoint_every_epochs == 0:
                 self._save_state()
         return self._finish(self.train_time())
 
@@ -623,7 +646,7 @@ class Engine:
 
     def _finish(self, train_time: float) -> RunResult:
         summary = {
-            "task": self.producer, "model": self.cfg.model, "model_kwargs": self.model_kwargs,
+            "task": self.producer, "model": self.model_name, "model_kwargs": self.model_kwargs,
             "recipe": self.cfg.recipe, "params": sum(p.numel() for p in self.model.parameters()),
             "epochs": self.num_epochs, "updates": self.global_step, "world_size": self.dist.world_size,
             "lr": self.lr, "history": self.history, "nonfinite_skipped": self.nonfinite_skipped,
@@ -640,16 +663,30 @@ class Engine:
                          self.dist.is_main)
 
 
-@restores_global_state  # the run's threads and seeds stay inside it
-def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
-    """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
+@contextlib.contextmanager
+def session(cfg: EngineConfig):
+    """The process group of one command (joined under torchrun, else created here), its threads, and the run
+    folders it holds, given up when its runs are over; ``cfg`` is checked first. Yields the
+    :class:`~simattn.engine.dist.DistInfo`."""
     cfg.validate()
+    set_threads(cfg.threads)
     created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
     dist = init_distributed(cfg.device, cfg.dist_timeout)
     held = held_run_folders()
     try:
-        return engine_cls(cfg, dist, **kwargs).run()
+        yield dist
     finally:
-        release_run_folders(keep=held)  # the run folder is free again once its run is over
+        release_run_folders(keep=held)  # the run folders are free again once the runs are over
         if created_group:
             cleanup_distributed()
+
+
+@restores_global_state  # the run's threads and seeds stay inside it
+def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
+    """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
+    with session(cfg) as dist:
+        return engine_cls(cfg, dist, **kwargs).run()
+
+
+def _flag_name(option: str) -> str:
+    return "--" + option.replace("_", "-")

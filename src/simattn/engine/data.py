@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, Subset
 
 from ..data.folder import collate_skipping_unreadable
-from ..utils.distributed import DistInfo
+from .dist import DistInfo
 from .config import EngineConfig
 
 __all__ = ["SeededSamples", "ResumableSampler", "build_train_loader", "build_eval_loader", "sample_seed"]
@@ -83,9 +83,8 @@ class ResumableSampler(Sampler):
         return max(0, len(self.order) - self.start)
 
 
-def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo,
-                       collate_fn: Optional[Callable] = collate_skipping_unreadable
-                       ) -> Tuple[DataLoader, ResumableSampler]:
+def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo, pin_memory: bool = False,
+                       collate_fn: Optional[Callable] = None) -> Tuple[DataLoader, ResumableSampler]:
     """Shuffled, sharded (one shard per rank), optionally repeated-augmentation batches of ``cfg.batch_size`` that
     drop the last partial batch; returns the loader and its sampler (call ``sampler.set_epoch(epoch, start)`` before
     each epoch). ``collate_fn`` defaults to :func:`collate_skipping_unreadable`."""
@@ -107,7 +106,7 @@ def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo,
         raise ValueError(f"training set too small: {len(order)} samples per rank for batch size {cfg.batch_size}")
     loader = DataLoader(
         SeededSamples(dataset), batch_sampler=BatchSampler(sampler, cfg.batch_size, drop_last=True),
-        num_workers=cfg.workers, collate_fn=collate_fn, pin_memory=cfg.pin_memory,
+        num_workers=cfg.workers, collate_fn=collate_fn or collate_skipping_unreadable, pin_memory=pin_memory,
         persistent_workers=cfg.workers > 0,
         # a private generator: creating the iterator (worker base seed) must not consume the global RNG
         generator=torch.Generator().manual_seed(cfg.seed),

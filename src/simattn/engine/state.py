@@ -85,6 +85,15 @@ def load_train_state(path: str | Path, task: str = "simattn train") -> Dict[str,
     for key in ("model", "optimizer", "epoch", "step_in_epoch", "global_step"):
         if key not in state:
             raise CheckpointError(f"{path} is incomplete: no {key!r} entry")
+    if "same_run" not in state and writer == "simattn train":
+        # states of earlier versions of simattn train: the same facts from the entries they had
+        saved = state.get("config") or {}
+        state["same_run"] = {
+            "model": state.get("model_name"), "model_kwargs": saved.get("model_kwargs", {}),
+            "dataset": str(saved.get("dataset")).lower(), "data_dir": saved.get("data_dir"),
+            "num_classes": (state.get("model_kwargs") or {}).get("num_classes"),
+            "input size": list((state.get("data_config") or {}).get("input_size", [])),
+            "model_ema": "model_ema" in state}
     return state
 
 

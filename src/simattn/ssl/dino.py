@@ -7,19 +7,19 @@ schedule 0.04 → 0.4, the learning rate a warm-up then cosine decay (timm's sch
 
 Library pieces: lightly's ``DINOProjectionHead``, ``DINOLoss`` (centering with a DDP all-reduce, sharpening,
 cross-view cross-entropy), ``DINOTransform`` (multi-crop), ``cosine_schedule`` and ``update_momentum``; timm's
-``create_optimizer_v2`` and ``CosineLRScheduler``; models come from :mod:`simattn.models.factory`. DDP comes from
-torchrun via :mod:`simattn.utils.distributed`.
+``create_optimizer_v2`` and ``CosineLRScheduler``; models come from :mod:`simattn.models.factory`.
 
-The run is a task of the training engine (:class:`DinoTrainer`, :mod:`simattn.engine.core`), which owns DDP, AMP,
-the checkpoint and exact resume, the run folder and the logs. Outputs in ``output``: the engine's ``last.pth``,
+The run is a task of the training engine (:class:`DinoTrainer`, :mod:`simattn.engine.core`), which owns DDP,
+SyncBatchNorm, AMP, clipping (``clip_mode: param_norm`` clips each tensor as DINO does), the checkpoint and exact
+resume, the run folder and the logs; its options are :class:`simattn.ssl.config.SslConfig`. Outputs in ``output``: the engine's ``last.pth``,
 ``metrics.jsonl``, ``summary.json`` (per-epoch history, k-NN / linear top-1, the random-init reference),
 ``summary.csv`` and ``config.yaml``; ``backbone.safetensors`` (the teacher backbone with its ``simattn-weights-v1``
 record, ``num_classes`` 0, so ``simattn export``/``viz`` open it) and ``curves.png``.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
-import os
 import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -27,21 +27,15 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from ..engine.core import Engine, run
+from ..engine.core import Engine, option_value, run
 from ..engine.log import plot_history
-from ..utils.distributed import DistInfo
-from ..engine.config import EngineConfig
-from ..utils.recipe import defaults_of, recipe_to_save
-from .schema import SSL_SCHEMA
+from ..utils.recipe import recipe_to_save
+from .config import SslConfig
 from .data import build_image_dataset
 from .evaluate import evaluate_backbone
 
-__all__ = ["DEFAULTS", "DinoNetwork", "DinoTrainer", "build_backbone", "save_backbone", "build_dino_networks",
-           "build_multicrop_transform", "engine_config", "pretrain"]
-
-#: Every recipe key with its default (the ImageNet recipe of the SimA paper's DINO experiment, Table 5); types,
-#: ranges and help texts are in :data:`simattn.ssl.schema.SSL_SCHEMA`.
-DEFAULTS = defaults_of(SSL_SCHEMA)
+__all__ = ["DinoNetwork", "DinoTrainer", "build_backbone", "save_backbone", "build_dino_networks",
+           "build_multicrop_transform", "pretrain"]
 
 
 def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0, load_weights: bool = True) -> nn.Module:
@@ -96,7 +90,7 @@ class DinoNetwork(nn.Module):
         return {f"backbone.{name}" for name in inner}
 
 
-def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNetwork]:
+def build_dino_networks(cfg: SslConfig) -> tuple[DinoNetwork, DinoNetwork]:
     """Student and teacher; the teacher starts as an exact copy and never receives gradients.
 
     The teacher is built, not deep-copied: lightly's head uses ``weight_norm``, which ``copy.deepcopy`` rejects.
@@ -105,8 +99,8 @@ def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNet
     from lightly.models.utils import deactivate_requires_grad
 
     def make(drop_path: float, load_weights: bool) -> DinoNetwork:
-        backbone = build_backbone(recipe["model"], drop_path, load_weights)
-        h = recipe["head"]
+        backbone = build_backbone(dataclasses.asdict(cfg.model), drop_path, load_weights)
+        h = dataclasses.asdict(cfg.head)
         with warnings.catch_warnings():
             # lightly's head calls torch.nn.utils.weight_norm, which torch deprecates: nothing a user can act on
             warnings.filterwarnings("ignore", message=".*weight_norm.*", category=FutureWarning)
@@ -115,7 +109,7 @@ def build_dino_networks(recipe: Mapping[str, Any]) -> tuple[DinoNetwork, DinoNet
                                       norm_last_layer=h["norm_last_layer"])
         return DinoNetwork(backbone, head)
 
-    student = make(recipe["model"]["drop_path_rate"], True)
+    student = make(cfg.model.drop_path_rate, True)
     teacher = make(0.0, False)  # takes the student's weights below
     teacher.load_state_dict(student.state_dict())
     deactivate_requires_grad(teacher)
@@ -133,16 +127,6 @@ def build_multicrop_transform(data: Mapping[str, Any], backbone: nn.Module):
                          normalize={"mean": list(cfg["mean"]), "std": list(cfg["std"])}, **data["augment"])
 
 
-def _check(recipe: Mapping[str, Any], world_size: int) -> None:
-    t = recipe["train"]
-    if t["epochs"] < 1:
-        raise ValueError(f"train.epochs must be >= 1, got {t['epochs']}")
-    if t["batch_size"] % world_size:
-        raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {world_size} processes")
-    if recipe["data"]["n_local_views"] < 0:
-        raise ValueError("data.n_local_views must be >= 0")
-
-
 def _teacher_temp(train: Mapping[str, Any], epoch: int) -> float:
     """The teacher temperature of 0-based ``epoch``: the official DINO schedule, ``linspace(warmup_teacher_temp,
     teacher_temp, warmup_teacher_temp_epochs)`` over the first epochs (so the last warm-up epoch is at
@@ -153,36 +137,15 @@ def _teacher_temp(train: Mapping[str, Any], epoch: int) -> float:
     return train["warmup_teacher_temp"] + (train["teacher_temp"] - train["warmup_teacher_temp"]) * epoch / (warm - 1)
 
 
-def _evaluate(teacher: DinoNetwork, recipe: Mapping[str, Any], dist: DistInfo,
-              random_init: bool = False) -> Dict[str, Any]:
+def _evaluate(teacher: DinoNetwork, cfg: SslConfig, device: torch.device, random_init: bool = False
+              ) -> Dict[str, Any]:
     # At random init, BatchNorm statistics are always re-estimated (init statistics describe no data).
-    return evaluate_backbone(teacher.backbone, recipe["data"], recipe["eval"], device=dist.device,
-                             seed=recipe["train"]["seed"],
-                             recalibrate_bn=random_init or recipe["eval"]["recalibrate_bn"])
+    return evaluate_backbone(teacher.backbone, cfg, device=device, recalibrate_bn=random_init or cfg.eval.recalibrate_bn)
 
 
-#: recipe entries a resumed run must share with its checkpoint (the network and the data it learns from)
-_SAME_RUN_KEYS = (("model", "name"), ("model", "kwargs"), ("head", "output_dim"), ("data", "name"), ("data", "root"),
-                  ("data", "global_crop_size"), ("data", "local_crop_size"))
-
-
-def engine_config(recipe: Mapping[str, Any], world_size: int, resume: bool, overwrite: bool,
-                  name: Optional[str]) -> EngineConfig:
-    """The engine's options for a DINO recipe: AdamW-style optimizer at the recipe's lr, a per-update cosine
-    schedule with linear warm-up from ``min_lr`` (as official DINO), one batch of ``batch_size / world_size`` per
-    process."""
-    t, data = recipe["train"], recipe["data"]
-    cuda = (t["device"] or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return EngineConfig(
-        model=recipe["model"]["name"], model_kwargs=dict(recipe["model"]["kwargs"]), recipe=name,
-        epochs=t["epochs"], batch_size=t["batch_size"] // world_size, workers=data["workers"], pin_memory=cuda,
-        opt=t["optimizer"], lr=t["lr"], weight_decay=t["weight_decay"], sched="cosine", sched_on_updates=True,
-        warmup_epochs=t["warmup_epochs"], warmup_lr=t["min_lr"], min_lr=t["min_lr"], clip_grad=t["clip_grad"],
-        amp=bool(t["amp"]) and cuda, amp_dtype="float16", sync_bn=world_size > 1 and cuda, seed=t["seed"],
-        device=t["device"], threads=t["threads"], dist_timeout=t["dist_timeout"],
-        max_nonfinite_steps=t["max_nonfinite_steps"], output=recipe["output"], resume="auto" if resume else None,
-        overwrite=overwrite, log_interval=10 ** 9,
-        checkpoint_every_steps=t["checkpoint_every_steps"]).validate()
+#: options a resumed run must share with its checkpoint (the network and the data it learns from)
+_SAME_RUN = ("model.name", "model.kwargs", "head.output_dim", "data.name", "data.root", "data.global_crop_size",
+             "data.local_crop_size")
 
 
 class DinoTrainer(Engine):
@@ -195,53 +158,40 @@ class DinoTrainer(Engine):
     csv_columns = {"knn_top1": "knn_top1", "linear_top1": "linear_top1"}
     scheduler_metric = "knn_top1"
 
-    def __init__(self, cfg: EngineConfig, dist: DistInfo, recipe: Mapping[str, Any]) -> None:
-        self.recipe = recipe
-        self.t = recipe["train"]
+    model_option = "model.name"
+    input_options = ("model.weights",)
+
+    def __init__(self, cfg: SslConfig, dist=None) -> None:
         self.random_init: Optional[Dict[str, Any]] = None
+        self.schedules = dataclasses.asdict(cfg.dino)
+        self.teacher_temp = _teacher_temp(self.schedules, 0)
+        self.weight_decay, self.momentum = cfg.weight_decay, cfg.dino.momentum_teacher
         super().__init__(cfg, dist)
-
-    def check_options(self) -> None:
-        t = self.t
-        if t["batch_size"] % self.dist.world_size:
-            raise ValueError(f"train.batch_size {t['batch_size']} is not divisible by the {self.dist.world_size} "
-                             "processes")
-
-    def inputs(self) -> Dict[str, Any]:
-        return {"model.weights": self.recipe["model"].get("weights")}
 
     def create_model(self):
         from lightly.loss import DINOLoss
-        self.student, self.teacher = build_dino_networks(self.recipe)
-        if self.dist.distributed and self.device.type == "cuda":  # the engine converts the student
+        self.student, self.teacher = build_dino_networks(self.cfg)
+        if self.sync_bn:  # the engine converts the student
             from timm.layers import convert_sync_batchnorm
             self.teacher = convert_sync_batchnorm(self.teacher)
         self.teacher.to(self.device)
-        t = self.t
-        self.criterion = DINOLoss(self.recipe["head"]["output_dim"], student_temp=t["student_temp"],
-                                  teacher_temp=t["teacher_temp"], center_momentum=t["center_momentum"]).to(self.device)
-        return self.student, dict(self.recipe["model"]["kwargs"])
+        d = self.cfg.dino
+        self.criterion = DINOLoss(self.cfg.head.output_dim, student_temp=d.student_temp, teacher_temp=d.teacher_temp,
+                                  center_momentum=d.center_momentum).to(self.device)
+        return self.student, dict(self.cfg.model.kwargs)
 
     def train_dataset(self):
-        dataset = build_image_dataset(self.recipe["data"], "train",
-                                      build_multicrop_transform(self.recipe["data"], self.student.backbone))
-        if len(dataset) < self.t["batch_size"]:
-            raise ValueError(f"train.batch_size {self.t['batch_size']} exceeds the {len(dataset)} training images")
-        return dataset
-
-    def prepare(self) -> None:
-        self.total_steps = self.num_epochs * self.updates_per_epoch
-        self.teacher_temp = _teacher_temp(self.t, 0)
-        self.weight_decay, self.momentum = self.t["weight_decay"], self.t["momentum_teacher"]
+        data = dataclasses.asdict(self.cfg.data)
+        return build_image_dataset(data, "train", build_multicrop_transform(data, self.student.backbone))
 
     def started(self) -> None:
-        if self.recipe["eval"]["compare_random_init"] and self.dist.is_main and self.random_init is None:
-            self.random_init = _evaluate(self.teacher, self.recipe, self.dist, random_init=True)
+        if self.cfg.eval.compare_random_init and self.dist.is_main and self.random_init is None:
+            self.random_init = _evaluate(self.teacher, self.cfg, self.device, random_init=True)
             print(f"random init: {self.random_init}", flush=True)
 
     def on_epoch_start(self) -> None:
         self.teacher.train()  # as in DINO: BatchNorm layers (XCiT stem, LPI) of the teacher use batch statistics
-        self.teacher_temp = _teacher_temp(self.t, self.epoch)
+        self.teacher_temp = _teacher_temp(self.schedules, self.epoch)
 
     def to_device(self, batch):
         views, _, skipped = batch
@@ -255,17 +205,11 @@ class DinoTrainer(Engine):
         student_out = self.forward_model(views)
         return self.criterion(teacher_out, student_out, teacher_temp=self.teacher_temp)
 
-    def clip_gradients(self, params) -> None:
-        if self.t["clip_grad"]:
-            for p in params:  # DINO clips each parameter tensor's gradient on its own
-                if p.grad is not None:
-                    nn.utils.clip_grad_norm_(p, self.t["clip_grad"])
-
     def before_step(self) -> None:
         from lightly.utils.scheduler import cosine_schedule
         self.student.head.cancel_last_layer_gradients(self.epoch)  # frozen prototypes early on
-        self.weight_decay = cosine_schedule(self.global_step, self.total_steps, self.t["weight_decay"],
-                                            self.t["weight_decay_end"])
+        self.weight_decay = cosine_schedule(self.global_step, self.total_steps, self.cfg.weight_decay,
+                                            self.cfg.dino.weight_decay_end)
         # groups with decay (no-decay groups hold 0); looked up each step: loading a checkpoint replaces the groups
         for group in self.optimizer.param_groups:
             if group["weight_decay"] > 0:
@@ -274,29 +218,26 @@ class DinoTrainer(Engine):
     def after_update(self) -> None:
         from lightly.models.utils import update_momentum
         from lightly.utils.scheduler import cosine_schedule
-        self.momentum = cosine_schedule(self.global_step - 1, self.total_steps, self.t["momentum_teacher"], 1.0)
+        self.momentum = cosine_schedule(self.global_step - 1, self.total_steps, self.cfg.dino.momentum_teacher, 1.0)
         update_momentum(self.student, self.teacher, m=self.momentum)
 
     def epoch_extra(self) -> Dict[str, Any]:
         return {"weight_decay": self.weight_decay, "momentum": self.momentum, "teacher_temp": self.teacher_temp}
 
-    def should_evaluate(self) -> bool:
-        every = self.recipe["eval"]["every"]
-        return self.is_last_epoch() or bool(every and (self.epoch + 1) % every == 0)
+    @property
+    def total_steps(self) -> int:
+        return self.num_epochs * self.updates_per_epoch
 
     def evaluate(self) -> Dict[str, Any]:
         # k-NN and the linear probe run on the main process; the others wait at the epoch's checkpoint
-        return _evaluate(self.teacher, self.recipe, self.dist) if self.dist.is_main else {}
+        return _evaluate(self.teacher, self.cfg, self.device) if self.dist.is_main else {}
 
     def describe_eval(self, record: Dict[str, Any]) -> str:
         shown = [f"{k} {record[k]:.2f}%" for k in ("knn_top1", "linear_top1") if record.get(k) is not None]
         return (", " + ", ".join(shown)) if shown else ""
 
-    def checkpoint_this_epoch(self) -> bool:
-        return (self.epoch) % max(1, self.t["save_every"]) == 0
-
     def same_run(self) -> Dict[str, Any]:
-        return {f"{a}.{b}": self.recipe[a].get(b) for a, b in _SAME_RUN_KEYS}
+        return {name: option_value(self.cfg, name) for name in _SAME_RUN}
 
     def task_state(self) -> Dict[str, Any]:
         return {"teacher": self.teacher.state_dict(), "dino_loss": self.criterion.state_dict(),
@@ -307,35 +248,27 @@ class DinoTrainer(Engine):
         self.criterion.load_state_dict(state["dino_loss"])
         self.random_init = state.get("random_init")
 
-    def saved_recipe(self) -> Dict[str, Any]:
-        return recipe_to_save(self.recipe)
-
     def summary_extra(self) -> Dict[str, Any]:
         final = {k: v for k, v in (self.last_eval or {}).items() if k.startswith(("knn", "linear", "feature"))}
-        return {"recipe": recipe_to_save(self.recipe), "final": final, "random_init": self.random_init}
+        return {"recipe": recipe_to_save(self.cfg), "final": final, "random_init": self.random_init}
 
     def finish(self, summary: Dict[str, Any]) -> None:
         from ..utils.io import check_finite_weights
         check_finite_weights(self.teacher.backbone, "the DINO teacher backbone")
         plot_history(self.history, ["train_loss", "knn_top1", "linear_top1"], self.out / "curves.png",
-                     title=f"DINO {self.recipe['model']['name']}", references=self.random_init,
+                     title=f"DINO {self.cfg.model.name}", references=self.random_init,
                      reference_label="random init")
-        save_backbone(self.teacher.backbone, self.out / "backbone.safetensors", self.recipe["model"],
-                      self.recipe["eval"], source="DINO teacher", epochs=self.num_epochs)
+        save_backbone(self.teacher.backbone, self.out / "backbone.safetensors", dataclasses.asdict(self.cfg.model),
+                      dataclasses.asdict(self.cfg.eval), source="DINO teacher", epochs=self.num_epochs)
 
 
-def pretrain(recipe: Mapping[str, Any], resume: bool = False, overwrite: bool = False,
-             name: Optional[str] = None) -> Dict[str, Any]:
-    """Run DINO pretraining described by a full recipe (see :data:`DEFAULTS`) and evaluate the teacher.
+def pretrain(cfg: SslConfig) -> Dict[str, Any]:
+    """Run DINO pretraining as ``cfg`` says and evaluate the teacher.
 
     Returns the summary written to ``summary.json`` (``history``, ``final`` k-NN / linear top-1, ``random_init``,
-    ``output``) on the main process, ``{}`` on the others. ``resume`` continues from ``<output>/last.pth``; the run
-    folder follows :mod:`simattn.utils.runs` (``runs/<name>/<date-time>`` by default, another run's folder only
-    with ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
+    ``output``) on the main process, ``{}`` on the others. ``resume`` continues a checkpoint (``auto``:
+    ``<output>/last.pth``); the run folder follows :mod:`simattn.utils.runs` (``runs/<recipe>/<date-time>`` by
+    default, another run's folder only with ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
     """
-    if resume and not recipe["output"]:
-        raise ValueError("--resume continues the run in --output: give its folder")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's; the engine joins the group
-    _check(recipe, world_size)
-    result = run(engine_config(recipe, world_size, resume, overwrite, name), DinoTrainer, recipe=recipe)
+    result = run(cfg, DinoTrainer)
     return result.summary if result.is_main else {}

@@ -6,7 +6,8 @@ outputs and the pooled patch tokens of the last two blocks, as in the paper), el
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Mapping, Tuple
+import dataclasses
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -130,35 +131,36 @@ def eval_transform(model: nn.Module, img_size: int, crop_pct: float = 1.0):
     return create_transform(**cfg, is_training=False)
 
 
-def evaluate_backbone(model: nn.Module, data: Mapping[str, Any], evaluation: Mapping[str, Any],
-                      device: torch.device | str = "cpu", show_progress: bool = True, seed: int = 0,
+def evaluate_backbone(model: nn.Module, cfg: Any, device: torch.device | str = "cpu", show_progress: bool = True,
                       recalibrate_bn: bool = False) -> Dict[str, Any]:
-    """k-NN and (if ``evaluation['linear_epochs'] > 0``) linear-probe top-1 of a frozen backbone.
+    """k-NN and (if ``cfg.eval.linear_epochs > 0``) linear-probe top-1 of a frozen backbone.
 
-    ``data``/``evaluation`` are the recipe's sections (see :data:`simattn.ssl.dino.DEFAULTS`); training images are
-    the k-NN memory bank and the probe's training set, validation images are classified. ``recalibrate_bn``
-    evaluates a copy whose BatchNorm statistics are re-estimated on the training images first.
+    ``cfg`` is an ssl recipe (:class:`simattn.ssl.config.SslConfig`: its ``data`` and ``eval`` sections, ``workers``
+    and ``seed``); training images are the k-NN memory bank and the probe's training set, validation images are
+    classified. ``recalibrate_bn`` evaluates a copy whose BatchNorm statistics are re-estimated on the training
+    images first.
     """
-    tf = eval_transform(model, evaluation["img_size"], evaluation["crop_pct"])
+    evaluation = cfg.eval
+    tf = eval_transform(model, evaluation.img_size, evaluation.crop_pct)
+    data = dataclasses.asdict(cfg.data)
     train_ds = build_image_dataset(data, "train", tf)
     val_ds = build_image_dataset(data, "val", tf)
     if recalibrate_bn:
-        model = recalibrate_batchnorm(model, train_ds, evaluation["batch_size"], device, data["workers"])
-    common = dict(batch_size=evaluation["batch_size"], device=device, workers=data["workers"],
-                  show_progress=show_progress)
+        model = recalibrate_batchnorm(model, train_ds, evaluation.batch_size, device, cfg.workers)
+    common = dict(batch_size=evaluation.batch_size, device=device, workers=cfg.workers, show_progress=show_progress)
     train_x, train_y = extract_features(model, train_ds, "pooled", **common)
     val_x, val_y = extract_features(model, val_ds, "pooled", **common)
     out: Dict[str, Any] = {
-        "knn_top1": knn_classify(train_x, train_y, val_x, val_y, evaluation["knn_k"], evaluation["knn_temperature"]),
-        "knn_k": evaluation["knn_k"],
+        "knn_top1": knn_classify(train_x, train_y, val_x, val_y, evaluation.knn_k, evaluation.knn_temperature),
+        "knn_k": evaluation.knn_k,
         "feature_dim": train_x.shape[1],
     }
-    if evaluation["linear_epochs"] > 0:
+    if evaluation.linear_epochs > 0:
         if hasattr(model, "forward_linear_probe_features"):
             train_x, train_y = extract_features(model, train_ds, "linear_probe", **common)
             val_x, val_y = extract_features(model, val_ds, "linear_probe", **common)
-        out["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y, epochs=evaluation["linear_epochs"],
-                                          lr=evaluation["linear_lr"], batch_size=evaluation["linear_batch_size"],
-                                          seed=seed)
+        out["linear_top1"] = linear_probe(train_x, train_y, val_x, val_y, epochs=evaluation.linear_epochs,
+                                          lr=evaluation.linear_lr, batch_size=evaluation.linear_batch_size,
+                                          seed=cfg.seed)
         out["linear_feature_dim"] = train_x.shape[1]
     return out

@@ -7,6 +7,6 @@ Python use::
     result.summary["final"]["top1"]
 """
 from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
-from .engine import Trainer, TrainResult, train
+from .task import Trainer, TrainResult, train
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train"]

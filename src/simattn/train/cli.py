@@ -4,24 +4,21 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
-from .config import TrainConfig, add_config_arguments, list_recipes, load_config, overrides_from_args
+from ..utils.recipe import recipe_from_args, recipe_parser
+from .config import TrainConfig
 
 __all__ = ["main", "build_parser"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="simattn train",
-        description="Train a model from a YAML recipe; every recipe option can be overridden on the command line. "
-                    "Under torchrun each process trains a shard (DDP); the learning rate follows the global batch.",
-        epilog="shipped recipes: " + ", ".join(list_recipes(TrainConfig)))
-    add_config_arguments(parser)
-    return parser
+    return recipe_parser(
+        "simattn train", "Train a model from a YAML recipe; every recipe option can be overridden on the command "
+        "line. Under torchrun each process trains a shard (DDP); the learning rate follows the global batch.",
+        TrainConfig, example="epochs=3 model_kwargs.depth=4")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    cfg = load_config(args.config, overrides_from_args(args))
-    from .engine import train
+    cfg = recipe_from_args(TrainConfig, build_parser().parse_args(argv))
+    from .task import train
     train(cfg)
     return 0

@@ -1,33 +1,29 @@
-"""``simattn train`` options: :class:`TrainConfig` (the engine's options, data, augmentation and model) and its
-command-line flags.
+"""``simattn train`` options: :class:`TrainConfig`, the engine's options and the model, data and augmentation
+options of image classification.
 
 Recipes are YAML files with the field names of :class:`TrainConfig` as keys (:mod:`simattn.utils.recipe` reads and
-checks them). ``-c`` takes a file path or the name of a shipped recipe (``sima_deit_small``, ``digits_cpu``). Every
-field is also a flag (``--batch-size 32``; values are YAML, so ``--opt-betas '[0.9, 0.99]'`` works);
-``--set key=value`` items and ``--model-kwargs KEY=VALUE ...`` use the one option mini-language of every command.
+checks them; every field is also a flag, ``--batch-size 32``, and a ``--set`` key). ``-c`` takes a file path or the
+name of a shipped recipe (``sima_deit_small``, ``digits_cpu``).
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 from ..engine.config import EngineConfig, scaled_lr
-from ..utils.options import OPTIONS_HELP, deep_merge, parse_assignments, parse_value
 from ..utils.recipe import (INTERPOLATIONS, PROB, check_auto_augment, check_path, find_recipe, list_recipes,
-                            load_recipe, option, quoted, specs_of)
+                            load_recipe, option, quoted)
 
-__all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "add_config_arguments", "overrides_from_args",
-           "scaled_lr", "PATH_OPTIONS"]
-
-#: options whose flag value is a path, taken as typed (not read as YAML)
-PATH_OPTIONS = ("output", "resume", "data_dir", "initial_checkpoint")
+__all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "scaled_lr"]
 
 
 @dataclass
 class TrainConfig(EngineConfig):
     """Every option of ``simattn train``: the engine's, and the data, augmentation and model options of image
     classification (each is a recipe key and a ``--flag``)."""
+
+    model: str = option("sima_deit_tiny_patch16_224", "registered model name (timm.create_model)")
+    model_kwargs: Dict[str, Any] = option(factory=dict, help="extra create_model kwargs (img_size, attn_type, ...)")
 
     num_classes: Optional[int] = option(None, "classifier size; None = the dataset's class count (a mismatch is an "
                                             "error)", low=1)
@@ -74,6 +70,9 @@ class TrainConfig(EngineConfig):
     def validate(self) -> "TrainConfig":
         """Check every option and the ones that depend on each other (a one-line ValueError)."""
         super().validate()
+        if self.initial_checkpoint and self.resume:
+            raise ValueError("--initial-checkpoint and --resume exclude each other: a resumed run continues from its "
+                             "checkpoint's weights; drop one")
         for name in ("scale", "ratio"):
             low, high = getattr(self, name)
             if low > high:
@@ -89,7 +88,6 @@ class TrainConfig(EngineConfig):
         return self
 
 
-
 def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:
     """Defaults, then the YAML ``recipe`` (a path or shipped name), then ``overrides``; every option checked.
 
@@ -97,38 +95,3 @@ def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, A
     ``overrides`` is merged into the recipe's (``null`` empties it).
     """
     return load_recipe(TrainConfig, recipe, overrides)
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, schema: type = TrainConfig) -> None:
-    """``-c``, ``--set`` and one flag per option of ``schema`` (``--batch-size``; a TrainConfig or a subclass), all
-    defaulting to 'not given' so that the recipe's value stands; sections (``convert.*``) are set with ``--set``."""
-    parser.add_argument("-c", "--config", metavar="RECIPE",
-                        help="recipe: a YAML file or a shipped recipe name (default: built-in defaults)")
-    parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                        help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set epochs=3 model_kwargs.depth=4")
-    group = parser.add_argument_group("recipe options (override the YAML recipe)")
-    for name, opt in specs_of(schema).items():
-        if isinstance(opt, Mapping):
-            continue
-        flag = "--" + name.replace("_", "-")
-        help_ = f"{opt.help} (default {opt.default!r})".lstrip()
-        if opt.hint is bool:
-            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                               help=help_)
-        elif name == "model_kwargs":
-            group.add_argument(flag, dest=name, nargs="+", action="extend", default=argparse.SUPPRESS,
-                               metavar="KEY=VALUE", help=f"{opt.help}: {OPTIONS_HELP}")
-        else:
-            extra = {"nargs": "?", "const": opt.const} if opt.const is not None else {}
-            # a path is text as typed: as YAML, '' would be null (the default folder) and 2024 a number
-            kind = str if name in PATH_OPTIONS else parse_value
-            group.add_argument(flag, dest=name, type=kind, default=argparse.SUPPRESS, help=help_, **extra)
-
-
-def overrides_from_args(args: argparse.Namespace, schema: type = TrainConfig) -> Dict[str, Any]:
-    """The recipe options given on the command line: ``--set`` items, then the per-option flags."""
-    fields = {k: v for k, v in specs_of(schema).items() if not isinstance(v, Mapping)}
-    given = {k: v for k, v in vars(args).items() if k in fields}
-    if "model_kwargs" in given:
-        given["model_kwargs"] = parse_assignments(given["model_kwargs"], what="--model-kwargs item")
-    return deep_merge(parse_assignments(getattr(args, "set_items", []), what="--set item"), given)

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ..utils.distributed import all_reduce_mean
+from ..engine.dist import all_reduce_mean
 from ..engine.core import autocast
 from ..utils.runlog import progress
 

@@ -4,7 +4,7 @@ Used by ``--set`` (recipe overrides), ``--model-kwargs`` and ``--attn-kwargs``:
 
 - the value is parsed as a YAML scalar or flow collection: ``3`` is an int, ``1e-3`` a float, ``true`` a bool,
   ``null`` None, ``[0.9, 0.999]`` a list, ``{order: kv_first}`` a mapping, and a plain word stays a string;
-- a dotted key nests: ``train.epochs=3`` is ``{'train': {'epochs': 3}}`` and ``attn_kwargs.order=kv_first`` is
+- a dotted key nests: ``convert.transfer_lr=1e-3`` is ``{'convert': {'transfer_lr': 0.001}}`` and ``attn_kwargs.order=kv_first`` is
   ``{'attn_kwargs': {'order': 'kv_first'}}``;
 - a later item for the same key wins; mappings given for the same key are merged key by key.
 
@@ -55,7 +55,7 @@ def deep_merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> Dict[str, 
 
 
 def parse_assignments(items: Union[str, Iterable[str], None], what: str = "option") -> Dict[str, Any]:
-    """``['train.epochs=3', 'attn_type=softmax']`` → ``{'train': {'epochs': 3}, 'attn_type': 'softmax'}``.
+    """``['model.name=x', 'epochs=3']`` → ``{'model': {'name': 'x'}, 'epochs': 3}``.
 
     ``what`` names the items in error messages (``'--set item'``, ``'model kwarg'``). A single string is one item.
     """

@@ -1,28 +1,31 @@
-"""The one option mechanism: typed, range-checked options, and one recipe loader for every task's schema.
+"""The one option mechanism: every option declared once, typed and range-checked, and everything made from it.
 
-A recipe is a YAML mapping of options. Each task declares its schema in its own package, listing every option with
-its type, default, help text and allowed values (a range, a list of choices, or a check such as timm's auto-augment
-parser), either as a dataclass whose fields are :func:`option` (and :func:`section`) fields, or as nested dicts of
-:class:`Opt`:
+A task declares its options as one dataclass whose fields are :func:`option` fields (type, default, help text and
+allowed values: a range, a list of choices, or a check such as timm's auto-augment parser) and :func:`section`
+fields (a nested dataclass of the same kind, e.g. ``convert.transfer_lr``). The engine's options are
+:class:`simattn.engine.config.EngineConfig`; every training task's schema extends it
+(:class:`~simattn.train.config.TrainConfig`, :class:`~simattn.convert.config.ConvertConfig`,
+:class:`~simattn.ssl.config.SslConfig`, :class:`~simattn.detect.config.DetectConfig`), and may change the defaults
+of the options it inherits (:func:`task_defaults`) but never their meaning.
 
-- the engine: :class:`simattn.engine.config.EngineConfig`; ``simattn train``: ``simattn.train.config.TrainConfig``
-  (a flat dataclass: every field is also a ``--flag``); ``simattn convert``: ``simattn.convert.options.ConvertConfig``
-  (TrainConfig and a ``convert`` section);
-- ``simattn ssl`` and ``simattn detect``: nested dict schemas (``simattn.ssl.schema``, ``simattn.detect.schema``),
-  registered with :func:`register_nested_schema`.
+From that one declaration come:
 
-:func:`load_recipe` reads defaults < a recipe file (a path or the name of a recipe shipped in ``simattn/configs``,
-which may start from another with ``base: NAME``) < overrides (``--set key=value`` items, parsed with
-:func:`simattn.utils.options.parse_assignments`), and checks every value. Bad input is a one-line ValueError that
-names the option, the value and what is allowed. Options whose default is an empty mapping (``model_kwargs``,
-``model.kwargs``) are free-form keyword arguments for a library call; overrides merge into them key by key and
-``null`` empties them.
+- the YAML recipe keys: :func:`load_recipe` reads defaults < a recipe file (a path or the name of a recipe shipped in
+  ``simattn/configs``, which may start from another with ``base: NAME``) < overrides, and checks every value;
+- the command line (:func:`add_recipe_options`, :func:`recipe_from_args`): ``-c RECIPE``, ``--set key=value`` items
+  (:func:`simattn.utils.options.parse_assignments`; dotted keys for sections) and one flag per option
+  (``--grad-accum-steps 2``, ``--convert.transfer-lr 1e-3``), each flag the same as its ``--set`` form;
+- ``--help``, the one-line errors (option, value, what is allowed) and the "did you mean" of unknown keys;
+- the ``config.yaml`` a run writes (:func:`recipe_to_save`): a recipe for a new run as it is. ``output``, ``resume``
+  and ``overwrite`` say where a run goes, not what it does, and are left out.
 
-``output``, ``resume`` and ``overwrite`` say where a run goes, not what it does: they are left out of the
-``config.yaml`` a run writes (:func:`recipe_to_save`), so that file is a recipe for a new run as it is.
+Options whose default is an empty mapping (``model_kwargs``) are free-form keyword arguments for a library call;
+overrides merge into them key by key and ``null`` empties them. Commands without recipes (validate, export, viz,
+bench, demo) declare :class:`Opt` mappings and use :func:`add_option_flags` and :func:`checked_flags`.
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
 import difflib
@@ -34,11 +37,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-__all__ = ["Opt", "option", "section", "check_fields", "check_section", "RUN_KEYS", "RecipeDefaults", "load_recipe", "merge_recipe",
-           "parse_overrides", "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "defaults_of",
-           "specs_of", "check_value", "add_recipe_arguments", "recipe_from_args", "register_nested_schema",
-           "check_optimizer", "check_device", "check_auto_augment", "check_path", "INTERPOLATIONS", "SCHEDULES",
-           "PROB", "maybe", "add_option_flags", "checked_flags", "quoted", "load_yaml", "MAX_YAML_NODES"]
+__all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
+           "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
+           "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer", "check_device", "check_auto_augment",
+           "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe", "add_option_flags", "checked_flags",
+           "quoted", "load_yaml", "MAX_YAML_NODES"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -112,7 +115,8 @@ class Opt:
     check: Optional[Callable[[Any], Optional[str]]] = None
     length: Optional[int] = None
     allowed: Optional[str] = None
-    const: Any = None  # the value of a bare ``--flag`` (train flags)
+    const: Any = None  # the value of a bare ``--flag`` (``--resume`` alone is ``auto``)
+    flags: Tuple[str, ...] = ()  # more flag names besides the generated one (``--to`` for ``convert.to``)
 
     @property
     def hint(self) -> Any:
@@ -314,123 +318,139 @@ SCHEDULES = ["cosine", "tanh", "step", "multistep", "poly", "wsd", "rsqrt", "con
 PROB = dict(low=0.0, high=1.0)
 
 
-# ----- options of dataclass schemas ------------------------------------------------------------------------------------------------
+def maybe(hint: Any) -> Any:
+    return Optional[hint]
+
+
+# ----- schemas: dataclasses of options --------------------------------------------------------------------------------
 
 def option(default: Any = None, help: str = "", factory=None, **spec: Any):
-    """A dataclass schema's field; its :class:`Opt` (help, range, choices) lives in the field's metadata."""
+    """A schema's field; its :class:`Opt` (help, range, choices) lives in the field's metadata."""
     opt = Opt(default=factory() if factory is not None else default, help=help, **spec)
     if factory is not None:
         return field(default_factory=factory, metadata={"opt": opt})
     return field(default=default, metadata={"opt": opt})
 
 
-def section(specs: Mapping[str, Any]):
-    """A dataclass schema's field that is a nested section of options (``convert.transfer_lr``): a dict of their
-    values, each checked against ``specs`` (a nested dict schema)."""
-    return field(default_factory=lambda: _defaults(specs), metadata={"section": dict(specs)})
+def section(cls: type):
+    """A schema's field that is a nested section of options (a dataclass of :func:`option` fields)."""
+    return field(default_factory=cls, metadata={"section": cls})
 
 
-def check_fields(config: Any) -> None:
-    """Check (and coerce) every field of a dataclass schema instance against its :class:`Opt` or section, whichever
-    way the instance was made (recipe, flags, Python)."""
-    for name, spec in _dataclass_specs(type(config)).items():
-        value = getattr(config, name)
-        if isinstance(spec, Mapping):
-            setattr(config, name, check_section(value, spec, f"{name}."))
-        else:
-            setattr(config, name, check_value(name, spec, value))
-
-
-def check_section(values: Mapping[str, Any], specs: Mapping[str, Any], where: str) -> Dict[str, Any]:
-    """``values`` of a nested section checked against ``specs`` (unknown keys refused, defaults filled in)."""
-    if not isinstance(values, Mapping):
-        raise ValueError(f"recipe: {where.rstrip('.')!r} must be a mapping of options, got {quoted(values)}")
-    _merge({}, values, specs, where, check=False)  # unknown keys
-    return _check_all(values, specs, where)
-
-
-def maybe(hint: Any) -> Any:
-    return Optional[hint]
-
-
-#: the nested schemas (a recipe's sections tell which one it follows), registered by the tasks that declare them
-NESTED_SCHEMAS: List[Dict[str, Any]] = []
-
-
-def register_nested_schema(schema: Dict[str, Any]) -> Dict[str, Any]:
-    """Make a task's nested schema known to :func:`merge_recipe` (which finds a recipe's schema by its sections)."""
-    if not any(schema is known for known in NESTED_SCHEMAS):
-        NESTED_SCHEMAS.append(schema)
-    return schema
-
-
-# ----- schemas as nested specs --------------------------------------------------------------------------------------
-
-Schema = Union[type, Mapping[str, Any]]
+def task_defaults(**defaults: Any):
+    """Class decorator (under ``@dataclass``): a task's own defaults for options it inherits, which keep their one
+    declaration (type, range, help) in the parent schema."""
+    def apply(cls: type) -> type:
+        parent = cls.__mro__[1]
+        fields, hints = {f.name: f for f in dataclasses.fields(parent)}, typing.get_type_hints(parent)
+        cls.__annotations__ = annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in defaults.items():
+            annotations[name] = hints[name]  # a KeyError here is a typo in the task's schema
+            metadata = fields[name].metadata
+            setattr(cls, name, field(default_factory=lambda v=value: copy.deepcopy(v), metadata=metadata)
+                    if isinstance(value, (list, dict)) else field(default=value, metadata=metadata))
+        return cls
+    return apply
 
 
 @functools.lru_cache(maxsize=None)
-def _dataclass_specs(cls: type) -> Dict[str, Opt]:
+def _specs(cls: type) -> Dict[str, Any]:
+    """``{name: Opt}`` of a schema's options (each with the default this schema gives it) and ``{name: cls}`` of its
+    sections."""
     hints = typing.get_type_hints(cls)
-    return {f.name: dataclasses.replace(f.metadata["opt"], type=hints[f.name]) if "opt" in f.metadata
-            else f.metadata["section"] for f in dataclasses.fields(cls) if "opt" in f.metadata or "section" in f.metadata}
+    out: Dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if "section" in f.metadata:
+            out[f.name] = f.metadata["section"]
+        elif "opt" in f.metadata:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = dataclasses.replace(f.metadata["opt"], type=hints[f.name], default=default)
+    return out
 
 
-def specs_of(schema: Schema) -> Dict[str, Any]:
-    """The nested ``{key: Opt | {…}}`` of a schema (a dataclass such as ``TrainConfig``, or a nested dict)."""
-    if isinstance(schema, RecipeDefaults):
-        return schema.specs
-    if dataclasses.is_dataclass(schema):
-        return dict(_dataclass_specs(schema if isinstance(schema, type) else type(schema)))
-    return dict(schema)
-
-
-class RecipeDefaults(dict):
-    """A nested schema's defaults as a plain nested dict (``DEFAULTS['train']['epochs']``), which also carries the
-    schema (``.specs``) so that :func:`load_recipe` and :func:`merge_recipe` check values against it."""
-
-    def __init__(self, specs: Mapping[str, Any]) -> None:
-        super().__init__(_defaults(specs))
-        self.specs = dict(specs)
-
-
-def _defaults(specs: Mapping[str, Any]) -> Dict[str, Any]:
-    return {k: copy.deepcopy(v.default) if isinstance(v, Opt) else _defaults(v) for k, v in specs.items()}
-
-
-def defaults_of(schema: Schema) -> RecipeDefaults:
-    """Every option of ``schema`` at its default."""
-    return RecipeDefaults(specs_of(schema))
+def _is_section(spec: Any) -> bool:
+    return isinstance(spec, type)
 
 
 def _is_free(spec: Any) -> bool:
     return isinstance(spec, Opt) and isinstance(spec.default, dict)
 
 
-def _unknown(name: str, specs: Mapping[str, Any]) -> ValueError:
+def option_paths(schema: type, where: str = "") -> Dict[str, Opt]:
+    """Every option of ``schema`` by its dotted name (``epochs``, ``convert.transfer_lr``)."""
+    out: Dict[str, Opt] = {}
+    for name, spec in _specs(schema).items():
+        if _is_section(spec):
+            out.update(option_paths(spec, f"{where}{name}."))
+        else:
+            out[f"{where}{name}"] = spec
+    return out
+
+
+def check_fields(config: Any, where: str = "") -> None:
+    """Check (and coerce) every option of a schema instance, its sections' too, whichever way it was made (recipe,
+    flags, Python); a section given as a mapping becomes its dataclass."""
+    for name, spec in _specs(type(config)).items():
+        value = getattr(config, name)
+        if _is_section(spec):
+            if isinstance(value, Mapping):
+                value = _build(spec, _merge(dataclasses.asdict(spec()), value, spec, f"{where}{name}."))
+            elif not isinstance(value, spec):
+                raise ValueError(f"recipe: {where}{name!r} must be a mapping of options, got {quoted(value)}")
+            check_fields(value, f"{where}{name}.")
+            setattr(config, name, value)
+        else:
+            setattr(config, name, check_value(f"{where}{name}", spec, value))
+
+
+def _build(schema: type, values: Mapping[str, Any]) -> Any:
+    """An instance of ``schema`` from nested values (unchecked: the root's ``__post_init__`` checks)."""
+    kwargs = {}
+    for name, spec in _specs(schema).items():
+        if name in values:
+            value = values[name]
+            kwargs[name] = _build(spec, value) if _is_section(spec) and isinstance(value, Mapping) else value
+    return schema(**kwargs)
+
+
+def _unknown(name: str, value: Any, specs: Mapping[str, Any], root: type) -> ValueError:
+    """A one-line error for an unknown key: the close match here, or the option of that name elsewhere in the
+    schema (a key that moved, e.g. ``train.epochs`` → ``epochs``), or the schema's own ``renamed`` entry."""
     leaf = name.rsplit(".", 1)[-1]
     close = difflib.get_close_matches(leaf, list(specs), n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    known = (f"known keys here: {', '.join(sorted(specs))}" if len(specs) <= 25 else
+    paths = option_paths(root)
+    meant = getattr(root, "renamed", {}).get(name) or (close[0] if close else None)
+    if meant is None and isinstance(value, Mapping) and value:  # an unknown section: name its first key
+        key = next(iter(value))
+        return _unknown(f"{name}.{key}", value[key], {}, root)
+    if meant is None:  # the option of that name elsewhere, or a close one
+        meant = next((p for p in paths if p.rsplit(".", 1)[-1] == leaf and p != name), None) or \
+            next(iter(difflib.get_close_matches(leaf, list(paths), n=1)), None)
+    hint = f" (did you mean {meant!r}?)" if meant else ""
+    known = (f"known keys here: {', '.join(sorted(specs))}" if 0 < len(specs) <= 25 else
              "--help lists every option")
     return ValueError(f"recipe: unknown key {quoted(name)}{hint}; {known}")
 
 
-def _merge(values: Dict[str, Any], update: Mapping[str, Any], specs: Mapping[str, Any], where: str = "",
-           check: bool = True) -> Dict[str, Any]:
+def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, where: str = "",
+           root: Optional[type] = None) -> Dict[str, Any]:
+    """``values`` (nested, as ``dataclasses.asdict`` gives them) updated with ``update``; unknown keys refused, sections
+    merged key by key, free-form mappings merged key by key (``null`` empties them); values checked later."""
+    root = root or schema
+    specs = _specs(schema)
     out = copy.deepcopy(values)
     for key, value in update.items():
         name = f"{where}{key}"
         if key not in specs:
-            raise _unknown(name, specs)
+            raise _unknown(name, value, specs, root)
         spec = specs[key]
-        if isinstance(spec, Mapping):  # a checked section
+        if _is_section(spec):
             if value is None:
                 continue
             if not isinstance(value, Mapping):
                 raise ValueError(f"recipe: {name!r} must be a mapping of options, got {quoted(value)}")
-            out[key] = _merge(out.get(key, {}), value, spec, f"{name}.", check)
-        elif _is_free(spec):  # free-form kwargs: null empties them, a mapping merges key by key
+            out[key] = _merge(out.get(key) or {}, value, spec, f"{name}.", root)
+        elif _is_free(spec):
             if value is None:
                 out[key] = {}
             elif not isinstance(value, Mapping):
@@ -438,46 +458,14 @@ def _merge(values: Dict[str, Any], update: Mapping[str, Any], specs: Mapping[str
             else:
                 out[key] = {**(out.get(key) or {}), **value}
         else:
-            out[key] = check_value(name, spec, value) if check else value
+            out[key] = value
     return out
 
 
-def _check_all(values: Mapping[str, Any], specs: Mapping[str, Any], where: str = "") -> Dict[str, Any]:
-    out = {}
-    for key, spec in specs.items():
-        name = f"{where}{key}"
-        if isinstance(spec, Mapping):
-            out[key] = _check_all(values.get(key, {}), spec, f"{name}.")
-        else:
-            out[key] = check_value(name, spec, values.get(key, spec.default))
-    return out
-
-
-def merge_recipe(base: Mapping[str, Any], update: Mapping[str, Any], schema: Optional[Schema] = None,
-                 where: str = "") -> Dict[str, Any]:
-    """``base`` deep-updated with ``update``, every value checked against ``schema`` (``base``'s when it is a
-    :class:`RecipeDefaults`); unknown keys raise a ValueError naming them."""
-    schema = schema if schema is not None else base
-    if not isinstance(schema, RecipeDefaults) and not dataclasses.is_dataclass(schema):
-        schema = _schema_of_values(schema)
-    return _merge(dict(base), update, specs_of(schema), where)
-
-
-def _schema_of_values(values: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The nested schema (:data:`NESTED_SCHEMAS`) whose sections are those of the recipe ``values``."""
-    if any(isinstance(v, Opt) for v in values.values()):
-        return values
-    for schema in NESTED_SCHEMAS:
-        if set(values) == set(schema):
-            return schema
-    raise ValueError(f"recipe sections {sorted(values)} are not those of any command's recipe")
-
-
-def parse_overrides(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
-    """``['train.epochs=3', 'model.kwargs.depth=4']`` → a nested dict
-    (:func:`simattn.utils.options.parse_assignments`)."""
-    from .options import parse_assignments
-    return parse_assignments(items, what="--set item")
+def merge_recipe(config: Any, update: Mapping[str, Any]) -> Any:
+    """A copy of the schema instance ``config`` with the nested ``update`` applied, every value checked."""
+    schema = type(config)
+    return _build(schema, _merge(dataclasses.asdict(config), update, schema)).validate()
 
 
 # ----- recipe files -------------------------------------------------------------------------------------------------
@@ -487,23 +475,23 @@ def _recipe_dir():
     return resources.files("simattn") / "configs"
 
 
-def _fits(data: Mapping[str, Any], specs: Mapping[str, Any]) -> bool:
-    """Whether every key of ``data`` (and of its checked sections) is one of the schema's."""
+def _fits(data: Mapping[str, Any], schema: type) -> bool:
+    """Whether every key of ``data`` (and of its sections) is one of the schema's."""
+    specs = _specs(schema)
     for key, value in data.items():
         if key == "base":
             continue
         if key not in specs:
             return False
-        if isinstance(specs[key], Mapping) and isinstance(value, Mapping) and not _fits(value, specs[key]):
+        if _is_section(specs[key]) and not (isinstance(value, Mapping) and _fits(value, specs[key])):
             return False
     return True
 
 
-def list_recipes(schema: Optional[Schema] = None) -> List[str]:
+def list_recipes(schema: Optional[type] = None) -> List[str]:
     """Names of the recipes shipped in the package (``--config NAME``); with ``schema``, only those for that task
     (whose keys the schema knows)."""
     import yaml
-    specs = specs_of(schema) if schema is not None else None
     names = []
     for entry in _recipe_dir().iterdir():
         if not entry.name.endswith(".yaml"):
@@ -512,12 +500,12 @@ def list_recipes(schema: Optional[Schema] = None) -> List[str]:
             data = yaml.safe_load(entry.read_text())
         except yaml.YAMLError:
             continue
-        if isinstance(data, Mapping) and (specs is None or _fits(data, specs)):
+        if isinstance(data, Mapping) and (schema is None or _fits(data, schema)):
             names.append(entry.name[:-5])
     return sorted(names)
 
 
-def find_recipe(recipe: str, schema: Optional[Schema] = None) -> Path:
+def find_recipe(recipe: str, schema: Optional[type] = None) -> Path:
     """A recipe file from a path or a shipped recipe name (with or without ``.yaml``, or as ``configs/NAME.yaml``)."""
     path = Path(recipe)
     if path.is_file():
@@ -612,8 +600,7 @@ def _read_yaml_mapping(path: Path) -> Dict[str, Any]:
     return dict(loaded)
 
 
-def _read_recipe(recipe: str, specs: Mapping[str, Any], schema: Schema, chain: Tuple[Path, ...] = ()
-                 ) -> Dict[str, Any]:
+def _read_recipe(recipe: str, schema: type, chain: Tuple[Path, ...] = ()) -> Dict[str, Any]:
     """A recipe's values (unchecked), after those of its ``base:`` recipe (a shipped name or a path beside it)."""
     path = find_recipe(recipe, schema)
     if path.resolve() in chain:
@@ -624,102 +611,152 @@ def _read_recipe(recipe: str, specs: Mapping[str, Any], schema: Schema, chain: T
     if base is not None:
         name = str(base) if str(base).endswith(".yaml") else f"{base}.yaml"
         sibling = path.parent / name
-        values = _read_recipe(str(sibling) if sibling.is_file() else str(base), specs, schema,
-                              chain + (path.resolve(),))
+        values = _read_recipe(str(sibling) if sibling.is_file() else str(base), schema, chain + (path.resolve(),))
     try:
-        return _merge(values, loaded, specs, check=False)
+        return _merge(values, loaded, schema)
     except ValueError as e:
         raise ValueError(f"{e} (in recipe {path})") from None
 
 
-def load_recipe(schema: Schema, recipe: Optional[str] = None,
+def load_recipe(schema: type, recipe: Optional[str] = None,
                 overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Any:
     """Defaults < the recipe file ``recipe`` (a path or shipped name) < ``overrides`` (a nested mapping or
-    ``key=value`` items), every value checked.
-
-    ``schema`` is a dataclass schema (returns an instance with ``recipe`` set to the recipe given) or a nested
-    schema / its :class:`RecipeDefaults` (returns the nested dict).
-    """
-    specs = specs_of(schema)
-    values: Dict[str, Any] = _defaults(specs)
+    ``key=value`` items), every value checked; an instance of ``schema`` with ``recipe`` set to the recipe given."""
+    from .options import parse_assignments
+    values = dataclasses.asdict(schema())
     if recipe is not None:
-        values = _merge(values, _read_recipe(str(recipe), specs, schema), specs, check=False)
+        values = _merge(values, _read_recipe(str(recipe), schema), schema)
     if overrides:
-        update = overrides if isinstance(overrides, Mapping) else parse_overrides(overrides)
-        values = _merge(values, update, specs, check=False)
-    if dataclasses.is_dataclass(schema):
-        if recipe is not None and "recipe" in specs:
-            values["recipe"] = str(recipe)
-        return schema(**values).validate()
-    return _check_all(values, specs)
+        update = overrides if isinstance(overrides, Mapping) else parse_assignments(overrides, what="--set item")
+        values = _merge(values, update, schema)
+    if recipe is not None and "recipe" in _specs(schema):
+        values["recipe"] = str(recipe)
+    return _build(schema, values).validate()
 
 
-def recipe_to_save(values: Union[Mapping[str, Any], Any]) -> Dict[str, Any]:
+def recipe_to_save(config: Any) -> Dict[str, Any]:
     """A run's recipe as it is saved to ``config.yaml``: every option except :data:`RUN_KEYS`, so the file is a
     recipe for a new run (``--config run/config.yaml``) that writes to its own folder."""
-    data = values.to_dict() if hasattr(values, "to_dict") else copy.deepcopy(dict(values))
-    return {k: v for k, v in data.items() if k not in RUN_KEYS and k != "recipe"}
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in RUN_KEYS and k != "recipe"}
 
 
-# ----- the command line of nested recipes (ssl, detect) --------------------------------------------------------------
-
-def add_recipe_arguments(parser: Any, schema: Schema, example: str, run: bool = False) -> None:
-    """``--config``, ``--set`` and ``--output`` (and with ``run``, ``--resume`` and ``--overwrite``) for a command
-    driven by a nested recipe; :func:`recipe_from_args` reads them back."""
-    from .options import OPTIONS_HELP
-    parser.add_argument("-c", "--config", metavar="RECIPE",
-                        help=f"a YAML file or a shipped recipe name ({', '.join(list_recipes(schema))}); default: "
-                             "the built-in defaults")
-    parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
-                        help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set {example} (repeatable)")
-    parser.add_argument("--output", help="output folder (default: runs/<recipe>/<date-time>)")
-    if run:
-        parser.add_argument("--resume", action="store_true",
-                            help="continue the run in --output from its last.pth")
-        parser.add_argument("--overwrite", action="store_true",
-                            help="write into --output even if it holds another run's files (they are replaced)")
-
-
-def recipe_from_args(schema: Schema, args: Any) -> Dict[str, Any]:
-    """The checked recipe of :func:`add_recipe_arguments`' options."""
-    from .options import deep_merge, parse_assignments
-    overrides = parse_assignments(args.set_items, what="--set item")
-    if args.output is not None:  # '' too: the schema refuses it rather than falling back to the default folder
-        overrides = deep_merge(overrides, {"output": args.output})
-    return load_recipe(schema, args.config, overrides)
-
-
-# ----- the flags of commands without recipes (validate, export, viz, bench, demo) ------------------------------------
+# ----- the command line: one flag per option ---------------------------------------------------------------------------
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
-    """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``), its help from the :class:`Opt`. Values
-    are read as YAML and left unchecked: :func:`checked_flags` checks them all, so that a bad one is a one-line
-    error (exit 2) naming the flag rather than argparse's usage text."""
-    import argparse
+def _is_list(spec: Opt) -> bool:
+    hint = spec.hint
+    if typing.get_origin(hint) is Union:  # Optional[List[...]]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0] if len(args) == 1 else hint
+    return typing.get_origin(hint) in (list, List) or hint is list
 
+
+def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
+    """One ``--flag`` (and the option's extra ``flags``) for option ``name``, its help from the :class:`Opt`. Values
+    are read as YAML (paths as typed: as YAML, '' would be null and 2024 a number) and left unchecked, so that a bad
+    one is the one-line error of :func:`check_value` rather than argparse's usage text."""
     from .options import parse_value
+    names = [_flag(name), *spec.flags]
+    shown = f" (default {spec.default!r})" if spec.default is not None else ""
+    help_ = (spec.help + shown).strip()
+    metavar = name.rsplit(".", 1)[-1].upper()
+    if spec.hint is bool:
+        parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+    elif _is_free(spec):
+        parser.add_argument(*names, dest=name, nargs="+", action="extend", default=default, metavar="KEY=VALUE",
+                            help=f"{spec.help} (items merge into the recipe's; see --set for the values)".strip())
+    elif _is_list(spec):
+        parser.add_argument(*names, dest=name, nargs="+", type=parse_value, default=default, metavar=metavar,
+                            help=help_)
+    else:
+        choices = spec.choice_list() if not callable(spec.choices) else None
+        if choices:
+            metavar = "{" + ",".join(map(str, choices)) + "}"
+        bare = {"nargs": "?", "const": spec.const} if spec.const is not None else {}  # ``--resume`` alone
+        parser.add_argument(*names, dest=name, type=str if spec.check is check_path else parse_value,
+                            default=default, metavar=metavar, help=help_, **bare)
+
+
+def _flag_value(name: str, spec: Opt, value: Any) -> Any:
+    """What a flag's text means: KEY=VALUE items as a mapping, one list literal (or null) as the list itself."""
+    from .options import parse_assignments
+    if _is_free(spec) and isinstance(value, list):
+        return parse_assignments(value, what=f"{_flag(name)} item")
+    if _is_list(spec) and isinstance(value, list) and len(value) == 1 and (value[0] is None or
+                                                                          isinstance(value[0], list)):
+        return value[0]
+    return value
+
+
+def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", flags: bool = True) -> None:
+    """The command line of a task driven by a recipe of ``schema``: ``-c RECIPE``, ``--set KEY=VALUE`` items and
+    (with ``flags``; else ``--output`` alone) one flag per option, sections' as ``--section.key``, all defaulting
+    to 'not given' so that the recipe's value stands. :func:`recipe_from_args` reads them back."""
+    from .options import OPTIONS_HELP
+    parser.add_argument("-c", "--config", metavar="RECIPE",
+                        help=f"a YAML file or a shipped recipe name ({', '.join(list_recipes(schema))}); default: "
+                             "the built-in defaults")
+    parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                        help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set {example} (repeatable); "
+                             "each is also a flag")
+    paths = option_paths(schema)
+    if parser.usage is None:  # argparse's would list every flag
+        parser.usage = f"{parser.prog} [-c RECIPE] [--set KEY=VALUE ...] [--OPTION VALUE ...] (-h lists them)"
+    if not flags:
+        _add_flag(parser, "output", paths["output"], argparse.SUPPRESS)
+        return
+    groups: Dict[str, Any] = {}
+    for name, spec in paths.items():
+        where = name.rsplit(".", 1)[0] if "." in name else ""
+        if where not in groups:
+            groups[where] = parser.add_argument_group(
+                f"section {where} (--set {where}.KEY=VALUE)" if where else "recipe options (override the recipe)")
+        _add_flag(groups[where], name, spec, argparse.SUPPRESS)
+
+
+def recipe_parser(prog: str, description: str, schema: Optional[type] = None, example: str = "epochs=3",
+                  **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of a training command (``train``, ``convert``; ``ssl`` and ``detect`` hold one per action), with
+    :func:`add_recipe_options` for ``schema`` when given."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    if schema is not None:
+        add_recipe_options(parser, schema, example)
+    return parser
+
+
+def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
+    """What :func:`add_recipe_options`' arguments change in the recipe: ``--set`` items, then flags (nested)."""
+    from .options import deep_merge, parse_assignments
+    overrides = parse_assignments(args.set_items, what="--set item")
+    given = vars(args)
+    for name, spec in option_paths(schema).items():
+        if name in given:
+            value: Any = _flag_value(name, spec, given[name])
+            for part in reversed(name.split(".")):
+                value = {part: value}
+            overrides = deep_merge(overrides, value)
+    return overrides
+
+
+def recipe_from_args(schema: type, args: Any) -> Any:
+    """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then ``--set`` items, then flags."""
+    return load_recipe(schema, args.config, recipe_overrides(schema, args))
+
+
+# ----- the flags of commands without recipes (validate, export, viz, bench, demo) ------------------------------------
+
+def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
+    """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``) at its default; :func:`checked_flags`
+    checks them all."""
     for name, spec in specs.items():
-        default = f"default {spec.default!r}" if spec.default is not None else ""
-        help_ = "; ".join(t for t in (spec.help, default) if t)
-        if spec.hint is bool:
-            parser.add_argument(_flag(name), dest=name, action=argparse.BooleanOptionalAction, default=spec.default,
-                                help=help_)
-        elif typing.get_origin(spec.hint) is list or typing.get_origin(spec.hint) is List:
-            parser.add_argument(_flag(name), dest=name, nargs="+", type=parse_value, default=spec.default,
-                                help=help_)
-        else:
-            choices = spec.choice_list() if not callable(spec.choices) else None
-            metavar = "{" + ",".join(map(str, choices)) + "}" if choices else None
-            bare = {"nargs": "?", "const": spec.const} if spec.const is not None else {}  # ``--quantize`` alone
-            parser.add_argument(_flag(name), dest=name, type=parse_value, default=spec.default, metavar=metavar,
-                                help=help_, **bare)
+        _add_flag(parser, name, spec, spec.default)
 
 
 def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:
     """The values of :func:`add_option_flags`' flags, each checked against its :class:`Opt` (a one-line ValueError
     naming the flag, the value and what is allowed)."""
-    return {name: check_value(_flag(name), spec, getattr(args, name)) for name, spec in specs.items()}
+    return {name: check_value(_flag(name), spec, _flag_value(name, spec, getattr(args, name)))
+            for name, spec in specs.items()}

@@ -10,7 +10,8 @@ Extending it (e.g. distillation) — subclass :class:`Trainer` and run it with `
 - ``build_model(self, num_classes) -> (model, create_model_kwargs)`` builds the trained model (or pass
   ``model_factory=fn(cfg, num_classes) -> (model, kwargs)``);
 - ``compute_loss(self, images, target)`` on the device (soft targets when Mixup is on);
-- ``extra_state``/``load_extra_state`` and ``export_metadata(self) -> dict`` (added to every exported file).
+- ``task_state``/``load_task_state`` (extend ``super()``'s) and ``export_metadata(self) -> dict`` (added to every
+  exported file).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..engine.data import build_eval_loader
 from ..engine.log import format_table
 from ..engine.state import export_weights, weights_metadata
 from ..models.factory import create_model
-from ..utils.distributed import DistInfo
+from ..engine.dist import DistInfo
 from .config import TrainConfig
 from .evaluation import evaluate
 from .transforms import build_mixup, build_transform, data_config_for
@@ -76,6 +77,7 @@ class Trainer(Engine):
     task_name = "train"
     task_files = ("best.safetensors", "final.safetensors", "final_ema.safetensors")
     csv_columns = {"eval_loss": "val_loss", "eval_top1": "val_top1", "eval_top5": "val_top5"}
+    input_options = ("initial_checkpoint",)
 
     def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None,
                  model_factory: Optional[Callable[[TrainConfig, int], Tuple[nn.Module, Dict[str, Any]]]] = None
@@ -87,36 +89,36 @@ class Trainer(Engine):
         super().__init__(cfg, dist)
 
     # ----- the task
-    def check_options(self) -> None:
-        if self.cfg.initial_checkpoint and self.resume_path is not None:
-            raise ValueError("--initial-checkpoint and --resume exclude each other: a resumed run continues from its "
-                             "checkpoint's weights; drop one")
-
-    def inputs(self) -> Dict[str, Any]:
-        return {"--initial-checkpoint": self.cfg.initial_checkpoint}
-
-    def prepare_data(self) -> None:
-        self._train_set, self._val_set, self.classes = open_datasets(self.cfg)
+    def setup(self) -> None:
+        cfg = self.cfg
+        self._train_set, self._val_set, self.classes = open_datasets(cfg)
         self.num_classes = len(self.classes)
+        self.val_loader = build_eval_loader(self._val_set, cfg.batch_size, cfg.workers, self.dist, self.pin_memory)
+        self.mixup = build_mixup(cfg, self.num_classes)
+        if self.mixup is not None:
+            self.criterion = SoftTargetCrossEntropy()  # Mixup already smoothed the targets
+        elif cfg.smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
+        else:
+            self.criterion = nn.CrossEntropyLoss()
 
     def create_model(self) -> Tuple[nn.Module, Dict[str, Any]]:
-        return self.build_model(self.num_classes)
+        model, kwargs = self.build_model(self.num_classes)
+        cfg = self.cfg
+        if cfg.initial_checkpoint and not self.resuming:  # a resumed run's weights come from its checkpoint
+            from ..models.factory import load_initial_weights
+            report = load_initial_weights(model, cfg.initial_checkpoint, model_name=cfg.model)
+            self.initial_weights = {"path": str(cfg.initial_checkpoint), "summary": report.summary(),
+                                    **{k: len(v) for k, v in report.as_dict().items() if isinstance(v, list)}}
+            if self.dist.is_main:
+                print(f"initial weights: {report.summary()}", flush=True)
+        return model, kwargs
 
     def build_model(self, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
         """The model to train and its ``create_model`` kwargs (recorded in checkpoints and weights metadata)."""
         if self._model_factory is not None:
             return self._model_factory(self.cfg, num_classes)
         return build_model(self.cfg, num_classes)
-
-    def start_weights(self, resumed: bool) -> None:
-        cfg = self.cfg
-        if cfg.initial_checkpoint and not resumed:  # a resumed run's weights come from its checkpoint
-            from ..models.factory import load_initial_weights
-            report = load_initial_weights(self.model, cfg.initial_checkpoint, model_name=cfg.model)
-            self.initial_weights = {"path": str(cfg.initial_checkpoint), "summary": report.summary(),
-                                    **{k: len(v) for k, v in report.as_dict().items() if isinstance(v, list)}}
-            if self.dist.is_main:
-                print(f"initial weights: {report.summary()}", flush=True)
 
     def train_dataset(self):
         cfg = self.cfg
@@ -130,17 +132,6 @@ class Trainer(Engine):
         self._train_set.transform = build_transform(self.data_config, cfg, is_training=True)
         self._val_set.transform = build_transform(self.data_config)
         return self._train_set
-
-    def prepare(self) -> None:
-        cfg = self.cfg
-        self.val_loader = build_eval_loader(self._val_set, cfg.batch_size, cfg.workers, self.dist, cfg.pin_memory)
-        self.mixup = build_mixup(cfg, self.num_classes)
-        if self.mixup is not None:
-            self.criterion = SoftTargetCrossEntropy()  # Mixup already smoothed the targets
-        elif cfg.smoothing > 0:
-            self.criterion = LabelSmoothingCrossEntropy(smoothing=cfg.smoothing)
-        else:
-            self.criterion = nn.CrossEntropyLoss()
 
     def started(self) -> None:
         if self.initial_weights is not None:
@@ -208,29 +199,12 @@ class Trainer(Engine):
         return super().describe().replace(" params), ", f" params, {self.num_classes} classes), dataset "
                                           f"{self.cfg.dataset}, ", 1)
 
-    def extra_state(self) -> Dict[str, Any]:
-        return {}
-
-    def load_extra_state(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`extra_state` saved (called while resuming, inside the constructor)."""
-
     def task_state(self) -> Dict[str, Any]:
         return {"best": self.best, "train_skipped": self.train_skipped}
 
     def load_task_state(self, state: Dict[str, Any]) -> None:
         self.best = dict(state.get("best", self.best))
         self.train_skipped = int(state.get("train_skipped", 0))
-
-    def same_run_of(self, state: Dict[str, Any]) -> Dict[str, Any]:
-        if "same_run" in state:
-            return state["same_run"]
-        # states of earlier versions: the same facts from the entries they had
-        saved = state.get("config") or {}
-        return {"model": state.get("model_name"), "model_kwargs": saved.get("model_kwargs", {}),
-                "dataset": str(saved.get("dataset")).lower(), "data_dir": saved.get("data_dir"),
-                "num_classes": (state.get("model_kwargs") or {}).get("num_classes"),
-                "input size": list((state.get("data_config") or {}).get("input_size", [])),
-                "model_ema": "model_ema" in state}
 
     def summary_extra(self) -> Dict[str, Any]:
         final = self.last_eval or {}
