@@ -21,7 +21,7 @@ from simattn.cli import main as simattn_main
 from simattn.data.folder import image_folder
 from simattn.data.images import load_image
 from simattn.utils.io import atomic_write_json, check_outputs
-from simattn.utils.runs import claim_run_folder, run_files, settle_replaced
+from simattn.engine.runs import claim_run_folder, run_files, settle_replaced
 
 TINY_KWARGS = ["img_size=16", "patch_size=4", "embed_dim=32", "depth=1", "num_heads=2"]
 FLAGS = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", *TINY_KWARGS, "--img-size", "16",

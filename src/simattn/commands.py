@@ -35,7 +35,7 @@ def run_command(name: str, module_name: str, rest: List[str]) -> int:
         return 1
     finally:
         # files an --overwrite run moved aside: dropped once it succeeded, put back when it failed or was stopped
-        from .utils.runs import settle_replaced
+        from .engine.runs import settle_replaced
         settle_replaced(code == 0)
 
 
@@ -67,7 +67,7 @@ def _run(name: str, module, rest: List[str]) -> int:
         if not _lost_peer(e):
             raise
         return _fail(name, rest, "another process of the distributed job stopped answering (it died, froze or ran "
-                     f"out of time at a collective; see train.dist_timeout): {str(e).splitlines()[0][:200]}", 1)
+                     f"out of time at a collective; see the dist_timeout option, --dist-timeout): {str(e).splitlines()[0][:200]}", 1)
 
 
 def _lost_peer(e: RuntimeError) -> bool:

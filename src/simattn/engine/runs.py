@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from .io import remove_stale_temp_files, stale_temp_files
+from ..utils.io import remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
            "open_run_folder", "results_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX",
@@ -281,7 +281,7 @@ def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, re
                     inputs: Optional[Mapping[str, Any]] = None) -> Path:
     """:func:`resolve_output`, :func:`check_run_folder`, :func:`check_inputs_kept` (``inputs``: option → path) and
     (main process) :func:`claim_run_folder` in one call; returns the run folder."""
-    from .distributed import barrier
+    from .dist import barrier
     out = resolve_output(output, name, task, resume_from)
     if is_main:
         check_not_in_use(out)
