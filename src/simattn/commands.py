@@ -67,7 +67,8 @@ def _run(name: str, module, rest: List[str]) -> int:
         if not _lost_peer(e):
             raise
         return _fail(name, rest, "another process of the distributed job stopped answering (it died, froze or ran "
-                     f"out of time at a collective; see the dist_timeout option, --dist-timeout): {str(e).splitlines()[0][:200]}", 1)
+                     "out of time at a collective; see the dist_timeout option, --dist-timeout): "
+                     f"{str(e).splitlines()[0][:200]}", 1)
 
 
 def _lost_peer(e: RuntimeError) -> bool:
