@@ -7,7 +7,6 @@ sizes, prints a side-by-side table and writes ``<output>/report.md`` with a PNG 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import platform
@@ -185,12 +184,10 @@ def _options():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .utils.recipe import add_option_flags, checked_flags
-    parser = argparse.ArgumentParser(
-        prog="simattn demo",
-        description="Train a small SimA model and its softmax twin on the embedded digits data (CPU, a few minutes), "
-                    "validate and time both, and write a report with training curves.")
-    add_option_flags(parser, _options())
+    from .utils.recipe import checked_flags, command_parser
+    parser = command_parser(
+        "simattn demo", "Train a small SimA model and its softmax twin on the embedded digits data (CPU, a few "
+        "minutes), validate and time both, and write a report with training curves.", _options())
     o = checked_flags(parser.parse_args(argv), _options())
     run_demo(o["output"], o["recipe"], o["epochs"], o["fast"], o["threads"], o["seed"], o["latency_batch"],
              o["latency_sizes"])

@@ -39,9 +39,9 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
            "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
-           "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer", "check_device", "check_auto_augment",
-           "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe", "add_option_flags", "checked_flags",
-           "quoted", "load_yaml", "MAX_YAML_NODES"]
+           "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer",
+           "check_device", "check_auto_augment", "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe",
+           "add_option_flags", "checked_flags", "command_parser", "quoted", "load_yaml", "MAX_YAML_NODES"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -747,6 +747,16 @@ def recipe_from_args(schema: type, args: Any) -> Any:
 
 
 # ----- the flags of commands without recipes (validate, export, viz, bench, demo) ------------------------------------
+
+def command_parser(prog: str, description: str, specs: Optional[Mapping[str, Opt]] = None,
+                   **kwargs: Any) -> argparse.ArgumentParser:
+    """The parser of a command without a recipe, with one flag per option of ``specs`` (see
+    :func:`add_option_flags`); ``kwargs`` go to ``argparse.ArgumentParser``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    if specs is not None:
+        add_option_flags(parser, specs)
+    return parser
+
 
 def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
     """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``) at its default; :func:`checked_flags`

@@ -40,10 +40,9 @@ def _colormaps() -> List[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..models.factory import add_model_arguments
-    from ..utils.recipe import add_option_flags
+    from ..utils.recipe import add_option_flags, command_parser
 
-    p = argparse.ArgumentParser(prog="simattn viz", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("simattn viz", __doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(p)
     add_option_flags(p, _options())
     return p
