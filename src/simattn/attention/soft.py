@@ -64,8 +64,10 @@ def _kernel(a: torch.Tensor, b: torch.Tensor, a_sq: torch.Tensor, b_sq: torch.Te
     """exp(-‖a_i − b_j‖² / (2√d)) from a (…, Na, d), b (…, Nb, d) (centered) and their squared norms (…, N)."""
     sq = a_sq.unsqueeze(-1) + b_sq.unsqueeze(-2) - 2 * (a @ b.transpose(-2, -1))
     if same_points:
-        # out of place: exporters (Core ML) take masked_fill, not an in-place write into a diagonal view
-        sq = sq.masked_fill(torch.eye(sq.shape[-1], dtype=torch.bool, device=sq.device), 0.0)
+        # out of place, and from ops every exporter and runtime takes (Core ML has no in-place write into a
+        # diagonal view; onnxruntime has no boolean EyeLike)
+        index = torch.arange(sq.shape[-1], device=sq.device)
+        sq = sq.masked_fill(index.unsqueeze(-1) == index, 0.0)
     return torch.exp(sq.clamp_min(0) * (-0.5 / math.sqrt(a.shape[-1])))
 
 
