@@ -218,6 +218,15 @@ def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     assert load_config(str(tmp_path / "ok.yaml")).ratio == [1.0, 1.0]
 
 
+def test_an_alias_bomb_in_a_set_item_is_refused_in_one_short_line(tmp_path, capsys):
+    levels = ", ".join(f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 8)}]" for i in range(1, 6))
+    bomb = f"model_kwargs.x={{l0: &l0 [{', '.join(['lol'] * 8)}], {levels}}}"  # 8^6 strings once expanded
+    code = simattn_main(["train", "--set", bomb, "--output", str(tmp_path / "run")])
+    err = _one_line_error(capsys, code)
+    assert len(err) < 600 and "aliases" in err, err[:600]
+    assert not (tmp_path / "run").exists()
+
+
 def test_errors_quote_at_most_a_few_hundred_characters_of_a_value():
     for value in ("x" * 10_000_000, [["lol"] * 1000] * 1000, {f"k{i}": i for i in range(100_000)}):
         with pytest.raises(ValueError) as e:

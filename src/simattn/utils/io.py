@@ -279,19 +279,3 @@ def read_safetensors_metadata(path: PathLike) -> Dict[str, str]:
     from safetensors import safe_open
     with safe_open(str(path), framework="pt") as f:
         return dict(f.metadata() or {})
-
-
-def read_yaml_mapping(path: PathLike) -> Dict[str, Any]:
-    """A YAML file whose top level is a mapping (a recipe), with one-line errors for a missing file, invalid YAML
-    or another top level. An empty file is an empty mapping."""
-    import yaml
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"recipe file not found: {path}")
-    try:
-        loaded = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ValueError(f"recipe {path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(loaded, Mapping):
-        raise ValueError(f"recipe {path} must hold a mapping of option: value, got {type(loaded).__name__}")
-    return dict(loaded)

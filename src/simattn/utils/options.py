@@ -12,13 +12,14 @@ Bad text raises a one-line ``ValueError`` that quotes the item and says what is 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Mapping, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import re
 
 import yaml
 
-__all__ = ["parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP"]
+__all__ = ["parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT", "load_yaml",
+           "MAX_YAML_NODES"]
 
 #: one sentence for ``--help`` texts
 OPTIONS_HELP = ("KEY=VALUE items; values are YAML (3, 1e-3, true, null, [a, b], {k: v}), dotted keys nest "
@@ -35,11 +36,127 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def parse_value(text: str) -> Any:
-    """A YAML value; text that is not valid YAML (e.g. ``a: b: c``) stays the string it is."""
+#: the longest a value quoted in an error message may get (characters)
+QUOTE_LIMIT = 200
+
+
+def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for an error message, cut to about ``limit`` characters (``...`` marks the cut). Strings and
+    containers are only rendered as far as they are shown, so a huge value costs no more than a small one."""
+    out: List[str] = []
+    budget = [limit]
+
+    def emit(text: str) -> bool:
+        if len(text) > budget[0]:
+            out.append(text[:max(budget[0], 0)] + "...")
+            budget[0] = -1
+            return False
+        out.append(text)
+        budget[0] -= len(text)
+        return True
+
+    def walk(v: Any, depth: int, seen: frozenset) -> bool:
+        if isinstance(v, str):
+            return emit(repr(v[:budget[0] + 1]) if len(v) > budget[0] else repr(v))
+        if isinstance(v, (list, tuple, dict)):
+            if id(v) in seen or depth > 20:
+                return emit("...")
+            seen = seen | {id(v)}
+            opening, closing = ("{", "}") if isinstance(v, dict) else ("[", "]") if isinstance(v, list) else ("(", ")")
+            if not emit(opening):
+                return False
+            items = v.items() if isinstance(v, dict) else v
+            for i, item in enumerate(items):
+                if i and not emit(", "):
+                    return False
+                if isinstance(v, dict):
+                    if not (walk(item[0], depth + 1, seen) and emit(": ") and walk(item[1], depth + 1, seen)):
+                        return False
+                elif not walk(item, depth + 1, seen):
+                    return False
+            if isinstance(v, tuple) and len(v) == 1 and not emit(","):
+                return False
+            return emit(closing)
+        return emit(repr(v))
+
+    walk(value, 0, frozenset())
+    return "".join(out)
+
+
+#: the most nodes a YAML document may hold once its aliases are expanded (a recipe has a few hundred; an "alias
+#: bomb" of nested aliases expands a few lines into billions)
+MAX_YAML_NODES = 100_000
+
+
+def _expanded_size(root: Any, limit: int) -> Optional[int]:
+    """The number of nodes of the composed YAML node graph ``root`` with every alias expanded, or None when it
+    exceeds ``limit`` or an alias holds itself (an infinite document). Iterative: nesting depth costs no stack."""
+    size: Dict[int, int] = {}
+    stack: List[Tuple[Any, bool]] = [(root, False)]
+    open_: set = set()
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if isinstance(node, yaml.ScalarNode):
+            size[key] = 1
+            continue
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value))
+        if children_done:
+            open_.discard(key)
+            total = 1 + sum(size[id(c)] for c in children)
+            if total > limit:
+                return None
+            size[key] = total
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            return None  # a node inside itself
+        open_.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_:
+                return None
+            if id(child) not in size:
+                stack.append((child, False))
+    return size[id(root)]
+
+
+class InvalidYaml(ValueError):
+    """Text that is not YAML at all (as opposed to YAML that is refused)."""
+
+
+def load_yaml(text: str, where: str, limit: int = MAX_YAML_NODES) -> Any:
+    """The YAML document ``text`` (safe types only), refused in one line (naming ``where``) when it is not valid
+    YAML, is nested too deeply, or expands to more than ``limit`` nodes through its aliases."""
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_size(node, limit) is None:
+            raise ValueError(f"{where} expands to more than {limit} values through its YAML aliases (&anchor/*alias), "
+                             "or an alias refers to itself: refused; write the values out")
+        return loader.construct_document(node)
+    except yaml.YAMLError as e:
+        raise InvalidYaml(f"{where} is not valid YAML: {quoted(str(e).splitlines()[0], 300)}") from None
+    except RecursionError:
+        raise ValueError(f"{where} is nested too deeply to read") from None
+    finally:
+        loader.dispose()
+
+
+#: the most values one ``KEY=VALUE`` item may expand to through YAML aliases
+MAX_ITEM_NODES = 10_000
+
+
+def parse_value(text: str) -> Any:
+    """A YAML value; text that is not valid YAML (e.g. ``a: b: c``) stays the string it is. A value that expands
+    through aliases to more than :data:`MAX_ITEM_NODES` values is refused (one-line ValueError)."""
+    try:
+        return load_yaml(text, f"value {quoted(text)}", MAX_ITEM_NODES)
+    except InvalidYaml:
         return text
 
 

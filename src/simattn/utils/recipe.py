@@ -37,6 +37,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .options import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
+
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
            "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
            "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer",
@@ -45,53 +47,6 @@ __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEY
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
-
-
-#: the longest a value quoted in an error message may get (characters)
-QUOTE_LIMIT = 200
-
-
-def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
-    """``repr(value)`` for an error message, cut to about ``limit`` characters (``...`` marks the cut). Strings and
-    containers are only rendered as far as they are shown, so a huge value costs no more than a small one."""
-    out: List[str] = []
-    budget = [limit]
-
-    def emit(text: str) -> bool:
-        if len(text) > budget[0]:
-            out.append(text[:max(budget[0], 0)] + "...")
-            budget[0] = -1
-            return False
-        out.append(text)
-        budget[0] -= len(text)
-        return True
-
-    def walk(v: Any, depth: int, seen: frozenset) -> bool:
-        if isinstance(v, str):
-            return emit(repr(v[:budget[0] + 1]) if len(v) > budget[0] else repr(v))
-        if isinstance(v, (list, tuple, dict)):
-            if id(v) in seen or depth > 20:
-                return emit("...")
-            seen = seen | {id(v)}
-            opening, closing = ("{", "}") if isinstance(v, dict) else ("[", "]") if isinstance(v, list) else ("(", ")")
-            if not emit(opening):
-                return False
-            items = v.items() if isinstance(v, dict) else v
-            for i, item in enumerate(items):
-                if i and not emit(", "):
-                    return False
-                if isinstance(v, dict):
-                    if not (walk(item[0], depth + 1, seen) and emit(": ") and walk(item[1], depth + 1, seen)):
-                        return False
-                elif not walk(item, depth + 1, seen):
-                    return False
-            if isinstance(v, tuple) and len(v) == 1 and not emit(","):
-                return False
-            return emit(closing)
-        return emit(repr(v))
-
-    walk(value, 0, frozenset())
-    return "".join(out)
 
 
 # ----- one option ---------------------------------------------------------------------------------------------------
@@ -526,68 +481,6 @@ def recipe_name(recipe: Optional[str]) -> Optional[str]:
         return None
     name = Path(str(recipe)).name
     return name[:-5] if name.endswith(".yaml") else name
-
-
-#: the most nodes a YAML document may hold once its aliases are expanded (a recipe has a few hundred; an "alias
-#: bomb" of nested aliases expands a few lines into billions)
-MAX_YAML_NODES = 100_000
-
-
-def _expanded_size(root: Any, limit: int) -> Optional[int]:
-    """The number of nodes of the composed YAML node graph ``root`` with every alias expanded, or None when it
-    exceeds ``limit`` or an alias holds itself (an infinite document). Iterative: nesting depth costs no stack."""
-    import yaml
-    size: Dict[int, int] = {}
-    stack: List[Tuple[Any, bool]] = [(root, False)]
-    open_: set = set()
-    while stack:
-        node, children_done = stack.pop()
-        key = id(node)
-        if isinstance(node, yaml.ScalarNode):
-            size[key] = 1
-            continue
-        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value))
-        if children_done:
-            open_.discard(key)
-            total = 1 + sum(size[id(c)] for c in children)
-            if total > limit:
-                return None
-            size[key] = total
-            continue
-        if key in size:
-            continue
-        if key in open_:
-            return None  # a node inside itself
-        open_.add(key)
-        stack.append((node, True))
-        for child in children:
-            if id(child) in open_:
-                return None
-            if id(child) not in size:
-                stack.append((child, False))
-    return size[id(root)]
-
-
-def load_yaml(text: str, where: str, limit: int = MAX_YAML_NODES) -> Any:
-    """The YAML document ``text`` (safe types only), refused in one line (naming ``where``) when it is not valid
-    YAML, is nested too deeply, or expands to more than ``limit`` nodes through its aliases."""
-    import yaml
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        if _expanded_size(node, limit) is None:
-            raise ValueError(f"{where} expands to more than {limit} values through its YAML aliases (&anchor/*alias), "
-                             "or an alias refers to itself: refused; write the values out")
-        return loader.construct_document(node)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where} is not valid YAML: {quoted(str(e).splitlines()[0], 300)}") from None
-    except RecursionError:
-        raise ValueError(f"{where} is nested too deeply to read") from None
-    finally:
-        loader.dispose()
 
 
 def _read_yaml_mapping(path: Path) -> Dict[str, Any]:
