@@ -65,8 +65,8 @@ from .dist import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distri
 from .log import MetricsLog
 from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
 
-__all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "autocast", "build_optimizer", "build_scheduler",
-           "scaled_lr", "option_value"]
+__all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "autocast", "grad_scaler", "build_optimizer",
+           "build_scheduler", "scaled_lr", "option_value"]
 
 #: the files the engine writes into every run folder (a task adds its own: ``Engine.task_files``)
 ENGINE_FILES = ("last.pth", "metrics.jsonl", "summary.json", "summary.csv", "config.yaml")
@@ -77,6 +77,13 @@ def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def grad_scaler(device: torch.device, enabled: bool, dtype: str = "float16") -> Optional[torch.amp.GradScaler]:
+    """The loss scaler fp16 autocast needs (None for bf16, fp32, or when not ``enabled``)."""
+    if not enabled or dtype != "float16":
+        return None
+    return torch.amp.GradScaler(device.type)
 
 
 def build_optimizer(cfg: EngineConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
@@ -202,9 +209,7 @@ class Engine:
 
         self.optimizer, self.lr = self.build_optimizer()
         self.scheduler, self.num_epochs = self.build_scheduler()
-        self.scaler = None
-        if cfg.amp and cfg.amp_dtype == "float16":
-            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
 
         # run state (a fresh run; _resume overwrites it)
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
