@@ -15,6 +15,12 @@ any other key       JSON value: extra facts (metrics, recipe, teacher name, ...)
 ==================  ==================================================================================================
 
 ``create_model(meta['model'], **json.loads(meta['config']))`` rebuilds the network the weights fit.
+
+Exported files (``simattn.deploy``: ONNX, ExecuTorch, Core ML, OpenVINO, TFLite) carry the same record, built by
+:func:`export_record` (``data_config`` then holds the one input size the graph takes, and ``extra`` the attention
+kind and the class names), each in its format's metadata slot; :func:`read_deployed_record` reads it back and checks
+what a runtime needs to be fed. Files exported before they shared this record (``model``, ``model_kwargs``,
+``attention``, ``input_size``, ``mean``, ``std``, ... as separate JSON keys) are read too.
 Records without ``format`` are read too: ``model`` + ``config`` + ``data_config`` (``simattn train``) and ``model`` +
 ``kwargs`` + ``source`` (the DINO teacher backbone, no classifier).
 """
@@ -23,18 +29,20 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
 from ..utils.io import CheckpointError, PathLike, load_checkpoint, read_safetensors_metadata, save_safetensors
 
 __all__ = ["WEIGHTS_FORMAT", "WeightsRecord", "weights_metadata", "save_weights", "read_weights_record",
-           "parse_weights_metadata"]
+           "parse_weights_metadata", "export_record", "read_deployed_record", "DATA_CONFIG_KEYS"]
 
 WEIGHTS_FORMAT = "simattn-weights-v1"
 
 _RESERVED = ("format", "model", "config", "num_classes", "data_config", "producer", "simattn_version")
+#: the preprocessing an exported file records (``input_size``, ``mean`` and ``std`` always)
+DATA_CONFIG_KEYS = ("input_size", "mean", "std", "crop_pct", "interpolation")
 
 
 @dataclass
@@ -56,6 +64,29 @@ class WeightsRecord:
         if self.num_classes is not None:
             kwargs["num_classes"] = self.num_classes
         return kwargs
+
+    @property
+    def input_size(self) -> Tuple[int, int, int]:
+        """(channels, height, width) of the preprocessed input (an exported graph takes this size)."""
+        return tuple(int(v) for v in (self.data_config or {})["input_size"])
+
+    def to_metadata(self) -> Dict[str, str]:
+        """The str → str mapping this record is stored as (safetensors metadata, and every exported format's slot)."""
+        kwargs = self.create_kwargs()
+        meta = {"format": WEIGHTS_FORMAT, "model": self.model, "config": json.dumps(kwargs, default=str),
+                "producer": self.producer or "simattn", "simattn_version": self.simattn_version or _version()}
+        if self.num_classes is not None:
+            meta["num_classes"] = json.dumps(int(self.num_classes))
+        if self.data_config is not None:
+            meta["data_config"] = json.dumps(self.data_config, default=str)
+        meta.update({k: v if isinstance(v, str) else json.dumps(v, default=str) for k, v in self.extra.items()})
+        return meta
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The record as JSON-ready values (for reports): the schema's keys, then the extra entries."""
+        return {"format": self.format, "model": self.model, "model_kwargs": self.create_kwargs(),
+                "num_classes": self.num_classes, "data_config": self.data_config, "producer": self.producer,
+                "simattn_version": self.simattn_version, **self.extra}
 
 
 def _version() -> str:
@@ -178,3 +209,103 @@ def read_weights_record(path: PathLike) -> Optional[WeightsRecord]:
     kwargs = dict(state.get("model_kwargs") or {})
     return WeightsRecord(model=state["model_name"], model_kwargs=kwargs, num_classes=kwargs.get("num_classes"),
                          data_config=state.get("data_config"), producer="simattn train", format="train-state")
+
+
+def export_record(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any], *,
+                  attention: Optional[str] = None, classes: Optional[Sequence[str]] = None,
+                  num_classes: Optional[int] = None, producer: str = "simattn export", **extra: Any) -> WeightsRecord:
+    """The record of a file exported at ``data_config['input_size']``: the weights' record with the preprocessing
+    (:data:`DATA_CONFIG_KEYS`), the attention kind (``'mixed'`` when None) and the class names, when known."""
+    config = {k: [int(v) if k == "input_size" else float(v) for v in data_config[k]]
+              for k in ("input_size", "mean", "std") if data_config.get(k) is not None}
+    if data_config.get("crop_pct") is not None:
+        config["crop_pct"] = float(data_config["crop_pct"])
+    if data_config.get("interpolation"):
+        config["interpolation"] = str(data_config["interpolation"])
+    kwargs = dict(model_kwargs)
+    if num_classes is None:
+        num_classes = kwargs.get("num_classes")
+    extra = {"attention": attention or "mixed", **extra}
+    if classes is not None:
+        extra["classes"] = [str(c) for c in classes]
+    record = WeightsRecord(model=model_name, model_kwargs=kwargs, num_classes=num_classes, data_config=config,
+                           producer=producer, simattn_version=_version(), extra=extra)
+    return check_deployed_record(record, "export record")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _number(value: Any) -> bool:
+    import math
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_deployed_record(record: Optional[WeightsRecord], what: str = "metadata") -> WeightsRecord:
+    """``record`` checked for what a runtime needs to be fed (input size, mean and std, and the preprocessing and
+    class names when recorded): a one-line ValueError names what is missing or malformed."""
+    config = (record.data_config if record is not None else None) or {}
+    missing = ([] if record is not None else ["model", "model_kwargs"]) + \
+        [k for k in ("input_size", "mean", "std") if k not in config]
+    if missing:
+        raise ValueError(f"{what} lacks simattn metadata ({', '.join(missing)}); export it with `simattn export`")
+    from ..utils.recipe import INTERPOLATIONS
+
+    size, mean, std = config["input_size"], config["mean"], config["std"]
+    if not (isinstance(size, (list, tuple)) and len(size) == 3 and
+            all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)):
+        raise ValueError(f"{what}: metadata input_size {_shown(size)} is not [channels, height, width]")
+    for name, values in (("mean", mean), ("std", std)):
+        if not (isinstance(values, (list, tuple)) and len(values) == size[0] and all(map(_number, values))):
+            raise ValueError(f"{what}: metadata {name} {_shown(values)} is not {size[0]} finite numbers (one per "
+                             "channel)")
+    if any(v <= 0 for v in std):
+        raise ValueError(f"{what}: metadata std {_shown(std)} has a value <= 0")
+    if not isinstance(record.model, str) or not record.model:
+        raise ValueError(f"{what}: metadata model {_shown(record.model)} is not a name")
+    attention = record.extra.get("attention")
+    if attention is not None and (not isinstance(attention, str) or not attention):
+        raise ValueError(f"{what}: metadata attention {_shown(attention)} is not a name")
+    if not isinstance(record.model_kwargs, dict):
+        raise ValueError(f"{what}: metadata model_kwargs {_shown(record.model_kwargs)} is not a mapping")
+    crop = config.get("crop_pct")
+    if crop is not None and not (_number(crop) and 0 < crop <= 1):
+        raise ValueError(f"{what}: metadata crop_pct {_shown(crop)} is not a number in (0, 1]")
+    interpolations = [i for i in INTERPOLATIONS if i != "random"]
+    interpolation = config.get("interpolation")
+    if interpolation is not None and interpolation not in interpolations:
+        raise ValueError(f"{what}: metadata interpolation {_shown(interpolation)} is not one of "
+                         f"{', '.join(interpolations)}")
+    classes = record.extra.get("classes")
+    if classes is not None and not (isinstance(classes, list) and classes and all(isinstance(c, str) for c in classes)):
+        raise ValueError(f"{what}: metadata classes {_shown(classes)} is not a list of class names")
+    return record
+
+
+#: keys of the records exported files carried before they shared the weights' record (JSON values)
+_EXPORT_V0 = ("model", "model_kwargs", "attention", "input_size", "mean", "std", "simattn_version", "crop_pct",
+              "interpolation", "classes")
+
+
+def read_deployed_record(meta: Mapping[str, Any], what: str = "metadata") -> WeightsRecord:
+    """The record an exported file carries (``meta``: its metadata slot as a mapping, values JSON text or already
+    decoded), checked by :func:`check_deployed_record`; one-line ValueErrors name what is missing or malformed."""
+    if "format" not in meta and "model_kwargs" in meta:  # exported before the weights' record was shared
+        # the ONNX and Core ML slots held JSON text, the .pte one the decoded values
+        old = {k: _maybe_json(v) if isinstance(v, str) else v for k, v in meta.items() if k in _EXPORT_V0}
+        kwargs = old.get("model_kwargs")
+        record = WeightsRecord(
+            model=old.get("model"), model_kwargs=kwargs,
+            num_classes=kwargs.get("num_classes") if isinstance(kwargs, dict) else None,
+            data_config={k: old[k] for k in DATA_CONFIG_KEYS if k in old}, producer="simattn export",
+            simattn_version=old.get("simattn_version"), format="export-v0",
+            extra={k: old[k] for k in ("attention", "classes") if k in old})
+        return check_deployed_record(record, what)
+    try:
+        record = parse_weights_metadata({k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()},
+                                        what)
+    except CheckpointError as e:
+        raise ValueError(f"{what}: malformed simattn metadata ({str(e).split(': ', 1)[-1]})") from None
+    return check_deployed_record(record, what)

@@ -1,0 +1,233 @@
+"""ExecuTorch (``.pte``, the XNNPACK delegate): capture at one input size, PT2E int8, lowering, metadata, running.
+
+``executorch`` and ``torchao`` (the ``edge`` extra) are imported inside the functions that need them.
+
+Metadata: the weights' record (:mod:`simattn.models.weights`) as JSON text in a constant method,
+:data:`PTE_METADATA_METHOD` (constant methods hold ints, floats, bools or tensors, not strings, so the text is a
+uint8 tensor).
+
+Quantization: the matmul-type layers only (linear, conv: int8 inputs, weights and outputs). Residual adds, norms and
+SimA's normalization compute in float, and the residual stream is never rounded to int8: quantizing them breaks
+the model (SimA's ``s_q·s_k`` product and the residual stream span ranges that one int8 scale cannot hold).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+
+import torch
+from torch import nn
+
+from ..models.weights import WeightsRecord, read_deployed_record
+from ..utils.io import atomic_path
+from .base import Exported, Format, OnOps, Program, capture, capture_fixed, dims, quiet_loggers, quiet_stderr
+from .ops import GraphAudit, aten_op_counts
+
+__all__ = ["FORMAT", "ExecuTorchFormat", "PTE_METADATA_METHOD", "quantize_pt2e", "lower_executorch",
+           "delegation_summary", "pte_input_shape", "set_executorch_threads"]
+
+PTE_METADATA_METHOD = "simattn_metadata"
+
+
+def _load_edge_packages() -> None:
+    """Import executorch and torchao once with torch's pytree deprecation notice (a torchao registration, logged
+    as a warning on every first import) held back."""
+    with quiet_loggers("torch.utils._pytree"), quiet_stderr():
+        import executorch.exir  # noqa: F401
+        import executorch.runtime  # noqa: F401
+        import torchao.quantization.pt2e  # noqa: F401
+
+
+def _quantizer(dynamic: bool):
+    _load_edge_packages()
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (XNNPACKQuantizer,
+                                                                         get_symmetric_quantization_config)
+
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
+    # Module types, not the global config: only these layers get int8; everything between them stays float.
+    quantizer = XNNPACKQuantizer()
+    for layer in (nn.Linear, nn.Conv1d, nn.Conv2d):
+        quantizer.set_module_type(layer, config)
+    return quantizer
+
+
+def quantize_pt2e(model: nn.Module, input_size: Iterable[int], mode: str,
+                  calibration: Optional[Iterable[torch.Tensor]] = None) -> nn.Module:
+    """int8 linear and conv layers through PT2E with the XNNPACK quantizer (per-channel symmetric weights).
+
+    ``mode='static'`` calibrates activation scales on ``calibration`` (batches of 1 image, preprocessed as the model
+    expects); ``'dynamic'`` quantizes activations at run time. Returns the converted module, ready to capture."""
+    _load_edge_packages()
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    if mode not in ("static", "dynamic"):
+        raise ValueError(f"quantization mode {mode!r}: expected static or dynamic")
+    input_size = tuple(input_size)
+    graph = capture(model.eval(), input_size).module()
+    prepared = prepare_pt2e(graph, _quantizer(mode == "dynamic"))
+    with torch.no_grad():
+        if mode == "static":
+            seen = 0
+            for x in calibration or ():
+                prepared(x)
+                seen += 1
+            if not seen:
+                raise ValueError("static quantization needs calibration images; got none")
+        else:
+            prepared(torch.randn(1, *input_size))
+    from torchao.quantization.pt2e import move_exported_model_to_eval
+
+    return move_exported_model_to_eval(convert_pt2e(prepared))
+
+
+def lower_executorch(program, record: WeightsRecord):
+    """Lower an exported program to ExecuTorch with the XNNPACK partitioner, with ``record`` in the
+    :data:`PTE_METADATA_METHOD` constant method. Returns the edge program manager (``.to_executorch().buffer``
+    is the ``.pte``; :func:`delegation_summary` reads what XNNPACK took)."""
+    _load_edge_packages()
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    text = json.dumps(record.to_metadata()).encode("utf-8")
+    return to_edge_transform_and_lower(
+        program, partitioner=[XnnpackPartitioner()],
+        constant_methods={PTE_METADATA_METHOD: torch.tensor(list(text), dtype=torch.uint8)})
+
+
+def delegation_summary(edge) -> Dict[str, Any]:
+    """What the XNNPACK delegate took: ``{'delegated_nodes', 'portable_nodes', 'subgraphs', 'not_delegated':
+    {op: count}}`` (ops left to ExecuTorch's portable kernels, getitem bookkeeping left out)."""
+    _load_edge_packages()
+    from executorch.devtools.backend_debug import get_delegation_info
+
+    info = get_delegation_info(edge.exported_program().graph_module)
+    table = info.get_operator_delegation_dataframe()
+    rest = {str(r.op_type).removeprefix("aten_"): int(r.occurrences_in_non_delegated_graphs)
+            for r in table.itertuples() if r.op_type not in ("Total", "getitem")
+            and r.occurrences_in_non_delegated_graphs}
+    return {"delegated_nodes": int(info.num_delegated_nodes), "portable_nodes": int(info.num_non_delegated_nodes),
+            "subgraphs": int(info.num_delegated_subgraphs), "not_delegated": dict(sorted(rest.items()))}
+
+
+def _program(path: Union[str, Path]):
+    _load_edge_packages()
+    from executorch.runtime import Runtime
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"ExecuTorch file not found: {path}")
+    with quiet_stderr():
+        try:
+            return Runtime.get().load_program(path)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{path} is not an ExecuTorch program ({str(e).splitlines()[0] if str(e) else e})") \
+                from None
+
+
+def _read_record(path: Union[str, Path]) -> WeightsRecord:
+    program = _program(path)
+    if PTE_METADATA_METHOD not in program.method_names:
+        raise ValueError(f"{path} lacks simattn metadata (no {PTE_METADATA_METHOD} method); export it with "
+                         "`simattn export --format executorch`")
+    with quiet_stderr():
+        values = program.load_method(PTE_METADATA_METHOD).execute([])
+    try:
+        meta = json.loads(bytes(values[0].tolist()).decode("utf-8"))
+    except (ValueError, IndexError, AttributeError) as e:
+        raise ValueError(f"{path}: malformed simattn metadata ({e})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: malformed simattn metadata (not a mapping)")
+    return read_deployed_record(meta, str(path))
+
+
+def pte_input_shape(path: Union[str, Path]) -> Tuple[int, ...]:
+    """The shape of the first input of a ``.pte``'s ``forward`` (batch included): what the program takes."""
+    program = _program(path)
+    if "forward" not in program.method_names:
+        raise ValueError(f"{path} has no forward method; export it with `simattn export --format executorch`")
+    with quiet_stderr():
+        meta = program.metadata("forward")
+    if meta.num_inputs() < 1:
+        raise ValueError(f"{path}: its forward method takes no input")
+    return tuple(int(v) for v in meta.input_tensor_meta(0).sizes())
+
+
+def set_executorch_threads(threads: Optional[int]) -> Optional[int]:
+    """Size ExecuTorch's shared thread pool (XNNPACK's workers), which otherwise takes one thread per core
+    whatever torch's thread count; returns the pool's size. ``None`` leaves the pool as it is."""
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"ExecuTorch threads {threads!r}: expected an integer >= 1 (or None for the pool as it is)")
+    _load_edge_packages()
+    from executorch.extension.pybindings import portable_lib
+
+    with quiet_stderr():
+        portable_lib._unsafe_reset_threadpool(int(threads))
+        return int(portable_lib._threadpool_get_thread_count())
+
+
+def one_at_a_time(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A batch-1 program run over a batch one image at a time, outputs stacked (as a device runs it)."""
+    return lambda x: torch.cat([torch.as_tensor(run(x[i:i + 1])) for i in range(len(x))])
+
+
+class ExecuTorchFormat(Format):
+    name, runtime, suffixes, extra = "executorch", "executorch", (".pte",), "edge"
+    packages = ("executorch", "torchao")
+    quantize_modes, quantizes = ("dynamic", "static"), "model"
+    relative_atol = True  # XNNPACK sums in another order than torch: parity is judged against the logits' scale
+    description = "XNNPACK delegate"
+
+    def export(self, model: nn.Module, path, record: WeightsRecord, *, on_ops: OnOps = None, quantize=None,
+               calibration=None, fixed_size: bool = True, **unused: Any) -> Exported:
+        """Capture at ``record.input_size`` (batch 1; the model is laid out for that size first, in place), audit,
+        quantize (PT2E) when asked, lower with the XNNPACK partitioner, write ``path`` atomically."""
+        input_size = record.input_size
+        model, program = capture_fixed(model, input_size)
+        audit = self.ops(program)
+        if on_ops is not None:
+            on_ops(audit)
+        notes = []
+        if quantize:
+            images = list(calibration.split(1)) if calibration is not None else None
+            program = capture(self.quantize(model, images, quantize, input_size=input_size), input_size)
+        edge = lower_executorch(program, record)
+        summary = delegation_summary(edge)
+        notes.append(f"XNNPACK took {summary['delegated_nodes']} nodes in {summary['subgraphs']} subgraphs; "
+                     f"{summary['portable_nodes']} run in portable kernels")
+        rest = summary["not_delegated"]
+        notes.append("not delegated: " + (", ".join(f"{op}×{n}" for op, n in rest.items()) if rest else "none"))
+        buffer = edge.to_executorch().buffer
+        with atomic_path(path) as tmp:
+            Path(tmp).write_bytes(buffer)
+        return Exported(Path(path), audit, None, notes, info={"delegation": summary})
+
+    def quantize(self, source: nn.Module, calibration, mode: str, *, input_size=None, **unused: Any) -> nn.Module:
+        """PT2E int8 of the model ``source`` (:func:`quantize_pt2e`); ``calibration``: batches of one image."""
+        return quantize_pt2e(source, input_size, mode, calibration)
+
+    def open(self, path, threads: Optional[int] = None) -> Program:
+        shape = pte_input_shape(path)
+        if len(shape) != 4 or shape[0] != 1:
+            raise ValueError(f"{path}: its program takes {dims(shape)} inputs; simattn runs programs of one "
+                             "image (batch 1), as `simattn export --format executorch` writes them")
+        pool = set_executorch_threads(threads)
+        program = _program(path)
+        with quiet_stderr():
+            method = program.load_method("forward")
+        return Program(one_at_a_time(lambda x: method.execute([x.contiguous()])[0]), shape[1:], pool)
+
+    def read_metadata(self, path) -> WeightsRecord:
+        return _read_record(path)
+
+    def ops(self, source) -> GraphAudit:
+        """ATen ops of a captured program (a ``.pte`` keeps what XNNPACK took in opaque delegate blobs)."""
+        if isinstance(source, (str, Path)):
+            raise ValueError(f"{source}: a .pte holds its delegated ops in opaque blobs; audit the captured "
+                             "program (simattn export prints it)")
+        return GraphAudit(aten_op_counts(source), kind="ATen")
+
+
+FORMAT = ExecuTorchFormat()
