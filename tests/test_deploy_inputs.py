@@ -99,27 +99,29 @@ def test_each_export_keeps_its_own_report(exported):
 # ---------------------------------------------------------------- 2. every family in Core ML
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_soft_and_cvt_convert_to_coreml(name):
+    from simattn.deploy.base import capture
+    from simattn.deploy.coreml import convert_coreml
     from simattn.models import prepare_for_export
-    from simattn.utils.edge import capture, convert_coreml, read_coreml_metadata  # noqa: F401
-    from simattn.utils.onnx import onnx_metadata
+    from simattn.models.weights import export_record
 
     torch.manual_seed(0)
     model = prepare_for_export(timm.create_model(name, **SMALL[name]).eval(), (32, 32))
     program = capture(model, (3, 32, 32))
-    meta = onnx_metadata(name, "mixed", {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3})
-    mlmodel = convert_coreml(program, meta)
-    assert json.loads(mlmodel.user_defined_metadata["simattn.model"]) == name
+    record = export_record(name, {}, {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3})
+    mlmodel = convert_coreml(program, record)
+    assert mlmodel.user_defined_metadata["simattn.model"] == name
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 # ---------------------------------------------------------------- 3. deployed files validate refuses
 def _edit_onnx_metadata(src: Path, dst: Path, **values) -> Path:
+    """A copy of the ONNX file with preprocessing values of its record replaced."""
     import onnx
 
     proto = onnx.load(str(src))
     for entry in proto.metadata_props:
-        if entry.key in values:
-            entry.value = json.dumps(values[entry.key])
+        if entry.key == "data_config":
+            entry.value = json.dumps({**json.loads(entry.value), **values})
     onnx.save(proto, str(dst))
     return dst
 
@@ -145,14 +147,15 @@ def _make_nan_mean(exported, tmp_path):
 
 def _make_size_lie(exported, tmp_path):
     """A .pte whose program takes 16 px images while its metadata says 32 px."""
-    from simattn.utils.edge import lower_executorch
-    from simattn.utils.onnx import onnx_metadata
+    from simattn.deploy.executorch import lower_executorch
+    from simattn.models.weights import export_record
 
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 16 * 16, 2)).eval()
     program = torch.export.export(model, (torch.randn(1, 3, 16, 16),))
-    meta = onnx_metadata("linear", "none", {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3})
+    record = export_record("linear", {}, {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3},
+                           attention="none")
     path = tmp_path / "lie.pte"
-    path.write_bytes(lower_executorch(program, meta).to_executorch().buffer)
+    path.write_bytes(lower_executorch(program, record).to_executorch().buffer)
     return path
 
 
@@ -185,7 +188,7 @@ def test_deployed_file_of_other_classes_is_refused_as_weights_are(exported, tmp_
 
 
 def test_deployed_model_at_a_size_it_does_not_take(exported):
-    from simattn.utils.deployed import DeployedModel
+    from simattn.deploy import DeployedModel
 
     model = DeployedModel(exported / "m.pte")
     assert model(torch.randn(2, 3, 16, 16)).shape == (2, 2)
@@ -282,7 +285,7 @@ def test_prepare_for_export_refuses_sizes_in_one_line(size):
 
 @pytest.mark.parametrize("threads", [-1, 0])
 def test_set_executorch_threads_refuses_counts_below_one(threads):
-    from simattn.utils.edge import set_executorch_threads
+    from simattn.deploy.executorch import set_executorch_threads
 
     with pytest.raises(ValueError, match=f"ExecuTorch threads {threads}: expected an integer >= 1"):
         set_executorch_threads(threads)

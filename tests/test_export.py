@@ -13,11 +13,12 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 import simattn  # noqa: E402,F401  (registers the models)
-from simattn.export import audit_onnx, export_and_verify, ort_session  # noqa: E402
 from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.export.cli import main as export_main  # noqa: E402
+from simattn.deploy import read_metadata  # noqa: E402
+from simattn.deploy.onnx import audit_onnx, export_and_verify, ort_session, run_onnx  # noqa: E402
 from simattn.export.architecture import model_stride  # noqa: E402
-from simattn.utils.onnx import onnx_metadata, read_onnx_metadata, run_onnx  # noqa: E402
+from simattn.export.cli import main as export_main  # noqa: E402
+from simattn.models.weights import export_record  # noqa: E402
 from simattn.utils.io import save_safetensors  # noqa: E402
 
 DEIT = "sima_deit_tiny_patch16_224"
@@ -27,7 +28,7 @@ IMAGENET = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}  # DeiT
 
 
 def _meta(name, size, attention="sima"):
-    return onnx_metadata(name, attention, {"input_size": (3, size, size), **IMAGENET})
+    return export_record(name, {}, {"input_size": (3, size, size), **IMAGENET}, attention=attention)
 
 # family → (a registered model of it, kwargs that make it tiny); input size is the model's img_size
 FAMILY_CASES = {
@@ -78,10 +79,10 @@ def test_sima_export_parity_with_dynamic_batch_and_resolution(sima_relu):
 
 
 def test_real_inputs_are_checked_too(sima_relu, tmp_path):
-    from simattn.export.cli import _real_inputs
-    from simattn.utils.onnx import check_parity
+    from simattn.deploy.onnx import check_parity
+    from simattn.export.checks import real_inputs
     model, result, _ = sima_relu
-    real = _real_inputs({"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
+    real = real_inputs({"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
     assert real["digits_val_8"].shape == (8, 3, 32, 32) and real["photo_astronaut"].shape == (1, 3, 32, 32)
     parity = check_parity(model, ort_session(result.path), real, ATOL)
     assert all(r["ok"] for r in parity.values()), parity
@@ -96,23 +97,30 @@ def test_relu_sima_graph_is_exp_free(sima_relu):
 
 def test_exported_file_carries_its_metadata(sima_relu):
     import onnx
-    props = {p.key: json.loads(p.value) for p in onnx.load(sima_relu[1].path).metadata_props}
-    assert props["model"] == DEIT and props["attention"] == "sima" and props["input_size"] == [3, 32, 32]
-    assert props["mean"] == [0.485, 0.456, 0.406] and props["std"] == [0.229, 0.224, 0.225]
-    assert props["simattn_version"] == simattn.__version__ and props["model_kwargs"] == {}
+
+    from simattn.models.weights import WEIGHTS_FORMAT, parse_weights_metadata
+    # the weights' record, key for key, in metadata_props
+    props = {p.key: p.value for p in onnx.load(sima_relu[1].path).metadata_props}
+    assert props["format"] == WEIGHTS_FORMAT and parse_weights_metadata(props).model == DEIT
+    record = read_metadata(sima_relu[1].path)
+    assert record.model == DEIT and record.extra["attention"] == "sima" and record.input_size == (3, 32, 32)
+    assert record.data_config["mean"] == [0.485, 0.456, 0.406] and record.data_config["std"] == [0.229, 0.224, 0.225]
+    assert record.simattn_version == simattn.__version__ and record.model_kwargs == {}
 
 
 def test_missing_or_wrong_metadata_is_refused_and_the_file_decides_the_input(sima_relu, tmp_path):
     import onnx
-    from simattn.export.latency import ort_latency
-    from simattn.utils.onnx import export_onnx
+    from simattn.deploy.onnx import export_onnx
+    from simattn.export.latency import file_latency
 
     def variant(name, **changes):
-        """A copy of the exported file with metadata values replaced (None: the key removed)."""
+        """A copy of the exported file with preprocessing values of its record replaced (None: the key removed)."""
         proto = onnx.load(sima_relu[1].path)
         props = {p.key: p.value for p in proto.metadata_props}
+        config = json.loads(props["data_config"])
         for key, value in changes.items():
-            props.pop(key) if value is None else props.__setitem__(key, json.dumps(value))
+            config.pop(key) if value is None else config.__setitem__(key, value)
+        props["data_config"] = json.dumps(config)
         del proto.metadata_props[:]
         for key, value in props.items():
             proto.metadata_props.add(key=key, value=value)
@@ -121,20 +129,20 @@ def test_missing_or_wrong_metadata_is_refused_and_the_file_decides_the_input(sim
         return path
 
     with pytest.raises(ValueError, match=r"lacks simattn metadata \(mean, std\)"):
-        read_onnx_metadata(variant("no_norm", mean=None, std=None))
+        read_metadata(variant("no_norm", mean=None, std=None))
     with pytest.raises(ValueError, match="lacks simattn metadata"):
-        ort_latency(variant("no_size", input_size=None), repeats=1, min_time=0)
+        file_latency(variant("no_size", input_size=None), repeats=1, min_time=0)
     with pytest.raises(ValueError, match=r"input_size \[3, 40\] is not \[channels, height, width\]"):
-        read_onnx_metadata(variant("short", input_size=[3, 40]))
+        read_metadata(variant("short", input_size=[3, 40]))
     with pytest.raises(ValueError, match="mean \\[0.5\\] is not 3 finite numbers"):
-        read_onnx_metadata(variant("mean", mean=[0.5]))
+        read_metadata(variant("mean", mean=[0.5]))
     with pytest.raises(ValueError, match="std .* <= 0"):
-        read_onnx_metadata(variant("std", std=[0.2, 0.0, 0.2]))
+        read_metadata(variant("std", std=[0.2, 0.0, 0.2]))
     # the latency check feeds the size the file records, not one the caller passes
     resized = variant("resized", input_size=[3, 48, 48])
-    assert ort_latency(resized, warmup=0, repeats=1, min_time=0)["input_shape"] == [1, 3, 48, 48]
-    with pytest.raises(ValueError, match="lacks model_kwargs, attention"):
-        export_onnx(sima_relu[0], tmp_path / "x.onnx", {"model": DEIT, "input_size": [3, 32, 32]})
+    assert file_latency(resized, warmup=0, repeats=1, min_time=0)["input_shape"] == [1, 3, 48, 48]
+    with pytest.raises(ValueError, match=r"lacks simattn metadata \(mean, std\)"):
+        export_onnx(sima_relu[0], tmp_path / "x.onnx", export_record(DEIT, {}, {"input_size": [3, 32, 32]}))
 
 
 @pytest.mark.parametrize("attn_type, act_layer, expect_rc", [("sima", "relu", 0), ("softmax", "gelu", 1)])
@@ -263,8 +271,8 @@ def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
     # every file written carries the metadata: the int8 model and its softmax twin
     assert q["mode"] == "dynamic" and q["int8_path"] == str(out)
     for name, attention in (("m.onnx", "sima"), ("m.onnx.softmax.onnx", "softmax")):
-        meta = read_onnx_metadata(out.parent / name)
-        assert meta["model"] == DEIT and meta["attention"] == attention and meta["input_size"] == [3, 32, 32]
+        record = read_metadata(out.parent / name)
+        assert record.model == DEIT and record.extra["attention"] == attention and record.input_size == (3, 32, 32)
     assert report["metadata"]["model_kwargs"]["act_layer"] == "relu"
     assert audit_onnx(out.parent / "m.onnx.softmax.onnx").exp_like.get("Softmax") == 2
 
@@ -289,11 +297,11 @@ def test_cli_errors(tmp_path, capsys):
 def test_compare_latency_keeps_each_files_best_median(monkeypatch):
     from simattn.export import latency
     medians = iter([5.0, 10.0, 4.0, 12.0])  # model, baseline, model, baseline
-    monkeypatch.setattr(latency, "ort_latency",
+    monkeypatch.setattr(latency, "file_latency",
                         lambda path, **kw: {"median_ms": next(medians), "input_shape": [1, 3, 32, 32]})
     lat = latency.compare_latency("a.onnx", "b.onnx")
     assert (lat["model"]["median_ms"], lat["baseline"]["median_ms"], lat["baseline_over_model"]) == (4.0, 10.0, 2.5)
     shapes = iter([[1, 3, 32, 32], [1, 3, 64, 64]] * 2)
-    monkeypatch.setattr(latency, "ort_latency", lambda path, **kw: {"median_ms": 1.0, "input_shape": next(shapes)})
+    monkeypatch.setattr(latency, "file_latency", lambda path, **kw: {"median_ms": 1.0, "input_shape": next(shapes)})
     with pytest.raises(ValueError, match="record different input sizes"):
         latency.compare_latency("a.onnx", "b.onnx")

@@ -48,8 +48,8 @@ def weights(tmp_path_factory):
 def _agreement_on_val_digits(weights, deployed) -> float:
     """% of the digits val images on which the deployed file predicts what the weights do."""
     from simattn.data.digits import digits_tensors
+    from simattn.deploy import DeployedModel
     from simattn.models.factory import load_model
-    from simattn.utils.deployed import DeployedModel
 
     x, _ = digits_tensors("val", img_size=32, normalize=False)
     x = (x - 0.5) / 0.25
@@ -66,7 +66,7 @@ def _files(folder):
 
 
 def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys):
-    from simattn.utils.edge import read_pte_metadata
+    from simattn.deploy import read_metadata
 
     out = tmp_path / "m.pte"
     assert export_main(["--weights", str(weights), "--format", "executorch", "-o", str(out)]) == 0
@@ -74,10 +74,11 @@ def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys)
     assert "not delegated:" in printed and "native_layer_norm" in printed  # the delegation summary is shown
     report = json.loads((tmp_path / "m.pte.json").read_text())
     assert all(r["ok"] and r["max_abs_diff"] < 1e-3 and r["cosine"] > 0.99999 for r in report["parity"].values())
-    assert not any("upsample" in op for op in report["aten_ops"])  # captured at a fixed size: no resample
-    meta = read_pte_metadata(out)
-    assert meta["model"] == DEIT and meta["attention"] == "sima" and meta["input_size"] == [3, 32, 32]
-    assert meta["std"] == [0.25] * 3 and meta["interpolation"] == "bilinear" and meta["model_kwargs"] == TINY
+    assert not any("upsample" in op for op in report["audit"]["op_counts"])  # captured at a fixed size: no resample
+    record = read_metadata(out)
+    assert record.model == DEIT and record.extra["attention"] == "sima" and record.input_size == (3, 32, 32)
+    assert record.data_config["std"] == [0.25] * 3 and record.data_config["interpolation"] == "bilinear"
+    assert record.create_kwargs() == TINY
     # the file, run in ExecuTorch with the preprocessing its metadata records, scores as the checkpoint does
     ref = validate_weights(weights, device="cpu")
     got = validate_weights(out, threads=1)
@@ -91,7 +92,8 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
     import onnx
     import onnx.numpy_helper
 
-    from simattn.utils.edge import capture, quantize_pt2e
+    from simattn.deploy.base import capture
+    from simattn.deploy.executorch import quantize_pt2e
 
     # ONNX static QDQ: every dequantized tensor feeds MatMul/Gemm/Conv only; adds and norms read float
     onnx8 = tmp_path / "m8.onnx"
@@ -145,13 +147,14 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
 
 
 def test_coreml_package_carries_metadata_and_exp_free_gate(weights, tmp_path, capsys):
-    from simattn.utils.edge import read_coreml_metadata
+    from simattn.deploy import read_metadata
 
     out = tmp_path / "m.mlpackage"
     assert export_main(["--weights", str(weights), "--format", "coreml", "--precision", "fp16",
                         "-o", str(out)]) == 0
-    meta = read_coreml_metadata(out)
-    assert meta["model"] == DEIT and meta["input_size"] == [3, 32, 32] and meta["mean"] == [0.5] * 3
+    record = read_metadata(out)
+    assert record.model == DEIT and record.input_size == (3, 32, 32) and record.data_config["mean"] == [0.5] * 3
+    assert record.extra["precision"] == "fp16"
     assert out.is_dir() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
     # GELU evaluates erf: --require-exp-free fails (exit 1) before anything is written
     capsys.readouterr()
@@ -162,7 +165,8 @@ def test_coreml_package_carries_metadata_and_exp_free_gate(weights, tmp_path, ca
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--format", "tflite"], "option '--format': got 'tflite'; allowed: one of onnx, executorch, coreml"),
+    (["--format", "tensorrt"], "option '--format': got 'tensorrt'; allowed: one of onnx, executorch, coreml, "
+                               "openvino, tflite"),
     (["--format", "coreml", "--quantize", "static"], "--quantize static is not available for --format coreml"),
     (["--quantize", "int4"], "option '--quantize': got 'int4'; allowed: one of dynamic, static"),
     (["--format", "executorch", "--quantize", "static", "--calib-data", "folder", "--calib-dir", "{tmp}/none"],
@@ -202,10 +206,11 @@ def test_output_equal_to_weights_and_unreadable_exported_files_are_refused(weigh
 
 
 def test_exp_like_aten_names():
-    from simattn.utils.edge import exp_like_ops
+    from simattn.deploy.ops import exp_like_ops
 
-    counts = {"expand": 1, "gelu": 2, "relu": 3, "hardtanh": 1, "_softmax": 1, "exp": 1, "erf": 1, "linear": 4}
-    assert exp_like_ops(counts) == {"gelu": 2, "_softmax": 1, "exp": 1, "erf": 1}
+    counts = {"expand": 1, "gelu": 2, "relu": 3, "hardtanh": 1, "_softmax": 1, "exp": 1, "erf": 1, "linear": 4,
+              "scaled_dot_product_attention": 1}
+    assert exp_like_ops(counts) == {"gelu": 2, "_softmax": 1, "exp": 1, "erf": 1, "scaled_dot_product_attention": 1}
 
 
 def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
@@ -225,7 +230,7 @@ def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--runtime", "torch", "tflite"], "--runtime 'tflite': expected some of torch, onnxruntime, executorch"),
+    (["--runtime", "torch", "tensorrt"], "--runtime 'tensorrt': expected some of torch, onnxruntime, executorch"),
     (["--runtime", "torch", "--int8"], "--int8 needs --runtime onnxruntime or executorch"),
     (["--runtime", "executorch", "--measure", "memory"], "--runtime executorch measures latency"),
 ])
@@ -236,7 +241,7 @@ def test_bench_model_runtime_errors_are_one_line(argv, message, capsys, tmp_path
 
 
 def test_onnx_static_spatial_graph_has_no_resample(weights, tmp_path):
-    from simattn.export import audit_onnx
+    from simattn.deploy.onnx import audit_onnx
 
     out = tmp_path / "m.onnx"
     assert export_main(["--weights", str(weights), "--static-spatial", "-o", str(out)]) == 0

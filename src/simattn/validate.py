@@ -3,8 +3,9 @@
 The model name, its kwargs and the preprocessing come from the weights' record (``simattn-weights-v1`` safetensors
 metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
 ``simattn validate --weights run/best.safetensors`` reproduces the accuracy training reported. Resolution, crop
-ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m.pte``) is evaluated in its runtime
-(onnxruntime, ExecuTorch) with the preprocessing its metadata records, and gives the same JSON. Weights holding
+ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m.pte``, any format of
+:mod:`simattn.deploy` that runs here) is evaluated in its runtime with the preprocessing its record holds, and gives
+the same JSON. Weights holding
 NaN/inf are refused (naming the tensor) and the JSON never holds NaN: a non-finite metric is written as null with a
 warning.
 """
@@ -74,12 +75,12 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from .train.evaluation import evaluate
     from .train.transforms import build_transform
 
-    from .utils.deployed import is_deployed
+    from . import deploy
 
     weights = Path(weights)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads}: expected an integer >= 1")
-    if is_deployed(weights):
+    if deploy.for_path(weights) is not None:
         return _validate_deployed(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
                                   img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
                                   batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
@@ -148,7 +149,7 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
                        threads: Optional[int]) -> Dict[str, Any]:
     """:func:`validate_weights` of an exported file, run in its runtime on the CPU."""
     from .data.factory import create_dataset, dataset_classes
-    from .utils.deployed import DeployedModel, read_deployed_metadata
+    from .deploy import DeployedModel, read_metadata
     from .engine.data import build_eval_loader
     from .train.evaluation import evaluate
     from .train.transforms import build_transform
@@ -159,27 +160,28 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
         raise ValueError(f"{', '.join(given)} do(es) not apply to an exported file ({path.name}): the graph is fixed")
     if device is not None and torch.device(device).type != "cpu":
         raise ValueError(f"--device {device}: exported files run on the CPU here")
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"exported file not found: {path}")
-    meta = read_deployed_metadata(path)  # before the dataset: a file without a record is refused first
-    size = meta["input_size"]
+    record = read_metadata(path)  # before the dataset: a file without a record is refused first
+    size = list(record.input_size)
     if img_size and [img_size, img_size] != size[1:]:
         raise ValueError(f"--img-size {img_size}: {path.name} was exported at {size[1]}x{size[2]} and takes only that")
     data = create_dataset(dataset, data_dir, split)
     n_classes = len(dataset_classes(data))
-    recorded = (meta.get("model_kwargs") or {}).get("num_classes")
+    recorded = record.num_classes
     if recorded is not None and recorded != n_classes:
-        raise ValueError(f"{path.name} ({meta['model']}) has {recorded} classes but dataset {dataset!r} has "
+        raise ValueError(f"{path.name} ({record.model}) has {recorded} classes but dataset {dataset!r} has "
                          f"{n_classes}")
-    _check_classes(meta.get("classes"), data, dataset, f"{path.name}'s weights")
+    _check_classes(record.extra.get("classes"), data, dataset, f"{path.name}'s weights")
     net = DeployedModel(path, threads)
+    meta = record.data_config
     data_config = {"input_size": list(size), "mean": list(meta["mean"]), "std": list(meta["std"]),
                    "crop_pct": float(crop_pct or meta.get("crop_pct") or 0.875),
                    "interpolation": interpolation or meta.get("interpolation") or "bicubic"}
     data.transform = build_transform(data_config)
     loader = build_eval_loader(data, batch_size, workers)
     metrics = evaluate(net, loader, torch.device("cpu"), show_progress=show_progress, desc="validate")
-    return _finite_json({"model": meta["model"], "weights": str(path), "runtime": net.runtime,
+    return _finite_json({"model": record.model, "weights": str(path), "runtime": net.runtime,
                          "use_ema": False, "dataset": dataset, "split": split, "img_size": size[-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": None, **metrics})

@@ -26,35 +26,15 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ..deploy.ops import FUSED_ATTENTION, exp_like
+
 __all__ = [
-    "EXP_LIKE_OPS", "SDPA_OPS", "OpTrace", "trace_ops", "count_flops", "FlopReport", "attention_module_names",
+    "OpTrace", "trace_ops", "count_flops", "FlopReport", "attention_module_names",
     "PeakMemory", "peak_memory",
 ]
 
-#: aten op name (in-place ``_`` suffix stripped) → category of exp-like work. Elementwise ops evaluate one
-#: exp-like function per output element (erf for exact GELU, tanh for the tanh GELU; elu/softplus/silu hide an exp).
-#: Composite names (``softmax``, ``scaled_dot_product_attention``) are listed too, for composites that cannot be
-#: decomposed (never both levels for one call).
-EXP_LIKE_OPS: Dict[str, str] = {
-    **dict.fromkeys(("exp", "exp2", "expm1"), "exp"),
-    **dict.fromkeys(("softmax", "_softmax", "_safe_softmax", "log_softmax", "_log_softmax", "logsumexp"),
-                    "softmax"),
-    **dict.fromkeys(("erf", "erfc", "gelu", "gelu_backward", "tanh", "sigmoid", "silu", "mish", "elu", "celu",
-                     "selu", "softplus", "log_sigmoid_forward", "glu"), "activation"),
-}
-
-#: Fused attention kernels (forward and backward): each evaluates B·H·Nq·Nk exps (the backward recomputes them).
-#: q and k are (B, H, N, d), except for the low-level flash/efficient kernels (B, N, H, d).
-SDPA_OPS = frozenset((
-    "scaled_dot_product_attention", "_scaled_dot_product_flash_attention_for_cpu",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_fused_attention_overrideable",
-    "_scaled_dot_product_flash_attention_for_cpu_backward", "_scaled_dot_product_flash_attention_backward",
-    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_cudnn_attention_backward",
-    "_scaled_dot_product_fused_attention_overrideable_backward",
-    "_flash_attention_forward", "_efficient_attention_forward", "_flash_attention_backward",
-    "_efficient_attention_backward",
-))
+#: q and k of the fused attention kernels (:data:`~simattn.deploy.ops.FUSED_ATTENTION`) are (B, H, N, d), except for
+#: the low-level flash/efficient kernels (B, N, H, d).
 _TOKENS_SECOND = frozenset(("_flash_attention_forward", "_efficient_attention_forward", "_flash_attention_backward",
                             "_efficient_attention_backward"))
 
@@ -66,12 +46,12 @@ def _op_name(func) -> str:
 
 def _exp_evals(name: str, args: Tuple[Any, ...], out: Any) -> Tuple[Optional[str], int]:
     """(category, exp evaluations) of one dispatched op; (None, 0) for ops without exp-like work."""
-    if name in SDPA_OPS:
+    if name in FUSED_ATTENTION:
         # Forward: (q, k, v, ...); backward: (grad_out, q, k, v, ...).
         q, k = (args[1], args[2]) if name.endswith("_backward") else (args[0], args[1])
         key_tokens = k.shape[1] if name in _TOKENS_SECOND else k.shape[-2]
         return "softmax", q.shape[:-1].numel() * key_tokens  # (B·H·Nq in either layout) × Nk
-    category = EXP_LIKE_OPS.get(name)
+    category = exp_like(name)
     if category is None:
         return None, 0
     if category == "softmax":

@@ -14,14 +14,13 @@ Every timing comes with its p10 and p90 (throughput: batch / p90 and batch / p10
 the timings whose p10-p90 range is wider than :data:`simattn.bench.report.WIDE_SPREAD` of the median.
 
 What runs the model (the ``runtime`` column): ``eager`` PyTorch, ``compiled`` (``--compile``, ``torch.compile``;
-the first, compiling call is part of the warm-up), ``onnxruntime`` (the model exported with
-:mod:`simattn.utils.onnx`, the core ``simattn export`` uses, timed in an onnxruntime CPU session), ``executorch``
-(captured at the input size, lowered with the XNNPACK delegate, :mod:`simattn.utils.edge`) or ``openvino``
-(``openvino.convert_model``, CPU plugin, fp32 inference precision), with ``channels-last`` added under
-``--channels-last``. ``--runtime`` takes several; ``--int8`` adds an int8 row for onnxruntime (static QDQ) and
-ExecuTorch (PT2E static), both calibrated on digits. Every exported graph is checked against PyTorch
-(``runtime_max_abs_diff``) and is inference only. Every runtime is held to ``--threads`` (torch's intra-op pool,
-onnxruntime's intra-op threads, ExecuTorch's XNNPACK pool, OpenVINO's inference threads), and the CPU's vector
+the first, compiling call is part of the warm-up), or the runtime of a deployment format (:mod:`simattn.deploy`:
+the model exported, and opened, by the same registry entry ``simattn export`` uses): ``onnxruntime``,
+``executorch`` (XNNPACK), ``openvino`` (CPU plugin, fp32), ``litert`` (TFLite), with ``channels-last`` added under
+``--channels-last``. ``--runtime`` takes several; ``--int8`` adds an int8 row for each runtime whose format has
+static int8 (onnxruntime: QDQ; ExecuTorch: PT2E), calibrated on digits. Every exported graph is checked against
+PyTorch (``runtime_max_abs_diff``) and is inference only. Every runtime is held to ``--threads`` (torch's intra-op
+pool, onnxruntime's intra-op threads, ExecuTorch's XNNPACK pool, OpenVINO's inference threads), and the CPU's vector
 features (AVX2, AVX-512, VNNI, AMX) are recorded, since int8 speed depends on them. Exp/FLOP counts and memory are
 always those of the eager model.
 
@@ -68,7 +67,7 @@ from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
-__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "RUNTIMES", "INT8_RUNTIMES", "measure", "run_specs", "speedups",
+__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "runtimes", "int8_runtimes", "measure", "run_specs", "speedups",
            "runtime_speedups", "plot_results",
            "parse_attn", "runtime_name", "main"]
 
@@ -76,11 +75,8 @@ __all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "RUNTIMES", "INT8_RUNTIMES", "
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MEASURES = ("latency", "throughput", "train-latency", "train-throughput", "counts", "memory")
 SIMA_ORDERS = ("auto", "kv_first", "qk_first")
-RUNTIMES = ("torch", "onnxruntime", "executorch", "openvino")
-#: runtimes with an int8 row (--int8): static int8 of the matmul-type layers, calibrated on real images
-INT8_RUNTIMES = ("onnxruntime", "executorch")
 #: what an exported graph can measure: inference only (training steps and torch memory describe PyTorch)
-ORT_MEASURES = ("latency", "throughput", "counts")
+DEPLOYED_MEASURES = ("latency", "throughput", "counts")
 CALIBRATION_IMAGES = 32
 DEFAULT_ATTN = "default"  # keep the model's own attention kind
 _RESULT_TAG = "SIMATTN_BENCH_RESULT "
@@ -146,6 +142,18 @@ def _default_label(spec: BenchSpec) -> str:
     return label
 
 
+def runtimes() -> List[str]:
+    """``torch`` and the runtime of every registered deployment format that runs on this machine."""
+    from .. import deploy
+    return ["torch", *deploy.runtimes()]
+
+
+def int8_runtimes() -> List[str]:
+    """Runtimes with an int8 row (--int8): their format has static int8 of the matmul-type layers."""
+    from .. import deploy
+    return [f.runtime for f in deploy.formats().values() if f.runs_here and "static" in f.quantize_modes]
+
+
 def runtime_name(spec: BenchSpec) -> str:
     """What ran the timed calls: 'eager', 'compiled', or the runtime ('executorch int8' for an int8 row), with
     ', channels-last' when set."""
@@ -193,20 +201,20 @@ def validate_spec(spec: BenchSpec) -> None:
         if spec.compile_backend not in list_backends(exclude_tags=()):
             raise ValueError(f"--compile-backend {spec.compile_backend!r} is not one of "
                              f"{', '.join(list_backends(exclude_tags=()))}")
-    if spec.runtime not in RUNTIMES:
-        raise ValueError(f"--runtime {spec.runtime!r} is not one of {', '.join(RUNTIMES)}")
-    if spec.quantize is not None and (spec.quantize != "static" or spec.runtime not in INT8_RUNTIMES):
-        raise ValueError(f"int8 ({spec.quantize!r}) is measured for --runtime {' and '.join(INT8_RUNTIMES)} (static), "
-                         f"not {spec.runtime}")
+    if spec.runtime not in runtimes():
+        raise ValueError(f"--runtime {spec.runtime!r} is not one of {', '.join(runtimes())}")
+    if spec.quantize is not None and (spec.quantize != "static" or spec.runtime not in int8_runtimes()):
+        raise ValueError(f"int8 ({spec.quantize!r}) is measured for --runtime {' and '.join(int8_runtimes())} "
+                         f"(static), not {spec.runtime}")
     if spec.runtime != "torch":
         if spec.compile or spec.channels_last:
             raise ValueError(f"--compile and --channels-last apply to --runtime torch, not {spec.runtime}")
         if spec.precision != "fp32" or device.type != "cpu":
             raise ValueError(f"--runtime {spec.runtime} runs fp32 on cpu, got precision {spec.precision!r} on "
                              f"{spec.device!r}")
-        other = set(spec.measures) - set(ORT_MEASURES)
+        other = set(spec.measures) - set(DEPLOYED_MEASURES)
         if other:
-            raise ValueError(f"--runtime {spec.runtime} measures {', '.join(ORT_MEASURES)} only, not "
+            raise ValueError(f"--runtime {spec.runtime} measures {', '.join(DEPLOYED_MEASURES)} only, not "
                              f"{', '.join(sorted(other))}")
 
 
@@ -275,7 +283,7 @@ def _first_tensor(out: Any) -> torch.Tensor:
 class _Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
-    def __init__(self, spec: BenchSpec, onnx_dir: Optional[str] = None) -> None:
+    def __init__(self, spec: BenchSpec, work_dir: Optional[str] = None) -> None:
         self.spec = spec
         self.device = torch.device(spec.device)
         self.dtype = PRECISIONS[spec.precision]
@@ -287,43 +295,43 @@ class _Runner:
         # static shapes: the latency and throughput batches each get their own specialized graph
         self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
                       else self.model)
-        self.session = None
-        self.deployed = None  # the exported graph's call (batch -> first output) for the other runtimes
+        self.deployed = None  # the exported file's program (batch -> first output) for the other runtimes
         self.onnx_max_abs_diff: Optional[float] = None
         self.runtime_max_abs_diff: Optional[float] = None
         self.runtime_threads: Optional[int] = None
-        if spec.runtime == "onnxruntime":
-            self._export(onnx_dir)
-        elif spec.runtime == "executorch":
-            self._executorch(onnx_dir)
-        elif spec.runtime == "openvino":
-            self._openvino()
+        if spec.runtime != "torch":
+            self._deploy(work_dir)
         self.optimizer = None
         self.scaler = None
 
-    def _export(self, onnx_dir: Optional[str]) -> None:
-        """Export the model with the one ONNX core, check it against PyTorch on one input, open a session."""
+    def _deploy(self, work_dir: str) -> None:
+        """The model exported through its format's registry entry (:mod:`simattn.deploy`; int8: static, calibrated
+        on digits), opened at --threads, and checked against PyTorch on one input."""
+        from .. import deploy
         from ..data.images import resolve_data_config
-        from ..utils.onnx import check_parity, export_onnx, onnx_metadata, ort_session
+        from ..models.weights import export_record
 
+        fmt = deploy.get(self.spec.runtime)
         model = self.model.eval()
         data_config = {**resolve_data_config(model), "input_size": self.shape}
-        meta = onnx_metadata(self.spec.model, getattr(model, "attn_type", self.spec.attn), data_config,
-                             self.spec.model_kwargs)
-        path = os.path.join(onnx_dir, "model.onnx")
-        export_onnx(model, path, meta, exporter=self.spec.onnx_exporter, dynamic_spatial=False)
-        if self.spec.quantize:
-            from ..utils.onnx import quantize_static_int8
-
-            int8_path = os.path.join(onnx_dir, "model_int8.onnx")
-            quantize_static_int8(path, int8_path, self._calibration(data_config))
-            path = int8_path
-        self.session = ort_session(path, threads=self.spec.threads)
-        self.runtime_threads = self.spec.threads
-        parity = check_parity(model, self.session, {"random": self.inputs(1)}, atol=float("inf"))["random"]
-        if "error" in parity:
-            raise RuntimeError(f"onnxruntime cannot run the exported model: {parity['error']}")
-        self.onnx_max_abs_diff = self.runtime_max_abs_diff = parity["max_abs_diff"]
+        record = export_record(self.spec.model, self.spec.model_kwargs, data_config,
+                               attention=getattr(model, "attn_type", self.spec.attn), producer="simattn bench model")
+        calibration = self._calibration(data_config) if self.spec.quantize else None
+        options = {"exporter": self.spec.onnx_exporter} if "exporter" in fmt.options else {}
+        path = Path(work_dir) / f"model{fmt.suffixes[0]}"
+        from_file = bool(self.spec.quantize) and fmt.quantizes == "file"
+        fmt.export(model, path, record, quantize=None if from_file else self.spec.quantize, calibration=calibration,
+                   fixed_size=True, verify=False, **options)
+        if from_file:
+            path = fmt.quantize(path, calibration, self.spec.quantize, dst=Path(work_dir) / f"model_int8{path.suffix}")
+        self.deployed = fmt.open(path, self.spec.threads)
+        self.runtime_threads = self.deployed.threads
+        x = self.inputs(1)
+        with torch.no_grad():
+            ref = _first_tensor(self.model(x))
+        self.runtime_max_abs_diff = float((self.deployed(x) - ref).abs().max())
+        if fmt.name == "onnx":  # the column the first onnxruntime rows had
+            self.onnx_max_abs_diff = self.runtime_max_abs_diff
 
     def _calibration(self, data_config) -> torch.Tensor:
         """Digits (train split) at the model's input size and normalization: int8 rows are calibrated on real
@@ -332,62 +340,6 @@ class _Runner:
 
         config = {"crop_pct": 1.0, "interpolation": "bilinear", **data_config, "input_size": self.shape}
         return calibration_images(open_calibration_dataset("digits"), config, CALIBRATION_IMAGES)
-
-    def _check_deployed(self) -> None:
-        x = self.inputs(1)
-        with torch.no_grad():
-            ref = _first_tensor(self.model(x))
-        self.runtime_max_abs_diff = float((torch.as_tensor(self.deployed(x)) - ref).abs().max())
-
-    def _executorch(self, work_dir: str) -> None:
-        """Capture at the input size, (int8: PT2E static), lower with XNNPACK, load with the pool at --threads."""
-        from ..data.images import resolve_data_config
-        from ..models import prepare_for_export
-        from ..utils.edge import (capture, executorch_method, lower_executorch, quantize_pt2e, run_executorch)
-        from ..utils.onnx import onnx_metadata
-
-        model = prepare_for_export(self.model, tuple(self.shape[1:]))
-        data_config = {**resolve_data_config(model), "input_size": self.shape}
-        if self.spec.quantize:
-            calib = self._calibration(data_config)
-            program = capture(quantize_pt2e(model, self.shape, "static", list(calib.split(1))), self.shape)
-        else:
-            program = capture(model, self.shape)
-        meta = onnx_metadata(self.spec.model, getattr(model, "attn_type", self.spec.attn), data_config,
-                             self.spec.model_kwargs)
-        path = os.path.join(work_dir, "model.pte")
-        with open(path, "wb") as f:
-            f.write(lower_executorch(program, meta).to_executorch().buffer)
-        from ..utils.edge import set_executorch_threads
-
-        method = executorch_method(path, self.spec.threads)
-        self.runtime_threads = set_executorch_threads(self.spec.threads)
-        # the program takes batch 1: a larger batch (throughput) runs image by image, as on a device
-        self.deployed = lambda x: run_executorch(method, x)
-        self._check_deployed()
-
-    def _openvino(self) -> None:
-        """``openvino.convert_model`` of the eager model, compiled for the CPU in fp32 at --threads."""
-        from ..utils.extras import require
-
-        ov = require("openvino", "simattn bench model --runtime openvino")
-        model = self.model.eval()
-        example = self.inputs(1)
-        with torch.no_grad():
-            converted = ov.convert_model(model, example_input=example)
-        converted.reshape([1, *self.shape])
-        # fp32 like the other rows (the CPU plugin would pick bf16 on CPUs with AMX/AVX-512 bf16)
-        compiled = ov.Core().compile_model(converted, "CPU", {"INFERENCE_NUM_THREADS": int(self.spec.threads),
-                                                               "INFERENCE_PRECISION_HINT": "f32"})
-        self.runtime_threads = int(compiled.get_property("INFERENCE_NUM_THREADS"))
-        request = compiled.create_infer_request()
-
-        def run(x: torch.Tensor):
-            return torch.cat([torch.from_numpy(request.infer([x[i:i + 1].numpy()])[0].copy())
-                              for i in range(len(x))])
-
-        self.deployed = run
-        self._check_deployed()
 
     def autocast(self):
         if self.dtype is None:
@@ -398,15 +350,12 @@ class _Runner:
         return torch.randn(batch, *self.shape, device=self.device).contiguous(memory_format=self.memory_format)
 
     def infer_fn(self, batch: int, timed: bool = True):
-        """One inference call; ``timed`` runs what is timed (compiled module, onnxruntime session), else the
-        eager model (for counts and memory)."""
+        """One inference call; ``timed`` runs what is timed (compiled module, exported program), else the eager
+        model (for counts and memory)."""
         self.model.eval()
         x = self.inputs(batch)
-        if timed and self.session is not None:
-            feed = {self.session.get_inputs()[0].name: x.numpy()}
-            return lambda: self.session.run(None, feed)
         if timed and self.deployed is not None:
-            return lambda: self.deployed(x)
+            return self.deployed.bind(x)
         model = self.timed if timed else self.model
 
         def infer():
@@ -450,17 +399,17 @@ class _Runner:
 def measure(spec: BenchSpec) -> Dict[str, Any]:
     """Measure one configuration in this process and return its result row (what a worker sends back)."""
     validate_spec(spec)
-    with tempfile.TemporaryDirectory(prefix="simattn_bench_") as onnx_dir:
-        return _measure(spec, onnx_dir)
+    with tempfile.TemporaryDirectory(prefix="simattn_bench_") as work_dir:
+        return _measure(spec, work_dir)
 
 
-def _measure(spec: BenchSpec, onnx_dir: str) -> Dict[str, Any]:
+def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
     from .counters import count_flops, peak_memory, trace_ops
 
     threads = set_threads(spec.threads)
     allocator = keep_freed_memory()
     torch.manual_seed(0)
-    run = _Runner(spec, onnx_dir)
+    run = _Runner(spec, work_dir)
     model = run.model
     row: Dict[str, Any] = {
         "model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
@@ -812,10 +761,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
                    help=f"create_model kwargs of every model, {OPTIONS_HELP}: e.g. depth=6 act_layer=relu")
     p.add_argument("--runtime", nargs="+", default=["torch"], metavar="RUNTIME",
-                   help=f"one or more of {', '.join(RUNTIMES)}: PyTorch, or the model exported and run in "
-                        "onnxruntime, ExecuTorch (XNNPACK) or OpenVINO (CPU, fp32, inference only), each at --threads")
+                   help=f"one or more of {', '.join(runtimes())}: PyTorch, or the model exported and run in that "
+                        "runtime (simattn.deploy; inference only), each at --threads")
     p.add_argument("--int8", action="store_true",
-                   help=f"add an int8 row for each of {', '.join(INT8_RUNTIMES)} in --runtime (static, linear/conv/"
+                   help=f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/conv/"
                         f"matmul only, calibrated on {CALIBRATION_IMAGES} digits images)")
     p.add_argument("--compile", action="store_true", help="time the torch.compile'd model (runtime torch)")
     p.add_argument("--compile-backend", default=None,
@@ -857,27 +806,29 @@ def main(argv: Optional[List[str]] = None) -> int:
     order = "qk_first" if args.fixed_order else args.sima_order
     kwargs = parse_model_kwargs(args.model_kwargs)
     attns = parse_attn(args.attn, args.attn_kwargs)
-    runtimes = list(dict.fromkeys(args.runtime))
-    unknown = [r for r in runtimes if r not in RUNTIMES]
+    chosen = list(dict.fromkeys(args.runtime))
+    known, int8 = runtimes(), int8_runtimes()
+    unknown = [r for r in chosen if r not in known]
     if unknown:
-        raise ValueError(f"--runtime {unknown[0]!r}: expected some of {', '.join(RUNTIMES)}")
-    from ..utils.extras import require
+        raise ValueError(f"--runtime {unknown[0]!r}: expected some of {', '.join(known)}")
+    from .. import deploy
 
-    for runtime, module in (("onnxruntime", "onnxruntime"), ("executorch", "executorch"), ("openvino", "openvino")):
-        if runtime in runtimes:  # a missing package: one line naming its extra, before any worker starts
-            require(module, f"simattn bench model --runtime {runtime}")
-    if args.int8 and not set(runtimes) & set(INT8_RUNTIMES):
-        raise ValueError(f"--int8 needs --runtime {' or '.join(INT8_RUNTIMES)} (given: {', '.join(runtimes)})")
-    variants = [(r, None) for r in runtimes] + [(r, "static") for r in runtimes if args.int8 and r in INT8_RUNTIMES]
+    for runtime in chosen:
+        if runtime != "torch":  # a missing package: one line naming its extra, before any worker starts
+            deploy.get(runtime).require(f"simattn bench model --runtime {runtime}")
+    if args.int8 and not set(chosen) & set(int8):
+        raise ValueError(f"--int8 needs --runtime {' or '.join(int8)} (given: {', '.join(chosen)})")
+    variants = [(r, None) for r in chosen] + [(r, "static") for r in chosen if args.int8 and r in int8]
     measures = tuple(args.measure)
-    deployed_measures = tuple(m for m in measures if m in ORT_MEASURES)
-    if any(r != "torch" for r in runtimes):
-        exported = ", ".join(r for r in runtimes if r != "torch")
-        skipped = [m for m in measures if m not in ORT_MEASURES]
+    deployed_measures = tuple(m for m in measures if m in DEPLOYED_MEASURES)
+    if any(r != "torch" for r in chosen):
+        exported = ", ".join(r for r in chosen if r != "torch")
+        skipped = [m for m in measures if m not in DEPLOYED_MEASURES]
         if skipped:
             print(f"--runtime {exported}: not measured: {', '.join(skipped)} (inference only)", flush=True)
         if not deployed_measures:
-            raise ValueError(f"--runtime {exported} measures {', '.join(ORT_MEASURES)}; --measure gave none of them")
+            raise ValueError(f"--runtime {exported} measures {', '.join(DEPLOYED_MEASURES)}; --measure gave none of "
+                             "them")
     threads = set_threads(args.threads)
     specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
                        img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,

@@ -1,5 +1,5 @@
-"""``simattn export``: ONNX, ExecuTorch or Core ML export with a parity check in its runtime, an exp-op audit,
-int8 quantization (dynamic or static) and a softmax latency comparison.
+"""``simattn export``: a model written in any format of :mod:`simattn.deploy` (ONNX, ExecuTorch, Core ML, OpenVINO,
+TFLite), with a parity check in its runtime, an exp-op audit, int8 quantization and a softmax latency comparison.
 
 Examples::
 
@@ -9,25 +9,23 @@ Examples::
     simattn export --weights W.safetensors --format coreml --precision fp16 -o m.mlpackage
 
 With ``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
-(``m.pte.json``), so exports of one model to several formats keep their own reports. ExecuTorch and Core ML graphs
-are captured at one fixed input size.
-Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input (nothing written).
+(``m.pte.json``), so exports of one model to several formats keep their own reports. Every format but ONNX is
+captured at one fixed input size. The file is written in a folder beside ``-o`` and moved there once every check
+passed. Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input (nothing written).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-__all__ = ["main", "build_parser", "FORMATS", "QUANTIZE_MODES", "check_options", "side_file"]
+__all__ = ["main", "build_parser", "check_options", "side_file"]
 
-FORMATS = ("onnx", "executorch", "coreml")
-#: format → file suffix
-SUFFIXES = {"onnx": ".onnx", "executorch": ".pte", "coreml": ".mlpackage"}
-#: format → --quantize modes it has
-QUANTIZE_MODES = {"onnx": ("dynamic", "static"), "executorch": ("dynamic", "static"), "coreml": ()}
 PRECISIONS = ("fp32", "fp16")
 DEFAULT_CALIB_IMAGES, MAX_CALIB_IMAGES = 128, 100_000
 
@@ -47,35 +45,39 @@ def _check_opset(opset: int) -> Optional[str]:
 
 def _options() -> Dict[str, Dict[str, Any]]:
     """The export options by group, declared through the option mechanism (checked by :func:`check_options`)."""
+    from .. import deploy
     from ..data.factory import DATASETS
     from ..utils.recipe import Opt, maybe
+    formats = deploy.formats()
     return {
         "model": {
             "img_size": Opt(None, "export resolution (default: the model's)", type=maybe(int), low=16),
         },
         "export": {
-            "format": Opt("onnx", "onnx (onnxruntime), executorch (.pte, XNNPACK delegate) or coreml (.mlpackage, "
-                                  "mlprogram)", choices=list(FORMATS)),
+            "format": Opt("onnx", ", ".join(f"{f.name} ({f.suffixes[0]}, {f.description or f.runtime})"
+                                            for f in formats.values()), choices=list(formats)),
             "opset": Opt(18, "ONNX opset", low=18, check=_check_opset),
             "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
                             choices=["auto", "dynamo", "torchscript"]),
             "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
                                          "the graph)"),
-            "batch": Opt(2, "--format onnx: example batch for export and parity (ExecuTorch and Core ML programs "
-                            "take one image)", low=2),
-            "atol": Opt(1e-4, "max |runtime - PyTorch| allowed (onnx, executorch)", low=0.0),
+            "batch": Opt(2, "--format onnx: example batch for export and parity (the other formats' programs take "
+                            "one image)", low=2),
+            "atol": Opt(1e-4, "max |runtime - PyTorch| allowed (formats that run here)", low=0.0),
         },
         "audit, latency, quantization": {
             "require_exp_free": Opt(False, "fail (exit 1, nothing written) if the graph has any exp-like op"),
             "compare_softmax": Opt(False, "also export the same architecture with softmax attention "
                                           "(<output>.softmax.onnx) and compare onnxruntime latency"),
-            "threads": Opt(1, "runtime threads for parity and timing (onnx, executorch)", low=1),
+            "threads": Opt(1, "runtime threads for parity and timing (formats that run here)", low=1),
             "bench_batch": Opt(1, "--compare-softmax: batch size for latency", low=1),
             "bench_time": Opt(1.0, "--compare-softmax: seconds of timed runs per model and round, at least 20 runs",
                               low=0.0, low_open=True),
             "quantize": Opt(None, "int8 matmul-type layers (linear/conv/matmul; adds, norms and SimA's "
-                                  "normalization stay float), onnx and executorch; bare --quantize is dynamic; the "
-                                  "int8 file is -o", type=maybe(str), choices=["dynamic", "static"], const="dynamic"),
+                                  "normalization stay float) in " +
+                            ", ".join(f.name for f in formats.values() if f.quantize_modes) +
+                            "; bare --quantize is dynamic; the int8 file is -o", type=maybe(str),
+                            choices=["dynamic", "static"], const="dynamic"),
             "calib_data": Opt(None, "--quantize static: images to calibrate on, any dataset train reads (train "
                                     "split; default digits)", type=maybe(str), choices=list(DATASETS)),
             "calib_dir": Opt(None, "--calib-data root folder (not used by digits)", type=maybe(str)),
@@ -96,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: p.add_argument_group(name) for name in _options()}
     add_model_arguments(groups["model"])
     groups["export"].add_argument("-o", "--output",
-                                  help="output file (default: runs/export/<model>[_int8].{onnx,pte,mlpackage})")
+                                  help="output file (default: runs/export/<model>[_int8] and the format's suffix)")
     groups["export"].add_argument("--report", help="JSON report (default: the output's whole name + .json: "
                                                    "m.onnx.json, m.pte.json, m.mlpackage.json)")
     for name, specs in _options().items():
@@ -106,34 +108,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _print_parity(parity: Dict[str, Dict[str, Any]]) -> None:
     for name, r in parity.items():
-        shown = r.get("error") or f"max abs diff {r['max_abs_diff']:.3g}"
+        shown = r.get("error") or f"max abs diff {r['max_abs_diff']:.3g}" + (
+            f", cosine {r['cosine']:.5f}, argmax agreement {r['argmax_agreement']:.0f}%" if "cosine" in r else "")
         print(f"  {name:<28} {'x'.join(map(str, r['shape'])):<14} {shown}  {'ok' if r['ok'] else 'FAIL'}")
 
 
-def _real_inputs(data_config) -> Dict[str, Any]:
-    """Real images for the parity check: 8 digits (val split) and the scikit-image astronaut photo."""
-    from ..data.images import image_tensor, load_image
-    from .quantize import digits_eval_tensors
-
-    digits, _ = digits_eval_tensors(data_config)
-    photo, _ = image_tensor(load_image("skimage:astronaut"), data_config)
-    return {"digits_val_8": digits[:8], "photo_astronaut": photo}
+def _given(args: argparse.Namespace, defaults: Dict[str, Any], names) -> List[str]:
+    return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != defaults[n]]
 
 
 def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Every option checked before any work, one-line ValueErrors naming the option, the value and what is
     allowed; returns what the run needs of them (``format``, ``quantize``, ``output``, ``calibration`` dataset)."""
+    from .. import deploy
     from ..utils.recipe import checked_flags
     for specs in _options().values():
         vars(args).update(checked_flags(args, specs))
-    fmt = args.format
-    mode = args.quantize
-    if mode is not None and mode not in QUANTIZE_MODES[fmt]:
-        raise ValueError(f"--quantize {mode} is not available for --format {fmt}; it has "
-                         f"{', '.join(QUANTIZE_MODES[fmt]) or 'no int8 mode'}"
-                         + (" (use --precision fp16 for a smaller model)" if fmt == "coreml" else ""))
-    if args.precision is not None and fmt != "coreml":
-        raise ValueError(f"--precision applies to --format coreml, not {fmt}")
+    fmt = deploy.get(args.format)
+    name, mode = fmt.name, args.quantize
+    if mode is not None and mode not in fmt.quantize_modes:
+        raise ValueError(f"--quantize {mode} is not available for --format {name}; it has "
+                         f"{', '.join(fmt.quantize_modes) or 'no int8 mode'}"
+                         + (" (use --precision fp16 for a smaller model)" if "precision" in fmt.options else ""))
     calib_given = [o for o, v in (("--calib-data", args.calib_data), ("--calib-dir", args.calib_dir),
                                   ("--calib-images", args.calib_images)) if v is not None]
     if calib_given and mode != "static":
@@ -143,36 +139,37 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
         raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
                          f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
                          "with --calib-data (folder, imagenet, cifar10 or cifar100)")
-    defaults = {name: spec.default for specs in _options().values() for name, spec in specs.items()}
-
-    def changed(*names: str) -> List[str]:
-        return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != defaults[n]]
-
-    if fmt != "onnx":
-        onnx_only = [o for o, given in (("--compare-softmax", args.compare_softmax),
-                                        ("--static-spatial", args.static_spatial),
-                                        ("--exporter", args.exporter != "auto"), ("--opset", args.opset != 18))
-                     if given]
-        if onnx_only:
-            raise ValueError(f"{', '.join(onnx_only)} applies to --format onnx, not {fmt}")
-        if changed("batch"):
-            raise ValueError(f"--batch {args.batch} applies to --format onnx (the example batch of its dynamic "
-                             f"batch axis); --format {fmt} programs take one image, as devices run them")
-    if fmt == "coreml" and changed("atol", "threads"):
-        raise ValueError(f"{', '.join(changed('atol', 'threads'))} applies to the parity check, which --format "
-                         "coreml does not run here (Core ML runs on macOS/iOS only)")
-    if not args.compare_softmax and changed("bench_batch", "bench_time"):
-        raise ValueError(f"{', '.join(changed('bench_batch', 'bench_time'))} applies to --compare-softmax only")
+    defaults = {n: spec.default for specs in _options().values() for n, spec in specs.items()}
+    # the options only some formats take, refused (naming the formats that take them) where this one does not
+    owners: Dict[str, List[str]] = {}
+    for other in deploy.formats().values():
+        for option in other.options:
+            owners.setdefault(option, []).append(other.name)
+    foreign = [o for o in owners if o not in fmt.options and o != "batch"]
+    for takers in dict.fromkeys(tuple(owners[o]) for o in foreign):
+        given = _given(args, defaults, [o for o in foreign if tuple(owners[o]) == takers])
+        if given:
+            raise ValueError(f"{', '.join(given)} applies to --format {' or '.join(takers)}, not {name}")
+    if "batch" not in fmt.options and _given(args, defaults, ["batch"]):
+        raise ValueError(f"--batch {args.batch} applies to --format {' or '.join(owners.get('batch', ['onnx']))} "
+                         f"(the example batch of its dynamic batch axis); --format {name} programs take one image, "
+                         "as devices run them")
+    if not fmt.runs_here and _given(args, defaults, ["atol", "threads"]):
+        raise ValueError(f"{', '.join(_given(args, defaults, ['atol', 'threads']))} applies to the parity check, "
+                         f"which --format {name} does not run here ({fmt.not_here})")
+    if not args.compare_softmax and _given(args, defaults, ["bench_batch", "bench_time"]):
+        raise ValueError(f"{', '.join(_given(args, defaults, ['bench_batch', 'bench_time']))} applies to "
+                         "--compare-softmax only")
     output = Path(args.output) if args.output else None
     if output is not None:
-        if output.suffix.lower() != SUFFIXES[fmt]:
-            raise ValueError(f"-o {output}: a --format {fmt} file ends with {SUFFIXES[fmt]}")
+        if output.suffix.lower() != fmt.suffixes[0]:
+            raise ValueError(f"-o {output}: a --format {name} file ends with {fmt.suffixes[0]}")
         if args.weights and output.resolve() == Path(args.weights).resolve():
             raise ValueError(f"-o {output} is the --weights file; choose another output")
-        if output.is_dir() and fmt != "coreml":
+        if output.is_dir() and not fmt.folder:
             raise ValueError(f"-o {output} is a folder")
-        if fmt == "coreml" and output.exists() and not output.is_dir():
-            raise ValueError(f"-o {output} exists and is not an .mlpackage folder")
+        if fmt.folder and output.exists() and not output.is_dir():
+            raise ValueError(f"-o {output} exists and is not an {fmt.suffixes[0]} folder")
     calibration = None
     if mode == "static":
         from ..data.calibration import open_calibration_dataset
@@ -180,6 +177,7 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
         calibration = open_calibration_dataset(args.calib_data or "digits", args.calib_dir, "train")
     elif args.calib_dir is not None:
         raise ValueError("--calib-dir applies to --quantize static only")
+    fmt.require(f"simattn export --format {name}")  # a missing package: one line naming its extra, before any work
     return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration}
 
 
@@ -187,18 +185,17 @@ def run(args: argparse.Namespace) -> int:
     opts = check_options(args)
     import torch
 
-    from ..utils.io import atomic_write_json
-    from ..models.factory import parse_model_kwargs
     from ..data.images import resolve_data_config
-    from ..models.factory import load_model
+    from ..models.factory import load_model, parse_model_kwargs
+    from ..models.weights import export_record
+    from ..utils.io import atomic_write_json
     from .architecture import attention_kind
 
     fmt, mode = opts["format"], opts["quantize"]
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     input_size = tuple(data_config["input_size"])
-    suffix = ("_int8" if mode else "") + SUFFIXES[fmt]
-    output = opts["output"] or Path("runs/export") / f"{spec['model']}{suffix}"
+    output = opts["output"] or Path("runs/export") / f"{spec['model']}{'_int8' if mode else ''}{fmt.suffixes[0]}"
     report_path = Path(args.report) if args.report else side_file(output, ".json")
     if args.report and report_path.resolve() in (output.resolve(), Path(args.weights or output).resolve()):
         raise ValueError(f"--report {report_path} is the output or the weights file; choose another path")
@@ -207,14 +204,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--compare-softmax: the model already uses softmax attention")
     n_params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"model {spec['model']} ({n_params:.2f}M params, attention {kind}), input {'x'.join(map(str, input_size))}"
-          f", weights {spec['weights'] or 'random'}; format {fmt}" + (f", int8 {mode}" if mode else ""))
+          f", weights {spec['weights'] or 'random'}; format {fmt.name}" + (f", int8 {mode}" if mode else ""))
     report: Dict[str, Any] = {"model": spec["model"], "model_kwargs": spec["config"], "weights": spec["weights"],
                               "attention": kind, "params_m": round(n_params, 3), "data_config": data_config,
-                              "format": fmt, "quantize": mode, "output": str(output)}
-    from ..utils.onnx import onnx_metadata
+                              "format": fmt.name, "quantize": mode, "output": str(output)}
     classes = (spec.get("extra") or {}).get("classes")
-    metadata = onnx_metadata(spec["model"], kind, data_config, spec["config"],
-                             classes=classes if isinstance(classes, list) and classes else None)
+    record = export_record(spec["model"], spec["config"], data_config, attention=kind,
+                           classes=classes if isinstance(classes, list) and classes else None,
+                           num_classes=spec.get("num_classes"))
     calibration = None
     if mode == "static":
         from ..data.calibration import calibration_images
@@ -225,99 +222,139 @@ def run(args: argparse.Namespace) -> int:
                                  "images": len(calibration)}
         print(f"calibration: {len(calibration)} images of {args.calib_data or 'digits'} (train), preprocessed as "
               "the model is evaluated")
-
-    def finish(status: int) -> int:
-        atomic_write_json(report, report_path)
-        print(f"report: {report_path}")
-        return status
-
     torch.manual_seed(0)
-    if fmt == "onnx":
-        return finish(_run_onnx(args, model, spec, kind, output, metadata, mode, calibration, report))
-    from .edge import export_edge
-
-    return finish(export_edge(model, spec, output, metadata, fmt=fmt, quantize=mode, calibration=calibration,
-                              precision=args.precision or "fp32", require_exp_free=args.require_exp_free,
-                              atol=args.atol, threads=args.threads, report=report,
-                              real_inputs=_real_inputs(data_config)))
+    status = _export(args, fmt, model, spec, kind, output, record, mode, calibration, report)
+    atomic_write_json(report, report_path)
+    print(f"report: {report_path}")
+    return status
 
 
-def _run_onnx(args, model, spec, kind, output: Path, metadata, mode, calibration, report) -> int:
-    """ONNX: export and verify the fp32 graph (to a temporary file when an int8 one is the output), audit,
-    compare with softmax, quantize."""
-    import tempfile
+class _Failed(Exception):
+    """A check failed: its message is printed, the report written, nothing exported (exit 1)."""
 
-    from .audit import audit_onnx
-    from ..utils.onnx import ExportError, export_and_verify, read_onnx_metadata
+
+def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibration, report) -> int:
+    """Write the file in a folder beside ``output`` (the fp32 file first when int8 is made from it), audit its
+    graph, check it in its runtime, compare with softmax, quantize, then move it onto ``output``."""
+    import torch
+
+    from ..deploy import ExportError
+    from ..deploy.ops import ExpFreeError
     from .architecture import model_stride
+    from .checks import parity, real_inputs
 
+    from_file = bool(mode) and fmt.quantizes == "file"
     if args.static_spatial:
         from ..models import prepare_for_export
 
         # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
-        model = prepare_for_export(model, tuple(metadata["input_size"][1:]))
-    with tempfile.TemporaryDirectory(prefix="simattn_export_") as work:
-        fp32_path = Path(work) / output.name if mode else output
-        print(f"exporting to {fp32_path if not mode else 'a temporary fp32 file'} (exporter {args.exporter}, "
-              f"opset {args.opset}) ...", flush=True)
-        try:
-            result, parity = export_and_verify(
-                model, fp32_path, metadata, real_inputs=_real_inputs, batch=args.batch, opset=args.opset,
-                exporter=args.exporter, dynamic_spatial=not args.static_spatial, stride=model_stride(model),
-                atol=args.atol, threads=args.threads)
-        except ExportError as e:
-            if e.parity is not None:
-                report.update(export=e.result.to_dict(), parity=e.parity)
-                _print_parity(e.parity)
-                print(f"simattn export: {e}", file=sys.stderr)
-                return 1
-            raise
-        for note in result.notes:
-            print(f"  note: {note}")
-        print(f"  {result.exporter} exporter, {result.seconds:.1f} s; input {result.input_shape} (dynamic batch"
-              f"{', dynamic height/width' if result.dynamic_spatial else ', fixed height/width'})")
-        print(f"parity onnxruntime vs PyTorch (atol {args.atol:g}):")
-        _print_parity(parity)
-        report.update(export=result.to_dict(), parity=parity, metadata=read_onnx_metadata(fp32_path),
-                      max_abs_diff=max(r["max_abs_diff"] for r in parity.values()))
-        print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
+        model = prepare_for_export(model, record.input_size[1:])
 
-        audit = audit_onnx(fp32_path)
+    def on_ops(audit) -> None:
         report["audit"] = audit.to_dict()
-        print("graph audit (ops, functions expanded, subgraphs included):")
+        expanded = ", functions expanded, subgraphs included" if audit.kind == "ONNX" else ""
+        print(f"graph audit ({audit.kind} ops{expanded}):")
         print(audit.format())
-        if args.require_exp_free and audit.exp_like:
-            if fp32_path.exists() and not mode:
-                fp32_path.unlink()
-            print(f"simattn export: --require-exp-free: {spec['model']} is not exp-free: the graph contains "
-                  f"{audit.describe_exp_like()}; nothing written", file=sys.stderr)
-            report["exp_free_check"] = "failed"
-            return 1
         if args.require_exp_free:
-            report["exp_free_check"] = "passed"
+            report["exp_free_check"] = "failed" if audit.exp_like else "passed"
+            if audit.exp_like:
+                raise ExpFreeError(f"--require-exp-free: {spec['model']} is not exp-free: the graph contains "
+                                   f"{audit.describe_exp_like()}; nothing written")
             print("exp-free: yes")
 
+    output.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
+    try:
+        staged = work / output.name
+        written = work / "fp32" / output.name if from_file else staged
+        written.parent.mkdir(exist_ok=True)
+        options = {o: getattr(args, o) for o in ("opset", "exporter", "batch") if o in fmt.options}
+        if "precision" in fmt.options:
+            options["precision"] = args.precision or "fp32"
+        print(f"exporting to {'a temporary fp32 file' if from_file else output} ({fmt.description or fmt.runtime}"
+              f"{', int8 ' + mode if mode and not from_file else ''}) ...", flush=True)
+        try:
+            exported = fmt.export(model, written, record, on_ops=on_ops, quantize=None if from_file else mode,
+                                  calibration=calibration, fixed_size=args.static_spatial, real_inputs=real_inputs,
+                                  atol=args.atol, threads=args.threads, stride=model_stride(model), **options)
+        except ExportError as e:
+            if e.parity is None:
+                raise
+            report.update(export=e.result.to_dict(), parity=e.parity)
+            _print_parity(e.parity)
+            raise _Failed(str(e)) from None
+        except ExpFreeError as e:
+            raise _Failed(str(e)) from None
+        for note in exported.notes:
+            print(f"  {note}")
+        report.update(exported.info)
+        if fmt.runs_here:
+            quantized = bool(mode) and not from_file
+            checks = dict(exported.parity or {})
+            if exported.parity is None:  # the format did not check the file itself
+                x = torch.randn(1, *record.input_size, generator=torch.Generator().manual_seed(0))
+                inputs = {f"random_1x{'x'.join(map(str, record.input_size))}": x, **real_inputs(record.data_config)}
+                checks = parity(fmt, written, model, inputs, args.atol, args.threads, quantized)
+            scale = " × max(1, max |logit|)" if fmt.relative_atol else ""
+            what = "int8 vs fp32 PyTorch" if quantized else f"fp32, atol {args.atol:g}{scale}"
+            print(f"parity {fmt.runtime} vs PyTorch ({what}):")
+            _print_parity(checks)
+            report["parity"] = checks
+            if not all(r["ok"] for r in checks.values()):
+                raise _Failed(f"{fmt.runtime} output differs from PyTorch beyond {args.atol:g}"
+                              f"{' (relative to the logits scale)' if scale else ''}; {output} not written")
+            report["max_abs_diff"] = max(r["max_abs_diff"] for r in checks.values())
+        report["metadata"] = fmt.read_metadata(written).to_dict()
+        print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
         if args.compare_softmax:
-            report["latency"] = _compare_softmax(args, spec, fp32_path, output, metadata, result, kind)
-        if mode:
-            report["quantization"] = _quantize(args, fp32_path, output, model, mode, calibration)
+            report["latency"] = _compare_softmax(args, fmt, spec, written, output, record, exported, kind)
+        if from_file:
+            report["quantization"] = _quantize(args, fmt, written, staged, output, model, mode, calibration)
+        _commit(fmt, staged, output)
+    except _Failed as e:
+        print(f"simattn export: {e}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if not fmt.folder:
+        report["bytes"] = sum(p.stat().st_size for p in fmt.files(output))
+    print(f"wrote {output}" + (f" ({report['bytes'] / 2 ** 20:.2f} MB)" if "bytes" in report else "")
+          + ("" if fmt.runs_here else f"; {fmt.not_here} (no parity check here)"))
     return 0
 
 
-def _compare_softmax(args, spec, fp32_path: Path, output: Path, metadata, result, kind) -> Dict[str, Any]:
-    from ..utils.onnx import export_and_verify
-    from .latency import compare_latency
-    from .architecture import softmax_twin
+def _commit(fmt, staged: Path, output: Path) -> None:
+    """Move the staged file(s) onto ``output``. A folder already there (an ``.mlpackage``) leaves only as the new
+    one takes its place, and comes back if that fails; Ctrl-C waits until the move is done."""
+    from ..deploy.base import kept_interrupts
 
-    twin_path = side_file(output, ".softmax.onnx")
+    with kept_interrupts(defer=True):
+        for src, dst in zip(fmt.files(staged), fmt.files(output)):
+            previous = src.with_name(src.name + ".previous")
+            if dst.is_dir():
+                os.replace(dst, previous)
+            try:
+                os.replace(src, dst)
+            except BaseException:
+                if previous.exists():
+                    os.replace(previous, dst)
+                raise
+
+
+def _compare_softmax(args, fmt, spec, fp32_path: Path, output: Path, record, exported, kind) -> Dict[str, Any]:
+    from dataclasses import replace
+
+    from .architecture import softmax_twin
+    from .latency import compare_latency
+
+    twin_path = side_file(output, ".softmax" + fmt.suffixes[0])
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)
     twin = softmax_twin(spec)
-    # Same exporter and the same dynamic axes, so both graphs are built alike.
-    twin_result, _ = export_and_verify(twin, twin_path, {**metadata, "attention": "softmax"}, batch=args.batch,
-                                       opset=args.opset,
-                                       exporter=result.exporter, dynamic_spatial=result.dynamic_spatial,
-                                       atol=args.atol)
-    print(f"onnxruntime CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
+    twin_record = replace(record, extra={**record.extra, "attention": "softmax"})
+    options = {o: getattr(args, o) for o in ("opset", "batch") if o in fmt.options}
+    # the options the model's export ended with (exporter, dynamic axes), so both graphs are built alike
+    twin_exported = fmt.export(twin, twin_path, twin_record, atol=args.atol, **{**options, **exported.options})
+    print(f"{fmt.runtime} CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
     lat = compare_latency(fp32_path, twin_path, batch=args.bench_batch, threads=args.threads,
                           min_time=args.bench_time)
     m, b = lat["model"], lat["baseline"]
@@ -325,19 +362,19 @@ def _compare_softmax(args, spec, fp32_path: Path, output: Path, metadata, result
     print(f"  {kind}: {m['median_ms']:.3f} ms (p10 {m['p10_ms']:.3f}, p90 {m['p90_ms']:.3f})   softmax: "
           f"{b['median_ms']:.3f} ms (p10 {b['p10_ms']:.3f}, p90 {b['p90_ms']:.3f})   {kind} speed-up over softmax: "
           f"×{lat['baseline_over_model']:.2f}")
-    lat.update(model_attention=kind, baseline_attention="softmax", baseline_exporter=twin_result.exporter)
+    lat.update(model_attention=kind, baseline_attention="softmax",
+               baseline_exporter=twin_exported.options.get("exporter"))
     return lat
 
 
-def _quantize(args, fp32_path: Path, output: Path, model, mode: str, calibration) -> Dict[str, Any]:
-    from .quantize import quantization_report, quantize_int8, quantize_static_int8
+def _quantize(args, fmt, fp32_path: Path, int8_path: Path, output: Path, model, mode: str,
+              calibration) -> Dict[str, Any]:
+    """int8 made from the written fp32 file, and what it costs on the digits val split (digits models only)."""
+    from .checks import quantization_report
 
-    print(f"int8 {mode} quantization (MatMul/Gemm/Conv{', per-channel' if mode == 'static' else ''}) to {output} ...",
+    print(f"int8 {mode} quantization (matmul-type layers{', per-channel' if mode == 'static' else ''}) to {output} ...",
           flush=True)
-    if mode == "static":
-        quantize_static_int8(fp32_path, output, calibration)
-    else:
-        quantize_int8(fp32_path, output)
+    fmt.quantize(fp32_path, calibration, mode, dst=int8_path)
     num_classes = getattr(model, "num_classes", None)
     if num_classes != 10:
         print(f"  accuracy not measured: the model has {num_classes} classes; the digits data has 10 "
@@ -345,7 +382,7 @@ def _quantize(args, fp32_path: Path, output: Path, model, mode: str, calibration
         return {"mode": mode, "int8_path": str(output), "accuracy": None}
     if not args.weights:
         print("  warning: random weights; the accuracies below are near chance")
-    q = quantization_report(fp32_path, output, threads=args.threads)
+    q = quantization_report(fmt, fp32_path, int8_path, threads=args.threads, shown_path=output)
     print(f"  digits val ({q['images']} images): fp32 top-1 {q['fp32_top1']:.2f}%  int8 top-1 {q['int8_top1']:.2f}%"
           f"  (Δ {q['delta_top1']:+.2f}, agreement {q['prediction_agreement']:.1f}%), "
           f"{q['fp32_mb']:.2f} MB → {q['int8_mb']:.2f} MB")
@@ -355,15 +392,17 @@ def _quantize(args, fp32_path: Path, output: Path, model, mode: str, calibration
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn export``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    from ..utils.onnx import ExportError
+    from ..deploy import ExportError
+    from ..utils.extras import EXTRAS, MissingDependency, missing_extra
     try:
         return run(args)
     except ExportError as e:
         print(f"simattn export: {e}", file=sys.stderr)
         return 1
+    except MissingDependency as e:
+        print(f"simattn export: error: {e}", file=sys.stderr)
+        return 2
     except ModuleNotFoundError as e:
-        from ..utils.extras import EXTRAS, missing_extra
-
         top = (e.name or "").split(".")[0]
         if top in EXTRAS:
             print(f"simattn export: error: {missing_extra(top, f'simattn export --format {args.format}')}",

@@ -1,5 +1,5 @@
-"""onnxruntime CPU latency of exported models, measured the same way for each (fixed threads, warm-up, median),
-at the input size each file's metadata records."""
+"""CPU latency of exported files in their runtimes (:mod:`simattn.deploy`), measured the same way for each (fixed
+threads, warm-up, median), at the input size each file's record says."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,22 +7,20 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 
-from ..utils.onnx import ort_session, read_onnx_metadata, run_onnx
+from .. import deploy
 from ..utils.timing import time_fn
 
-__all__ = ["ort_latency", "compare_latency"]
+__all__ = ["file_latency", "compare_latency"]
 
 
-def ort_latency(path: str | Path, *, batch: int = 1, threads: Optional[int] = None, warmup: int = 3,
-                repeats: int = 20, min_time: float = 1.0, max_time: float = 60.0) -> Dict[str, Any]:
-    """Median/p10/p90/min/mean milliseconds of one onnxruntime run on a random input of the size in the file's
-    metadata (``input_shape`` says which)."""
-    input_size = read_onnx_metadata(path)["input_size"]
-    session = ort_session(path, threads)
-    x = torch.randn(batch, *input_size)
-    t = time_fn(lambda: run_onnx(session, x), warmup=warmup, repeats=repeats, min_time=min_time,
-                max_time=max_time)
-    return {**t, "input_shape": [batch, *input_size]}
+def file_latency(path: str | Path, *, batch: int = 1, threads: Optional[int] = None, warmup: int = 3,
+                 repeats: int = 20, min_time: float = 1.0, max_time: float = 60.0) -> Dict[str, Any]:
+    """Median/p10/p90/min/mean milliseconds of one run of the file on a random input of the size in its record
+    (``input_shape`` says which)."""
+    program, record = deploy.open_deployed(path, threads)
+    x = torch.randn(batch, *record.input_size)
+    t = time_fn(program.bind(x), warmup=warmup, repeats=repeats, min_time=min_time, max_time=max_time)
+    return {**t, "input_shape": [batch, *record.input_size]}
 
 
 def compare_latency(model_path: str | Path, baseline_path: str | Path, **timing) -> Dict[str, object]:
@@ -31,8 +29,8 @@ def compare_latency(model_path: str | Path, baseline_path: str | Path, **timing)
     each is kept. Both files must record the same input size."""
     rounds: Mapping[str, list] = {"model": [], "baseline": []}
     for _ in range(2):
-        rounds["model"].append(ort_latency(model_path, **timing))
-        rounds["baseline"].append(ort_latency(baseline_path, **timing))
+        rounds["model"].append(file_latency(model_path, **timing))
+        rounds["baseline"].append(file_latency(baseline_path, **timing))
     best = {k: min(v, key=lambda r: r["median_ms"]) for k, v in rounds.items()}
     if best["model"]["input_shape"] != best["baseline"]["input_shape"]:
         raise ValueError(f"{model_path} and {baseline_path} record different input sizes "
