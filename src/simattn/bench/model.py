@@ -329,7 +329,7 @@ class _Runner:
         x = self.inputs(1)
         with torch.no_grad():
             ref = _first_tensor(self.model(x))
-        self.runtime_max_abs_diff = float((self.deployed(x) - ref).abs().max())
+            self.runtime_max_abs_diff = float((self.deployed(x) - ref).abs().max())
         if fmt.name == "onnx":  # the column the first onnxruntime rows had
             self.onnx_max_abs_diff = self.runtime_max_abs_diff
 

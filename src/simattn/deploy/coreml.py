@@ -6,7 +6,6 @@ under ``simattn.<key>`` in ``user_defined_metadata`` (shared with coremltools' o
 """
 from __future__ import annotations
 
-import json
 import logging
 from contextlib import contextmanager
 from dataclasses import replace

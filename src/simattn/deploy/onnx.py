@@ -30,9 +30,9 @@ from ..utils.io import atomic_path
 from .base import ExportError, Exported, Format, OnOps, Program, first_line, quiet_loggers
 from .ops import GraphAudit
 
-__all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "ExportResult", "load_onnx", "export_onnx", "ort_session", "run_onnx",
-           "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES", "quantize_static_int8",
-           "quantize_dynamic_int8"]
+__all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "check_opset", "ExportResult", "load_onnx", "export_onnx",
+           "ort_session", "run_onnx", "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES",
+           "quantize_static_int8", "quantize_dynamic_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
 INPUT_NAME = "input"
@@ -56,6 +56,14 @@ class ExportResult:
 
     def to_dict(self) -> Dict[str, object]:
         return asdict(self)
+
+
+def check_opset(opset: int) -> Optional[str]:
+    """None when the installed onnx knows ``opset``, else what is allowed (an option check)."""
+    from onnx.defs import onnx_opset_version
+    if opset > onnx_opset_version():
+        return f"allowed: 18 to {onnx_opset_version()} (the newest opset the installed onnx knows)"
+    return None
 
 
 def _write_metadata(proto, record: WeightsRecord) -> None:

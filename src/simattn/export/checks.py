@@ -56,7 +56,8 @@ def parity(fmt: Format, path: Path, model: nn.Module, inputs: Mapping[str, torch
             ref = model(x)
         ref = ref if isinstance(ref, torch.Tensor) else ref[0]
         try:
-            out = program(x)
+            with torch.no_grad():
+                out = program(x)
         except Exception as e:  # runtimes raise their own types for inputs they cannot take
             entry.update(ok=False, error=first_line(e))
         else:
@@ -68,7 +69,8 @@ def parity(fmt: Format, path: Path, model: nn.Module, inputs: Mapping[str, torch
 
 
 def _top1(program, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> Dict[str, Any]:
-    preds = torch.cat([program(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
+    with torch.no_grad():
+        preds = torch.cat([program(images[i:i + batch_size]).argmax(-1) for i in range(0, len(images), batch_size)])
     return {"top1": float((preds == labels).float().mean() * 100.0), "preds": preds}
 
 

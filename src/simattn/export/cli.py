@@ -36,17 +36,11 @@ def side_file(output: Path, suffix: str) -> Path:
     return output.with_name(output.name + suffix)
 
 
-def _check_opset(opset: int) -> Optional[str]:
-    from onnx.defs import onnx_opset_version
-    if opset > onnx_opset_version():
-        return f"allowed: 18 to {onnx_opset_version()} (the newest opset the installed onnx knows)"
-    return None
-
-
 def _options() -> Dict[str, Dict[str, Any]]:
     """The export options by group, declared through the option mechanism (checked by :func:`check_options`)."""
     from .. import deploy
     from ..data.factory import DATASETS
+    from ..deploy.onnx import check_opset
     from ..utils.recipe import Opt, maybe
     formats = deploy.formats()
     return {
@@ -56,7 +50,7 @@ def _options() -> Dict[str, Dict[str, Any]]:
         "export": {
             "format": Opt("onnx", ", ".join(f"{f.name} ({f.suffixes[0]}, {f.description or f.runtime})"
                                             for f in formats.values()), choices=list(formats)),
-            "opset": Opt(18, "ONNX opset", low=18, check=_check_opset),
+            "opset": Opt(18, "ONNX opset", low=18, check=check_opset),
             "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
                             choices=["auto", "dynamo", "torchscript"]),
             "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
