@@ -213,11 +213,10 @@ def _options():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .utils.recipe import add_option_flags
-    p = argparse.ArgumentParser(
-        prog="simattn validate",
-        description="Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
-                    "and preprocessing default to those recorded with the weights by simattn train.")
+    from .utils.recipe import add_option_flags, command_parser
+    p = command_parser("simattn validate",
+                       "Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
+                       "and preprocessing default to those recorded with the weights by simattn train.")
     add_model_arguments(p, weights_required=True)
     add_option_flags(p, _options())
     return p

@@ -377,7 +377,8 @@ def _own_options():
 
 
 def main(argv: List[str]) -> int:
-    p = argparse.ArgumentParser(prog="simattn bench attention", description=__doc__.splitlines()[0])
+    from ..utils.recipe import command_parser
+    p = command_parser("simattn bench attention", __doc__.splitlines()[0])
     p.add_argument("--tokens", type=int, nargs="+", default=None,
                    help=f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
                         f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)")

@@ -371,7 +371,9 @@ class _Runner:
         if self.optimizer is None:
             self.optimizer = create_optimizer_v2(self.model, "adamw", lr=1e-4, weight_decay=0.05)
             # fp16 training needs loss scaling; the scaler's checks are part of the real step's cost.
-            self.scaler = torch.amp.GradScaler(self.device.type) if self.dtype == torch.float16 else None
+            from ..engine.core import grad_scaler
+
+            self.scaler = grad_scaler(self.device, self.dtype == torch.float16)
         x = self.inputs(batch)
         with torch.no_grad(), self.autocast():
             num_classes = _first_tensor(self.model(x[:1])).shape[-1]
@@ -734,10 +736,10 @@ def _own_options():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simattn bench model",
-                                description="Latency, throughput, exp-like op and FLOP counts and peak memory of "
-                                            "registered models, each configuration in its own subprocess.",
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    from ..utils.recipe import command_parser
+    p = command_parser("simattn bench model",
+                       "Latency, throughput, exp-like op and FLOP counts and peak memory of registered models, each "
+                       "configuration in its own subprocess.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--models", nargs="+", default=["sima_deit_small_patch16_224"], help="registered model names")
     p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN], metavar="KIND",
                    help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own); LABEL=KIND runs a "

@@ -330,10 +330,10 @@ FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="simattn bench paper",
-                                description="Regenerate the SimA paper's Table 3 (one attention block) and "
-                                            "Figure A1 (whole models) on this machine, the paper's numbers beside "
-                                            "ours.")
+    from ..utils.recipe import command_parser
+    p = command_parser("simattn bench paper",
+                       "Regenerate the SimA paper's Table 3 (one attention block) and Figure A1 (whole models) on this "
+                       "machine, the paper's numbers beside ours.")
     p.add_argument("--quick", action="store_true", help="fewer sizes, shallower models and repeats (minutes on CPU)")
     p.add_argument("--only", default=None, help="run one part only: table3 or figure_a1")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")

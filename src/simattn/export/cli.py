@@ -85,10 +85,9 @@ def _options() -> Dict[str, Dict[str, Any]]:
 
 def build_parser() -> argparse.ArgumentParser:
     from ..models.factory import add_model_arguments
-    from ..utils.recipe import add_option_flags
+    from ..utils.recipe import add_option_flags, command_parser
 
-    p = argparse.ArgumentParser(prog="simattn export", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = command_parser("simattn export", __doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     groups = {name: p.add_argument_group(name) for name in _options()}
     add_model_arguments(groups["model"])
     groups["export"].add_argument("-o", "--output",
