@@ -16,7 +16,8 @@ COMMANDS = {
     "train": ("simattn.train.cli", "train a model from a YAML recipe (torchrun for DDP)"),
     "validate": ("simattn.validate", "top-1/top-5 accuracy and loss of a model + weights"),
     "demo": ("simattn.demo", "train SimA and softmax twins on the embedded digits data and compare"),
-    "export": ("simattn.export.cli", "export to ONNX, ExecuTorch or Core ML (fp32 or int8), audit exp-like ops, check parity"),
+    "export": ("simattn.export.cli", "export to ONNX, ExecuTorch, Core ML, OpenVINO or TFLite (fp32 or int8), audit "
+                                     "exp-like ops, check parity"),
     "viz": ("simattn.viz.cli", "q̂/k̂ token-importance heatmaps"),
     "ssl": ("simattn.ssl.cli", "DINO self-supervised pretraining with k-NN / linear evaluation"),
     "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),

@@ -94,9 +94,30 @@ def _layer(module: str) -> str:
 
 
 def test_imports_only_go_down_the_layers():
-    below = {"attention": {"attention", "utils"},
+    below = {"utils": {"utils"},
+             "attention": {"attention", "utils"},
              "models": {"attention", "models", "utils"},
-             "utils": {"utils"}}
+             "data": {"data", "utils"},
+             "deploy": {"deploy", "models", "utils"},
+             "engine": {"engine", "data", "models", "attention", "utils"}}
     wrong = sorted(f"{name} imports {dep}" for name, deps in _graph().items() if _layer(name) in below
                    for dep in deps if dep.startswith("simattn.") and _layer(dep) not in below[_layer(name)])
     assert wrong == []
+
+
+def _files_containing(text: str) -> List[str]:
+    return sorted(str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if text in p.read_text())
+
+
+def test_each_concern_has_one_home():
+    from simattn.engine.core import Engine  # noqa: F401  DDP wrapping, AMP and loss scaling
+    from simattn.engine.dist import init_distributed  # noqa: F401  process-group set-up
+    from simattn.utils.recipe import load_recipe, command_parser, recipe_parser  # noqa: F401  recipes, parsers
+
+    assert _files_containing("init_process_group(") == ["simattn/engine/dist.py"]
+    assert _files_containing('"WORLD_SIZE"') == ["simattn/engine/dist.py"]
+    assert _files_containing("DistributedDataParallel(") == ["simattn/engine/core.py"]
+    assert _files_containing("GradScaler(") == ["simattn/engine/core.py"]
+    assert _files_containing("argparse.ArgumentParser(") == ["simattn/utils/recipe.py"]
+    assert set(_files_containing("yaml.safe_load(") + _files_containing("yaml.load(")) <= {
+        "simattn/utils/options.py", "simattn/utils/recipe.py"}
