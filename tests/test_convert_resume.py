@@ -26,13 +26,6 @@ def _overrides(out, *extra):
     return {**parse_assignments([*SETTINGS, *extra]), "output": str(out)}
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_sigkill_during_distillation_then_resume_matches_an_uninterrupted_run(tmp_path):
     teacher = tmp_path / "teacher.pth"
     make_timm_teacher(teacher, seed=2)

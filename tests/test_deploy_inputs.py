@@ -38,13 +38,6 @@ SMALL = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def _one_line_error(capsys, code: int, expected_code: int = 2) -> str:
     """The command's own stderr line (the ExecuTorch runtime's C++ log can reach pytest's capture in-process)."""
     err = capsys.readouterr().err

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 import torch
 import yaml
 
@@ -25,13 +24,6 @@ TINY_SSL = ["model.kwargs={img_size: 16, patch_size: 4, embed_dim: 32, depth: 1,
             "head.hidden_dim=32", "head.bottleneck_dim=16", "head.output_dim=64", "epochs=2",
             "batch_size=256", "checkpoint_every_steps=2", "checkpoint_every_epochs=1", "threads=1",
             "eval.compare_random_init=false", "eval.linear_epochs=2", "eval_every_epochs=0", "workers=0"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def _kill_after_a_step_checkpoint(command, epoch: int):

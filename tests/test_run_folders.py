@@ -27,13 +27,6 @@ FLAGS = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16
          "--steps-per-epoch", "2", "--epochs", "1", "--threads", "1", "--device", "cpu", "--log-interval", "100"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def _cfg(out: Path, **over):
     return load_config(None, {**TINY, "output": str(out), **over})
 

@@ -24,24 +24,7 @@ from simattn.data.folder import image_folder
 from simattn.utils.recipe import Opt, check_value, quoted
 from simattn.engine.runs import LOCK_NAME
 
-TINY_KWARGS = ["img_size=16", "patch_size=4", "embed_dim=32", "depth=1", "num_heads=2"]
-FLAGS = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", *TINY_KWARGS, "--img-size", "16",
-         "--batch-size", "8", "--lr", "2e-3", "--warmup-epochs", "0", "--steps-per-epoch", "2", "--epochs", "1",
-         "--threads", "1", "--device", "cpu", "--log-interval", "100"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 2) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err[:2000]
-    assert err.count("\n") == 1 and "Traceback" not in err, err[:2000]
-    return err
+from cli_inputs import FLAGS, TINY_KWARGS, one_line_error as _one_line_error  # noqa: F401
 
 
 def _digests(folder: Path):

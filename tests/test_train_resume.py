@@ -42,13 +42,6 @@ def _config(output: Path, *extra: str):
     return load_config(None, recipe_overrides(TrainConfig, args))
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()  # in-process runs set the recipe's thread count
-    yield
-    torch.set_num_threads(threads)
-
-
 def _records(path: Path):
     drop = ("time", "epoch_time_s")
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]

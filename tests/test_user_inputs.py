@@ -23,17 +23,7 @@ from simattn.data.images import load_image
 from simattn.utils.io import atomic_write_json, check_outputs
 from simattn.engine.runs import claim_run_folder, run_files, settle_replaced
 
-TINY_KWARGS = ["img_size=16", "patch_size=4", "embed_dim=32", "depth=1", "num_heads=2"]
-FLAGS = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", *TINY_KWARGS, "--img-size", "16",
-         "--batch-size", "8", "--lr", "2e-3", "--warmup-epochs", "0", "--steps-per-epoch", "2", "--epochs", "1",
-         "--threads", "1", "--device", "cpu", "--log-interval", "100"]
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+from cli_inputs import FLAGS, TINY_KWARGS, one_line_error as _one_line_error  # noqa: F401
 
 
 def _png(path: Path, value: int = 128, size: int = 8) -> Path:
@@ -44,13 +34,6 @@ def _png(path: Path, value: int = 128, size: int = 8) -> Path:
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _one_line_error(capsys, code: int, expected_code: int = 2) -> str:
-    err = capsys.readouterr().err
-    assert code == expected_code, err
-    assert err.count("\n") == 1 and "Traceback" not in err, err
-    return err
 
 
 # ---------------------------------------------------------------- image folders
