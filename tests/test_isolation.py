@@ -38,6 +38,21 @@ def test_train_and_validate_in_process_leave_threads_and_random_streams_as_they_
     assert torch.get_num_threads() == 2 and torch.equal(torch.random.get_rng_state(), rng_before)
 
 
+def test_the_training_api_leaves_threads_and_random_streams_as_they_were(tmp_path):
+    from simattn.train import load_config, train
+
+    torch.set_num_threads(2)
+    torch.manual_seed(123)
+    threads_before, rng_before = _fingerprint()
+    train(load_config(None, {"model": "sima_deit_tiny_patch16_224", "img_size": 16, "batch_size": 8,
+                             "model_kwargs": {"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1,
+                                              "num_heads": 2},
+                             "warmup_epochs": 0, "steps_per_epoch": 2, "epochs": 1, "threads": 1, "seed": 7,
+                             "device": "cpu", "output": str(tmp_path / "run")}))
+    threads_after, rng_after = _fingerprint()
+    assert threads_after == threads_before and torch.equal(rng_after, rng_before)
+
+
 def test_preserved_global_state_restores_what_the_body_changed():
     torch.set_num_threads(2)
     with preserved_global_state() as state:

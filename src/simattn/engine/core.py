@@ -52,7 +52,7 @@ from timm.layers import convert_sync_batchnorm
 from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
-from ..utils.global_state import restores_global_state
+from ..utils.global_state import preserved_global_state
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
 from ..utils.recipe import quoted, recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
@@ -671,22 +671,22 @@ class Engine:
 @contextlib.contextmanager
 def session(cfg: EngineConfig):
     """The process group of one command (joined under torchrun, else created here), its threads, and the run
-    folders it holds, given up when its runs are over; ``cfg`` is checked first. Yields the
-    :class:`~simattn.engine.dist.DistInfo`."""
+    folders it holds, given up when its runs are over; ``cfg`` is checked first. Threads, random streams and
+    backend flags are put back as they were. Yields the :class:`~simattn.engine.dist.DistInfo`."""
     cfg.validate()
-    set_threads(cfg.threads)
-    created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
-    dist = init_distributed(cfg.device, cfg.dist_timeout)
-    held = held_run_folders()
-    try:
-        yield dist
-    finally:
-        release_run_folders(keep=held)  # the run folders are free again once the runs are over
-        if created_group:
-            cleanup_distributed()
+    with preserved_global_state():
+        set_threads(cfg.threads)
+        created_group = not (torch_dist.is_available() and torch_dist.is_initialized())
+        dist = init_distributed(cfg.device, cfg.dist_timeout)
+        held = held_run_folders()
+        try:
+            yield dist
+        finally:
+            release_run_folders(keep=held)  # the run folders are free again once the runs are over
+            if created_group:
+                cleanup_distributed()
 
 
-@restores_global_state  # the run's threads and seeds stay inside it
 def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
     """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
     with session(cfg) as dist:
