@@ -22,7 +22,7 @@ SETTINGS = ["epochs=2", "steps_per_epoch=4", "batch_size=32", "threads=1", "devi
 
 
 def _overrides(out, *extra):
-    from simattn.utils.options import parse_assignments
+    from simattn.utils.values import parse_assignments
     return {**parse_assignments([*SETTINGS, *extra]), "output": str(out)}
 
 

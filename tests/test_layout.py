@@ -120,4 +120,4 @@ def test_each_concern_has_one_home():
     assert _files_containing("GradScaler(") == ["simattn/engine/core.py"]
     assert _files_containing("argparse.ArgumentParser(") == ["simattn/utils/recipe.py"]
     assert set(_files_containing("yaml.safe_load(") + _files_containing("yaml.load(")) <= {
-        "simattn/utils/options.py", "simattn/utils/recipe.py"}
+        "simattn/utils/values.py", "simattn/utils/recipe.py"}

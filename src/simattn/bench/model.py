@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..models.factory import create_model, parse_model_kwargs, with_attention
-from ..utils.options import OPTIONS_HELP, parse_assignments
+from ..utils.values import OPTIONS_HELP, parse_assignments
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
@@ -702,7 +702,7 @@ def parse_attn(entries: Sequence[str], kwargs_items: Sequence[str] = ()) -> List
 
     An entry is a kind (``sima``) or ``LABEL=KIND`` (``explicit=softmax``: the kind again under another label);
     ``--attn-kwargs`` items are ``LABEL.OPTION=VALUE`` in the one option mini-language
-    (:func:`simattn.utils.options.parse_assignments`), e.g. ``sima.order=qk_first softmax.fused=false``.
+    (:func:`simattn.utils.values.parse_assignments`), e.g. ``sima.order=qk_first softmax.fused=false``.
     """
     labels: Dict[str, str] = {}
     for entry in entries:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors
-from ..utils.options import OPTIONS_HELP, parse_assignments
+from ..utils.values import OPTIONS_HELP, parse_assignments
 from .weights import WeightsRecord, read_weights_record
 
 __all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
@@ -66,7 +66,7 @@ MODEL_KWARGS_HELP = ("create_model kwargs as " + OPTIONS_HELP + "; they override
 
 def parse_model_kwargs(items: Union[str, Iterable[str], None]) -> Dict[str, Any]:
     """``create_model`` kwargs from ``--model-kwargs`` items, in the one option mini-language
-    (:func:`simattn.utils.options.parse_assignments`): ``['img_size=32', 'attn_kwargs.order=kv_first']`` →
+    (:func:`simattn.utils.values.parse_assignments`): ``['img_size=32', 'attn_kwargs.order=kv_first']`` →
     ``{'img_size': 32, 'attn_kwargs': {'order': 'kv_first'}}``."""
     return parse_assignments(items, what="--model-kwargs item")
 

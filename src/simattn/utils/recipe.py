@@ -13,7 +13,7 @@ From that one declaration come:
 - the YAML recipe keys: :func:`load_recipe` reads defaults < a recipe file (a path or the name of a recipe shipped in
   ``simattn/configs``, which may start from another with ``base: NAME``) < overrides, and checks every value;
 - the command line (:func:`add_recipe_options`, :func:`recipe_from_args`): ``-c RECIPE``, ``--set key=value`` items
-  (:func:`simattn.utils.options.parse_assignments`; dotted keys for sections) and one flag per option
+  (:func:`simattn.utils.values.parse_assignments`; dotted keys for sections) and one flag per option
   (``--grad-accum-steps 2``, ``--convert.transfer-lr 1e-3``), each flag the same as its ``--set`` form;
 - ``--help``, the one-line errors (option, value, what is allowed) and the "did you mean" of unknown keys;
 - the ``config.yaml`` a run writes (:func:`recipe_to_save`): a recipe for a new run as it is. ``output``, ``resume``
@@ -37,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .options import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
+from .values import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
 
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
            "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
@@ -515,7 +515,7 @@ def load_recipe(schema: type, recipe: Optional[str] = None,
                 overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Any:
     """Defaults < the recipe file ``recipe`` (a path or shipped name) < ``overrides`` (a nested mapping or
     ``key=value`` items), every value checked; an instance of ``schema`` with ``recipe`` set to the recipe given."""
-    from .options import parse_assignments
+    from .values import parse_assignments
     values = dataclasses.asdict(schema())
     if recipe is not None:
         values = _merge(values, _read_recipe(str(recipe), schema), schema)
@@ -551,7 +551,7 @@ def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
     """One ``--flag`` (and the option's extra ``flags``) for option ``name``, its help from the :class:`Opt`. Values
     are read as YAML (paths as typed: as YAML, '' would be null and 2024 a number) and left unchecked, so that a bad
     one is the one-line error of :func:`check_value` rather than argparse's usage text."""
-    from .options import parse_value
+    from .values import parse_value
     names = [_flag(name), *spec.flags]
     shown = f" (default {spec.default!r})" if spec.default is not None else ""
     help_ = (spec.help + shown).strip()
@@ -575,7 +575,7 @@ def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
 
 def _flag_value(name: str, spec: Opt, value: Any) -> Any:
     """What a flag's text means: KEY=VALUE items as a mapping, one list literal (or null) as the list itself."""
-    from .options import parse_assignments
+    from .values import parse_assignments
     if _is_free(spec) and isinstance(value, list):
         return parse_assignments(value, what=f"{_flag(name)} item")
     if _is_list(spec) and isinstance(value, list) and len(value) == 1 and (value[0] is None or
@@ -588,7 +588,7 @@ def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", fla
     """The command line of a task driven by a recipe of ``schema``: ``-c RECIPE``, ``--set KEY=VALUE`` items and
     (with ``flags``; else ``--output`` alone) one flag per option, sections' as ``--section.key``, all defaulting
     to 'not given' so that the recipe's value stands. :func:`recipe_from_args` reads them back."""
-    from .options import OPTIONS_HELP
+    from .values import OPTIONS_HELP
     parser.add_argument("-c", "--config", metavar="RECIPE",
                         help=f"a YAML file or a shipped recipe name ({', '.join(list_recipes(schema))}); default: "
                              "the built-in defaults")
@@ -622,7 +622,7 @@ def recipe_parser(prog: str, description: str, schema: Optional[type] = None, ex
 
 def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
     """What :func:`add_recipe_options`' arguments change in the recipe: ``--set`` items, then flags (nested)."""
-    from .options import deep_merge, parse_assignments
+    from .values import deep_merge, parse_assignments
     overrides = parse_assignments(args.set_items, what="--set item")
     given = vars(args)
     for name, spec in option_paths(schema).items():

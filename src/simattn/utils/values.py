@@ -1,6 +1,8 @@
-"""The one option mini-language of every command: ``KEY=VALUE`` items.
+"""Values read from text, and values quoted in messages: YAML documents read with a bound on what their aliases
+expand to (:func:`load_yaml`, for recipes and single values), the one option mini-language of every command
+(``KEY=VALUE`` items), and :func:`quoted`, which cuts a value shown in an error message to a few hundred characters.
 
-Used by ``--set`` (recipe overrides), ``--model-kwargs`` and ``--attn-kwargs``:
+``KEY=VALUE`` items are used by ``--set`` (recipe overrides), ``--model-kwargs`` and ``--attn-kwargs``:
 
 - the value is parsed as a YAML scalar or flow collection: ``3`` is an int, ``1e-3`` a float, ``true`` a bool,
   ``null`` None, ``[0.9, 0.999]`` a list, ``{order: kv_first}`` a mapping, and a plain word stays a string;

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from simattn.utils.options import deep_merge, parse_assignments
+from simattn.utils.values import deep_merge, parse_assignments
 
 
 def test_values_are_yaml_with_exponent_floats():
