@@ -365,52 +365,52 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     return 0
 
 
-def _own_options():
-    """The options of ``bench attention`` beyond the benchmarks' shared ones, with their allowed values."""
-    from ..utils.recipe import Opt, maybe
-    from .cli import some_of
-    return {"kinds": Opt(None, type=maybe(List[str]),
-                         check=some_of(list(KINDS) + [k for k in GPU_KINDS if k not in KINDS])),
-            "passes": Opt(None, type=maybe(List[str]), check=some_of(list(PASSES))),
-            "layout": Opt("qkv", choices=list(LAYOUTS)),
-            "dtype": Opt(None, type=maybe(str), choices=["float32", "bfloat16", "float16"])}
+def _options():
+    """Every option of ``bench attention`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
+    from ..utils.recipe import Opt, check_path, maybe
+    from .cli import shared, some_of
+    counts = dict(type=maybe(int), low=1)
+    return {
+        "tokens": Opt(None, f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
+                            f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)", type=maybe(List[int]), low=1),
+        "kinds": Opt(None, f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)})",
+                     type=maybe(List[str]), check=some_of(list(KINDS) + [k for k in GPU_KINDS if k not in KINDS])),
+        "heads": Opt(None, "heads H (default 6 on CPU, 16 with --device cuda)", **counts),
+        "head_dim": Opt(64, "head dim d", low=1),
+        "batch": shared("batch", help="batch B with --device cuda (default 8; the CPU sweep uses 8 at N = 197, 1 "
+                                      "elsewhere)"),
+        "passes": Opt(None, f"with --device cuda: forward alone and/or forward + backward ({', '.join(PASSES)}; "
+                            "default both)", type=maybe(List[str]), check=some_of(list(PASSES))),
+        "hbm_gbps": Opt(None, f"peak HBM bandwidth for the roofline with --device cuda (default: by device name "
+                              f"from a table, else {DEFAULT_HBM_GBPS} GB/s, the H200's)", type=maybe(float), low=0.0,
+                        low_open=True),
+        "threads": shared("threads", help="CPU threads, fixed for the whole run (default: torch's count, which "
+                                          "follows OMP_NUM_THREADS)"),
+        "repeats": shared("repeats", help="timed runs per measurement (median, p10, p90 reported; default 10 on "
+                                          "CPU, 50 on CUDA)"),
+        "rounds": shared("rounds", 3, "interleaved rounds over the kinds (median reported)"),
+        "max_seconds": Opt(None, "CPU: stop repeating a measurement after this long (default 10)",
+                           type=maybe(float), low=0.0, low_open=True),
+        "layout": Opt("qkv", "q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors",
+                      choices=list(LAYOUTS)),
+        "keep_freed_memory": Opt(True, "CPU: keep freed memory mapped between calls (--no-keep-freed-memory leaves "
+                                       "glibc's trim/mmap defaults: calls then page-fault their buffers in, noisily)"),
+        "device": shared("device", help="cpu, or cuda[:i] for the GPU sweep"),
+        "dtype": Opt(None, "float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)",
+                     type=maybe(str), choices=["float32", "bfloat16", "float16"]),
+        "out": Opt("runs/bench_attention.json", "JSON results file", check=check_path),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..utils.recipe import command_parser
+    return command_parser("simattn bench attention", __doc__.splitlines()[0], _options())
 
 
 def main(argv: List[str]) -> int:
-    from ..utils.recipe import command_parser
-    p = command_parser("simattn bench attention", __doc__.splitlines()[0])
-    p.add_argument("--tokens", type=int, nargs="+", default=None,
-                   help=f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
-                        f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)")
-    p.add_argument("--kinds", nargs="+", default=None,
-                   help=f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)})")
-    p.add_argument("--heads", type=int, default=None, help="heads H (default 6 on CPU, 16 with --device cuda)")
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--batch", type=int, default=None, help="batch B with --device cuda (default 8; the CPU sweep uses "
-                                                           "8 at N = 197, 1 elsewhere)")
-    p.add_argument("--passes", nargs="+", default=None,
-                   help=f"with --device cuda: forward alone and/or forward + backward ({', '.join(PASSES)}; default "
-                        "both)")
-    p.add_argument("--hbm-gbps", type=float, default=None,
-                   help=f"peak HBM bandwidth for the roofline with --device cuda (default: by device name from a "
-                        f"table, else {DEFAULT_HBM_GBPS} GB/s, the H200's)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads, fixed for the whole run (default: torch's count, which follows OMP_NUM_THREADS)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timed runs per measurement (median, p10, p90 reported; default 10 on CPU, 50 on CUDA)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the kinds (median reported)")
-    p.add_argument("--max-seconds", type=float, default=None,
-                   help="CPU: stop repeating a measurement after this long (default 10)")
-    p.add_argument("--layout", default="qkv",
-                   help="q, k, v as views of one fused qkv projection (what modules run) or contiguous tensors")
-    p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
-                   help="leave glibc's trim/mmap defaults (calls then page-fault their buffers in, noisily)")
-    p.add_argument("--device", default="cpu", help="cpu, or cuda[:i] for the GPU sweep")
-    p.add_argument("--dtype", default=None,
-                   help="float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)")
-    p.add_argument("--out", default="runs/bench_attention.json", help="JSON results file")
+    p = build_parser()
     args = p.parse_args(argv)
-    check_bench_flags(args, _own_options())
+    check_bench_flags(args, _options())
     gpu = torch.device(args.device).type == "cuda"
     if gpu:
         require_cuda(args.device)

@@ -21,22 +21,38 @@ def xcit_models() -> List[str]:
 
 
 def _bench_options():
+    """The options several benchmarks take, each declared once (type, range, help); a benchmark picks them with
+    :func:`shared`, giving its own default and help where they differ."""
     from ..utils.recipe import Opt, check_device, maybe
-    count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
+    count = dict(type=maybe(int), low=1)
     seconds = dict(type=maybe(float), low=0.0, low_open=True)
     return {
-        "device": Opt("cpu", "cpu | cuda | cuda:N", check=check_device), "threads": Opt(None, **count),
-        "batch": Opt(None, **count), "batch_size": Opt(None, **count), "table3_batch": Opt(None, **count),
-        "heads": Opt(None, **count), "head_dim": Opt(None, **count), "repeats": Opt(None, **count),
-        "rounds": Opt(None, **count), "repeats_models": Opt(None, **count), "rounds_models": Opt(None, **count),
-        "warmup": Opt(None, type=maybe(int), low=0), "warmup_models": Opt(None, type=maybe(int), low=0),
-        "deit_depth": Opt(None, type=maybe(int), low=0), "xcit_depth": Opt(None, **count),
-        "xcit_model": Opt(None, type=maybe(str), choices=xcit_models),
-        "tokens": Opt(None, **counts), "sizes": Opt(None, **counts),
-        "dims": Opt(None, **counts), "img_size": Opt(None, **counts), "hbm_gbps": Opt(None, **seconds),
-        "max_seconds": Opt(None, **seconds), "max_time": Opt(None, **seconds), "timeout": Opt(None, **seconds),
-        "min_time": Opt(None, **seconds), "bench_time": Opt(None, **seconds),
+        "device": Opt("cpu", "cpu or cuda[:i]", check=check_device),
+        "threads": Opt(None, "CPU threads (default: torch's current count)", **count),
+        "batch": Opt(None, "batch", **count),
+        "repeats": Opt(None, "timed runs per measurement", **count),
+        "rounds": Opt(None, "interleaved timing rounds (median reported)", **count),
+        "max_time": Opt(None, "stop a measurement's timed runs after this (s)", **seconds),
+        "timeout": Opt(None, "seconds before a worker is abandoned", **seconds),
     }
+
+
+_KEEP = object()
+
+
+def shared(name: str, default: Any = _KEEP, help: Optional[str] = None):
+    """The shared option ``name`` (its one declaration in :func:`_bench_options`) with a benchmark's own default and
+    help text; its type and allowed values stay the shared ones."""
+    import dataclasses
+    import typing
+
+    spec = _bench_options()[name]
+    changes = {"help": help} if help is not None else {}
+    if default is not _KEEP:
+        changes["default"] = default
+        if default is not None:  # a benchmark with a real default takes no null
+            changes["type"] = next(a for a in typing.get_args(spec.type) if a is not type(None))
+    return dataclasses.replace(spec, **changes)
 
 
 def some_of(choices: Sequence[str]):
@@ -48,12 +64,10 @@ def some_of(choices: Sequence[str]):
     return check
 
 
-def check_bench_flags(args, own: Optional[Dict[str, Any]] = None) -> None:
-    """Check the benchmarks' shared options present on ``args`` against their declared ranges, and ``own`` (the
-    benchmark's own options: name → ``Opt``), one-line ValueError naming the flag, before any work."""
+def check_bench_flags(args, specs: Dict[str, Any]) -> None:
+    """Check every option of a benchmark (``specs``: name → ``Opt``, the ones its parser was made from) on ``args``,
+    in place; a one-line ValueError naming the flag, the value and what is allowed, before any work."""
     from ..utils.recipe import checked_flags
-    specs = {name: spec for name, spec in _bench_options().items() if hasattr(args, name)}
-    specs.update(own or {})
     vars(args).update(checked_flags(args, specs))
 
 

@@ -724,69 +724,68 @@ def parse_attn(entries: Sequence[str], kwargs_items: Sequence[str] = ()) -> List
     return [(label, kind, dict(options.get(label, {}))) for label, kind in labels.items()]
 
 
-def _own_options():
-    """The options of ``bench model`` beyond the benchmarks' shared ones, with their allowed values."""
-    from ..utils.recipe import Opt, maybe
-    from .cli import some_of
-    names = dict(type=maybe(List[str]))
-    return {"precision": Opt(None, **names, check=some_of(list(PRECISIONS))),
-            "measure": Opt(None, **names, check=some_of(list(MEASURES))),
-            "sima_order": Opt(None, type=maybe(str), choices=list(SIMA_ORDERS)),
-            "onnx_exporter": Opt(None, type=maybe(str), choices=["auto", "dynamo", "torchscript"])}
+def _options():
+    """Every option of ``bench model`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
+    from ..utils.recipe import Opt, check_path, maybe
+    from .cli import shared, some_of
+    return {
+        "models": Opt(["sima_deit_small_patch16_224"], "registered model names", type=List[str]),
+        "attn": Opt([DEFAULT_ATTN], f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own); "
+                                    "LABEL=KIND runs a kind again under another label (e.g. explicit=softmax)",
+                    type=List[str]),
+        "img_size": Opt([224], "input sizes (px)", type=List[int], low=1),
+        "precision": Opt(None, "fp32, or bf16/fp16 autocast (default: fp32 on CPU, bf16 on CUDA)",
+                         type=maybe(List[str]), check=some_of(list(PRECISIONS))),
+        "device": shared("device"),
+        "threads": shared("threads", help="CPU threads in every worker (default: this process's "
+                                          "torch.get_num_threads())"),
+        "batch_size": Opt(8, "batch of the throughput measurements", low=1),
+        "measure": Opt(list(MEASURES), f"what to measure: some of {', '.join(MEASURES)}", type=List[str],
+                       check=some_of(list(MEASURES))),
+        # one or the other (a mutually exclusive pair): --fixed-order is --sima-order qk_first
+        "fixed_order": Opt(False, "force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
+                                  "difference is the cost of exp alone (the paper's comparison)"),
+        "sima_order": Opt(None, f"force this SimA order ({', '.join(SIMA_ORDERS)})", type=maybe(str),
+                          choices=list(SIMA_ORDERS)),
+        "runtime": Opt(["torch"], f"one or more of {', '.join(runtimes())}: PyTorch, or the model exported and run in "
+                                  "that runtime (simattn.deploy; inference only), each at --threads", type=List[str]),
+        "int8": Opt(False, f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/"
+                           f"conv/matmul only, calibrated on {CALIBRATION_IMAGES} digits images)"),
+        "compile": Opt(False, "time the torch.compile'd model (runtime torch)"),
+        "compile_backend": Opt(None, "torch.compile backend with --compile (default inductor; see "
+                                     "torch._dynamo.list_backends())", type=maybe(str)),
+        "channels_last": Opt(False, "model and inputs in channels-last memory format (runtime torch)"),
+        "onnx_exporter": Opt(None, "torch.onnx exporter for --runtime onnxruntime (default auto: dynamo, else "
+                                   "TorchScript)", type=maybe(str), choices=["auto", "dynamo", "torchscript"]),
+        "warmup": Opt(2, "untimed runs before each measurement", low=0),
+        "repeats": shared("repeats", 10, "timed runs per measurement (at least)"),
+        "max_time": shared("max_time", 30.0),
+        "rounds": shared("rounds", 1, "time the whole sweep this often, interleaved; report the median (steadier on "
+                                      "a shared machine)"),
+        "baseline": Opt(None, "the --attn label the speed-ups are relative to (default: softmax, when listed)",
+                        type=maybe(str)),
+        "timeout": shared("timeout", help="seconds before a worker is abandoned (not with --in-process)"),
+        "in_process": Opt(False, "measure in this process (debugging)"),
+        "out": Opt("runs/bench_model", "output folder", check=check_path),
+        "worker": Opt(None, argparse.SUPPRESS, type=maybe(str), check=check_path),  # a worker's spec (JSON)
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..utils.recipe import command_parser
+    from ..utils.recipe import add_option_flags, command_parser
+    options = _options()
+    order = {name: options.pop(name) for name in ("fixed_order", "sima_order")}
     p = command_parser("simattn bench model",
                        "Latency, throughput, exp-like op and FLOP counts and peak memory of registered models, each "
-                       "configuration in its own subprocess.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--models", nargs="+", default=["sima_deit_small_patch16_224"], help="registered model names")
-    p.add_argument("--attn", nargs="+", default=[DEFAULT_ATTN], metavar="KIND",
-                   help=f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own); LABEL=KIND runs a "
-                        f"kind again under another label (e.g. explicit=softmax)")
+                       "configuration in its own subprocess.", options)
+    add_option_flags(p.add_mutually_exclusive_group(), order)
+    # KEY=VALUE items stay text until parse_assignments reads them: an Opt list flag reads each item as YAML
+    # (``attn_kwargs={order: kv_first}`` would become a mapping), and an Opt mapping flag is a recipe's (it extends
+    # a mapping default, which argparse cannot)
     p.add_argument("--attn-kwargs", nargs="*", default=[], metavar="KIND.OPTION=VALUE",
                    help=f"options of each --attn entry, {OPTIONS_HELP}: e.g. sima.order=qk_first softmax.fused=false")
-    p.add_argument("--img-size", nargs="+", type=int, default=[224], help="input sizes (px)")
-    p.add_argument("--precision", nargs="+", default=None,
-                   help="fp32, or bf16/fp16 autocast (default: fp32 on CPU, bf16 on CUDA)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads in every worker; None = this process's torch.get_num_threads()")
-    p.add_argument("--batch-size", type=int, default=8, help="batch of the throughput measurements")
-    p.add_argument("--measure", nargs="+", default=list(MEASURES), help=f"what to measure: some of "
-                                                                          f"{', '.join(MEASURES)}")
-    order = p.add_mutually_exclusive_group()
-    order.add_argument("--fixed-order", action="store_true",
-                       help="force SimA to (q̂k̂ᵀ)v (order='qk_first'): the same N² matmuls as softmax, so the "
-                            "difference is the cost of exp alone (the paper's comparison)")
-    order.add_argument("--sima-order", default=None, help=f"force this SimA order ({', '.join(SIMA_ORDERS)})")
     p.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
                    help=f"create_model kwargs of every model, {OPTIONS_HELP}: e.g. depth=6 act_layer=relu")
-    p.add_argument("--runtime", nargs="+", default=["torch"], metavar="RUNTIME",
-                   help=f"one or more of {', '.join(runtimes())}: PyTorch, or the model exported and run in that "
-                        "runtime (simattn.deploy; inference only), each at --threads")
-    p.add_argument("--int8", action="store_true",
-                   help=f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/conv/"
-                        f"matmul only, calibrated on {CALIBRATION_IMAGES} digits images)")
-    p.add_argument("--compile", action="store_true", help="time the torch.compile'd model (runtime torch)")
-    p.add_argument("--compile-backend", default=None,
-                   help="torch.compile backend with --compile (default inductor; see torch._dynamo.list_backends())")
-    p.add_argument("--channels-last", action="store_true",
-                   help="model and inputs in channels-last memory format (runtime torch)")
-    p.add_argument("--onnx-exporter", default=None,
-                   help="torch.onnx exporter for --runtime onnxruntime (default auto: dynamo, else TorchScript)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs before each measurement")
-    p.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (at least)")
-    p.add_argument("--max-time", type=float, default=30.0, help="stop a measurement's timed runs after this (s)")
-    p.add_argument("--rounds", type=int, default=1, help="time the whole sweep this often, interleaved; "
-                                                         "report the median (steadier on a shared machine)")
-    p.add_argument("--baseline", default=None,
-                   help="the --attn label the speed-ups are relative to (default: softmax, when listed)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before a worker is abandoned (not with "
-                                                               "--in-process)")
-    p.add_argument("--in-process", action="store_true", help="measure in this process (debugging)")
-    p.add_argument("--out", type=Path, default=Path("runs/bench_model"), help="output folder")
-    p.add_argument("--worker", metavar="SPEC_JSON", help=argparse.SUPPRESS)
     return p
 
 
@@ -795,7 +794,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return _worker_main(args.worker)
-    check_bench_flags(args, _own_options())
+    check_bench_flags(args, _options())
+    args.out = Path(args.out)
     require_cuda(args.device)
     check_out(args.out, folder=True)
     if not args.compile:

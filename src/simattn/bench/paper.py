@@ -329,40 +329,42 @@ FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], 
         "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2}
 
 
+def _options():
+    """Every option of ``bench paper`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
+    from ..utils.recipe import Opt, check_path, maybe
+    from .cli import shared, some_of, xcit_models
+    count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
+    return {
+        "quick": Opt(False, "fewer sizes, shallower models and repeats (minutes on CPU)"),
+        "only": Opt(None, "run one part only: table3 or figure_a1", type=maybe(str), choices=["table3", "figure_a1"]),
+        "device": shared("device"),
+        "threads": shared("threads"),
+        "readings": Opt(None, f"Table 3: how D is read ({', '.join(READINGS)}; default all; per head: token dim D·H; "
+                              "total: token dim D)", type=maybe(List[str]), check=some_of(list(READINGS))),
+        "table3_batch": Opt(None, "batch of the Table 3 blocks (default 16; the paper does not state it)", **count),
+        "batch": shared("batch", help="batch of the Figure A1 runs (default: 8 on CUDA as in the paper, 1 on CPU)"),
+        "sizes": Opt(None, "Figure A1 left: input sizes", **counts),
+        "dims": Opt(None, "Figure A1 right: embedding dims (multiples of 8; paper goes to 8192)", **counts),
+        "deit_depth": Opt(None, "Figure A1 left: blocks (0 = DeiT-S's 12)", type=maybe(int), low=0),
+        "xcit_model": Opt(None, "Figure A1 right: the XCiT/SimA model (default sima_small_12_p16; an XCiT-layout "
+                                "model)", type=maybe(str), choices=xcit_models),
+        "xcit_depth": Opt(None, "Figure A1 right: blocks (default 1; wide models are big)", **count),
+        "repeats": shared("repeats", help="Table 3 timed runs per round"),
+        "rounds": shared("rounds", help="Table 3 interleaved timing rounds (median reported)"),
+        "repeats_models": Opt(None, "Figure A1 timed runs per model", **count),
+        "rounds_models": Opt(None, "Figure A1 interleaved rounds (subprocesses)", **count),
+        "warmup_models": Opt(None, "Figure A1 untimed runs per model", type=maybe(int), low=0),
+        "max_time": shared("max_time", help="cap (s) on one Figure A1 model's timed runs (default 60)"),
+        "timeout": shared("timeout", help="seconds before a Figure A1 worker is abandoned"),
+        "out": Opt("runs/bench_paper", "output folder", check=check_path),
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..utils.recipe import command_parser
-    p = command_parser("simattn bench paper",
-                       "Regenerate the SimA paper's Table 3 (one attention block) and Figure A1 (whole models) on this "
-                       "machine, the paper's numbers beside ours.")
-    p.add_argument("--quick", action="store_true", help="fewer sizes, shallower models and repeats (minutes on CPU)")
-    p.add_argument("--only", default=None, help="run one part only: table3 or figure_a1")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (default: torch's current count)")
-    p.add_argument("--readings", nargs="+", default=None,
-                   help=f"Table 3: how D is read ({', '.join(READINGS)}; default all; per head: token dim D·H; "
-                        "total: token dim D)")
-    p.add_argument("--table3-batch", type=int, default=None,
-                   help="batch of the Table 3 blocks (default 16; the paper does not state it)")
-    p.add_argument("--batch", type=int, default=None, help="batch of the Figure A1 runs (default: 8 on CUDA as "
-                                                            "in the paper, 1 on CPU)")
-    p.add_argument("--sizes", type=int, nargs="+", default=None, help="Figure A1 left: input sizes")
-    p.add_argument("--dims", type=int, nargs="+", default=None, help="Figure A1 right: embedding dims "
-                                                                      "(multiples of 8; paper goes to 8192)")
-    p.add_argument("--deit-depth", type=int, default=None, help="Figure A1 left: blocks (0 = DeiT-S's 12)")
-    p.add_argument("--xcit-model", default=None,
-                   help="Figure A1 right: the XCiT/SimA model (default sima_small_12_p16; an XCiT-layout model)")
-    p.add_argument("--xcit-depth", type=int, default=None,
-                   help="Figure A1 right: blocks (default 1; wide models are big)")
-    p.add_argument("--repeats", type=int, default=None, help="Table 3 timed runs per round")
-    p.add_argument("--rounds", type=int, default=None, help="Table 3 interleaved timing rounds (median reported)")
-    p.add_argument("--repeats-models", type=int, default=None, help="Figure A1 timed runs per model")
-    p.add_argument("--rounds-models", type=int, default=None, help="Figure A1 interleaved rounds (subprocesses)")
-    p.add_argument("--warmup-models", type=int, default=None)
-    p.add_argument("--max-time", type=float, default=None,
-                   help="cap (s) on one Figure A1 model's timed runs (default 60)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds before a Figure A1 worker is abandoned")
-    p.add_argument("--out", type=Path, default=Path("runs/bench_paper"), help="output folder")
-    return p
+    return command_parser("simattn bench paper",
+                          "Regenerate the SimA paper's Table 3 (one attention block) and Figure A1 (whole models) on "
+                          "this machine, the paper's numbers beside ours.", _options())
 
 
 TABLE3_OPTIONS = ("readings", "table3_batch", "repeats", "rounds")
@@ -370,16 +372,8 @@ FIGURE_A1_OPTIONS = ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit
                      "rounds_models", "warmup_models", "max_time", "timeout")
 
 
-def _own_options():
-    """The options of ``bench paper`` beyond the benchmarks' shared ones, with their allowed values."""
-    from ..utils.recipe import Opt, maybe
-    from .cli import some_of
-    return {"only": Opt(None, type=maybe(str), choices=["table3", "figure_a1"]),
-            "readings": Opt(None, type=maybe(List[str]), check=some_of(list(READINGS)))}
-
-
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
-    check_bench_flags(args, _own_options())
+    check_bench_flags(args, _options())
     if args.only == "table3":
         refuse_unused(args, list(FIGURE_A1_OPTIONS), "to Figure A1, which --only table3 leaves out")
     if args.only == "figure_a1":
