@@ -278,7 +278,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     (["export", "--weights", "w.safetensors", "--opset", "1000"], "option '--opset': got 1000; allowed: 18 to"),
     (["export", "--weights", "w.safetensors", "--threads", "0"], "option '--threads': got 0"),
     (["export", "--weights", "w.safetensors", "--bench-time", "-1"], "option '--bench-time': got -1"),
-    (["bench", "attention", "--max-seconds", "nan"], "option '--max-seconds': got nan"),
+    (["bench", "attention", "--max-seconds", "nan"], "option '--max-seconds': got 'nan'"),
     (["bench", "paper", "--device", "bogus"], "option '--device': got 'bogus'"),
     (["bench", "paper", "--quick", "--sizes", "-64"], "option '--sizes': got [-64]"),
     (["bench", "model", "--threads", "0"], "option '--threads': got 0"),
