@@ -40,14 +40,15 @@ def pytest_unconfigure(config):
 atexit.register(_remove_temp_root)
 
 
-def _started_by_suite():
-    """PIDs of live processes (not zombies) that carry this session's mark, other than this one."""
+def marked_processes(variable: str, value: str) -> list:
+    """PIDs of live processes (not zombies) other than this one whose environment holds ``variable=value``: every
+    process started under that setting, found even after its parent died."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if f"{MARK}={_session}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
+            if f"{variable}={value}".encode() not in (entry / "environ").read_bytes().split(b"\0"):
                 continue
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:  # gone, or not ours to read
@@ -55,6 +56,11 @@ def _started_by_suite():
         if state not in ("Z", "X"):
             found.append(int(entry.name))
     return found
+
+
+def _started_by_suite():
+    """PIDs of the live processes this session started, other than this one."""
+    return marked_processes(MARK, _session)
 
 
 def _end_leftovers(grace: float) -> list:

@@ -12,9 +12,9 @@ import textwrap
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import torch
+from conftest import marked_processes
 
 TINY = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32",
         "depth=1", "num_heads=2", "--img-size", "16", "--batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
@@ -48,17 +48,9 @@ def _free_port() -> int:
 
 
 def _job_processes(job: str) -> list:
-    """PIDs of the live processes of one launched job (launchers and workers: torchrun starts its workers in their
-    own session, so killing a launcher's group does not reach them), found by the variable they all inherit."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and f"SIMATTN_TEST_JOB={job}".encode() in \
-                    (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            pass
-    return pids
+    """The live processes of one launched job (launchers and workers: torchrun starts its workers in their own
+    session, so killing a launcher's group does not reach them)."""
+    return marked_processes("SIMATTN_TEST_JOB", job)
 
 
 def _end_job(nodes, job: str) -> None:

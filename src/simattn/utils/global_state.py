@@ -6,15 +6,15 @@ otherwise leave its settings behind for whatever runs next, and a later result w
 """
 from __future__ import annotations
 
-import random
 import functools
+import random
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterator, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["GlobalState", "preserved_global_state", "restores_global_state", "scoped_threads"]
+__all__ = ["GlobalState", "preserved_global_state", "restores_global_state"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,11 +41,6 @@ class GlobalState:
             "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
             "mkldnn_enabled": torch.backends.mkldnn.enabled,
         }
-
-    def changed(self) -> Dict[str, Any]:
-        """The settings (not the random streams) that differ now from the snapshot: name → (then, now)."""
-        now = self._read()
-        return {k: (v, now[k]) for k, v in self.values.items() if now[k] != v}
 
     def restore(self) -> None:
         v = self.values
@@ -85,16 +80,3 @@ def restores_global_state(fn: F) -> F:
         with preserved_global_state():
             return fn(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
-
-
-@contextmanager
-def scoped_threads(num_threads: Optional[int]) -> Iterator[int]:
-    """Use ``num_threads`` CPU threads for the body (None: as they are) and yield the count in force."""
-    before = torch.get_num_threads()
-    if num_threads and num_threads != before:
-        torch.set_num_threads(num_threads)
-    try:
-        yield torch.get_num_threads()
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
