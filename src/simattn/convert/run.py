@@ -24,7 +24,6 @@ from ..engine.stages import StagedRun
 from ..train.evaluation import evaluate
 from ..train.task import Trainer, open_datasets
 from ..train.transforms import build_transform, data_config_for
-from ..utils.global_state import restores_global_state
 from ..utils.io import atomic_path, atomic_write_json
 from .config import ConvertConfig
 from .report import write_report
@@ -43,7 +42,6 @@ def _curve(summary: Dict[str, Any], offset: int = 0) -> List[List[float]]:
     return [[r["epoch"] + offset, r["val_top1"]] for r in summary.get("history", []) if "val_top1" in r]
 
 
-@restores_global_state  # the stages' threads and seeds stay inside the conversion
 def convert(cfg: ConvertConfig, teacher_weights: str, model: Optional[str] = None,
             model_kwargs: Optional[Dict[str, Any]] = None, teacher_attn: Optional[str] = None) -> Dict[str, Any]:
     """Convert ``teacher_weights`` to ``cfg.convert.to`` with the budget ``cfg.epochs``; returns the results written
