@@ -20,6 +20,7 @@ COMMANDS = {
                                      "exp-like ops, check parity"),
     "viz": ("simattn.viz.cli", "q̂/k̂ token-importance heatmaps"),
     "ssl": ("simattn.ssl.cli", "DINO self-supervised pretraining with k-NN / linear evaluation"),
+    "segment": ("simattn.segment.cli", "semantic segmentation (Semantic FPN, UperNet) on any backbone, mIoU"),
     "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
     "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
 }

@@ -43,6 +43,8 @@ class EngineConfig:
     lr_base_scale: str = option("linear", "linear | sqrt", choices=["linear", "sqrt"])
     sched: str = option("cosine", "schedule name (timm.scheduler): cosine | step | ... | none", choices=SCHEDULES)
     sched_on_updates: bool = option(False, "step the schedule every update instead of every epoch")
+    decay_rate: float = option(0.1, "poly: the power of the decay; step/multistep: the factor per decay",
+                               low=0.0, low_open=True)
     warmup_epochs: float = option(5, "linear warmup length", low=0.0)
     warmup_lr: float = option(1e-6, "learning rate at the start of warmup", low=0.0)
     min_lr: float = option(1e-5, "floor of the decayed learning rate", low=0.0)

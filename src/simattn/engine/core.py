@@ -103,7 +103,7 @@ def build_scheduler(cfg: EngineConfig, optimizer: torch.optim.Optimizer, updates
     """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown)."""
     return create_scheduler_v2(
         optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-        warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs,
+        warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs, decay_rate=cfg.decay_rate,
         step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
 
 

@@ -18,7 +18,7 @@ import timm
 from timm.layers import register_notrace_module
 
 from ..attention import TokenAttention
-from . import sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
+from . import segmentation, sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
 from .export_ready import prepare_for_export, revert_sync_batchnorm
 
 # timm's FX tracing (feature_cls='fx', create_feature_extractor) keeps attention modules whole: each kind picks
@@ -26,6 +26,8 @@ from .export_ready import prepare_for_export, revert_sync_batchnorm
 register_notrace_module(TokenAttention)
 
 FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit")
+#: dense-prediction networks on those backbones (``segmentation``: Semantic FPN, UperNet)
+SEGMENTERS = ("semantic_fpn", "upernet")
 
 
 def list_models() -> List[str]:
@@ -33,4 +35,4 @@ def list_models() -> List[str]:
     return sorted(name for family in FAMILIES for name in timm.list_models(module=family))
 
 
-__all__ = ["FAMILIES", "list_models", "prepare_for_export", "revert_sync_batchnorm"]
+__all__ = ["FAMILIES", "SEGMENTERS", "list_models", "prepare_for_export", "revert_sync_batchnorm"]
