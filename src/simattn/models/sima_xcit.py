@@ -436,14 +436,20 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
             self,
             x: torch.Tensor,
             indices: Optional[Union[int, List[int]]] = None,
+            return_prefix_tokens: bool = False,
             norm: bool = False,
             stop_early: bool = False,
             output_fmt: str = "NCHW",
             intermediates_only: bool = False,
-    ) -> Union[List[torch.Tensor], Tuple[torch.Tensor, List[torch.Tensor]]]:
-        """Patch tokens after the chosen blocks (int = last n, list = those indices, None = all).
+    ) -> Union[List[Any], Tuple[torch.Tensor, List[Any]]]:
+        """Patch tokens after the chosen blocks (int = last n, list = those indices, None = all); the arguments
+        are those of timm's ``VisionTransformer.forward_intermediates`` (its masks and dict output aside).
 
         ``output_fmt`` 'NCHW' gives (B, C, Hp, Wp) maps, 'NLC' (B, N, C) tokens; ``norm`` applies the final norm.
+        ``return_prefix_tokens`` makes each intermediate a (features, prefix tokens (B, 1, C)) pair, as timm's ViT
+        does (segmentation_models_pytorch's DPT asks for them): the class token joins only in class attention, so
+        its state after any block is the learned ``cls_token`` itself (normalized too with ``norm``). Without a
+        class token (pruned head), or under TorchScript, the intermediates stay plain tensors, as in timm.
         Returns the intermediates alone, or (final normalized tokens, intermediates).
         """
         if output_fmt not in ("NCHW", "NLC"):
@@ -459,6 +465,10 @@ class XCiTBackbone(TokenPoolHead, nn.Module):
                 intermediates.append(self.norm(x) if norm else x)
         if output_fmt == "NCHW":
             intermediates = [y.reshape(B, Hp, Wp, -1).permute(0, 3, 1, 2).contiguous() for y in intermediates]
+        if not torch.jit.is_scripting() and return_prefix_tokens and self.cls_token is not None:
+            cls = self.cls_token.expand(B, -1, -1)
+            cls = self.norm(cls) if norm else cls
+            intermediates = [(y, cls) for y in intermediates]
         if intermediates_only:
             return intermediates
         if self.cls_attn_blocks is not None:
