@@ -8,7 +8,16 @@ see :func:`simattn.utils.timing.keep_freed_memory`, so calls do not page-fault t
 * inference: batch-1 latency (p50, p90) and batched throughput;
 * training step (forward + backward + AdamW step): batch-1 latency and batched throughput;
 * exp-like evaluations and op calls per forward, FLOPs (total and attention core) — :mod:`simattn.bench.counters`;
-* peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting).
+* peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting);
+* with latency, on the eager model: the attention share, the measured fraction of the forward's time spent inside
+  the attention modules (:func:`attention_share`: forward hooks time each attention module, with and without its
+  qkv/output projections, within the same calls; not an estimate from FLOPs).
+
+``--img-size`` takes N (N×N) or HxW (``1024x2048``; ViT-style models are built for that size). ``--head fpn`` or
+``--head upernet`` wraps each ``--models`` backbone in that segmenter (:mod:`simattn.models.segmentation`,
+registered as ``semantic_fpn``/``upernet``, 150 classes as ADE20K; ``--attn`` reaches the backbone), whose logits
+are per pixel at the input size; its training step takes a per-pixel cross-entropy. Sizes must be multiples of the
+patch size (and of 32 for a segmenter), checked before any work.
 
 Every timing comes with its p10 and p90 (throughput: batch / p90 and batch / p10), and a one-line warning names
 the timings whose p10-p90 range is wider than :data:`simattn.bench.report.WIDE_SPREAD` of the median.
@@ -33,6 +42,7 @@ quadratically; fused SDPA's does not). Examples::
     simattn bench model --attn sima softmax explicit=softmax --attn-kwargs explicit.fused=false \\
         --measure memory counts --img-size 224 384 512
     simattn bench model --attn sima softmax --compile --measure latency throughput
+    simattn bench model --attn sima softmax --head fpn --img-size 512 1024 1024x2048 --measure latency memory
 
 On a GPU (``--device cuda``; bf16 autocast unless ``--precision`` says otherwise; peak memory from
 ``torch.cuda.max_memory_allocated``), SimA against its softmax twin, with SimA's Triton kernels as a third entry::
