@@ -852,9 +852,10 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
                      runtime_ups: Sequence[Dict[str, Any]] = ()) -> str:
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
     cols = ["model", "head", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
-            "infer_p90_ms", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms",
-            "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops", "attn_gflops", "exp_softmax",
-            "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff", "runtime_threads", "error"]
+            "infer_p90_ms", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
+            "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops",
+            "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff",
+            "runtime_threads", "error"]
     present = [c for c in cols if any(r.get(c) not in (None, "") for r in rows)]
     features = f" (CPU {meta.get('cpu_name')}; {', '.join(meta['cpu_features'])})" if meta.get("cpu_features") \
         else ""
