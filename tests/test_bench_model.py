@@ -159,7 +159,7 @@ def test_failed_worker_becomes_an_error_row(monkeypatch):
     (["--runtime", "onnxruntime", "--precision", "bf16"], "runs fp32 on cpu"),
     (["--runtime", "onnxruntime", "--measure", "memory"], "measures latency, throughput, counts"),
     (["--compile", "--compile-backend", "nope"], "--compile-backend 'nope' is not one of"),
-    (["--img-size", "0"], "option '--img-size': got [0]; allowed: a list of integers >= 1"),
+    (["--img-size", "0"], "option '--img-size': got ['0']; '0': sizes must be positive"),
     (["--device", "cuda:0"], None),
 ])
 def test_cli_rejects_bad_input_with_one_line(argv, message, capsys, tmp_path):

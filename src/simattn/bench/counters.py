@@ -60,10 +60,15 @@ def _exp_evals(name: str, args: Tuple[Any, ...], out: Any) -> Tuple[Optional[str
     return category, first.numel() if isinstance(first, torch.Tensor) else 0
 
 
+_COMPOSITE = torch._C.DispatchKey.CompositeImplicitAutograd
+
+
 class _KernelMode(TorchDispatchMode):
     """A dispatch mode that sees the kernels that run: composite ops that arrive whole (under
-    ``torch.inference_mode`` there is no autograd key to decompose them) are decomposed first, as autograd would.
-    Subclasses implement :meth:`record`."""
+    ``torch.inference_mode`` there is no autograd key to decompose them) are decomposed first, as autograd would:
+    by their C++ composite kernel, which eager calls, rather than the Python decomposition registered for tracing
+    (``upsample_bilinear2d.vec``'s would show index/sub/mul ops and their full-size temporaries where eager runs
+    one upsampling kernel). Subclasses implement :meth:`record`."""
 
     def record(self, func, args, kwargs, out) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -71,7 +76,10 @@ class _KernelMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         with self:
-            out = func.decompose(*args, **kwargs)
+            if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), _COMPOSITE):
+                out = func._op_dk(_COMPOSITE, *args, **kwargs)
+            else:
+                out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
         out = func(*args, **kwargs)

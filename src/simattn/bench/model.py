@@ -8,7 +8,16 @@ see :func:`simattn.utils.timing.keep_freed_memory`, so calls do not page-fault t
 * inference: batch-1 latency (p50, p90) and batched throughput;
 * training step (forward + backward + AdamW step): batch-1 latency and batched throughput;
 * exp-like evaluations and op calls per forward, FLOPs (total and attention core) — :mod:`simattn.bench.counters`;
-* peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting).
+* peak memory of a forward and of a training step (CUDA: allocator peak; CPU: deterministic storage accounting);
+* with latency, on the eager model: the attention share, the measured fraction of the forward's time spent inside
+  the attention modules (:func:`attention_share`: forward hooks time each attention module, with and without its
+  qkv/output projections, within the same calls; not an estimate from FLOPs).
+
+``--img-size`` takes N (N×N) or HxW (``1024x2048``; ViT-style models are built for that size). ``--head fpn`` or
+``--head upernet`` wraps each ``--models`` backbone in that segmenter (:mod:`simattn.models.segmentation`,
+registered as ``semantic_fpn``/``upernet``, 150 classes as ADE20K; ``--attn`` reaches the backbone), whose logits
+are per pixel at the input size; its training step takes a per-pixel cross-entropy. Sizes must be multiples of the
+patch size (and of 32 for a segmenter), checked before any work.
 
 Every timing comes with its p10 and p90 (throughput: batch / p90 and batch / p10), and a one-line warning names
 the timings whose p10-p90 range is wider than :data:`simattn.bench.report.WIDE_SPREAD` of the median.
@@ -33,6 +42,7 @@ quadratically; fused SDPA's does not). Examples::
     simattn bench model --attn sima softmax explicit=softmax --attn-kwargs explicit.fused=false \\
         --measure memory counts --img-size 224 384 512
     simattn bench model --attn sima softmax --compile --measure latency throughput
+    simattn bench model --attn sima softmax --head fpn --img-size 512 1024 1024x2048 --measure latency memory
 
 On a GPU (``--device cuda``; bf16 autocast unless ``--precision`` says otherwise; peak memory from
 ``torch.cuda.max_memory_allocated``), SimA against its softmax twin, with SimA's Triton kernels as a third entry::
@@ -46,30 +56,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..models.factory import create_model, parse_model_kwargs, with_attention
-from ..utils.values import OPTIONS_HELP, parse_assignments
+from ..utils.values import OPTIONS_HELP, parse_assignments, quoted
 from ..utils.timing import keep_freed_memory, set_threads, sync, time_fn
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
 from .report import machine_info, markdown_table, new_figure, progress, relative_spread, save_figure, \
     spread_warning, write_csv, write_json, write_text
 
-__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "runtimes", "int8_runtimes", "measure", "run_specs", "speedups",
-           "runtime_speedups", "plot_results",
-           "parse_attn", "runtime_name", "main"]
+__all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "HEADS", "runtimes", "int8_runtimes", "measure", "run_specs",
+           "speedups", "runtime_speedups", "plot_results", "parse_attn", "parse_size", "size_text", "runtime_name",
+           "attention_share", "main"]
 
 #: precision name → autocast dtype (None = plain fp32, no autocast)
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -79,6 +91,10 @@ SIMA_ORDERS = ("auto", "kv_first", "qk_first")
 DEPLOYED_MEASURES = ("latency", "throughput", "counts")
 CALIBRATION_IMAGES = 32
 DEFAULT_ATTN = "default"  # keep the model's own attention kind
+#: --head → the registered segmenter each --models backbone is wrapped in
+HEADS = {"fpn": "semantic_fpn", "upernet": "upernet"}
+#: classes of the segmentation heads (ADE20K's)
+SEG_CLASSES = 150
 _RESULT_TAG = "SIMATTN_BENCH_RESULT "
 MB = 2 ** 20
 
@@ -93,12 +109,14 @@ class BenchSpec:
     ``attn_kwargs``). ``latency_batch`` is the batch of the latency timings (1 unless a caller needs otherwise).
     ``runtime``: ``'torch'`` (eager, or ``compile`` for ``torch.compile``) or ``'onnxruntime'`` (the model exported
     with ``onnx_exporter``); ``channels_last`` runs the model and its inputs in channels-last memory format.
+    ``img_size``: N (N×N) or [H, W]; ``head`` (a key of :data:`HEADS`) wraps ``model`` as the backbone of that
+    segmenter (:data:`SEG_CLASSES` classes; logits at the input size).
     """
 
     model: str
     attn: str = DEFAULT_ATTN
     attn_kwargs: Dict[str, Any] = field(default_factory=dict)
-    img_size: int = 224
+    img_size: Union[int, List[int]] = 224
     precision: str = "fp32"
     device: str = "cpu"
     threads: int = 1
@@ -117,9 +135,13 @@ class BenchSpec:
     channels_last: bool = False
     onnx_exporter: str = "auto"
     quantize: Optional[str] = None  # 'static': int8 row of an exported runtime
+    head: Optional[str] = None
 
     def __post_init__(self) -> None:
         self.measures = tuple(self.measures)
+        if isinstance(self.img_size, (list, tuple)):  # a square H×W is N
+            h, w = self.img_size
+            self.img_size = h if h == w else [h, w]
         self.label = self.label or _default_label(self)
 
     def to_json(self) -> str:
@@ -140,6 +162,51 @@ def _default_label(spec: BenchSpec) -> str:
     if spec.sima_order and spec.sima_order != "auto":
         label += f" ({spec.sima_order})"
     return label
+
+
+def parse_size(value: Any) -> Union[int, List[int]]:
+    """An ``--img-size`` item: N (an N×N input) or the text ``HxW`` (``1024x2048``) → N or [H, W] (a square HxW is
+    N); a one-line ValueError for anything else (zero, ``12x``, ``axb``)."""
+    text = str(value).strip().lower()
+    parts = text.split("x")
+    if isinstance(value, bool) or not 1 <= len(parts) <= 2 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{quoted(value)} is not a size; allowed: N or HxW with positive integers "
+                         "(e.g. 512, 1024x2048)")
+    hw = [int(p) for p in parts]
+    if min(hw) < 1:
+        raise ValueError(f"{quoted(value)}: sizes must be positive (e.g. 512, 1024x2048)")
+    return hw[0] if len(hw) == 1 or hw[0] == hw[1] else hw
+
+
+def size_hw(size: Union[int, Sequence[int], str]) -> Tuple[int, int]:
+    """(H, W) of a size as specs (N or [H, W]) and rows (N or ``'HxW'``) hold it."""
+    if isinstance(size, str):
+        size = parse_size(size)
+    if isinstance(size, (list, tuple)):
+        return int(size[0]), int(size[1])
+    return int(size), int(size)
+
+
+def size_text(size: Union[int, Sequence[int], str]) -> Union[int, str]:
+    """A size as rows show it: N for N×N, ``'HxW'`` otherwise."""
+    h, w = size_hw(size)
+    return h if h == w else f"{h}x{w}"
+
+
+def size_side(size: Union[int, Sequence[int], str]) -> float:
+    """The side of the square with the same pixel count (the x axis of the plots): √(H·W)."""
+    h, w = size_hw(size)
+    return math.sqrt(h * w)
+
+
+def _check_sizes(values: Sequence[Any]) -> Optional[str]:
+    """The ``--img-size`` check: every item N or HxW."""
+    for value in values:
+        try:
+            parse_size(value)
+        except ValueError as e:
+            return str(e)
+    return None
 
 
 def runtimes() -> List[str]:
@@ -186,7 +253,9 @@ def validate_spec(spec: BenchSpec) -> None:
     bad = set(spec.measures) - set(MEASURES)
     if bad:
         raise ValueError(f"unknown measure(s) {', '.join(sorted(bad))}; expected some of {', '.join(MEASURES)}")
-    if spec.img_size <= 0 or spec.batch_size <= 0 or spec.latency_batch <= 0 or spec.repeats <= 0:
+    if spec.head is not None and spec.head not in HEADS:
+        raise ValueError(f"unknown segmentation head {spec.head!r}; expected one of {', '.join(HEADS)}")
+    if min(size_hw(spec.img_size)) <= 0 or spec.batch_size <= 0 or spec.latency_batch <= 0 or spec.repeats <= 0:
         raise ValueError(f"image size, batch sizes and repeats must be positive, got img_size={spec.img_size}, "
                          f"batch_size={spec.batch_size}, latency_batch={spec.latency_batch}, repeats={spec.repeats}")
     if spec.warmup < 0 or not spec.max_time > 0 or spec.threads < 1:
@@ -224,39 +293,75 @@ def check_builds(specs: Sequence[BenchSpec]) -> None:
     configuration after the sweep."""
     seen = set()
     for spec in specs:
-        key = json.dumps([spec.model, spec.attn, spec.attn_kwargs, spec.sima_order, spec.model_kwargs,
+        key = json.dumps([spec.model, spec.head, spec.attn, spec.attn_kwargs, spec.sima_order, spec.model_kwargs,
                           spec.img_size], sort_keys=True, default=str)
         if key in seen:
             continue
         seen.add(key)
         try:
             with torch.device("meta"):
-                build_model(spec)
+                model = build_model(spec)
         except ValueError as e:
             message = str(e).strip().splitlines()[0]
             what = [spec.model] if spec.model not in message else []
+            what += [f"{spec.head} head"] if spec.head else []
             what += [f"attention {spec.label!r}"] if spec.attn != DEFAULT_ATTN else []
-            raise ValueError(f"{', '.join(what + [f'{spec.img_size} px'])}: {message}") from None
+            raise ValueError(f"{', '.join(what + [f'{size_text(spec.img_size)} px'])}: {message}") from None
         except Exception:  # noqa: BLE001 - an op the meta device lacks: the worker's real build will tell
-            pass
+            continue
+        multiple, why = input_multiple(model)
+        if any(v % multiple for v in size_hw(spec.img_size)):
+            name = f"{HEADS[spec.head]} on {spec.model}" if spec.head else spec.model
+            raise ValueError(f"--img-size {size_text(spec.img_size)}: {name} takes heights and widths that are "
+                             f"multiples of {multiple} ({why})")
+
+
+def input_multiple(model: nn.Module) -> Tuple[int, str]:
+    """(m, why): input heights and widths ``model`` runs at are multiples of m — the patch size of a patch model
+    (timm's patch embedding refuses others), and for a segmenter also the coarsest feature stride (its decoder adds
+    each level to the 2× upsampled coarser one)."""
+    from ..models.segmentation import Segmenter
+
+    body = model.backbone if isinstance(model, Segmenter) else model
+    patch = getattr(getattr(body, "patch_embed", None), "patch_size", None)
+    multiple, why = 1, []
+    if patch is not None:
+        ph, pw = (patch, patch) if isinstance(patch, int) else patch
+        multiple = math.lcm(int(ph), int(pw))
+        why.append(f"patch {ph}" if ph == pw else f"patch {ph}x{pw}")
+    if isinstance(model, Segmenter):
+        stride = max(model.neck.strides)
+        multiple = math.lcm(multiple, stride)
+        why.append(f"feature levels down to stride {stride}")
+    return multiple, ", ".join(why) or "any size"
 
 
 # ------------------------------------------------------------------------------------------------ the worker
 
 
+def model_args(spec: BenchSpec) -> Tuple[str, Dict[str, Any]]:
+    """The registered name and ``create_model`` kwargs of ``spec``'s model, without the attention and size: the
+    model itself, or with ``head`` the segmenter with ``backbone=spec.model`` (the record of an exported file)."""
+    if spec.head:
+        return HEADS[spec.head], {"backbone": spec.model, "num_classes": SEG_CLASSES, **spec.model_kwargs}
+    return spec.model, dict(spec.model_kwargs)
+
+
 def build_model(spec: BenchSpec) -> nn.Module:
     """The model of ``spec`` from the model factory (built for ``img_size`` when the model takes it, so position
-    embeddings are not resampled on every forward), with the SimA order forced when asked."""
+    embeddings are not resampled on every forward), with the SimA order forced when asked. A segmenter passes the
+    kwargs it does not take (``attn_type``, ``img_size``, ...) to its backbone."""
     from ..attention import SimAAttention
 
-    kwargs = dict(spec.model_kwargs)
+    name, kwargs = model_args(spec)
     if spec.attn != DEFAULT_ATTN:
         attn_kwargs = {**kwargs.get("attn_kwargs", {}), **spec.attn_kwargs}
         if spec.attn == "sima" and spec.sima_order:
             attn_kwargs["order"] = spec.sima_order
         kwargs = with_attention(kwargs, spec.attn, attn_kwargs)
+    h, w = size_hw(spec.img_size)
     # every family takes img_size; one it cannot be built for is a one-line error naming the size
-    model = create_model(spec.model, **{"img_size": spec.img_size, **kwargs})
+    model = create_model(name, **{"img_size": h if h == w else (h, w), **kwargs})
     if spec.sima_order:
         # Models whose default attention is SimA (or that mix kinds) get the order on every SimA module too.
         for module in model.modules():
@@ -265,13 +370,18 @@ def build_model(spec: BenchSpec) -> nn.Module:
     return model
 
 
-def _token_count(model: nn.Module, img_size: int) -> Optional[int]:
-    """Tokens per image for patch models (grid + prefix tokens), None when the model does not say."""
+def _token_count(model: nn.Module, img_size: Union[int, Sequence[int]]) -> Optional[int]:
+    """Tokens per image for patch models (grid + prefix tokens; a segmenter's: its backbone's), None when the model
+    does not say."""
+    from ..models.segmentation import Segmenter
+
+    model = model.backbone if isinstance(model, Segmenter) else model
     patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
     if patch is None:
         return None
     ph, pw = (patch, patch) if isinstance(patch, int) else patch
-    return (img_size // ph) * (img_size // pw) + int(getattr(model, "num_prefix_tokens", 0) or 0)
+    h, w = size_hw(img_size)
+    return (h // ph) * (w // pw) + int(getattr(model, "num_prefix_tokens", 0) or 0)
 
 
 def _first_tensor(out: Any) -> torch.Tensor:
@@ -290,7 +400,7 @@ class _Runner:
         self.memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
         self.model = build_model(spec).to(self.device, memory_format=self.memory_format)
         in_chans = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
-        self.shape = (in_chans, spec.img_size, spec.img_size)
+        self.shape = (in_chans, *size_hw(spec.img_size))
         # the module the timed calls run (counts and memory use the eager self.model)
         # static shapes: the latency and throughput batches each get their own specialized graph
         self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
@@ -314,8 +424,9 @@ class _Runner:
         fmt = deploy.get(self.spec.runtime)
         model = self.model.eval()
         data_config = {**resolve_data_config(model), "input_size": self.shape}
-        record = export_record(self.spec.model, self.spec.model_kwargs, data_config,
-                               attention=getattr(model, "attn_type", self.spec.attn), producer="simattn bench model")
+        name, kwargs = model_args(self.spec)
+        record = export_record(name, kwargs, data_config, attention=getattr(model, "attn_type", self.spec.attn),
+                               producer="simattn bench model")
         calibration = self._calibration(data_config) if self.spec.quantize else None
         options = {"exporter": self.spec.onnx_exporter} if "exporter" in fmt.options else {}
         path = Path(work_dir) / f"model{fmt.suffixes[0]}"
@@ -375,14 +486,23 @@ class _Runner:
 
             self.scaler = grad_scaler(self.device, self.dtype == torch.float16)
         x = self.inputs(batch)
-        with torch.no_grad(), self.autocast():
-            num_classes = _first_tensor(self.model(x[:1])).shape[-1]
-        target = torch.randint(num_classes, (batch,), device=self.device)
+        if self.spec.head:  # a class per pixel
+            target = torch.randint(SEG_CLASSES, (batch, *self.shape[1:]), device=self.device)
+        else:
+            with torch.no_grad(), self.autocast():
+                num_classes = _first_tensor(self.model(x[:1])).shape[-1]
+            target = torch.randint(num_classes, (batch,), device=self.device)
+
+        def loss_of(out):
+            if isinstance(out, torch.Tensor):
+                return F.cross_entropy(out.float(), target)
+            # UperNet's auxiliary head in training, weighted as mmseg's configs weight it
+            return F.cross_entropy(out[0].float(), target) + 0.4 * F.cross_entropy(out[1].float(), target)
 
         def step():
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast():
-                loss = F.cross_entropy(_first_tensor(self.timed(x)).float(), target)
+                loss = loss_of(self.timed(x))
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
                 self.scaler.step(self.optimizer)
@@ -396,6 +516,61 @@ class _Runner:
     def time(self, fn) -> Dict[str, float]:
         s = self.spec
         return time_fn(fn, warmup=s.warmup, repeats=s.repeats, device=self.device, max_time=s.max_time)
+
+
+def attention_share(model: nn.Module, fn, device: torch.device, repeats: int,
+                    max_time: float = float("inf")) -> Dict[str, Any]:
+    """The share of ``fn()``'s (a forward of ``model``) wall time spent inside its attention modules, measured.
+
+    Forward pre/post hooks on every outermost attention module
+    (:func:`simattn.bench.counters.attention_module_names`: simattn's ``TokenAttention`` kinds, timm's attention
+    classes) and on their Linear/Conv layers add up the time spent in them during each call (CUDA: the device is
+    synchronized at every hook, so each span is the work done, not the launch); the share is that time over the
+    call's own, in the same call. ``attn_share``: the whole module (qkv and output projections included);
+    ``attn_core_share``: without the projections, i.e. what the attention kind changes (q kᵀ, softmax or SimA's
+    normalization, the weighted sum). Medians over ``repeats`` calls (at least one; fewer once ``max_time`` s are
+    spent). The hooks cost a few µs per module call, which this timing includes and the latency rows do not.
+    Empty when the model has no attention module."""
+    from .counters import attention_module_names
+
+    modules = dict(model.named_modules())
+    outer = [modules[name] for name in attention_module_names(model)]
+    if not outer:
+        return {}
+    projections = [sub for m in outer for sub in m.modules() if isinstance(sub, (nn.Linear, nn.modules.conv._ConvNd))]
+    spent = {"attn": 0.0, "proj": 0.0}
+    started: Dict[int, float] = {}
+
+    def enter(module, args):
+        sync(device)
+        started[id(module)] = time.perf_counter()
+
+    def leave(kind):
+        def hook(module, args, out):
+            sync(device)
+            spent[kind] += time.perf_counter() - started.pop(id(module))
+        return hook
+
+    handles = [m.register_forward_pre_hook(enter) for m in outer + projections]
+    handles += [m.register_forward_hook(leave("attn")) for m in outer]
+    handles += [m.register_forward_hook(leave("proj")) for m in projections]
+    shares, cores = [], []
+    try:
+        start = time.perf_counter()
+        while len(shares) < max(1, repeats) and (not shares or time.perf_counter() - start < max_time):
+            spent.update(attn=0.0, proj=0.0)
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            total = time.perf_counter() - t0
+            shares.append(spent["attn"] / total)
+            cores.append((spent["attn"] - spent["proj"]) / total)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {"attn_share": statistics.median(shares), "attn_core_share": statistics.median(cores),
+            "attn_share_runs": len(shares)}
 
 
 def measure(spec: BenchSpec) -> Dict[str, Any]:
@@ -417,7 +592,8 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
         "model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
         "attn_kwargs": json.dumps(spec.attn_kwargs) if spec.attn_kwargs else "",
         "attn_type": getattr(model, "attn_type", spec.attn), "sima_order": spec.sima_order or "",
-        "img_size": spec.img_size, "tokens": _token_count(model, spec.img_size), "precision": spec.precision,
+        "head": spec.head or "", "img_size": size_text(spec.img_size), "tokens": _token_count(model, spec.img_size),
+        "precision": spec.precision,
         "device": spec.device, "threads": threads, "allocator": allocator, "batch_size": spec.batch_size,
         "latency_batch": spec.latency_batch, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
@@ -447,6 +623,9 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
             row.update({f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p10_ms": t["p10_ms"],
                         f"{prefix}_p90_ms": t["p90_ms"], f"{prefix}_min_ms": t["min_ms"],
                         f"{prefix}_runs": t["runs"]})
+            if prefix == "infer" and spec.runtime == "torch" and not spec.compile:
+                # the eager forward just timed, again with the attention modules timed inside it
+                row.update(attention_share(model, run.infer_fn(b1), run.device, spec.repeats, spec.max_time))
         if measure + "throughput" in spec.measures:
             t = run.time(make_fn(spec.batch_size))
             ips = spec.batch_size * 1e3
@@ -482,13 +661,14 @@ def _run_worker(spec: BenchSpec, timeout: Optional[float]) -> Dict[str, Any]:
 
 def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
     return {"model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
-            "sima_order": spec.sima_order or "",
-            "img_size": spec.img_size, "precision": spec.precision, "device": spec.device, "threads": spec.threads,
-            "error": message}
+            "sima_order": spec.sima_order or "", "head": spec.head or "",
+            "img_size": size_text(spec.img_size), "precision": spec.precision, "device": spec.device,
+            "threads": spec.threads, "error": message}
 
 
 _TIMING_KEYS = tuple(f"{prefix}_{key}" for prefix in ("infer", "train")
-                     for key in ("p50_ms", "p10_ms", "p90_ms", "min_ms", "ips", "ips_p10", "ips_p90"))
+                     for key in ("p50_ms", "p10_ms", "p90_ms", "min_ms", "ips", "ips_p10", "ips_p90")) + \
+    ("attn_share", "attn_core_share")
 
 
 def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
@@ -506,7 +686,9 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
 
     def describe(job):
         s = specs[job[1]]
-        return f"{s.model} {s.label} {s.img_size}px {s.precision}" + (f" (round {job[0] + 1})" if rounds > 1 else "")
+        head = f" {s.head}" if s.head else ""
+        return f"{s.model}{head} {s.label} {size_text(s.img_size)}px {s.precision}" + \
+            (f" (round {job[0] + 1})" if rounds > 1 else "")
 
     for r, i in progress(jobs, desc, describe):
         spec = specs[i]
@@ -537,7 +719,7 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
     device and runtime (inference and training, p50 and min — the min is the steadier on a busy machine; >1 means
     faster than the baseline)."""
     def key(r):
-        return r["model"], r["img_size"], r["precision"], r["device"], r.get("runtime")
+        return r["model"], r.get("head", ""), r["img_size"], r["precision"], r["device"], r.get("runtime")
 
     base = {key(r): r for r in rows if r.get("label") == baseline and "error" not in r}
     out = []
@@ -545,8 +727,9 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
         b = base.get(key(r))
         if b is None or r is b or "error" in r:
             continue
-        entry = {"model": r["model"], "label": r["label"], "baseline": b["label"], "img_size": r["img_size"],
-                 "precision": r["precision"], "device": r["device"], "runtime": r.get("runtime")}
+        entry = {"model": r["model"], "head": r.get("head", ""), "label": r["label"], "baseline": b["label"],
+                 "img_size": r["img_size"], "precision": r["precision"], "device": r["device"],
+                 "runtime": r.get("runtime")}
         for metric, name in (("infer_p50_ms", "infer_speedup"), ("infer_min_ms", "infer_speedup_min"),
                              ("train_p50_ms", "train_speedup"), ("train_min_ms", "train_speedup_min")):
             if r.get(metric) and b.get(metric):
@@ -555,7 +738,7 @@ def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[
             if r.get(metric) and b.get(metric):
                 entry[name] = r[metric] / b[metric]
         entry.update(_ratio_spread(b, r, "infer"))
-        if len(entry) > 7:  # some timing was measured on both
+        if len(entry) > 8:  # some timing was measured on both
             out.append(entry)
     return out
 
@@ -573,7 +756,7 @@ def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Eager PyTorch time / each other runtime's time, for the same model, label, size, precision and device, with
     the range the p10-p90 spreads allow (> 1: the runtime is faster than eager)."""
     def key(r):
-        return r["model"], r["label"], r["img_size"], r["precision"], r["device"]
+        return r["model"], r.get("head", ""), r["label"], r["img_size"], r["precision"], r["device"]
 
     eager = {key(r): r for r in rows if r.get("runtime") == "eager" and "error" not in r}
     out = []
@@ -581,7 +764,8 @@ def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         e = eager.get(key(r))
         if e is None or r is e or "error" in r or not (r.get("infer_p50_ms") and e.get("infer_p50_ms")):
             continue
-        out.append({"model": r["model"], "label": r["label"], "img_size": r["img_size"], "runtime": r["runtime"],
+        out.append({"model": r["model"], "head": r.get("head", ""), "label": r["label"], "img_size": r["img_size"],
+                    "runtime": r["runtime"],
                     "threads": r.get("threads"), "eager_ms": e["infer_p50_ms"], "runtime_ms": r["infer_p50_ms"],
                     "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer")})
     return out
@@ -595,10 +779,12 @@ def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
         name = r["label"] if r["attn"] != DEFAULT_ATTN else r["model"]
         if len({x["model"] for x in rows}) > 1 and r["attn"] != DEFAULT_ATTN:
             name = f"{r['model']} {name}"
+        if len({x.get("head", "") for x in rows}) > 1:
+            name += f" {r.get('head') or 'classifier'}"
         if len({x["precision"] for x in rows}) > 1:
             name += f" {r['precision']}"
         series.setdefault(name, []).append(r)
-    return {k: sorted(v, key=lambda r: r["img_size"]) for k, v in series.items()}
+    return {k: sorted(v, key=lambda r: size_side(r["img_size"])) for k, v in series.items()}
 
 
 def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
@@ -619,12 +805,12 @@ def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") ->
         for name, rs in series.items():
             color = None
             for key, style in ((solid, "-"), (dashed, "--")):
-                pts = [(r["img_size"], r[key]) for r in rs if r.get(key) is not None]
+                pts = [(size_side(r["img_size"]), r[key]) for r in rs if r.get(key) is not None]
                 if pts:
                     line, = ax.plot(*zip(*pts), marker="o", linestyle=style, color=color,
                                     label=name if style == "-" else None)
                     color = line.get_color()
-        ax.set_xlabel("input size (px)")
+        ax.set_xlabel("input size (px; √(H·W) for H×W)")
         ax.set_ylabel(ylabel, fontsize=8)
         ax.set_yscale(scale, **({"linthresh": 1.0} if scale == "symlog" else {}))
         ax.grid(True, alpha=0.3)
@@ -636,8 +822,9 @@ def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") ->
     save_figure(fig, path)
 
 
-RESULT_COLUMNS = ["model", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens", "precision",
-                  "device", "threads", "params_m", "infer_p50_ms", "infer_p10_ms", "infer_p90_ms", "infer_min_ms",
+RESULT_COLUMNS = ["model", "head", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens",
+                  "precision", "device", "threads", "params_m", "infer_p50_ms", "infer_p10_ms", "infer_p90_ms",
+                  "infer_min_ms", "attn_share", "attn_core_share", "attn_share_runs",
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
                   "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
@@ -664,15 +851,19 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
 def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any],
                      runtime_ups: Sequence[Dict[str, Any]] = ()) -> str:
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
-    cols = ["model", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
-            "infer_p90_ms", "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms",
-            "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops", "attn_gflops", "exp_softmax",
-            "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff", "runtime_threads", "error"]
-    present = [c for c in cols if any(r.get(c) is not None for r in rows)]
+    cols = ["model", "head", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
+            "infer_p90_ms", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
+            "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops",
+            "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff",
+            "runtime_threads", "error"]
+    present = [c for c in cols if any(r.get(c) not in (None, "") for r in rows)]
     features = f" (CPU {meta.get('cpu_name')}; {', '.join(meta['cpu_features'])})" if meta.get("cpu_features") \
         else ""
     parts = [f"Device {meta.get('device')}{features}, {meta.get('threads')} threads, torch {meta.get('torch')}. Times "
-             f"in ms (p50 = median; p10/p90 beside it), throughput in images/s.", "",
+             f"in ms (p50 = median; p10/p90 beside it), throughput in images/s."
+             + (" attn_share: measured share of the eager forward's time inside the attention modules (forward "
+                "hooks; attn_core_share: without their qkv/output projections)." if "attn_share" in present else "")
+             + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else ""), "",
              markdown_table(rows, present)]
     spreads = {f"{r['label']} {r['img_size']}px {prefix}": relative_spread(r.get(f"{prefix}_p10_ms"),
                                                                            r.get(f"{prefix}_p90_ms"),
@@ -682,14 +873,16 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
     if warning:
         parts += ["", warning]
     if ups:
-        ucols = [c for c in ("model", "label", "baseline", "runtime", "img_size", "precision", "infer_speedup",
-                             "infer_speedup_lo", "infer_speedup_hi", "infer_speedup_min", "train_speedup",
-                             "train_speedup_min", "infer_ips_ratio", "train_ips_ratio") if any(u.get(c) for u in ups)]
+        ucols = [c for c in ("model", "head", "label", "baseline", "runtime", "img_size", "precision",
+                             "infer_speedup", "infer_speedup_lo", "infer_speedup_hi", "infer_speedup_min",
+                             "train_speedup", "train_speedup_min", "infer_ips_ratio", "train_ips_ratio")
+                 if any(u.get(c) for u in ups)]
         parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster; lo-hi: the range the p10-p90 "
                       "spreads allow):", "", markdown_table(ups, ucols)]
     if runtime_ups:
         parts += ["", "Speed-up of each runtime over eager PyTorch (batch-1 latency, same threads):", "",
-                  markdown_table(runtime_ups, ["model", "label", "img_size", "runtime", "threads", "eager_ms",
+                  markdown_table(runtime_ups, ["model", *(["head"] if "head" in present else []), "label",
+                                               "img_size", "runtime", "threads", "eager_ms",
                                                "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi"])]
     return "\n".join(parts)
 
@@ -733,7 +926,12 @@ def _options():
         "attn": Opt([DEFAULT_ATTN], f"attention kinds passed as attn_type ('{DEFAULT_ATTN}' = the model's own); "
                                     "LABEL=KIND runs a kind again under another label (e.g. explicit=softmax)",
                     type=List[str]),
-        "img_size": Opt([224], "input sizes (px)", type=List[int], low=1),
+        "img_size": Opt([224], "input sizes: N (N×N px) or HxW (e.g. 512 1024x2048); each a multiple of the "
+                               "model's patch size (and, with --head, of 32)", type=List[Union[int, str]],
+                        check=_check_sizes, allowed="sizes N or HxW with positive integers (e.g. 512, 1024x2048)"),
+        "head": Opt(None, f"wrap each --models backbone in a segmentation head (fpn: semantic_fpn, upernet; "
+                          f"{SEG_CLASSES} classes, logits at the input size); default: the model as it is",
+                    type=maybe(str), choices=list(HEADS)),
         "precision": Opt(None, "fp32, or bf16/fp16 autocast (default: fp32 on CPU, bf16 on CUDA)",
                          type=maybe(List[str]), check=some_of(list(PRECISIONS))),
         "device": shared("device"),
@@ -779,6 +977,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "Latency, throughput, exp-like op and FLOP counts and peak memory of registered models, each "
                        "configuration in its own subprocess.", options)
     add_option_flags(p.add_mutually_exclusive_group(), order)
+    # sizes are read as text (YAML would read 0x10 as the number 16); _check_sizes reads N and HxW
+    next(a for a in p._actions if a.dest == "img_size").type = str
     # KEY=VALUE items stay text until parse_assignments reads them: an Opt list flag reads each item as YAML
     # (``attn_kwargs={order: kv_first}`` would become a mapping), and an Opt mapping flag is a recipe's (it extends
     # a mapping default, which argparse cannot)
@@ -838,9 +1038,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                        measures=measures if runtime == "torch" else deployed_measures, warmup=args.warmup,
                        repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
                        compile_backend=args.compile_backend or "inductor", quantize=quantize,
-                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto")
+                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head)
              for runtime, quantize in variants
-             for m in args.models for label, kind, attn_kwargs in attns for s in args.img_size
+             for m in args.models for label, kind, attn_kwargs in attns for s in map(parse_size, args.img_size)
              for p in args.precision]
     for spec in specs:
         validate_spec(spec)

@@ -175,14 +175,16 @@ def capture(model: nn.Module, input_size: Iterable[int], batch: int = 1):
 def capture_fixed(model: nn.Module, input_size: Sequence[int]):
     """(prepared model, program): ``model`` laid out for ``input_size`` by
     :func:`~simattn.models.prepare_for_export` (in place), then captured at batch 1; a graph that still resamples
-    is refused."""
+    its position embeddings is refused."""
     from ..models import prepare_for_export
     from .ops import aten_op_counts
 
     model = prepare_for_export(model, tuple(input_size[1:]))
     program = capture(model, input_size)
-    resample = {op: n for op, n in aten_op_counts(program).items() if "upsample" in op}
-    if resample:  # the fixed-size preparation is meant to remove every per-call resample
+    # position embeddings are resampled bicubically (timm's resample_abs_pos_embed), which the preparation removes;
+    # the bilinear/nearest upsampling of a segmentation decoder is part of the network
+    resample = {op: n for op, n in aten_op_counts(program).items() if "upsample_bicubic" in op}
+    if resample:
         raise RuntimeError(f"the captured graph still resamples ({resample}); {type(model).__name__} is not "
                            "prepared for a fixed input size")
     return model, program

@@ -57,6 +57,7 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
       exported graph holds no resampling op (no ``aten._upsample_bicubic2d_aa``). Fourier encodings (SimA/XCiT)
       and CvT (no position embedding) need nothing. The model then takes inputs of ``img_size`` only (a
       ValueError or timm's assertion otherwise), with any batch size.
+    - A segmenter (:class:`~simattn.models.segmentation.Segmenter`) has its backbone laid out so.
     - ``SyncBatchNorm`` layers become ``BatchNorm2d`` (:func:`revert_sync_batchnorm`).
     - ``model.eval()``.
 
@@ -69,6 +70,17 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
                          "positive ints")
     h, w = to_2tuple(size[0]) if len(size) == 1 else size
     model = revert_sync_batchnorm(model)
+    _fix_input_size(_backbone_of(model), img_size, h, w)
+    return model.eval()
+
+
+def _backbone_of(model: nn.Module) -> nn.Module:
+    """The module that takes the input image: a segmenter's backbone (fed the image as it is), else the model."""
+    from .segmentation import Segmenter
+    return model.backbone if isinstance(model, Segmenter) else model
+
+
+def _fix_input_size(model: nn.Module, img_size, h: int, w: int) -> None:
     if isinstance(model, VisionTransformer):
         patch_embed = model.patch_embed
         ph, pw = to_2tuple(patch_embed.patch_size)
@@ -83,4 +95,3 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
         patch_embed.strict_img_size = True
     elif isinstance(model, (XCiTBackbone, PyramidTransformer)):
         model.set_input_size((h, w), dynamic_img_size=False)
-    return model.eval()
