@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import default_collate
 
 from ..engine.core import Engine, RunResult, option_value, run
 from ..engine.dist import DistInfo
@@ -76,6 +77,7 @@ class SegmentationTrainer(Engine):
     task_files = ("best.safetensors", "final.safetensors", "per_class.csv", "per_class_iou.png", "curves.png")
     csv_columns = {"val_miou": "val_miou", "val_macc": "val_macc", "val_aacc": "val_aacc"}
     scheduler_metric = "val_miou"
+    collate_fn = staticmethod(default_collate)  # (image, mask) pairs of one crop size
     input_options = ("initial_checkpoint",)
 
     def __init__(self, cfg: SegmentConfig, dist: Optional[DistInfo] = None) -> None:

@@ -1,0 +1,137 @@
+"""``simattn segment`` end to end on tiny digit scenes: the run's files and record, bit-exact resume after SIGKILL,
+two-process DDP whose mIoU equals one process's evaluation of the same weights, and one-line errors."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from simattn.cli import main as simattn_main
+
+pytest.importorskip("segmentation_models_pytorch")
+
+TINY = [
+    "--model", "semantic_fpn",
+    "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", "img_size=32", "patch_size=8", "embed_dim=32",
+    "depth=4", "num_heads=2", "decoder_channels=16", "segmentation_channels=32",
+    "--dataset", "digits", "--set", "dataset_kwargs={canvas: 32, num_train: 64, num_val: 12}",
+    "--crop-size", "[32, 32]", "--img-scale", "[32, 32]", "--ratio-range", "[0.75, 1.5]", "--cat-max-ratio", "1.0",
+    "--batch-size", "8", "--lr", "2e-3", "--warmup-epochs", "0.5", "--drop-path", "0.1", "--workers", "0",
+    "--threads", "1", "--device", "cpu", "--seed", "5", "--epochs", "2", "--steps-per-epoch", "4",
+    "--log-interval", "1",
+]
+
+
+def _cmd(output: Path, *extra: str):
+    return [sys.executable, "-m", "simattn", "segment", *TINY, "--output", str(output), *extra]
+
+
+def _summary(folder: Path):
+    return json.loads((folder / "summary.json").read_text())
+
+
+def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert simattn_main(["segment", *TINY, "--output", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    summary = _summary(out)
+    final = summary["final"]
+    assert printed["val_miou"] == final["val_miou"] and 0 <= final["val_miou"] <= 100
+    assert set(final["per_class"]) == {"background", *map(str, range(10))}
+    rows = list(csv.reader((out / "per_class.csv").open()))
+    assert rows[0] == ["class", "iou", "acc"] and len(rows) == 12
+    assert (out / "per_class_iou.png").stat().st_size > 0
+    from simattn.models.factory import load_model
+    from simattn.models.weights import read_weights_record
+    record = read_weights_record(out / "final.safetensors")
+    assert record.model == "semantic_fpn" and record.model_kwargs["backbone"] == "sima_deit_tiny_patch16_224"
+    assert record.extra["classes"][0] == "background" and len(record.extra["palette"]) == 11
+    model, _ = load_model(weights=out / "final.safetensors")
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 11, 32, 32)
+
+
+def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    victim = subprocess.Popen(_cmd(killed, "--checkpoint-every-steps", "2"), env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, bufsize=1)
+    seen = []
+
+    def kill_after_a_step_checkpoint_in_epoch_2():
+        for line in victim.stdout:
+            seen.append(line)
+            if line.startswith("checkpoint:") and "epoch 2" in line:
+                os.kill(victim.pid, signal.SIGKILL)
+                return
+
+    watcher = threading.Thread(target=kill_after_a_step_checkpoint_in_epoch_2)
+    watcher.start()
+    assert subprocess.run(_cmd(straight), env=env, capture_output=True, timeout=600).returncode == 0
+    watcher.join(timeout=600)
+    victim.wait(timeout=60)
+    assert victim.returncode == -signal.SIGKILL, "".join(seen)
+    assert not (killed / "summary.json").exists()
+    resumed = subprocess.run(_cmd(killed, "--checkpoint-every-steps", "2", "--resume"), env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    a, b = _summary(straight), _summary(killed)
+    assert b["final"]["val_miou"] == a["final"]["val_miou"]
+    assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
+    wa, wb = load_file(straight / "final.safetensors"), load_file(killed / "final.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+WORKER = textwrap.dedent("""
+    import sys
+    from simattn.cli import main
+    sys.exit(main(["segment", *sys.argv[2:], "--output", sys.argv[1]]))
+""")
+
+
+def test_two_process_ddp_scores_the_same_as_one_process(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(out), *TINY, "--epochs", "1"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = _summary(out)
+    assert summary["world_size"] == 2
+    # one process scoring the same weights on the same images: the summed confusion matrix makes them equal
+    from simattn.data.segmentation import create_segmentation_dataset
+    from simattn.models.factory import load_model
+    from simattn.segment.evaluate import evaluate_segmentation
+    from simattn.segment.task import backbone_norm
+    model, _ = load_model(weights=out / "final.safetensors")
+    mean, std = backbone_norm("sima_deit_tiny_patch16_224")
+    val = create_segmentation_dataset("digits", None, "val", train=False, crop_size=(32, 32), scale=(32, 32),
+                                      mean=mean, std=std, canvas=32, num_train=64, num_val=12)
+    single = evaluate_segmentation(model, val, device=torch.device("cpu"))
+    assert single["miou"] == summary["final"]["val_miou"]
+    assert single["per_class"] == summary["final"]["per_class"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--model-kwargs", "img_size=32"], "needs backbone="),
+    (["--dataset", "ade20k"], "needs data_dir"),
+    (["--model", "deeplab"], "model"),
+])
+def test_bad_options_are_one_line_errors(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    assert simattn_main(["segment", "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", *flags,
+                         "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert not out.exists()
