@@ -22,10 +22,10 @@ pytest.importorskip("segmentation_models_pytorch")
 
 TINY = [
     "--model", "semantic_fpn",
-    "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", "img_size=32", "patch_size=8", "embed_dim=32",
+    "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", "img_size=64", "patch_size=16", "embed_dim=32",
     "depth=4", "num_heads=2", "decoder_channels=16", "segmentation_channels=32",
-    "--dataset", "digits", "--set", "dataset_kwargs={canvas: 32, num_train: 64, num_val: 12}",
-    "--crop-size", "[32, 32]", "--img-scale", "[32, 32]", "--ratio-range", "[0.75, 1.5]", "--cat-max-ratio", "1.0",
+    "--dataset", "digits", "--set", "dataset_kwargs={canvas: 64, num_train: 64, num_val: 12}",
+    "--crop-size", "[64, 64]", "--img-scale", "[64, 64]", "--ratio-range", "[0.75, 1.5]", "--cat-max-ratio", "1.0",
     "--batch-size", "8", "--lr", "2e-3", "--warmup-epochs", "0.5", "--drop-path", "0.1", "--workers", "0",
     "--threads", "1", "--device", "cpu", "--seed", "5", "--epochs", "2", "--steps-per-epoch", "4",
     "--log-interval", "1",
@@ -57,7 +57,7 @@ def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(tmp_path,
     assert record.model == "semantic_fpn" and record.model_kwargs["backbone"] == "sima_deit_tiny_patch16_224"
     assert record.extra["classes"][0] == "background" and len(record.extra["palette"]) == 11
     model, _ = load_model(weights=out / "final.safetensors")
-    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 11, 32, 32)
+    assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 11, 64, 64)
 
 
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
@@ -116,8 +116,8 @@ def test_two_process_ddp_scores_the_same_as_one_process(tmp_path):
     from simattn.segment.task import backbone_norm
     model, _ = load_model(weights=out / "final.safetensors")
     mean, std = backbone_norm("sima_deit_tiny_patch16_224")
-    val = create_segmentation_dataset("digits", None, "val", train=False, crop_size=(32, 32), scale=(32, 32),
-                                      mean=mean, std=std, canvas=32, num_train=64, num_val=12)
+    val = create_segmentation_dataset("digits", None, "val", train=False, crop_size=(64, 64), scale=(64, 64),
+                                      mean=mean, std=std, canvas=64, num_train=64, num_val=12)
     single = evaluate_segmentation(model, val, device=torch.device("cpu"))
     assert single["miou"] == summary["final"]["val_miou"]
     assert single["per_class"] == summary["final"]["per_class"]
