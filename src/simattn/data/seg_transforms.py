@@ -121,18 +121,18 @@ def photometric_distortion(image: np.ndarray, rng: np.random.Generator, brightne
     probability 1/2."""
     from PIL import Image
     img = image.astype(np.float32)
-    if rng.integers(2):
-        img = img + rng.uniform(-brightness_delta, brightness_delta)
+    if rng.integers(2):  # each step clips to the 8-bit range, as mmseg's does
+        img = np.clip(img + rng.uniform(-brightness_delta, brightness_delta), 0, 255)
     contrast_first = bool(rng.integers(2))
 
     def contrast(x):
-        return x * rng.uniform(*contrast_range) if rng.integers(2) else x
+        return np.clip(x * rng.uniform(*contrast_range), 0, 255) if rng.integers(2) else x
 
     if contrast_first:
         img = contrast(img)
     do_saturation, do_hue = bool(rng.integers(2)), bool(rng.integers(2))
     if do_saturation or do_hue:
-        hsv = np.asarray(Image.fromarray(np.clip(img, 0, 255).round().astype(np.uint8)).convert("HSV")).astype(
+        hsv = np.asarray(Image.fromarray(img.round().astype(np.uint8)).convert("HSV")).astype(
             np.float32)
         if do_saturation:
             hsv[..., 1] = np.clip(hsv[..., 1] * rng.uniform(*saturation_range), 0, 255)

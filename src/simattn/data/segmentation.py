@@ -190,7 +190,7 @@ class FileSegmentationDataset(SegmentationDataset):
         from .images import read_image
         image_path, mask_path = self.images[index], self.masks[index]
         try:
-            image = np.asarray(read_image(image_path))
+            image = np.array(read_image(image_path))
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
             raise ValueError(f"cannot read image {image_path}: {type(e).__name__}: {_first_line(e)}") from None
         try:
