@@ -61,7 +61,8 @@ from .runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_
 from ..utils.timing import set_threads
 from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
-from .dist import DistInfo, all_finite, all_reduce_mean, barrier, cleanup_distributed, init_distributed
+from .dist import (DistInfo, all_finite, all_reduce_mean, barrier, broadcast_buffers, cleanup_distributed,
+                   init_distributed)
 from .log import MetricsLog
 from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
 
@@ -609,6 +610,7 @@ class Engine:
                                       **{k: float(v / seen) for k, v in zip(names, totals[2:])},
                                       "lr": self.optimizer.param_groups[0]["lr"]}
             record.update(self.epoch_extra())
+            broadcast_buffers(self.model)  # every rank evaluates and saves the weights rank 0 writes
             evaluated = self._evaluate_now()
             if evaluated:
                 metrics = self.evaluate()

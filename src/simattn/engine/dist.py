@@ -65,6 +65,14 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Give every process rank 0's buffers (BatchNorm statistics). DDP copies them to the other ranks at the start
+    of each forward, so after the last step each rank holds its own; evaluation and the saved weights need one set."""
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        for buffer in module.buffers():
+            dist.broadcast(buffer.data, src=0)
+
+
 def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
     """Mean of ``t`` over all processes (identity when not distributed)."""
     if dist.is_available() and dist.is_initialized():
