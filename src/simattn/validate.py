@@ -8,6 +8,11 @@ ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m
 the same JSON. Weights holding
 NaN/inf are refused (naming the tensor) and the JSON never holds NaN: a non-finite metric is written as null with a
 warning.
+
+Segmentation weights (a ``simattn segment`` run's ``final.safetensors``, ``best.safetensors`` or ``last.pth``, or a
+file exported from one) are scored by mIoU, mAcc, aAcc and per-class IoU on the dataset their record names
+(:mod:`simattn.segment.validation`), predicting as the run evaluated (``--mode``, ``--crop-size``, ``--stride``,
+``--flip``, ``--scales`` change it); ``--save-predictions DIR`` writes each image's label map as an indexed PNG.
 """
 from __future__ import annotations
 
@@ -55,23 +60,41 @@ def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: (None if k in bad else v) for k, v in result.items()}, "non_finite": bad}
 
 
+#: the options that only segmentation weights take (their flags, for errors)
+SEGMENTATION_ONLY = ("mode", "crop_size", "stride", "flip", "scales", "save_predictions")
+#: the options that only classifiers take, with their defaults
+CLASSIFICATION_ONLY = {"img_size": None, "crop_pct": None, "interpolation": None, "batch_size": 64, "amp": False,
+                       "amp_dtype": "bfloat16", "channels_last": False}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 @restores_global_state  # threads= and the data pipeline's seeding stay inside the call
 def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
-                     dataset: str = "digits", data_dir: Optional[str] = None, split: str = "val",
+                     dataset: Optional[str] = None, data_dir: Optional[str] = None, split: Optional[str] = None,
                      img_size: Optional[int] = None, crop_pct: Optional[float] = None,
                      interpolation: Optional[str] = None, batch_size: int = 64, workers: int = 0,
                      use_ema: bool = False, device: Optional[str] = None, amp: bool = False,
                      amp_dtype: str = "bfloat16", channels_last: bool = False,
-                     show_progress: bool = False, threads: Optional[int] = None) -> Dict[str, Any]:
+                     show_progress: bool = False, threads: Optional[int] = None,
+                     mode: Optional[str] = None, crop_size: Optional[List[int]] = None,
+                     stride: Optional[List[int]] = None, flip: Optional[bool] = None,
+                     scales: Optional[List[float]] = None,
+                     save_predictions: Optional[str | Path] = None) -> Dict[str, Any]:
     """Evaluate ``weights`` (checkpoint or safetensors) on ``dataset``/``split``; returns metrics and settings.
 
     ``model``/``model_kwargs`` default to what the weights record; the number of classes must match the dataset
     (weights that do not record it get the dataset's). Non-finite metrics are None (listed in ``non_finite``).
+    Segmentation weights go to :func:`simattn.segment.validation.validate_segmentation` (``mode`` ..
+    ``save_predictions`` are theirs; ``dataset`` and ``split`` default to what the weights record).
     """
     from timm.data import resolve_data_config
 
     from .data.factory import create_dataset, dataset_classes
     from .engine.data import build_eval_loader
+    from .segment.validation import check_predictions_dir, segmentation_source
     from .train.evaluation import evaluate
     from .train.transforms import build_transform
 
@@ -80,6 +103,30 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     weights = Path(weights)
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads}: expected an integer >= 1")
+    check_predictions_dir(save_predictions)  # before any work
+    seg_options = {"mode": mode, "crop_size": crop_size, "stride": stride, "flip": flip, "scales": scales,
+                   "save_predictions": save_predictions}
+    source = segmentation_source(weights)
+    if source is not None:
+        return _validate_segmentation(source, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
+                                      workers=workers, use_ema=use_ema, device=device, threads=threads,
+                                      show_progress=show_progress, seg_options=seg_options,
+                                      classification={"img_size": img_size, "crop_pct": crop_pct,
+                                                      "interpolation": interpolation, "batch_size": batch_size,
+                                                      "amp": amp, "amp_dtype": amp_dtype,
+                                                      "channels_last": channels_last})
+    given = [_flag(k) for k, v in seg_options.items() if v is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} applies to segmentation weights only; {weights.name} holds a "
+                         "classifier")
+    from .segment.config import SEGMENT_DATASETS
+    from .data.factory import DATASETS
+    dataset = dataset or "digits"
+    split = split or "val"
+    if dataset not in DATASETS:
+        only = " (a segmentation dataset)" if dataset in SEGMENT_DATASETS else ""
+        raise ValueError(f"--dataset {dataset}{only}: {weights.name} holds a classifier; classification datasets: "
+                         f"{', '.join(DATASETS)}")
     if deploy.for_path(weights) is not None:
         return _validate_deployed(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
                                   img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
@@ -127,6 +174,42 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                          "split": split, "img_size": data_config["input_size"][-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": sum(p.numel() for p in net.parameters()), **metrics})
+
+
+def _validate_segmentation(source, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,
+                           dataset: Optional[str], data_dir: Optional[str], split: Optional[str], workers: int,
+                           use_ema: bool, device: Optional[str], threads: Optional[int], show_progress: bool,
+                           seg_options: Dict[str, Any], classification: Dict[str, Any]) -> Dict[str, Any]:
+    """:func:`validate_weights` of segmentation weights or of a file exported from them."""
+    from .segment.config import SEGMENT_DATASETS
+    from .segment.validation import validate_segmentation
+
+    given = [_flag(k) for k, v in classification.items() if v != CLASSIFICATION_ONLY[k]]
+    if given:
+        raise ValueError(f"{', '.join(given)} applies to classifiers only; {source.path.name} holds a segmenter "
+                         "(images are resized as its run evaluated; --scales, --mode slide and --crop-size change "
+                         "how it predicts)")
+    if dataset is not None and dataset not in SEGMENT_DATASETS:
+        raise ValueError(f"--dataset {dataset}: {source.path.name} holds a segmenter; segmentation datasets: "
+                         f"{', '.join(SEGMENT_DATASETS)}")
+    if model is not None and model != source.model:
+        raise ValueError(f"--model {model}: {source.path.name} holds {source.model}")
+    if source.deployed:
+        fixed = [o for o, v in (("--model-kwargs", model_kwargs), ("--use-ema", use_ema)) if v]
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} do(es) not apply to an exported file ({source.path.name}): the "
+                             "graph is fixed")
+        if device is not None and torch.device(device).type != "cpu":
+            raise ValueError(f"--device {device}: exported files run on the CPU here")
+        dev = None
+    else:
+        if threads is not None:
+            torch.set_num_threads(threads)
+        dev = resolve_device(device)
+    result = validate_segmentation(source, dataset=dataset, data_dir=data_dir, split=split, device=dev,
+                                   model_kwargs=model_kwargs, use_ema=use_ema, threads=threads, workers=workers,
+                                   show_progress=show_progress, **seg_options)
+    return _finite_json(result)
 
 
 def _check_classes(trained_on: Any, data, dataset: str, what: str) -> None:
@@ -189,11 +272,17 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
 
 def _options():
     from .data.factory import DATASETS
+    from .segment.config import SEGMENT_DATASETS
+    from .segment.validation import eval_option_specs
     from .utils.recipe import INTERPOLATIONS, Opt, check_device, maybe
     return {
-        "dataset": Opt("digits", "digits | folder/imagenet | cifar10 | cifar100", choices=list(DATASETS)),
-        "data_dir": Opt(None, "dataset root (not used by digits)", type=maybe(str)),
-        "split": Opt("val", "split (sub-folder) to evaluate"),
+        "dataset": Opt(None, "classifiers: digits (default) | folder/imagenet | cifar10 | cifar100; segmentation "
+                             "weights: the dataset they record (default) | digits | ade20k | voc | cityscapes | folder",
+                       type=maybe(str), choices=list(dict.fromkeys([*DATASETS, *SEGMENT_DATASETS]))),
+        "data_dir": Opt(None, "dataset root (not used by digits; segmentation weights: default the recorded one)",
+                        type=maybe(str)),
+        "split": Opt(None, "split (sub-folder) to evaluate (default: val, or the split the segmentation run "
+                           "evaluated on)", type=maybe(str)),
         "img_size": Opt(None, "evaluation resolution (default: as trained)", type=maybe(int), low=1),
         "crop_pct": Opt(None, "center-crop ratio (default: as trained)", type=maybe(float), low=0.0, high=1.0,
                         low_open=True),
@@ -209,14 +298,20 @@ def _options():
         "amp_dtype": Opt("bfloat16", choices=["bfloat16", "float16"]),
         "channels_last": Opt(False, "channels-last memory format"),
         "output": Opt(None, "also write the JSON result to this file", type=maybe(str)),
+        **eval_option_specs(),
+        "save_predictions": Opt(None, "segmentation weights: write each image's predicted label map to this new or "
+                                      "empty folder (indexed PNG <image stem>.png, the dataset's label values and "
+                                      "palette)", type=maybe(str)),
     }
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .utils.recipe import add_option_flags, command_parser
     p = command_parser("simattn validate",
-                       "Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON. Model, kwargs "
-                       "and preprocessing default to those recorded with the weights by simattn train.")
+                       "Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON; for "
+                       "segmentation weights (simattn segment, or a file exported from them), mIoU, mAcc, aAcc and "
+                       "per-class IoU. Model, kwargs, preprocessing (and a segmenter's dataset) default to those "
+                       "recorded with the weights.")
     add_model_arguments(p, weights_required=True)
     add_option_flags(p, _options())
     return p
@@ -225,13 +320,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     from .utils.recipe import checked_flags
     args = build_parser().parse_args(argv)
-    vars(args).update(checked_flags(args, _options()))
-    check_outputs({"--output": args.output}, {"--weights": args.weights})
+    options = _options()
+    # the segmentation eval flags default to 'not given' (the run's settings), so only given ones are checked
+    vars(args).update(checked_flags(args, {k: v for k, v in options.items()
+                                           if v.default is not None or getattr(args, k) is not None}))
+    check_outputs({"--output": args.output, "--save-predictions": args.save_predictions},
+                  {"--weights": args.weights, "--data-dir": args.data_dir})
+    seg = {k: getattr(args, k) for k in SEGMENTATION_ONLY}
     result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
                               interpolation=args.interpolation, batch_size=args.batch_size, workers=args.workers,
                               use_ema=args.use_ema, device=args.device, amp=args.amp, amp_dtype=args.amp_dtype,
-                              channels_last=args.channels_last, show_progress=use_tqdm(), threads=args.threads)
+                              channels_last=args.channels_last, show_progress=use_tqdm(), threads=args.threads,
+                              **seg)
     if result.get("non_finite"):
         print(f"warning: non-finite {', '.join(result['non_finite'])} (written as null)", file=sys.stderr)
     print(json.dumps(result, indent=2, allow_nan=False), flush=True)  # the numbers first, whatever happens next

@@ -1,5 +1,6 @@
 """Calibration images for static int8 quantization: real images of any dataset the tools read, preprocessed as the
-model is evaluated."""
+model is evaluated (a segmentation dataset's: resized and normalised as its run did, at the program's input
+size)."""
 from __future__ import annotations
 
 import os
@@ -7,7 +8,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-__all__ = ["open_calibration_dataset", "calibration_images"]
+__all__ = ["open_calibration_dataset", "calibration_images", "segmentation_calibration_images"]
 
 
 def open_calibration_dataset(name: str = "digits", root: Optional[str | os.PathLike] = None, split: str = "train"):
@@ -48,4 +49,27 @@ def calibration_images(dataset, data_config: Mapping[str, Any], count: int, seed
         dataset.transform = old
     if not images:
         raise ValueError("calibration data: none of its images could be read")
+    return torch.stack(images)
+
+
+def segmentation_calibration_images(dataset, input_size, count: int, seed: int = 0) -> torch.Tensor:
+    """``count`` images (fewer if the dataset is smaller) drawn at random (``seed``) from a segmentation dataset
+    opened with its evaluation transform (resized as the run resized them, normalised as it normalised them), each
+    cut to the centre ``input_size`` (C, H, W) or padded there with zeros, as training crops and pads: a
+    (N, C, H, W) tensor for a program that takes one input size."""
+    import torch.nn.functional as F
+
+    if count < 1:
+        raise ValueError(f"calibration needs at least 1 image, got {count}")
+    if len(dataset) == 0:
+        raise ValueError("calibration data has no images")
+    _, h, w = (int(v) for v in input_size)
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()[:count]
+    images = []
+    for i in order:
+        image = dataset[i][0]
+        ih, iw = image.shape[-2:]
+        top, left = max(ih - h, 0) // 2, max(iw - w, 0) // 2
+        image = image[:, top:top + h, left:left + w]
+        images.append(F.pad(image, (0, w - image.shape[-1], 0, h - image.shape[-2])))
     return torch.stack(images)

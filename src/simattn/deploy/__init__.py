@@ -129,13 +129,15 @@ def open_deployed(path: Union[str, Path], threads: Optional[int] = None) -> Tupl
 
 class DeployedModel(nn.Module):
     """An exported file behind ``nn.Module``'s call, so evaluation loops written for PyTorch models run it.
-    ``runtime`` names what runs it, ``metadata`` is the record it carries."""
+    ``runtime`` names what runs it, ``metadata`` is the record it carries, ``takes`` the (channels, height, width)
+    its program accepts (None where dynamic)."""
 
     def __init__(self, path: Union[str, Path], threads: Optional[int] = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.runtime = _format_of(self.path).runtime
         self._run, self.metadata = open_deployed(path, threads)
+        self.takes = self._run.takes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._run(x.float().cpu())

@@ -107,18 +107,31 @@ def _output_names(model: nn.Module, example: torch.Tensor) -> List[str]:
     return ["logits"] if isinstance(out, torch.Tensor) else [f"output{i}" for i in range(len(out))]
 
 
-def _export_dynamo(model, example, path, opset, output_names, dynamic_spatial):
+def _spatial_dims(example: torch.Tensor, multiple: Optional[int]):
+    """Height and width as torch.export dims: AUTO (symbolic where the model allows, else specialized), or, with
+    ``multiple``, symbolic multiples of it (a network whose levels are halved and added back, such as a
+    segmentation decoder, needs sizes that divide evenly, which torch.export cannot prove for AUTO sizes)."""
+    dim = torch.export.Dim
+    # an example of one multiple (a 32x32 crop) would be specialized: torch.export treats sizes 0 and 1 as constants
+    if not multiple or any(int(v) % multiple or int(v) < 2 * multiple for v in example.shape[2:]):
+        return dim.AUTO, dim.AUTO
+    return tuple(multiple * dim(f"{name}_{multiple}", min=1, max=max(2, 8192 // multiple))
+                 for name in ("height", "width"))
+
+
+def _export_dynamo(model, example, path, opset, output_names, dynamic_spatial, multiple=None):
     dim = torch.export.Dim
     # Batch must stay symbolic (an error otherwise); height/width stay symbolic where the model allows (AUTO lets
     # torch.export specialize them instead of failing; the written input shape tells which happened).
-    dynamic = {0: dim.DYNAMIC, 2: dim.AUTO, 3: dim.AUTO} if dynamic_spatial else {0: dim.DYNAMIC}
+    dynamic = {0: dim.DYNAMIC, **dict(zip((2, 3), _spatial_dims(example, multiple)))} if dynamic_spatial \
+        else {0: dim.DYNAMIC}
     program = torch.onnx.export(model, (example,), dynamo=True, dynamic_shapes=(dynamic,), opset_version=opset,
                                 input_names=[INPUT_NAME], output_names=output_names, external_data=False,
                                 verbose=False)
     program.save(str(path), external_data=False)
 
 
-def _export_torchscript(model, example, path, opset, output_names, dynamic_spatial):
+def _export_torchscript(model, example, path, opset, output_names, dynamic_spatial, multiple=None):
     axes = {0: "batch", 2: "height", 3: "width"} if dynamic_spatial else {0: "batch"}
     dynamic_axes = {INPUT_NAME: axes, **{name: {0: "batch"} for name in output_names}}
     with warnings.catch_warnings():
@@ -132,10 +145,12 @@ _EXPORT_FNS = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
 
 
 def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, batch: int = 2, opset: int = 18,
-                exporter: str = "auto", dynamic_spatial: bool = True) -> ExportResult:
+                exporter: str = "auto", dynamic_spatial: bool = True,
+                spatial_multiple: Optional[int] = None) -> ExportResult:
     """Write ``model`` (eval mode) to ``path`` as ONNX with a dynamic batch axis (and dynamic H/W if asked and the
-    model allows), exported at ``record.input_size`` and carrying ``record`` in its ``metadata_props``. The file is
-    written atomically. Raises :class:`ExportError` naming the failing exporter(s)."""
+    model allows; ``spatial_multiple``: sizes that are multiples of it, for the dynamo exporter), exported at
+    ``record.input_size`` and carrying ``record`` in its ``metadata_props``. The file is written atomically.
+    Raises :class:`ExportError` naming the failing exporter(s)."""
     import onnx
 
     if exporter not in EXPORTERS:
@@ -154,7 +169,7 @@ def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, ba
         try:
             with atomic_path(path) as tmp:
                 with torch.no_grad(), quiet_loggers("onnxscript"):
-                    _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial)
+                    _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial, spatial_multiple)
                 proto = onnx.load(str(tmp), load_external_data=False)
                 _write_metadata(proto, record)
                 onnx.save(proto, str(tmp))
@@ -220,7 +235,7 @@ RealInputs = Callable[[Mapping[str, Any]], Mapping[str, torch.Tensor]]
 def export_and_verify(model: nn.Module, path: str | Path, record: WeightsRecord, *,
                       real_inputs: Optional[RealInputs] = None, batch: int = 2, opset: int = 18,
                       exporter: str = "auto", dynamic_spatial: bool = True, stride: int = 32,
-                      atol: float = 1e-4, threads: Optional[int] = None
+                      atol: float = 1e-4, threads: Optional[int] = None, spatial_multiple: Optional[int] = None
                       ) -> Tuple[ExportResult, Dict[str, Dict[str, object]]]:
     """Export (:func:`export_onnx`), then compare onnxruntime with PyTorch on random inputs at ``batch`` and
     ``batch + 1`` (dynamic batch), at a second resolution (input size + ``stride``) when the graph has dynamic H/W,
@@ -233,7 +248,7 @@ def export_and_verify(model: nn.Module, path: str | Path, record: WeightsRecord,
     Returns (export result, parity per input). Raises :class:`ExportError` when any parity check fails.
     """
     result = export_onnx(model, path, record, batch=batch, opset=opset, exporter=exporter,
-                         dynamic_spatial=dynamic_spatial)
+                         dynamic_spatial=dynamic_spatial, spatial_multiple=spatial_multiple)
     data_config = dict(_read_record(path).data_config)
     c, h, w = data_config["input_size"]
     generator = torch.Generator().manual_seed(0)
@@ -375,18 +390,20 @@ class OnnxFormat(Format):
     def export(self, model: nn.Module, path, record: WeightsRecord, *, on_ops: OnOps = None, quantize=None,
                calibration=None, fixed_size: bool = False, verify: bool = True, real_inputs=None, atol: float = 1e-4,
                threads: Optional[int] = None, batch: int = 2, opset: int = 18, exporter: str = "auto",
-               stride: int = 32, **unused: Any) -> Exported:
+               stride: int = 32, spatial_multiple: Optional[int] = None, **unused: Any) -> Exported:
         """:func:`export_and_verify` (``verify=False``: :func:`export_onnx` alone); int8 is made from the written
-        file (:meth:`quantize`). ``fixed_size`` keeps height and width fixed (the batch stays dynamic)."""
+        file (:meth:`quantize`). ``fixed_size`` keeps height and width fixed (the batch stays dynamic);
+        ``spatial_multiple`` makes dynamic ones multiples of it (a segmenter's output stride)."""
         if quantize:
             raise ValueError("ONNX int8 is made from the written fp32 file: OnnxFormat.quantize")
         if verify:
             result, parity = export_and_verify(model, path, record, real_inputs=real_inputs, batch=batch,
                                                opset=opset, exporter=exporter, dynamic_spatial=not fixed_size,
-                                               stride=stride, atol=atol, threads=threads)
+                                               stride=stride, atol=atol, threads=threads,
+                                               spatial_multiple=spatial_multiple)
         else:
             result, parity = export_onnx(model, path, record, batch=batch, opset=opset, exporter=exporter,
-                                         dynamic_spatial=not fixed_size), None
+                                         dynamic_spatial=not fixed_size, spatial_multiple=spatial_multiple), None
         audit = audit_onnx(path)
         if on_ops is not None:
             on_ops(audit)

@@ -7,11 +7,21 @@ from torch import nn
 
 from ..models.factory import attention_kind, with_attention
 
-__all__ = ["softmax_twin", "model_stride", "attention_kind"]
+__all__ = ["softmax_twin", "model_stride", "segmentation_stride", "attention_kind"]
+
+
+def segmentation_stride(model: nn.Module):
+    """A segmenter's coarsest level stride (its input height and width must be multiples of it), else None."""
+    from ..models.segmentation import LEVEL_STRIDES, Segmenter
+    return max(LEVEL_STRIDES) if isinstance(model, Segmenter) else None
 
 
 def model_stride(model: nn.Module) -> int:
-    """The model's total downsampling (largest feature reduction, else the patch size, else 32)."""
+    """The model's total downsampling (largest feature reduction, else the patch size, else 32; a segmenter's
+    coarsest level)."""
+    seg = segmentation_stride(model)
+    if seg:
+        return seg
     info = getattr(model, "feature_info", None)
     if isinstance(info, (list, tuple)) and info and isinstance(info[-1], dict) and "reduction" in info[-1]:
         return int(max(f.get("reduction", 1) for f in info))

@@ -36,11 +36,13 @@ def real_inputs(data_config: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
 
 
 def compare_outputs(ref: torch.Tensor, out: torch.Tensor) -> Dict[str, float]:
-    """Max |difference|, cosine similarity and argmax agreement (%) of two (N, classes) outputs."""
+    """Max |difference|, cosine similarity and argmax agreement (%) of two (N, classes) outputs, or of two
+    (N, classes, H, W) segmentation logits (the class argmax per pixel)."""
     ref, out = ref.float(), out.float()
+    dim = 1 if ref.dim() == 4 else -1
     return {"max_abs_diff": float((ref - out).abs().max()),
             "cosine": float(torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0)),
-            "argmax_agreement": float((ref.argmax(-1) == out.argmax(-1)).float().mean() * 100)}
+            "argmax_agreement": float((ref.argmax(dim) == out.argmax(dim)).float().mean() * 100)}
 
 
 def parity(fmt: Format, path: Path, model: nn.Module, inputs: Mapping[str, torch.Tensor], atol: float,

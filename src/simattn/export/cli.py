@@ -8,6 +8,13 @@ Examples::
     simattn export --weights W.safetensors --format executorch --quantize static -o m8.pte
     simattn export --weights W.safetensors --format coreml --precision fp16 -o m.mlpackage
 
+Segmentation weights (``simattn segment``) export the same way, at the crop they trained on, with the dataset they
+record carried into the file (``simattn validate`` scores the file on it), and static int8 calibrated on that
+dataset's training images. ONNX keeps a Semantic FPN's height and width dynamic (multiples of 32; DeiT, ReLU-ViT,
+XCiT, CvT, SOFT and UFO backbones); UperNet's pyramid pooling is exported for the one size (the exporter checks a
+second size and falls back to fixed, saying so), and the other formats take one size: ``simattn validate`` resizes
+images to it.
+
 With ``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
 (``m.pte.json``), so exports of one model to several formats keep their own reports. Every format but ONNX is
 captured at one fixed input size. The file is written in a folder beside ``-o`` and moved there once every check
@@ -127,11 +134,6 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                                   ("--calib-images", args.calib_images)) if v is not None]
     if calib_given and mode != "static":
         raise ValueError(f"{', '.join(calib_given)} applies to --quantize static only")
-    from ..data.factory import DATASETS
-    if args.calib_dir is not None and DATASETS[args.calib_data or "digits"] == "digits":
-        raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
-                         f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
-                         "with --calib-data (folder, imagenet, cifar10 or cifar100)")
     defaults = {n: spec.default for specs in _options().values() for n, spec in specs.items()}
     # the options only some formats take, refused (naming the formats that take them) where this one does not
     owners: Dict[str, List[str]] = {}
@@ -163,15 +165,34 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
             raise ValueError(f"-o {output} is a folder")
         if fmt.folder and output.exists() and not output.is_dir():
             raise ValueError(f"-o {output} exists and is not an {fmt.suffixes[0]} folder")
+    from ..data.factory import DATASETS
+    segmentation = None
+    if args.weights and deploy.for_path(args.weights) is None:  # an exported file is refused when it is loaded
+        from ..segment.validation import segmentation_source
+
+        segmentation = segmentation_source(args.weights)
+    if segmentation is not None and segmentation.dataset is not None and args.calib_data is not None:
+        raise ValueError(f"--calib-data {args.calib_data}: segmentation weights calibrate on the training images of "
+                         f"the dataset they record ({segmentation.dataset}); --calib-dir sets its root")
+    if segmentation is None and args.calib_dir is not None and DATASETS[args.calib_data or "digits"] == "digits":
+        raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
+                         f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
+                         "with --calib-data (folder, imagenet, cifar10 or cifar100)")
     calibration = None
-    if mode == "static":
+    if mode == "static" and segmentation is not None:
+        from ..segment.validation import open_segmentation_dataset
+
+        calibration = open_segmentation_dataset(segmentation, dataset=args.calib_data, data_dir=args.calib_dir,
+                                                 split=segmentation.train_split, what="--calib-data")
+    elif mode == "static":
         from ..data.calibration import open_calibration_dataset
 
         calibration = open_calibration_dataset(args.calib_data or "digits", args.calib_dir, "train")
     elif args.calib_dir is not None:
         raise ValueError("--calib-dir applies to --quantize static only")
     fmt.require(f"simattn export --format {name}")  # a missing package: one line naming its extra, before any work
-    return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration}
+    return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration,
+            "segmentation": segmentation}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,9 +205,12 @@ def run(args: argparse.Namespace) -> int:
     from ..utils.io import atomic_write_json
     from .architecture import attention_kind
 
-    fmt, mode = opts["format"], opts["quantize"]
+    fmt, mode, segmentation = opts["format"], opts["quantize"], opts["segmentation"]
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
+    if segmentation is not None and not args.img_size and segmentation.input_size:
+        # a segmenter is exported at the crop it trained on, whatever size its backbone was built for
+        data_config["input_size"] = tuple(int(v) for v in segmentation.input_size)
     input_size = tuple(data_config["input_size"])
     output = opts["output"] or Path("runs/export") / f"{spec['model']}{'_int8' if mode else ''}{fmt.suffixes[0]}"
     report_path = Path(args.report) if args.report else side_file(output, ".json")
@@ -201,20 +225,29 @@ def run(args: argparse.Namespace) -> int:
     report: Dict[str, Any] = {"model": spec["model"], "model_kwargs": spec["config"], "weights": spec["weights"],
                               "attention": kind, "params_m": round(n_params, 3), "data_config": data_config,
                               "format": fmt.name, "quantize": mode, "output": str(output)}
-    classes = (spec.get("extra") or {}).get("classes")
+    extra = spec.get("extra") or {}
+    classes = extra.get("classes")
+    task: Dict[str, Any] = {}
+    if segmentation is not None:  # the data it segments, so that validate scores the file on the same images
+        task = {**segmentation.record(), **{k: extra[k] for k in ("label_ids", "palette", "ignore_index")
+                                             if k in extra}}
     record = export_record(spec["model"], spec["config"], data_config, attention=kind,
                            classes=classes if isinstance(classes, list) and classes else None,
-                           num_classes=spec.get("num_classes"))
+                           num_classes=spec.get("num_classes"), **task)
     calibration = None
     if mode == "static":
-        from ..data.calibration import calibration_images
+        from ..data.calibration import calibration_images, segmentation_calibration_images
 
         count = args.calib_images or DEFAULT_CALIB_IMAGES
-        calibration = calibration_images(opts["calibration"], data_config, count)
-        report["calibration"] = {"dataset": args.calib_data or "digits", "split": "train",
-                                 "images": len(calibration)}
-        print(f"calibration: {len(calibration)} images of {args.calib_data or 'digits'} (train), preprocessed as "
-              "the model is evaluated")
+        if segmentation is not None:
+            calibration = segmentation_calibration_images(opts["calibration"], input_size, count)
+            calib_name, split = segmentation.dataset or args.calib_data, segmentation.train_split
+            how = "resized and normalised as in training, centre crops of the input size"
+        else:
+            calibration = calibration_images(opts["calibration"], data_config, count)
+            calib_name, split, how = args.calib_data or "digits", "train", "preprocessed as the model is evaluated"
+        report["calibration"] = {"dataset": calib_name, "split": split, "images": len(calibration)}
+        print(f"calibration: {len(calibration)} images of {calib_name} ({split}), {how}")
     torch.manual_seed(0)
     status = _export(args, fmt, model, spec, kind, output, record, mode, calibration, report)
     atomic_write_json(report, report_path)
@@ -233,7 +266,7 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
 
     from ..deploy import ExportError
     from ..deploy.ops import ExpFreeError
-    from .architecture import model_stride
+    from .architecture import model_stride, segmentation_stride
     from .checks import parity, real_inputs
 
     from_file = bool(mode) and fmt.quantizes == "file"
@@ -269,7 +302,8 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
         try:
             exported = fmt.export(model, written, record, on_ops=on_ops, quantize=None if from_file else mode,
                                   calibration=calibration, fixed_size=args.static_spatial, real_inputs=real_inputs,
-                                  atol=args.atol, threads=args.threads, stride=model_stride(model), **options)
+                                  atol=args.atol, threads=args.threads, stride=model_stride(model),
+                                  spatial_multiple=segmentation_stride(model), **options)
         except ExportError as e:
             if e.parity is None:
                 raise
@@ -369,6 +403,9 @@ def _quantize(args, fmt, fp32_path: Path, int8_path: Path, output: Path, model, 
           flush=True)
     fmt.quantize(fp32_path, calibration, mode, dst=int8_path)
     num_classes = getattr(model, "num_classes", None)
+    if fmt.read_metadata(fp32_path).extra.get("task") == "semantic_segmentation":
+        print(f"  mIoU not measured here: score both files with simattn validate --weights {output}")
+        return {"mode": mode, "int8_path": str(output), "miou": None}
     if num_classes != 10:
         print(f"  accuracy not measured: the model has {num_classes} classes; the digits data has 10 "
               "(pass weights trained on digits)")

@@ -59,8 +59,14 @@ def open_segmentation_data(cfg: SegmentConfig, split: str, train: bool):
 
 
 def dataset_record(dataset, cfg: SegmentConfig) -> Dict[str, Any]:
-    """What a weights file says about the data it segments (classes, the dataset's label values, palette)."""
-    return {"task": "semantic_segmentation", "dataset": cfg.dataset, "classes": [str(c) for c in dataset.classes],
+    """What a weights file says about the data it segments: the dataset and how to open it again (root, the
+    reader's options, the test-time resize bound, the training crop, the evaluation settings), its classes, label
+    values and palette; ``simattn validate``, ``export`` and ``viz`` rebuild the dataset from it."""
+    from dataclasses import asdict
+    return {"task": "semantic_segmentation", "dataset": cfg.dataset, "data_dir": cfg.data_dir,
+            "dataset_kwargs": dict(cfg.dataset_kwargs), "img_scale": [int(v) for v in cfg.img_scale],
+            "crop_size": [int(v) for v in cfg.crop_size], "eval": asdict(cfg.eval),
+            "classes": [str(c) for c in dataset.classes],
             "label_ids": [int(v) for v in dataset.label_ids], "palette": [list(map(int, c)) for c in dataset.palette],
             "ignore_index": int(dataset.ignore_index)}
 

@@ -7,6 +7,12 @@ Examples::
 
 Writes, per image, ``<model>_<image>_block<i>.png`` (image and maps side by side), one overlay PNG per map at the
 model's input resolution, and ``viz.json`` listing them. Exit status 2 on bad input.
+
+Segmentation weights (``simattn segment``, or a file exported from them) draw, per image of the dataset they record
+(``--data-dir``, ``--split``, ``--count`` change which), the image, the predicted mask and the ground truth overlaid
+in the dataset's palette side by side (``<model>_<image stem>.png``) (:mod:`.segmentation`)::
+
+    simattn viz --weights runs/seg/final.safetensors --split val --count 4
 """
 from __future__ import annotations
 
@@ -30,7 +36,19 @@ def _options():
         "alpha": Opt(0.5, "heatmap opacity over the image", low=0.0, high=1.0),
         "cmap": Opt("jet", "matplotlib colormap", choices=_colormaps, allowed="a matplotlib colormap name "
                     "(jet, viridis, magma, ...)"),
+        "data_dir": Opt(None, "segmentation weights: dataset root (default: the recorded one)", type=maybe(str)),
+        "split": Opt(None, "segmentation weights: split to draw (default: the one the run evaluated on)",
+                     type=maybe(str)),
+        "count": Opt(None, "segmentation weights: images to draw, from the first (default 4)", type=maybe(int),
+                     low=1),
+        "threads": Opt(None, "segmentation weights: CPU threads (torch's, or the exported file's runtime)",
+                       type=maybe(int), low=1),
     }
+
+
+#: the options of segmentation panels only, and those of attention maps only (with their defaults)
+SEGMENTATION_ONLY = ("data_dir", "split", "count", "threads")
+ATTENTION_ONLY = {"img_size": None, "image": ["skimage:astronaut"], "block": -1, "cmap": "jet"}
 
 
 def _colormaps() -> List[str]:
@@ -83,6 +101,37 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
     return records
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def run_segmentation(args: argparse.Namespace, source) -> int:
+    """Segmentation panels of ``source`` (:func:`~.segmentation.visualize_segmentation`) and their ``viz.json``."""
+    from ..utils.global_state import preserved_global_state
+    from ..utils.io import atomic_write_json
+    from .segmentation import visualize_segmentation
+
+    given = [_flag(k) for k, v in ATTENTION_ONLY.items() if getattr(args, k) != v]
+    given += [o for o, v in (("--model", args.model), ("--model-kwargs", args.model_kwargs)) if v]
+    if given:
+        raise ValueError(f"{', '.join(given)} applies to attention maps of classifiers; {source.path.name} holds a "
+                         "segmenter (its panels show the dataset it records: --data-dir, --split, --count)")
+    if args.use_ema and source.deployed:
+        raise ValueError(f"--use-ema does not apply to an exported file ({source.path.name})")
+    out_dir = Path(args.out)
+    with preserved_global_state():
+        if args.threads is not None:
+            import torch
+            torch.set_num_threads(args.threads)
+        summary = visualize_segmentation(source, out_dir, data_dir=args.data_dir, split=args.split,
+                                         count=args.count or 4, alpha=args.alpha, threads=args.threads,
+                                         use_ema=args.use_ema)
+    path = out_dir / "viz.json"
+    atomic_write_json(summary, path)
+    print(f"summary: {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -90,6 +139,15 @@ def run(args: argparse.Namespace) -> int:
     from ..models.factory import load_model, parse_model_kwargs
     from ..utils.io import atomic_write_json
 
+    if args.weights is not None:
+        from ..segment.validation import segmentation_source
+        source = segmentation_source(args.weights)
+        if source is not None:
+            return run_segmentation(args, source)
+    given = [_flag(k) for k in SEGMENTATION_ONLY if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} applies to segmentation weights only (simattn segment runs); "
+                         f"{args.weights or 'a model without --weights'} is no segmenter")
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
     out_dir = Path(args.out)
