@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 
 from simattn.cli import main as simattn_main
+
+from killing import kill_on_line
 
 pytest.importorskip("segmentation_models_pytorch")
 
@@ -65,17 +66,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     victim = subprocess.Popen(_cmd(killed, "--checkpoint-every-steps", "2"), env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, bufsize=1)
-    seen = []
-
-    def kill_after_a_step_checkpoint_in_epoch_2():
-        for line in victim.stdout:
-            seen.append(line)
-            if line.startswith("checkpoint:") and "epoch 2" in line:
-                os.kill(victim.pid, signal.SIGKILL)
-                return
-
-    watcher = threading.Thread(target=kill_after_a_step_checkpoint_in_epoch_2)
-    watcher.start()
+    watcher, seen = kill_on_line(victim, lambda line: line.startswith("checkpoint:") and "epoch 2" in line)
     assert subprocess.run(_cmd(straight), env=env, capture_output=True, timeout=600).returncode == 0
     watcher.join(timeout=600)
     victim.wait(timeout=60)

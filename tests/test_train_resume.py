@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,8 @@ from simattn.train import TrainConfig, load_config, train
 from simattn.engine.state import load_train_state
 from simattn.utils.io import CheckpointError
 from simattn.utils.recipe import recipe_overrides
+
+from killing import kill_on_line
 
 TINY_FLAGS = [
     "--model", "sima_deit_tiny_patch16_224",
@@ -52,17 +53,7 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
     victim = subprocess.Popen(_train_cmd(killed, "--checkpoint-every-steps", "3"),
                               env={**os.environ, "PYTHONUNBUFFERED": "1"},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-    seen = []
-
-    def kill_after_a_step_checkpoint_in_epoch_2():
-        for line in victim.stdout:
-            seen.append(line)
-            if line.startswith("checkpoint:") and "epoch 2" in line:
-                os.kill(victim.pid, signal.SIGKILL)
-                return
-
-    watcher = threading.Thread(target=kill_after_a_step_checkpoint_in_epoch_2)
-    watcher.start()
+    watcher, seen = kill_on_line(victim, lambda line: line.startswith("checkpoint:") and "epoch 2" in line)
     reference = train(_config(straight))  # the uninterrupted run, meanwhile, in this process
     watcher.join(timeout=300)
     victim.wait(timeout=60)
