@@ -115,15 +115,17 @@ def test_two_process_ddp_scores_the_same_as_one_process(tmp_path):
     assert single["per_class"] == summary["final"]["per_class"]
 
 
+BACKBONE = ["--model-kwargs", "backbone=sima_deit_tiny_patch16_224"]
+
+
 @pytest.mark.parametrize("flags, message", [
-    (["--model-kwargs", "img_size=32"], "needs backbone="),
-    (["--dataset", "ade20k"], "needs data_dir"),
-    (["--model", "deeplab"], "model"),
+    (["--model-kwargs", "backbone=null"], "needs backbone="),
+    ([*BACKBONE, "--dataset", "ade20k"], "needs data_dir"),
+    ([*BACKBONE, "--model", "deeplab"], "model"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, capsys, flags, message):
     out = tmp_path / "run"
-    assert simattn_main(["segment", "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", *flags,
-                         "--output", str(out)]) == 2
+    assert simattn_main(["segment", *flags, "--output", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
