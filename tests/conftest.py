@@ -83,6 +83,16 @@ def _end_leftovers(grace: float) -> list:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _ctrl_c_as_in_a_terminal():
+    """Ctrl-C raises KeyboardInterrupt in the tests, as in a terminal, even when the suite was started in the
+    background of a non-interactive shell (which starts it with SIGINT ignored)."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _no_process_outlives_the_suite():
     yield
     killed = _end_leftovers(grace=10)
