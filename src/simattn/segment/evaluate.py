@@ -6,7 +6,7 @@ dataset's palette, one ``<image stem>.png`` per image: the form benchmark server
 """
 from __future__ import annotations
 
-import os
+import io
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from ..utils.io import atomic_write_bytes
 from .inference import predict
 from .metrics import all_reduce_confusion, confusion_matrix, scores
 
@@ -36,12 +37,9 @@ def save_prediction(pred: np.ndarray, dataset, stem: str, folder: Path, palette:
     image.putpalette(palette if palette is not None else indexed_palette(dataset))
     path = folder / f"{stem}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        image.save(tmp, format="PNG")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    atomic_write_bytes(buffer.getvalue(), path)
     return path
 
 
