@@ -76,3 +76,28 @@ def test_weights_file_rebuilds_the_segmenter(tmp_path):
     x = torch.randn(1, 3, 64, 64)
     assert spec["model"] == "semantic_fpn" and loaded.attn_type == "softmax"
     torch.testing.assert_close(loaded(x), model(x))
+
+
+@pytest.mark.parametrize("head", ["semantic_fpn", "upernet"])
+def test_channels_last_levels_change_speed_not_values(head):
+    # Eager forwards run the levels and decoder channels-last; the logits must equal the NCHW forward's (values and
+    # gradients), come back NCHW, and an exported graph must carry no layout conversion.
+    torch.manual_seed(0)
+    model = create_model(head, backbone="sima_deit_tiny_patch16_224", num_classes=5, decoder_channels=16,
+                         segmentation_channels=32, aux_head=False, **TINY_VIT).eval()
+    assert model.neck.channels_last
+    x = torch.randn(2, 3, 64, 64, requires_grad=True)
+    fast = model(x)
+    levels = model.neck(x)
+    assert all(level.is_contiguous(memory_format=torch.channels_last) for level in levels)
+    assert fast.is_contiguous()
+    (grad_fast,) = torch.autograd.grad(fast.square().sum(), x)
+    model.neck.channels_last = False
+    plain = model(x)
+    (grad_plain,) = torch.autograd.grad(plain.square().sum(), x)
+    torch.testing.assert_close(fast, plain, rtol=1e-4, atol=1e-5)
+    # fp32 sums in another order: a bound relative to the gradient's scale
+    torch.testing.assert_close(grad_fast, grad_plain, rtol=1e-3, atol=1e-4 * float(grad_plain.abs().max()))
+    model.neck.channels_last = True
+    program = torch.export.export(model, (torch.randn(1, 3, 64, 64),))
+    assert not any("memory_format" in str(node.kwargs) for node in program.graph.nodes)

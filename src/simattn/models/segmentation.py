@@ -87,11 +87,13 @@ class FeaturePyramid(nn.Module):
             default four evenly spaced blocks; a pyramid defaults to all its stages.
         strides: output stride of each level.
         norm_layer: the norm between transposed convs.
+        channels_last: eager forwards give the levels in channels-last layout (same values). The transposed convs
+            and the convolutions of a decoder after them run 1.5-3× faster so (oneDNN on CPU, cuDNN on GPU).
     """
 
     def __init__(self, body: nn.Module, out_indices: Optional[Sequence[int]] = None,
                  strides: Sequence[int] = LEVEL_STRIDES,
-                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d) -> None:
+                 norm_layer: Callable[[int], nn.Module] = nn.BatchNorm2d, channels_last: bool = False) -> None:
         super().__init__()
         if not hasattr(body, "forward_intermediates") or not getattr(body, "feature_info", None):
             raise ValueError(f"{type(body).__name__} has no forward_intermediates/feature_info; a dense-prediction "
@@ -122,11 +124,31 @@ class FeaturePyramid(nn.Module):
         self.channels = [int(info[i]["num_chs"]) for i in sources]
         self.adapters = nn.ModuleList(scale_adapter(info[i]["num_chs"], reductions[i], s, norm_layer)
                                       for i, s in zip(sources, self.strides))
+        self.channels_last = channels_last
 
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         feats = self.body.forward_intermediates(x, indices=self.out_indices, intermediates_only=True,
                                                 output_fmt="NCHW")
+        if self.channels_last and _eager():
+            feats = [f.contiguous(memory_format=torch.channels_last) for f in feats]
         return [adapt(feats[i]) for adapt, i in zip(self.adapters, self.sources)]
+
+
+def _eager() -> bool:
+    """Not being traced, scripted, compiled or exported: memory-layout choices made only for eager speed stay out of
+    exported graphs (they would be copies a runtime has to run)."""
+    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling())
+
+
+class _AddMerge(nn.Module):
+    """smp's FPN merge (``add``) as chained adds: its ``stack(...).sum(0)`` is a strided reduction that is several
+    times slower than elementwise adds on channels-last maps, and the sum is the same."""
+
+    def forward(self, x: List[torch.Tensor]) -> torch.Tensor:
+        out = x[0]
+        for level in x[1:]:
+            out = out + level
+        return out
 
 
 class FCNHead(nn.Sequential):
@@ -176,12 +198,13 @@ class Segmenter(nn.Module):
         self.attn_type = getattr(body, "attn_type", None)
         self.pretrained_cfg = dict(getattr(body, "pretrained_cfg", {}) or {})
         self.pretrained_cfg.update(num_classes=self.num_classes)
-        self.neck = FeaturePyramid(body, out_indices)
+        self.neck = FeaturePyramid(body, out_indices, channels_last=True)
         # smp's decoders index features from stride 1: two placeholder levels (stride 1 and 2) come first
         encoder_channels = [3, 0, *self.neck.channels]
         if head == "fpn":
             self.decoder = FPNDecoder(encoder_channels, encoder_depth=5, pyramid_channels=decoder_channels,
                                       segmentation_channels=segmentation_channels, dropout=0.0)
+            self.decoder.merge = _AddMerge()
             head_channels = segmentation_channels
         else:
             self.decoder = UPerNetDecoder(encoder_channels, encoder_depth=5, decoder_channels=decoder_channels)
@@ -201,7 +224,10 @@ class Segmenter(nn.Module):
             out = self.decoder(levels)
         else:
             out = self.decoder([x, x, *levels])  # the placeholders are skipped by the decoder
-        logits = F.interpolate(self.classifier(out), size=size, mode="bilinear", align_corners=False)
+        logits = self.classifier(out)
+        if _eager():  # back to NCHW (the channels-last levels carry through): users get NCHW logits
+            logits = logits.contiguous()
+        logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         if self.training and self.aux_head is not None:
             aux = F.interpolate(self.aux_head(levels[2]), size=size, mode="bilinear", align_corners=False)
             return logits, aux

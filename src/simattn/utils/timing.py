@@ -13,7 +13,7 @@ __all__ = ["set_threads", "keep_freed_memory", "time_fn", "sync"]
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_KEEP_BYTES = 1 << 30
+_KEEP_BYTES = (1 << 31) - 1  # mallopt's largest (a C int): blocks up to 2 GiB
 
 
 def set_threads(num_threads: Optional[int]) -> int:
@@ -38,7 +38,7 @@ def keep_freed_memory() -> str:
         ok = libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_BYTES) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_BYTES) == 1
     except (OSError, AttributeError, TypeError):
         ok = False
-    return "glibc: freed memory kept (mmap/trim thresholds 1 GiB)" if ok else "system allocator defaults"
+    return "glibc: freed memory kept (mmap/trim thresholds 2 GiB)" if ok else "system allocator defaults"
 
 
 def sync(device: torch.device | str) -> None:
