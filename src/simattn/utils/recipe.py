@@ -655,11 +655,16 @@ def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
     """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``) at its default; :func:`checked_flags`
     checks them all."""
     for name, spec in specs.items():
-        _add_flag(parser, name, spec, spec.default)
+        # KEY=VALUE items are collected in a list (argparse cannot extend a mapping default): None is "not given"
+        _add_flag(parser, name, spec, None if _is_free(spec) else spec.default)
 
 
 def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:
     """The values of :func:`add_option_flags`' flags, each checked against its :class:`Opt` (a one-line ValueError
     naming the flag, the value and what is allowed)."""
-    return {name: check_value(_flag(name), spec, _flag_value(name, spec, getattr(args, name)))
+    def given(name: str, spec: Opt) -> Any:
+        value = getattr(args, name)
+        return copy.deepcopy(spec.default) if value is None and _is_free(spec) else value
+
+    return {name: check_value(_flag(name), spec, _flag_value(name, spec, given(name, spec)))
             for name, spec in specs.items()}
