@@ -23,6 +23,7 @@ COMMANDS = {
     "segment": ("simattn.segment.cli", "semantic segmentation (Semantic FPN, UperNet) on any backbone, mIoU"),
     "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
     "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
+    "data": ("simattn.data.cli", "dataset tools: pack any dataset into webdataset shards (timm's _info.json)"),
 }
 
 
