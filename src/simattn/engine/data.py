@@ -202,6 +202,7 @@ def _shard_train_loader(dataset, cfg: EngineConfig, dist: DistInfo, pin_memory: 
         raise ValueError(f"training set too small: {min(map(sum, worst))} samples per rank (in "
                          f"{slots} worker stream(s)) for batch size {cfg.batch_size}")
     if dist.is_main and (num_shards % (world * slots) or workers < cfg.workers):
+        from ..data.shards import slot_sizes
         shards = slot_sizes(num_shards, world, slots)
         per_rank = [sum(r) for r in shards]
         more = [r for r, n in enumerate(per_rank) if n == max(per_rank)]
