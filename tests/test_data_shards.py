@@ -183,3 +183,39 @@ def test_bad_shards_are_one_line_errors(tmp_path, capsys):
         create_dataset("wds", "pipe:cat {}".format("{,}"), "train")
     with pytest.raises(ValueError, match="not a shard pattern"):
         create_dataset("wds", f"{cut}/train-{{000000..000002.tar", "train")
+
+
+def test_ssl_pretrains_and_evaluates_on_shards(digits_shards, tmp_path, capsys):
+    code = simattn_main(["ssl", "train", "--config", "configs/ssl_digits.yaml", "--output", str(tmp_path / "run"),
+                         "--set", "data.name=wds", f"data.root={digits_shards}", "epochs=1", "steps_per_epoch=2",
+                         "batch_size=64", "threads=1", "device=cpu", "workers=2", "eval.compare_random_init=false",
+                         "eval.linear_epochs=0", "model.kwargs.depth=1"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["updates"] == 2 and summary["final"]["knn_top1"] > 0
+
+
+def test_segment_trains_and_evaluates_on_shards(tmp_path, capsys):
+    from simattn.data.segmentation import DigitScenes
+    for split, n in (("train", 24), ("val", 6)):
+        scenes = DigitScenes(split, num_train=24, num_val=6, canvas=64)
+        samples = [{"png": png_bytes(scenes.scene_images[i]), "mask.png": png_bytes(scenes.scene_masks[i])}
+                   for i in range(n)]
+        write_split(tmp_path / "seg", split, samples, 8, scenes.classes, task="segmentation",
+                    extra={"ignore_index": 255, "palette": [list(c) for c in scenes.palette]})
+    from simattn.data.segmentation import create_segmentation_dataset
+    val = create_segmentation_dataset("wds", tmp_path / "seg", "val", scale=(64, 64))
+    assert val.classes == list(scenes.classes) and val.ignore_index == 255 and len(val) == 6
+    pairs = list(val)
+    assert len(pairs) == 6 and pairs[0][0].shape == (3, 64, 64) and pairs[0][1].dtype.is_floating_point is False
+    flags = ["--model", "semantic_fpn", "--model-kwargs", "backbone=sima_deit_tiny_patch16_224", "img_size=64",
+             "patch_size=16", "embed_dim=32", "depth=4", "num_heads=2", "decoder_channels=16",
+             "segmentation_channels=32", "--dataset", "wds", "--data-dir", str(tmp_path / "seg"),
+             "--crop-size", "[64, 64]", "--img-scale", "[64, 64]", "--batch-size", "4", "--workers", "2",
+             "--threads", "1", "--device", "cpu", "--epochs", "1", "--warmup-epochs", "0", "--output",
+             str(tmp_path / "run")]
+    code = simattn_main(["segment", *flags])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    # 3 shards of 8 over 2 workers: 16 + 8 samples, 4 + 2 batches of 4
+    assert summary["updates"] == 6 and "val_miou" in summary["history"][-1]
