@@ -67,7 +67,7 @@ def test_good_values_pass_and_timm_strings_are_accepted():
 @pytest.mark.parametrize("schema,key,value,allowed", [
     (SslConfig, "epochs", 0, "an integer >= 1"),
     (SslConfig, "dino.momentum_teacher", 1.5, r"\[0, 1\)"),
-    (SslConfig, "data.name", "imagenet", "one of digits, folder"),
+    (SslConfig, "data.name", "no_such_data", "one of digits, folder"),
     (SslConfig, "eval.crop_pct", 0, r"\(0, 1\]"),
     (SslConfig, "amp", "yes", "true or false"),
     (DetectConfig, "schedule.warmup_ratio", 2, r"\[0, 1\]"),

@@ -17,12 +17,14 @@ DATASETS = {
     "digits": "digits",
     "folder": "folder", "imagefolder": "folder", "imagenet": "folder",
     "cifar10": "cifar10", "cifar100": "cifar100",
+    "wds": "wds",
 }
 
 
 def create_dataset(name: str, root: Optional[str | os.PathLike] = None, split: str = "train",
                    transform: Optional[Callable] = None) -> Dataset:
-    """Open dataset ``name`` ('digits' (embedded, no root), 'folder'/'imagenet', 'cifar10', 'cifar100').
+    """Open dataset ``name`` ('digits' (embedded, no root), 'folder'/'imagenet', 'cifar10', 'cifar100', 'wds'
+    (webdataset shards: a folder with ``_info.json``, a brace pattern or a ``pipe:`` URL; an IterableDataset)).
 
     Unknown names, a missing root, and missing or empty folders raise a one-line ValueError/FileNotFoundError.
     """
@@ -35,6 +37,9 @@ def create_dataset(name: str, root: Optional[str | os.PathLike] = None, split: s
         return DigitsDataset(split, transform=transform)
     if root is None:
         raise ValueError(f"dataset {name!r} needs a data directory (data_dir / --data-dir)")
+    if kind == "wds":
+        from .shards import open_shards
+        return open_shards(root, split, transform)
     if kind == "folder":
         from .folder import image_folder
         return image_folder(root, split, transform=transform)

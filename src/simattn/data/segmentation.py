@@ -42,6 +42,7 @@ SEG_DATASETS = {
     "voc": "voc", "voc2012": "voc", "pascal_voc": "voc",
     "cityscapes": "cityscapes",
     "folder": "folder",
+    "wds": "wds",
 }
 
 #: the 150 classes of the ADE20K scene-parsing benchmark (SceneParsing / ADEChallengeData2016), in label order 1..150
@@ -470,7 +471,7 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
                                 mean=IMAGENET_MEAN, std=IMAGENET_STD, classes_file=None,
                                 **options) -> SegmentationDataset:
     """Open segmentation dataset ``name`` ('digits' (embedded, ``root`` ignored), 'ade20k', 'voc', 'cityscapes',
-    'folder') with the training (``train=True``; default: ``split == 'train'``) or evaluation transforms.
+    'folder', 'wds': shards) with the training (``train=True``; default: ``split == 'train'``) or evaluation transforms.
 
     ``options`` are the digit scenes' (``num_train``, ``num_val``, ``canvas``, ``digits_per_scene``,
     ``digit_size``, ``seed``: see :class:`simattn.data.digit_scenes.DigitScenes`). Errors are one line.
@@ -494,6 +495,9 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
         transform = SegEvalTransform(scale, mean, std)
     if kind == "digits":
         return DigitScenes(split, transform=transform, **options)
+    if kind == "wds":  # webdataset shards of image + mask.png samples (an IterableDataset)
+        from .shards import open_shards
+        return open_shards(root, split, transform, task="segmentation")
     if kind == "ade20k":
         return ade20k_dataset(root, split, transform)
     if kind == "voc":

@@ -6,24 +6,30 @@ So the data order is a function of (seed, epoch) only (``DistributedSampler``/``
 from (seed, epoch, rank, position) and restored afterwards, leaving the global RNGs (drop-path, mixup) untouched.
 timm's ``create_loader`` builds its own sampler (and for one process shuffles with the global RNG), so the loader is
 assembled here.
+
+An iterable dataset (webdataset shards, :class:`~simattn.data.shards.ShardDataset`) is read shard by shard: every
+rank and every DataLoader worker reads distinct shards, in an order shuffled per epoch from (seed, epoch), and every
+sample's augmentation runs under a seed of (seed, epoch, its index). All ranks run the same number of steps, the
+fewest any rank's shards give (counted from the recorded shard lengths). A run resumed at an epoch's start sees the
+order of an uninterrupted run; one resumed mid-epoch restarts that epoch's shard stream for its remaining steps (the
+samples already seen that epoch are seen again, those after them not), and from the next epoch on is exact again.
 """
 from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, Sampler, Subset
+from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, Subset
 
 from ..data.folder import collate_skipping_unreadable
 from .dist import DistInfo
 from .config import EngineConfig
 
-__all__ = ["SeededSamples", "ResumableSampler", "build_train_loader", "build_eval_loader", "sample_seed"]
-
-
+__all__ = ["SeededSamples", "ResumableSampler", "ShardEpochs", "SizedLoader", "build_train_loader",
+           "build_eval_loader", "sample_seed"]
 
 
 def sample_seed(seed: int, epoch: int, rank: int, position: int) -> int:
@@ -87,7 +93,10 @@ def build_train_loader(dataset: Dataset, cfg: EngineConfig, dist: DistInfo, pin_
                        collate_fn: Optional[Callable] = None) -> Tuple[DataLoader, ResumableSampler]:
     """Shuffled, sharded (one shard per rank), optionally repeated-augmentation batches of ``cfg.batch_size`` that
     drop the last partial batch; returns the loader and its sampler (call ``sampler.set_epoch(epoch, start)`` before
-    each epoch). ``collate_fn`` defaults to :func:`collate_skipping_unreadable`."""
+    each epoch). ``collate_fn`` defaults to :func:`collate_skipping_unreadable`. An iterable dataset gives a
+    :class:`SizedLoader` and :class:`ShardEpochs` instead (see the module docstring)."""
+    if isinstance(dataset, IterableDataset):
+        return _shard_train_loader(dataset, cfg, dist, pin_memory, collate_fn)
     if cfg.aug_repeats:
         from timm.data.distributed_sampler import RepeatAugSampler
 
@@ -118,7 +127,94 @@ def build_eval_loader(dataset: Dataset, batch_size: int, workers: int = 0, dist:
                       pin_memory: bool = False) -> DataLoader:
     """In-order batches of this rank's interleaved shard, without the padding ``DistributedSampler`` adds, so
     summed counts over ranks are exact."""
+    if isinstance(dataset, IterableDataset):  # shards: each read by one rank and worker
+        rank, world = (dist.rank, dist.world_size) if dist is not None else (0, 1)
+        dataset.configure(rank, world)
+        workers = _usable_workers(len(dataset.urls), world, workers)
+        sizes = _slot_samples(dataset, world, max(workers, 1))[rank]
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers,
+                            collate_fn=collate_skipping_unreadable, pin_memory=pin_memory)
+        return SizedLoader(loader, sum(-(-n // batch_size) for n in sizes))
     if dist is not None and dist.distributed:
         dataset = Subset(dataset, range(dist.rank, len(dataset), dist.world_size))
     return DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                       collate_fn=collate_skipping_unreadable, pin_memory=pin_memory)
+
+
+class SizedLoader:
+    """A DataLoader over shards with the number of batches it gives (``len``), for progress and the step count."""
+
+    def __init__(self, loader: DataLoader, batches: int) -> None:
+        self.loader, self.batches = loader, batches
+        self.dataset = loader.dataset
+
+    def __iter__(self):
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return self.batches
+
+
+class ShardEpochs:
+    """What the engine calls ``set_epoch(epoch, start)`` on for shards: selects the epoch's shard order (``start``
+    is not skipped: a mid-epoch resume restarts the epoch's stream, see the module docstring)."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.dataset.set_epoch(epoch)
+
+
+def _usable_workers(num_shards: int, world_size: int, workers: int) -> int:
+    """Workers beyond this rank's shard count would read nothing: at most ``num_shards // world_size``."""
+    return min(workers, max(1, num_shards // world_size)) if workers > 0 else 0
+
+
+def _slot_samples(dataset, world_size: int, workers: int, worst: bool = False) -> List[List[int]]:
+    """Samples per (rank, worker) in the packed order, or (``worst``) the fewest any epoch's order gives: the sum of
+    the shortest shards, as many as the slot reads."""
+    from ..data.shards import shard_slots, slot_sizes
+    lengths = list(dataset.lengths)
+    if worst:
+        low = sorted(lengths)
+        return [[sum(low[:k]) for k in rank] for rank in slot_sizes(len(lengths), world_size, workers)]
+    return [[sum(lengths[i] for i in slot) for slot in rank]
+            for rank in shard_slots(len(lengths), world_size, workers, 0, 0, False)]
+
+
+def _shard_train_loader(dataset, cfg: EngineConfig, dist: DistInfo, pin_memory: bool,
+                        collate_fn: Optional[Callable]) -> Tuple["SizedLoader", ShardEpochs]:
+    if cfg.aug_repeats:
+        raise ValueError(f"aug_repeats={cfg.aug_repeats} needs a dataset read by index; shards (--dataset wds) are "
+                         "streamed: set aug_repeats=0")
+    num_shards, world = len(dataset.urls), dist.world_size
+    if num_shards < world:
+        raise ValueError(f"the training split has {num_shards} shard(s) for {world} processes: every process needs "
+                         "at least one; pack it into more, smaller shards (--shard-samples)")
+    workers = _usable_workers(num_shards, world, cfg.workers)
+    slots = max(workers, 1)
+    # each worker batches its own stream and drops its last partial batch; every rank runs the steps of the
+    # rank whose shards give the fewest batches in any epoch's order
+    worst = _slot_samples(dataset, world, slots, worst=True)
+    steps = min(sum(n // cfg.batch_size for n in rank) for rank in worst)
+    if steps < 1:
+        raise ValueError(f"training set too small: {min(map(sum, worst))} samples per rank (in "
+                         f"{slots} worker stream(s)) for batch size {cfg.batch_size}")
+    if dist.is_main and (num_shards % (world * slots) or workers < cfg.workers):
+        from ..data.shards import slot_sizes
+        shards = slot_sizes(num_shards, world, slots)
+        per_rank = [sum(r) for r in shards]
+        more = [r for r, n in enumerate(per_rank) if n == max(per_rank)]
+        used, total = steps * cfg.batch_size * world, len(dataset)
+        capped = f"{workers} loader workers (not {cfg.workers}: {num_shards} shards), " if workers < cfg.workers else ""
+        print(f"note: {num_shards} shards do not split evenly over {world} process(es) × {slots} worker(s): "
+              f"{capped}rank(s) {','.join(map(str, more))} read {max(per_rank)} shards and the others "
+              f"{min(per_rank)}; every rank runs {steps} steps of {cfg.batch_size}, so {total - used} of the {total} "
+              "samples are left out of each epoch (other ones each epoch, as the shards are shuffled)", flush=True)
+    dataset.configure(dist.rank, world, cfg.seed, shuffle=True, seeded=True)
+    loader = DataLoader(
+        dataset, batch_size=cfg.batch_size, drop_last=True, num_workers=workers,
+        collate_fn=collate_fn or collate_skipping_unreadable, pin_memory=pin_memory,
+        persistent_workers=workers > 0, generator=torch.Generator().manual_seed(cfg.seed))
+    return SizedLoader(loader, steps), ShardEpochs(dataset)

@@ -13,7 +13,7 @@ from ..utils.recipe import PROB, check_path, option, quoted, section, task_defau
 __all__ = ["SegmentConfig", "SegmentEval", "SEGMENT_DATASETS"]
 
 #: dataset names :func:`simattn.data.segmentation.create_segmentation_dataset` reads
-SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder"]
+SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder", "wds"]
 
 
 @dataclass
@@ -45,7 +45,7 @@ class SegmentConfig(EngineConfig):
     drop_path: float = option(0.1, "the backbone's stochastic depth rate", low=0.0, high=1.0, high_open=True)
     aux_loss_weight: float = option(0.4, "weight of the auxiliary head's loss (UperNet)", low=0.0)
 
-    dataset: str = option("digits", "digits (embedded digit scenes) | ade20k | voc | cityscapes | folder",
+    dataset: str = option("digits", "digits (embedded digit scenes) | ade20k | voc | cityscapes | folder | wds (shards)",
                           choices=SEGMENT_DATASETS)
     data_dir: Optional[str] = option(None, "dataset root in its standard layout (not used by digits)",
                                      check=check_path)

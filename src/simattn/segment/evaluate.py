@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Subset
+from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from ..utils.io import atomic_write_bytes
 from .inference import predict
@@ -55,18 +55,29 @@ def evaluate_segmentation(fn: Callable[[torch.Tensor], torch.Tensor], dataset, *
     process group, so every rank returns the scores of the whole set. ``save_dir`` writes this rank's predictions.
     """
     from ..utils.runlog import progress
-    shard = list(range(rank, len(dataset), world_size))
-    loader = DataLoader(Subset(dataset, shard), batch_size=1, shuffle=False, num_workers=workers)
+    if isinstance(dataset, IterableDataset):  # shards: each read by one rank and worker, samples carry their index
+        from ..engine.data import _usable_workers
+        dataset.configure(rank, world_size)
+        dataset.with_index = True
+        workers = _usable_workers(len(dataset.urls), world_size, workers)
+        loader = DataLoader(dataset, batch_size=1, num_workers=workers)
+        total = None
+    else:
+        shard = list(range(rank, len(dataset), world_size))
+        loader = DataLoader(Subset(dataset, shard), batch_size=1, shuffle=False, num_workers=workers)
+        total = len(shard)
     n = dataset.num_classes
     matrix = torch.zeros((n, n), dtype=torch.int64)
     palette = indexed_palette(dataset) if save_dir is not None else None
     with torch.inference_mode():
-        for k, (image, mask) in enumerate(progress(loader, "eval", total=len(shard), enabled=show_progress)):
+        for k, item in enumerate(progress(loader, "eval", total=total, enabled=show_progress)):
+            image, mask = item[0], item[1]
             pred = predict(fn, image.to(device), n, out_size=tuple(mask.shape[-2:]), mode=mode, crop=crop,
                            stride=stride, flip=flip, scales=scales, input_size=input_size).cpu()
             matrix += confusion_matrix(pred, mask, n, dataset.ignore_index)
             if save_dir is not None:
-                save_prediction(pred[0].numpy(), dataset, dataset.stems[shard[k]], Path(save_dir), palette)
+                index = int(item[2][0]) if total is None else shard[k]
+                save_prediction(pred[0].numpy(), dataset, dataset.stems[index], Path(save_dir), palette)
     matrix = all_reduce_confusion(matrix, device if device.type == "cuda" else None)
     result = scores(matrix, dataset.classes)
     result["images"] = len(dataset)

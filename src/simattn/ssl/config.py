@@ -50,10 +50,16 @@ class SslHead:
     freeze_last_layer_epochs: int = option(1, low=0)
 
 
+def _dataset_names():
+    from .data import dataset_names
+    return dataset_names()
+
+
 @dataclass
 class SslData:
-    name: str = option("folder", "'digits' (embedded) or 'folder' (root/train, root/val ImageFolder)",
-                       choices=["digits", "folder"])
+    name: str = option("folder", "'digits' (embedded), 'folder' (root/train, root/val ImageFolder), 'wds' (shards: "
+                               "root is their folder, a brace pattern or a pipe: URL), or any other dataset "
+                               "simattn.data.create_dataset reads", choices=_dataset_names)
     root: Optional[str] = option(None, check=check_path)
     global_crop_size: int = option(224, low=1)
     global_crop_scale: List[float] = option(factory=lambda: [0.25, 1.0], low=0.0, high=1.0, low_open=True, length=2)
