@@ -58,16 +58,14 @@ MB = 2 ** 20
 
 
 # ------------------------------------------------------------------------------------------------ the copies
-def source_samples(dataset: str, data_dir: Optional[str], split: str, count: int, store_size: int,
-                   fmt: str, quality: int) -> Tuple[List[str], List[Tuple[bytes, int]]]:
-    """``count`` images of a dataset (evenly spread over it, so every class is there), resized to ``store_size`` on
-    their short side (0: as they are) and encoded as ``fmt``: ``(classes, [(encoded bytes, label), ...])``."""
+def source_samples(source: Dataset, count: int, store_size: int, fmt: str,
+                   quality: int) -> Tuple[List[str], List[Tuple[bytes, int]]]:
+    """``count`` images of ``source`` (a dataset of ``create_dataset``; evenly spread over it, so every class is
+    there), resized to ``store_size`` on their short side (0: as they are) and encoded as ``fmt``:
+    ``(classes, [(encoded bytes, label), ...])``."""
     from PIL import Image
 
-    source = create_dataset(dataset, data_dir, split)
     classes = [str(c) for c in source.classes]
-    if len(source) == 0:
-        raise ValueError(f"--dataset {dataset} ({split}) has no images")
     picks = sorted({int(i * len(source) / count) for i in range(count)})
     samples = []
     for index in picks:
@@ -439,12 +437,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_inputs(args) -> Tuple[List[str], Dict[str, Path]]:
     """The readers to measure and the existing copies given, with one-line errors before any work."""
     available = available_readers()
+    note = None
     if args.readers is None:
         readers = available
         missing = [r for r in READERS if r not in available]
         if missing:
-            print(f"note: no reader for {', '.join(missing)} in this installation (create_dataset does not know "
-                  f"{', '.join(repr(READERS[r]) for r in missing)}); measuring {', '.join(readers)}", flush=True)
+            note = (f"note: no reader for {', '.join(missing)} in this installation (create_dataset does not know "
+                    f"{', '.join(repr(READERS[r]) for r in missing)}); measuring {', '.join(readers)}")
     else:
         readers = list(dict.fromkeys(args.readers))
         absent = [r for r in readers if r not in available]
@@ -470,6 +469,8 @@ def _check_inputs(args) -> Tuple[List[str], Dict[str, Path]]:
                              "write")
     if len(given) < len(readers) and args.dataset not in DATASETS:
         raise ValueError(f"--dataset {quoted(args.dataset)}: unknown; known: {', '.join(DATASETS)}")
+    if note:
+        print(note, flush=True)
     return readers, given
 
 
@@ -507,10 +508,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         to_write = [r for r in readers if r not in given]
         classes: List[str] = []
         if to_write:
+            source = create_dataset(args.dataset, args.data_dir, args.split)
+            if len(source) == 0:
+                raise ValueError(f"--dataset {args.dataset} ({args.split}) has no images")
             print(f"writing {', '.join(to_write)} copies of {args.images} {args.dataset} images ({args.split}) at "
                   f"{store or 'their own size'} px as {args.format} into {work}", flush=True)
-            classes, samples = source_samples(args.dataset, args.data_dir, args.split, args.images, store,
-                                              args.format, args.quality)
+            classes, samples = source_samples(source, args.images, store, args.format, args.quality)
             copies.update(build_copies(samples, classes, work, args.split, args.format, args.dataset, to_write))
         copies = {r: copies[r] for r in readers}
         # the model fixes the transform's preprocessing (mean, std, interpolation) as in training
