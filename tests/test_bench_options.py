@@ -4,12 +4,12 @@ import argparse
 
 import pytest
 
-from simattn.bench import attention, model, paper
+from simattn.bench import attention, data, model, paper
 from simattn.bench.cli import _bench_options
 
-BENCHES = {"attention": attention, "model": model, "paper": paper}
+BENCHES = {"attention": attention, "data": data, "model": model, "paper": paper}
 #: KEY=VALUE items, kept as text for parse_assignments (an Opt list flag would read each item as YAML)
-TEXT_ITEMS = {"model": {"attn_kwargs", "model_kwargs"}}
+TEXT_ITEMS = {"model": {"attn_kwargs", "model_kwargs"}, "data": {"model_kwargs"}}
 
 
 @pytest.mark.parametrize("name", BENCHES)

@@ -276,8 +276,9 @@ def _options():
     from .segment.validation import eval_option_specs
     from .utils.recipe import INTERPOLATIONS, Opt, check_device, maybe
     return {
-        "dataset": Opt(None, "classifiers: digits (default) | folder/imagenet | cifar10 | cifar100; segmentation "
-                             "weights: the dataset they record (default) | digits | ade20k | voc | cityscapes | folder",
+        "dataset": Opt(None, "classifiers: digits (default) | folder/imagenet | cifar10 | cifar100 | hfds; "
+                             "segmentation weights: the dataset they record (default) | digits | ade20k | voc | "
+                             "cityscapes | folder | hfds",
                        type=maybe(str), choices=list(dict.fromkeys([*DATASETS, *SEGMENT_DATASETS]))),
         "data_dir": Opt(None, "dataset root (not used by digits; segmentation weights: default the recorded one)",
                         type=maybe(str)),

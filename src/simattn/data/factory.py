@@ -18,13 +18,15 @@ DATASETS = {
     "folder": "folder", "imagefolder": "folder", "imagenet": "folder",
     "cifar10": "cifar10", "cifar100": "cifar100",
     "wds": "wds",
+    "hfds": "hfds",
 }
 
 
 def create_dataset(name: str, root: Optional[str | os.PathLike] = None, split: str = "train",
                    transform: Optional[Callable] = None) -> Dataset:
     """Open dataset ``name`` ('digits' (embedded, no root), 'folder'/'imagenet', 'cifar10', 'cifar100', 'wds'
-    (webdataset shards: a folder with ``_info.json``, a brace pattern or a ``pipe:`` URL; an IterableDataset)).
+    (webdataset shards: a folder with ``_info.json``, a brace pattern or a ``pipe:`` URL; an IterableDataset),
+    'hfds' (a folder written by Hugging Face datasets' ``save_to_disk``)).
 
     Unknown names, a missing root, and missing or empty folders raise a one-line ValueError/FileNotFoundError.
     """
@@ -43,6 +45,9 @@ def create_dataset(name: str, root: Optional[str | os.PathLike] = None, split: s
     if kind == "folder":
         from .folder import image_folder
         return image_folder(root, split, transform=transform)
+    if kind == "hfds":
+        from .hfds import hfds_dataset
+        return hfds_dataset(root, split, transform=transform)
     from .cifar import cifar_dataset
     return cifar_dataset(kind, root, split, transform=transform)
 

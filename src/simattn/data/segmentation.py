@@ -43,6 +43,7 @@ SEG_DATASETS = {
     "cityscapes": "cityscapes",
     "folder": "folder",
     "wds": "wds",
+    "hfds": "hfds",
 }
 
 #: the 150 classes of the ADE20K scene-parsing benchmark (SceneParsing / ADEChallengeData2016), in label order 1..150
@@ -471,7 +472,9 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
                                 mean=IMAGENET_MEAN, std=IMAGENET_STD, classes_file=None,
                                 **options) -> SegmentationDataset:
     """Open segmentation dataset ``name`` ('digits' (embedded, ``root`` ignored), 'ade20k', 'voc', 'cityscapes',
-    'folder', 'wds': shards) with the training (``train=True``; default: ``split == 'train'``) or evaluation transforms.
+    'folder', 'wds': shards, 'hfds': a saved Hugging Face dataset with image and mask columns,
+    :mod:`simattn.data.hfds`) with the training (``train=True``; default: ``split == 'train'``) or evaluation
+    transforms.
 
     ``options`` are the digit scenes' (``num_train``, ``num_val``, ``canvas``, ``digits_per_scene``,
     ``digit_size``, ``seed``: see :class:`simattn.data.digit_scenes.DigitScenes`). Errors are one line.
@@ -485,8 +488,8 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
     unknown = sorted(set(options) - set(DIGIT_SCENE_OPTIONS))
     if unknown:
         raise ValueError(f"unknown digits option {unknown[0]!r}; known: {', '.join(DIGIT_SCENE_OPTIONS)}")
-    if classes_file is not None and kind != "folder":
-        raise ValueError(f"classes_file applies only to the 'folder' dataset, not {name!r}")
+    if classes_file is not None and kind not in ("folder", "hfds"):
+        raise ValueError(f"classes_file applies only to the 'folder' and 'hfds' datasets, not {name!r}")
     train = (split == "train") if train is None else bool(train)
     if train:
         transform = SegTrainTransform(crop_size, scale, ratio_range, cat_max_ratio, hflip_prob, photometric, mean,
@@ -504,4 +507,7 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
         return voc_dataset(root, split, transform)
     if kind == "cityscapes":
         return cityscapes_dataset(root, split, transform)
+    if kind == "hfds":
+        from .hfds import hfds_segmentation_dataset
+        return hfds_segmentation_dataset(root, split, classes_file, transform)
     return folder_dataset(root, split, classes_file, transform)

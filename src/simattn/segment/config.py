@@ -13,7 +13,7 @@ from ..utils.recipe import PROB, check_path, option, quoted, section, task_defau
 __all__ = ["SegmentConfig", "SegmentEval", "SEGMENT_DATASETS"]
 
 #: dataset names :func:`simattn.data.segmentation.create_segmentation_dataset` reads
-SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder", "wds"]
+SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder", "wds", "hfds"]
 
 
 @dataclass
@@ -45,14 +45,15 @@ class SegmentConfig(EngineConfig):
     drop_path: float = option(0.1, "the backbone's stochastic depth rate", low=0.0, high=1.0, high_open=True)
     aux_loss_weight: float = option(0.4, "weight of the auxiliary head's loss (UperNet)", low=0.0)
 
-    dataset: str = option("digits", "digits (embedded digit scenes) | ade20k | voc | cityscapes | folder | wds (shards)",
+    dataset: str = option("digits", "digits (embedded digit scenes) | ade20k | voc | cityscapes | folder | wds "
+                                     "(shards) | hfds (saved Hugging Face dataset: image + mask columns)",
                           choices=SEGMENT_DATASETS)
     data_dir: Optional[str] = option(None, "dataset root in its standard layout (not used by digits)",
                                      check=check_path)
     train_split: str = option("train", "split to train on")
     val_split: str = option("val", "split to evaluate on")
     dataset_kwargs: Dict[str, Any] = option(factory=dict, help="the reader's own options (digits: canvas, "
-                                                               "num_train, num_val; folder: classes_file)")
+                                                               "num_train, num_val; folder, hfds: classes_file)")
     crop_size: List[int] = option(factory=lambda: [512, 512], help="training crop [h, w]", low=1, length=2)
     img_scale: List[int] = option(factory=lambda: [2048, 512], help="resize bound [long side, short side] before the "
                                   "random ratio (and at test time)", low=1, length=2)

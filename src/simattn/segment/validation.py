@@ -125,7 +125,7 @@ def open_segmentation_dataset(source: SegmentationSource, *, dataset: Optional[s
     name = dataset or source.dataset
     if name is None:
         raise ValueError(f"{source.path.name} holds a segmenter but records no dataset; name it with {what} "
-                         "(digits, ade20k, voc, cityscapes, folder) and --data-dir")
+                         "(digits, ade20k, voc, cityscapes, folder, hfds) and --data-dir")
     same = name == source.dataset
     root = data_dir if data_dir is not None else (source.data_dir if same else None)
     options = dict(source.dataset_kwargs) if same else {}

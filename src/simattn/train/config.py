@@ -34,8 +34,8 @@ class TrainConfig(EngineConfig):
     drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
     drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
-                                  "cifar100 | wds (shards; data_dir: folder, brace pattern or pipe: URL) (checked "
-                                  "by simattn.data.create_dataset)")
+                                  "cifar100 | wds (shards; data_dir: folder, brace pattern or pipe: URL) | hfds "
+                                  "(saved Hugging Face dataset) (checked by simattn.data.create_dataset)")
     data_dir: Optional[str] = option(None, "dataset root (not used by digits)", check=check_path)
     train_split: str = option("train", "split (sub-folder) to train on")
     val_split: str = option("val", "split to evaluate on")
