@@ -1,7 +1,9 @@
-"""Beyond one machine: two torchrun "nodes" joined by c10d rendezvous on localhost train in lockstep; a rank that
-freezes ends the job within ``dist_timeout`` with one line instead of the backend's 30-minute hang."""
+"""Beyond one machine: two torchrun "nodes" joined by c10d rendezvous on localhost train in lockstep on packed shards,
+each reading its own samples; a rank that freezes ends the job within ``dist_timeout`` with one line instead of the
+backend's 30-minute hang."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -12,20 +14,34 @@ import textwrap
 import threading
 import time
 import uuid
+from pathlib import Path
 
+import numpy as np
 import torch
 from conftest import marked_processes
+from shard_fixtures import png_bytes
+from simattn.cli import main as simattn_main
 
-TINY = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32",
-        "depth=1", "num_heads=2", "--img-size", "16", "--batch-size", "32", "--epochs", "1", "--steps-per-epoch", "3",
-        "--warmup-epochs", "0", "--threads", "1", "--device", "cpu", "--log-interval", "1"]
+MODEL = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32",
+         "depth=1", "num_heads=2", "--img-size", "16", "--epochs", "1", "--warmup-epochs", "0", "--threads", "1",
+         "--device", "cpu", "--log-interval", "1"]
+TINY = [*MODEL, "--batch-size", "32", "--steps-per-epoch", "3"]
 
-# runs `simattn train` as the CLI does, then saves this rank's weights (only rank 0 writes the run's files)
+# runs `simattn train` as the CLI does, then saves this rank's weights (only rank 0 writes the run's files); on
+# shards of numbered images (pixel value = sample id) it also lists the ids of the training samples this rank read
 WORKER = textwrap.dedent("""
     import os, sys, torch
+    from simattn.data.shards import ShardDataset
     from simattn.engine import core
     from simattn.cli import main
     out = sys.argv[sys.argv.index("--output") + 1]
+    transform = ShardDataset._transform
+    def record_id(self, item):
+        if self.split == "train":  # in the rank's DataLoader workers: one short append each
+            with open(f"{out}.ids.rank{os.environ['RANK']}", "a") as f:
+                f.write(f"{item[0].getpixel((0, 0))[0]}\\n")
+        return transform(self, item)
+    ShardDataset._transform = record_id
     finish = core.Engine._finish
     def keep_rank_weights(self, train_time):
         torch.save(self.model.state_dict(), f"{out}.rank{self.dist.rank}.pt")
@@ -79,17 +95,37 @@ def _two_nodes(script, argv, extra_env=None):
     return nodes
 
 
-def test_two_nodes_with_c10d_rendezvous_keep_ranks_identical(tmp_path):
+def _numbered_shards(tmp_path):
+    """Images whose pixels hold their sample id (train 0..63, val 64..79), packed by ``simattn data pack`` into 8
+    train shards of 8: 2 nodes × 2 loader workers read 2 shards, one batch of 16, each."""
+    source, shards = tmp_path / "images", tmp_path / "shards"
+    for split, ids in (("train", range(64)), ("val", range(64, 80))):
+        for i in ids:
+            (source / split / str(i % 2)).mkdir(parents=True, exist_ok=True)
+            (source / split / str(i % 2) / f"{i:03d}.png").write_bytes(png_bytes(np.full((4, 4), i, np.uint8)))
+        assert simattn_main(["data", "pack", "--dataset", "folder", "--data-dir", str(source), "--split", split,
+                             "--output", str(shards), "--shard-samples", "8"]) == 0
+    return shards
+
+
+def test_two_nodes_with_c10d_rendezvous_read_distinct_shards_and_keep_ranks_identical(tmp_path):
+    shards = _numbered_shards(tmp_path)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     out = tmp_path / "run"
-    nodes = _two_nodes(script, ["train", *TINY, "--output", str(out)])
+    nodes = _two_nodes(script, ["train", *MODEL, "--batch-size", "16", "--dataset", "wds", "--data-dir", str(shards),
+                                "--workers", "2", "--output", str(out)])
     logs = [n.communicate(timeout=300)[0] for n in nodes]
     assert all(n.returncode == 0 for n in nodes), "\n".join(log[-2000:] for log in logs)
+    assert not any("do not split evenly" in log for log in logs)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["updates"] == 3
+    assert summary["world_size"] == 2 and summary["updates"] == 2
     a, b = (torch.load(f"{out}.rank{r}.pt", weights_only=True) for r in (0, 1))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the epoch's samples: each rank read 32 (two shards per worker), none twice, none read by both, all 64 read
+    seen = [collections.Counter(map(int, Path(f"{out}.ids.rank{r}").read_text().split())) for r in (0, 1)]
+    assert [sum(s.values()) for s in seen] == [32, 32] and max((seen[0] + seen[1]).values()) == 1
+    assert set(seen[0]) | set(seen[1]) == set(range(64))
 
 
 def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
