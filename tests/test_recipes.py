@@ -2,13 +2,17 @@
 --set everywhere, and the shipped files in the package."""
 from __future__ import annotations
 
+import dataclasses
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import yaml
 
 from simattn.cli import main as simattn_main
+from simattn.convert.config import ConvertConfig
 from simattn.detect.config import DetectConfig
+from simattn.segment.config import SegmentConfig
 from simattn.ssl.config import SslConfig
 from simattn.train.config import TrainConfig
 from simattn.utils.recipe import list_recipes, load_recipe, merge_recipe, recipe_to_save
@@ -106,10 +110,13 @@ def test_keys_of_earlier_ssl_and_detect_recipes_name_their_option_now():
 
 
 def test_recipe_names_resolve_in_every_command_and_list_per_task():
-    assert list_recipes(SslConfig) == ["ssl_digits", "ssl_dino_sima_small_12_p16"]
+    assert list_recipes(SslConfig) == ["ssl_digits", "ssl_dino_sima_small_12_p16", "ssl_dino_sima_small_12_p16_wds"]
     assert list_recipes(DetectConfig) == ["detect_maskrcnn_sima_small_12_p16", "detect_shapes_cpu"]
     train_names = list_recipes(TrainConfig)
     assert "digits_cpu" in train_names and not any(n.startswith(("ssl_", "detect_")) for n in train_names)
+    # a recipe whose own keys fit a task belongs to it only if its base: does too
+    assert "sima_deit_small_wds" in train_names and "convert_deit_small_imagenet_wds" not in train_names
+    assert all(n.startswith("seg_") for n in list_recipes(SegmentConfig))
     for name in ("ssl_digits", "ssl_digits.yaml", "configs/ssl_digits.yaml"):
         assert load_recipe(SslConfig, name).model.kwargs["img_size"] == 16
     assert load_recipe(DetectConfig, "detect_shapes_cpu").model.fpn_channels == 32
@@ -120,13 +127,38 @@ def test_recipe_names_resolve_in_every_command_and_list_per_task():
 def test_every_file_in_configs_ships_in_the_package_and_loads_under_its_task():
     shipped = resources.files("simattn") / "configs"
     names = sorted(p.name[:-5] for p in shipped.iterdir() if p.name.endswith(".yaml"))
-    for schema in (TrainConfig, SslConfig, DetectConfig):
+    for schema in (TrainConfig, SslConfig, DetectConfig, ConvertConfig, SegmentConfig):
         for name in list_recipes(schema):
             load_recipe(schema, name)  # every value of every shipped recipe passes its checks
-    claimed = set(list_recipes(TrainConfig)) | set(list_recipes(SslConfig)) | set(list_recipes(DetectConfig))
-    assert claimed <= set(names) and {"ssl_digits", "detect_shapes_cpu", "digits_cpu"} <= claimed
+    claimed = {n for schema in (TrainConfig, SslConfig, DetectConfig, ConvertConfig, SegmentConfig)
+               for n in list_recipes(schema)}
+    assert claimed == set(names)  # every shipped recipe belongs to a task
     for name in names:  # none names an output folder: default outputs never collide
         assert "output" not in yaml.safe_load((shipped / f"{name}.yaml").read_text()), name
+
+
+# each ImageNet recipe's shard variant: (schema, folder recipe, shard recipe, the keys that say where the data is)
+SHARD_VARIANTS = [
+    (TrainConfig, "sima_deit_small", "sima_deit_small_wds", ("dataset", "data_dir")),
+    (ConvertConfig, "convert_deit_small_imagenet", "convert_deit_small_imagenet_wds", ("dataset", "data_dir")),
+    (SslConfig, "ssl_dino_sima_small_12_p16", "ssl_dino_sima_small_12_p16_wds", ("data",)),
+]
+
+
+@pytest.mark.parametrize("schema,folder,shards,where", SHARD_VARIANTS, ids=[v[2] for v in SHARD_VARIANTS])
+def test_imagenet_recipes_have_a_shard_variant_that_changes_only_the_data_source(schema, folder, shards, where):
+    a, b = (dataclasses.asdict(load_recipe(schema, name)) for name in (folder, shards))
+    data = b["data"] if schema is SslConfig else b
+    assert (data.get("name") or data.get("dataset"), data.get("root") or data.get("data_dir")) == \
+        ("wds", "/data/imagenet-wds")
+    if schema is SslConfig:
+        a["data"].update(name="wds", root="/data/imagenet-wds")
+    # streamed shards have no index to repeat a sample by: the from-scratch recipe drops repeated augmentation
+    changed = {k for k in a if a[k] != b[k]} - {"recipe", *where}
+    assert changed == ({"aug_repeats"} if folder == "sima_deit_small" else set()), changed
+    assert b["aug_repeats"] == 0
+    assert (Path(__file__).parents[1] / "configs" / f"{shards}.yaml").resolve() == \
+        Path(str(resources.files("simattn") / "configs" / f"{shards}.yaml")).resolve()
 
 
 def test_saved_recipes_leave_out_where_the_run_went():

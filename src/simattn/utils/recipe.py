@@ -447,7 +447,7 @@ def list_recipes(schema: Optional[type] = None) -> List[str]:
     """Names of the recipes shipped in the package (``--config NAME``); with ``schema``, only those for that task
     (whose keys the schema knows)."""
     import yaml
-    names = []
+    files = {}
     for entry in _recipe_dir().iterdir():
         if not entry.name.endswith(".yaml"):
             continue
@@ -455,9 +455,20 @@ def list_recipes(schema: Optional[type] = None) -> List[str]:
             data = yaml.safe_load(entry.read_text())
         except yaml.YAMLError:
             continue
-        if isinstance(data, Mapping) and (schema is None or _fits(data, schema)):
-            names.append(entry.name[:-5])
-    return sorted(names)
+        if isinstance(data, Mapping):
+            files[entry.name[:-5]] = data
+
+    def fits(name: str, chain: Tuple[str, ...] = ()) -> bool:
+        # a recipe's own keys and those of its shipped base: chain (a variant that only changes the data source
+        # belongs to its base's task)
+        data = files[name]
+        if not _fits(data, schema):
+            return False
+        base = data.get("base")
+        base = str(base)[:-5] if str(base).endswith(".yaml") else str(base)
+        return base not in files or base in chain or fits(base, chain + (name,))
+
+    return sorted(name for name in files if schema is None or fits(name))
 
 
 def find_recipe(recipe: str, schema: Optional[type] = None) -> Path:
