@@ -29,7 +29,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["TASKS", "ENCODINGS", "DEFAULT_SHARD_BYTES", "DEFAULT_QUALITY", "PackSource", "open_source", "pack",
-           "shard_name", "INFO_NAME", "SUMMARY_NAME", "format_bytes", "check_output", "check_split_name"]
+           "samples_source", "write_samples", "shard_name", "INFO_NAME", "SUMMARY_NAME", "format_bytes",
+           "check_output", "check_split_name"]
 
 TASKS = ("classification", "segmentation")
 ENCODINGS = ("keep", "jpeg")
@@ -122,6 +123,21 @@ def _image_member(where: str, encode: str, quality: int, *, path: Optional[str] 
     return ("jpg", _jpeg(image.convert("RGB"), quality)) if encode == "jpeg" else ("png", _png(image))
 
 
+def _label_text(label, num_classes: int, where: str) -> str:
+    """``label`` as the ASCII of a ``cls`` member, or a one-line ValueError when it is no class index."""
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < num_classes:
+        raise ValueError(f"{where}: label {label!r} is outside the {num_classes} classes (0..{num_classes - 1})")
+    return str(int(label))
+
+
+def _check_mask(mask: np.ndarray, num_classes: int, where: str) -> None:
+    bad = (mask < 0) | ((mask >= num_classes) & (mask != IGNORE_INDEX))
+    if bad.any():
+        values = np.unique(mask[bad])[:8].tolist()
+        raise ValueError(f"{where}: mask holds train ids {values} outside the {num_classes} classes "
+                         f"(0..{num_classes - 1}) and {IGNORE_INDEX} (ignored)")
+
+
 def _classification_source(dataset: str, data_dir, split: str, encode: str, quality: int) -> PackSource:
     from .factory import DATASETS, create_dataset
     from .folder import SkippingImageFolder
@@ -132,10 +148,7 @@ def _classification_source(dataset: str, data_dir, split: str, encode: str, qual
     where = f"split {split!r} sample"
 
     def check_label(i: int, label) -> str:
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < len(classes):
-            raise ValueError(f"{where} {i}: label {label!r} is outside the {len(classes)} classes "
-                             f"(0..{len(classes) - 1})")
-        return str(int(label))
+        return _label_text(label, len(classes), f"{where} {i}")
 
     if isinstance(ds, SkippingImageFolder):
         def members(i: int) -> List[Tuple[str, bytes]]:
@@ -168,11 +181,7 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
             image, mask = ds.read(i)
         except ValueError as e:
             raise ValueError(f"split {split!r} sample {i}: {_first_line(e)}") from None
-        bad = (mask < 0) | ((mask >= k) & (mask != IGNORE_INDEX))
-        if bad.any():
-            values = np.unique(mask[bad])[:8].tolist()
-            raise ValueError(f"{where}: mask holds train ids {values} outside the {k} classes (0..{k - 1}) and "
-                             f"{IGNORE_INDEX} (ignored)")
+        _check_mask(mask, k, where)
         if files:
             picture = _image_member(where, encode, quality, path=ds.images[i])
         else:
@@ -218,6 +227,84 @@ def open_source(task: str, dataset: str, data_dir, split: str, encode: str = "ke
     if task == "classification":
         return _classification_source(dataset, data_dir, split, encode, quality)
     return _segmentation_source(dataset, data_dir, split, encode, quality, classes_file, dataset_kwargs or {})
+
+
+def _members_digest(samples: Sequence[Sequence[Tuple[str, bytes]]]) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    for members in samples:
+        for ext, data in members:
+            digest.update(f"{ext}\0{len(data)}\0".encode())
+            digest.update(data)
+        digest.update(b"\1")
+    return digest.hexdigest()
+
+
+def samples_source(name: str, task: str, classes: Sequence[str], samples: Sequence[Sequence[Tuple[str, bytes]]], *,
+                   extra: Optional[Mapping[str, Any]] = None) -> PackSource:
+    """Samples already encoded, as a source to :func:`pack`: each sample is its (extension, bytes) members, the image
+    first (under its format's extension: ``jpg``, ``png``, ...), then ``cls`` (the label as ASCII) or ``mask.png``
+    (train ids, 255 ignored). They are checked as a dataset's are: labels now, each image (and mask) as it is
+    packed. ``extra``: more ``_info.json`` keys (segmentation: ``palette``, ``label_ids``)."""
+    from PIL import Image
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: allowed: {', '.join(TASKS)}")
+    classes = [str(c) for c in classes]
+    k = len(classes)
+    samples = [list(members) for members in samples]
+    target = "cls" if task == "classification" else "mask.png"
+    for i, members in enumerate(samples):
+        exts = [ext for ext, _ in members]
+        if len(members) < 2 or exts[0] == target or target not in exts:
+            raise ValueError(f"sample {i}: members {exts}; expected the image first, then {target!r}")
+    targets = None
+    if task == "classification":
+        targets = []
+        for i, members in enumerate(samples):
+            text = dict(members)["cls"]
+            try:
+                label = int(text.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise ValueError(f"sample {i}: label {text[:40]!r} is no class index") from None
+            _label_text(label, k, f"sample {i}")
+            targets.append(label)
+
+    def members(i: int) -> List[Tuple[str, bytes]]:
+        where = f"sample {i}"
+        image = _decoded(samples[i][0][1], where)
+        if task == "segmentation":
+            try:
+                with Image.open(io.BytesIO(dict(samples[i])["mask.png"])) as m:
+                    mode, size, mask = m.mode, m.size, np.asarray(m).astype(np.int64)
+            except Exception as e:
+                raise ValueError(f"{where}: cannot decode the mask: {type(e).__name__}: {_first_line(e)}") from None
+            if mode not in ("L", "P") or size != image.size:
+                raise ValueError(f"{where}: mask is {size[0]}x{size[1]} in PIL mode {mode}; expected a one-channel "
+                                 f"index mask (L or P) of the image's {image.size[0]}x{image.size[1]}")
+            _check_mask(mask, k, where)
+        return samples[i]
+
+    head = {"ignore_index": IGNORE_INDEX} if task == "segmentation" else {}
+    return PackSource(name, task, classes, len(samples), members, {}, targets=targets,
+                      extra={**head, **dict(extra or {})} or None)
+
+
+def write_samples(samples: Sequence[Sequence[Tuple[str, bytes]]], split: str, output, *, name: str,
+                  classes: Sequence[str], task: str = "classification", extra: Optional[Mapping[str, Any]] = None,
+                  shard_samples: Optional[int] = None, shard_bytes: Optional[int] = None,
+                  show_progress: bool = False, log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Pack encoded ``samples`` (see :func:`samples_source`) as the shards of ``split`` in ``output`` with
+    ``_info.json``, as :func:`pack` does (``shard_bytes`` defaults to :data:`DEFAULT_SHARD_BYTES` when neither size is
+    given); returns the split's summary. Silent unless ``log`` is given (it gets each line of progress)."""
+    samples = [list(members) for members in samples]
+    source = samples_source(name, task, classes, samples, extra=extra)
+    if shard_samples is None and shard_bytes is None:
+        shard_bytes = DEFAULT_SHARD_BYTES
+    # the samples' digest makes a rerun with other samples a pack of other options, never a resumption
+    options = {"task": task, "dataset": name, "split": split, "samples_sha256": _members_digest(samples),
+               "shard_samples": shard_samples, "shard_bytes": shard_bytes}
+    return pack(source, split, output, options, shard_samples=shard_samples, shard_bytes=shard_bytes,
+                show_progress=show_progress, log=log or (lambda line: None))
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -397,7 +484,7 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
     ``options`` are what makes the shards (dataset, folder, encoding, shard size, ...): a pack in progress or a
     split already packed with other options is refused in one line.
     """
-    from ..engine.runs import lock_run_folder, release_run_folders
+    from ..engine.runs import held_run_folders, lock_run_folder, release_run_folders
     from ..utils.io import atomic_write_json
     from ..utils.runlog import use_tqdm
 
@@ -455,8 +542,9 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
         state_path.unlink(missing_ok=True)
         return summary
     finally:
-        if took:
-            release_run_folders()
+        if took:  # this folder only: others this process holds (a run writing copies) stay locked
+            mine = os.path.realpath(out)
+            release_run_folders(keep=[k for k in held_run_folders() if k != mine])
 
 
 def _write_shards(source: PackSource, split: str, out: Path, state: Dict[str, Any], shards: List[Dict[str, Any]],
