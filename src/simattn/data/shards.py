@@ -339,7 +339,8 @@ class ShardDataset(IterableDataset):
         ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
         if ext is None:
             raise ShardError(f"shard {name}: sample {key} has no image (members: "
-                             f"{', '.join(k for k in sample if not k.startswith('__'))}; expected a .jpg or .png)")
+                             f"{', '.join(k for k in sample if not k.startswith('__'))}; expected one of "
+                             f"{', '.join('.' + e for e in IMAGE_EXTENSIONS)})")
         target_key = "mask.png" if self.task == "segmentation" else "cls"
         if target_key not in sample:
             what = "mask" if self.task == "segmentation" else "label"
