@@ -4,6 +4,7 @@ refuses what the readers would; ``simattn convert`` trains on shards."""
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -129,3 +130,49 @@ def test_a_pack_keeps_the_other_folders_this_process_holds(tmp_path):
         assert not (tmp_path / "out" / ".simattn.lock").exists()
     finally:
         release_run_folders()
+
+
+def _tar_files(folder: Path):
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.tar"))}
+
+
+def test_packed_shards_pack_again(tmp_path):
+    first, again, jpeg = tmp_path / "first", tmp_path / "again", tmp_path / "jpeg"
+    _pack("--dataset", "digits", "--split", "val", "--output", first, "--shard-samples", 100)
+    # the same shard size again: the same bytes
+    _pack("--dataset", "wds", "--data-dir", first, "--split", "val", "--output", again, "--shard-samples", 100)
+    assert _tar_files(again) == _tar_files(first) and len(_tar_files(first)) == 4
+    # through a pipe: URL, into fewer shards, as JPEG
+    _pack("--dataset", "wds", "--data-dir", f"pipe:cat {first}/val-{{000000..000003}}.tar", "--split", "val",
+          "--output", jpeg, "--shard-samples", 200, "--encode", "jpeg")
+    source, shards = create_dataset("digits", None, "val"), create_dataset("wds", jpeg, "val")
+    assert len(shards.urls) == 2 and shards.classes == [str(c) for c in source.classes]
+    assert [label for _, label in shards] == [int(label) for _, label in source]
+    # a resumed pack asks for its samples from the middle: the reader skips to it
+    from simattn.data.pack import open_source
+    members = open_source("classification", "wds", first, "val").members
+    with tarfile.open(first / "val-000001.tar") as tar:
+        want = [("png", tar.extractfile("00000105.png").read()), ("cls", tar.extractfile("00000105.cls").read())]
+    assert members(105) == want and members(106) != want and members(105) == want
+    # an output among the shards it reads is refused
+    code = simattn_main(["data", "pack", "--dataset", "wds", "--data-dir", f"{first}/val-{{000000..000001}}.tar",
+                         "--split", "val", "--output", str(first / "sub")])
+    assert code == 2 and not (first / "sub").exists()
+
+
+def test_packed_scenes_pack_again_with_masks(tmp_path):
+    first, again = tmp_path / "first", tmp_path / "again"
+    _pack("--task", "segmentation", "--dataset", "digits", "--dataset-kwargs",
+          *[f"{k}={v}" for k, v in SCENES.items()], "--split", "val", "--output", first, "--shard-samples", 2)
+    _pack("--task", "segmentation", "--dataset", "wds", "--data-dir", first, "--split", "val", "--output", again)
+    info = json.loads((again / "_info.json").read_text())
+    assert info["splits"]["val"]["shard_lengths"] == [5]
+    assert {k: info[k] for k in ("classes", "palette", "label_ids", "ignore_index", "task")} == \
+        {k: json.loads((first / "_info.json").read_text())[k] for k in ("classes", "palette", "label_ids",
+                                                                          "ignore_index", "task")}
+    source = create_segmentation_dataset("digits", None, "val", train=False, **SCENES)
+    shards = create_segmentation_dataset("wds", again, "val", train=False)
+    shards.transform = lambda image, mask: (image, mask)
+    for (image, mask), i in zip(shards, range(len(source))):
+        want_image, want_mask = source.read(i)
+        assert np.array_equal(image, want_image) and np.array_equal(mask, want_mask)

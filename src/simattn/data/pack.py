@@ -12,6 +12,9 @@ continues from its last whole shard, and the result is byte-identical to an unin
 ``_info.json`` (rewritten atomically, other splits kept) only once all its shards are written; then the record is
 removed and ``pack_summary.json`` gains the split's counts.
 
+Shards (``--dataset wds``) are a source too: packed again, they take another shard size or encoding; with the same
+options they give the same bytes.
+
 Every image is decoded and every label checked while packing; a bad one stops the pack with a one-line error naming
 the sample, and the shards already finished stay for a rerun to continue from.
 """
@@ -197,6 +200,48 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
     return PackSource(kind, "segmentation", list(ds.classes), len(ds), members, inputs, extra=extra)
 
 
+def _shards_source(task: str, data_dir, split: str, encode: str, quality: int) -> PackSource:
+    """Shards packed before (a folder, brace pattern or ``pipe:`` URL), packed again: another shard size or encoding.
+    Tars are read in order, so ``members(i)`` asks for the samples one after the other (a resumed pack skips to its
+    first sample)."""
+    from PIL import Image
+
+    from .shards import open_shards
+    ds = open_shards(data_dir, split, None, task)
+    reading: Dict[str, Any] = {"next": None, "samples": None}
+
+    def members(i: int) -> List[Tuple[str, bytes]]:
+        if reading["next"] != i:
+            reading["samples"] = ds.raw_samples()
+            for _ in range(i):
+                next(reading["samples"])
+        index, shard, sample = next(reading["samples"])
+        reading["next"] = i + 1
+        where = f"split {split!r} sample {i} (shard {shard})"
+        item = ds.decode(sample, shard)  # a ShardError (one line) for a missing label or mask, or one out of range
+        if item is None:
+            raise ValueError(f"{where}: cannot decode the image")
+        ext = ds.image_member(sample)
+        if encode == "jpeg":
+            rgb = item[0] if task == "classification" else Image.fromarray(item[0], mode="RGB")
+            picture = ("jpg", _jpeg(rgb, quality))
+        else:
+            picture = ("jpg" if ext == "jpeg" else ext, sample[ext])
+        if task == "classification":
+            return [picture, ("cls", str(item[1]).encode())]
+        return [picture, ("mask.png", _png(Image.fromarray(item[1].astype(np.uint8), mode="L")))]
+
+    extra = None
+    if task == "segmentation":
+        extra = {"ignore_index": ds.ignore_index, "palette": [list(c) for c in ds.palette],
+                 "label_ids": list(ds.label_ids)}
+    # the folder of local shards is the input an output may not be (pipe: and remote URLs name none here)
+    first = ds.urls[0]
+    local = not first.startswith("pipe:") and "://" not in first
+    inputs = {"--data-dir": os.path.dirname(os.path.abspath(first))} if local else {}
+    return PackSource(ds.name, task, list(ds.classes), len(ds), members, inputs, extra=extra)
+
+
 def open_source(task: str, dataset: str, data_dir, split: str, encode: str = "keep",
                 quality: int = DEFAULT_QUALITY, classes_file=None,
                 dataset_kwargs: Optional[Mapping[str, Any]] = None) -> PackSource:
@@ -224,6 +269,8 @@ def open_source(task: str, dataset: str, data_dir, split: str, encode: str = "ke
     if classes_file is not None and not (task == "segmentation" and tables[task][name] == "folder"):
         raise ValueError("--classes-file applies to the segmentation folder layout only (--task segmentation "
                          "--dataset folder)")
+    if tables[task][name] == "wds":
+        return _shards_source(task, data_dir, split, encode, quality)
     if task == "classification":
         return _classification_source(dataset, data_dir, split, encode, quality)
     return _segmentation_source(dataset, data_dir, split, encode, quality, classes_file, dataset_kwargs or {})
