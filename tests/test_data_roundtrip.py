@@ -176,3 +176,36 @@ def test_packed_scenes_pack_again_with_masks(tmp_path):
     for (image, mask), i in zip(shards, range(len(source))):
         want_image, want_mask = source.read(i)
         assert np.array_equal(image, want_image) and np.array_equal(mask, want_mask)
+
+
+def test_a_saved_hf_segmentation_dataset_packs_and_reads_back(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 255, (12, 16, 3), dtype=np.uint8) for _ in range(3)]
+    masks = [rng.choice(np.array([0, 1, 2, 255], np.uint8), (12, 16)) for _ in range(3)]
+
+    def png(array):
+        buf = io.BytesIO()
+        Image.fromarray(array).save(buf, format="PNG")
+        return {"bytes": buf.getvalue(), "path": None}
+
+    features = datasets.Features({"image": datasets.Image(), "mask": datasets.Image()})
+    split = datasets.Dataset.from_dict({"image": [png(a) for a in images], "mask": [png(m) for m in masks]},
+                                       features=features)
+    root = tmp_path / "hf"
+    was = datasets.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        datasets.DatasetDict(train=split).save_to_disk(str(root))
+    finally:
+        if was:
+            datasets.enable_progress_bars()
+    (root / "classes.txt").write_text("sky\ntree\nroad\n")
+    _pack("--task", "segmentation", "--dataset", "hfds", "--data-dir", root, "--split", "train", "--output",
+          tmp_path / "shards")
+    shards = create_segmentation_dataset("wds", tmp_path / "shards", "train", train=False)
+    assert shards.classes == ["sky", "tree", "road"]
+    shards.transform = lambda image, mask: (image, mask)
+    got = list(shards)
+    assert len(got) == 3
+    assert all(np.array_equal(a, image) and np.array_equal(b, mask) for (a, b), image, mask in zip(got, images, masks))

@@ -185,7 +185,7 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
         except ValueError as e:
             raise ValueError(f"split {split!r} sample {i}: {_first_line(e)}") from None
         _check_mask(mask, k, where)
-        if files:
+        if files and os.path.isfile(ds.images[i]):  # a saved HF dataset names its rows there, not files
             picture = _image_member(where, encode, quality, path=ds.images[i])
         else:
             picture = _image_member(where, encode, quality, image=Image.fromarray(image, mode="RGB"))
