@@ -1,5 +1,5 @@
-"""simattn bench data: a tiny run over the three copies it writes itself (the shard reader stubbed with webdataset
-until the wds dataset exists), its output files, the copies' formats, and one-line errors for bad options."""
+"""simattn bench data: a tiny run over the three copies it writes itself (the shards through the pack writer, read by
+the wds dataset), its output files, the copies' formats, and one-line errors for bad options."""
 from __future__ import annotations
 
 import csv
@@ -8,50 +8,20 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from torch.utils.data import IterableDataset, get_worker_info
 
 pytest.importorskip("datasets")
-wds = pytest.importorskip("webdataset")
 
 from cli_inputs import one_line_error  # noqa: E402
 from simattn.bench import data as bench_data  # noqa: E402
 from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.data import factory  # noqa: E402
+from simattn.data.shards import ShardDataset  # noqa: E402
 
 TINY_MODEL = ["--model-kwargs", "depth=1", "embed_dim=32", "num_heads=2"]
 
 
-class _StubShards(IterableDataset):
-    """Stands in for create_dataset('wds', ...): reads the shards with webdataset, each worker its own shards."""
-
-    def __init__(self, root, split, transform):
-        info = json.loads((Path(root) / "_info.json").read_text())
-        self.classes = info["classes"]
-        self.urls = [str(Path(root) / f) for f in info["splits"][split]["filenames"]]
-        self.transform = transform
-
-    def __iter__(self):
-        worker = get_worker_info()
-        urls = self.urls if worker is None else self.urls[worker.id::worker.num_workers]
-        for img, label in wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("pil") \
-                .to_tuple("jpg;png", "cls"):
-            yield (self.transform(img) if self.transform else img), int(label)
-
-
-@pytest.fixture
-def stub_shards(monkeypatch):
-    real = bench_data.create_dataset
-
-    def create(name, root=None, split="train", transform=None):
-        return _StubShards(root, split, transform) if name == "wds" else real(name, root, split, transform)
-
-    monkeypatch.setitem(factory.DATASETS, "wds", "wds")
-    monkeypatch.setattr(bench_data, "create_dataset", create)
-
-
-def test_tiny_run_writes_rows_files_and_identical_copies(tmp_path, stub_shards, capsys):
+def test_tiny_run_writes_rows_files_and_identical_copies(tmp_path, capsys):
     out, copies = tmp_path / "out", tmp_path / "copies"
-    code = bench_data.main(["--img-size", "16", "--images", "10", "--batch-size", "4", "--workers", "0", "1",
+    code = bench_data.main(["--img-size", "16", "--images", "10", "--batch-size", "4", "--workers", "0", "2",
                             "--rounds", "1", "--threads", "1", "--repeats", "2", "--in-process", *TINY_MODEL,
                             "--copies", str(copies), "--out", str(out)])
     printed = capsys.readouterr().out
@@ -59,10 +29,10 @@ def test_tiny_run_writes_rows_files_and_identical_copies(tmp_path, stub_shards, 
     assert "features:" in printed and "The model trains at" in printed
     result = json.loads((out / "bench_data.json").read_text())
     rows = result["rows"]
-    assert {(r["what"], r["workers"]) for r in rows} == {(w, n) for w in ("folder", "shards", "hfds") for n in (0, 1)}
+    assert {(r["what"], r["workers"]) for r in rows} == {(w, n) for w in ("folder", "shards", "hfds") for n in (0, 2)}
     for row in rows:
         assert row["images"] == 10 and row["ips"] > 0 and row["worker_ips"] > 0 and row["first_pass_ips"] > 0
-        assert row["of_model"] > 0 and row["active_workers"] == 1
+        assert row["of_model"] > 0 and row["active_workers"] == max(1, row["workers"])
     assert result["model"]["ips"] > 0 and result["meta"]["cpu_features"] is not None
     with open(out / "bench_data.csv") as f:
         assert len(list(csv.DictReader(f))) == 7  # six loaders and the model
@@ -77,9 +47,11 @@ def test_tiny_run_writes_rows_files_and_identical_copies(tmp_path, stub_shards, 
     assert [saved[i]["image"]["bytes"] for i in range(len(saved))] == [folder[i] for i in range(10)]
     info = json.loads((copies / "shards" / "_info.json").read_text())
     assert info["splits"]["train"]["num_samples"] == 10 and info["classes"] == [str(i) for i in range(10)]
+    assert info["splits"]["train"]["shard_lengths"] == [5, 5]  # a shard per worker of the most workers measured
+    assert isinstance(bench_data.open_copy("shards", copies / "shards", "train", None), ShardDataset)
     with tarfile.open(copies / "shards" / "train-000000.tar") as tar:
         members = tar.getmembers()
-        assert [m.name for m in members[:2]] == ["00000000.cls", "00000000.jpg"]
+        assert [m.name for m in members[:2]] == ["00000000.jpg", "00000000.cls"]
         assert all((m.mtime, m.uid, m.gid, m.uname, m.gname, m.mode) == (0, 0, 0, "", "", 0o444) for m in members)
         assert tar.extractfile("00000003.jpg").read() == folder[3]
         assert int(tar.extractfile("00000003.cls").read()) == saved[3]["label"]
@@ -117,11 +89,16 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys, args, message):
     assert not (tmp_path / "out").exists()
 
 
-def test_shards_without_a_shard_reader_are_refused(tmp_path, capsys):
-    if "wds" in factory.DATASETS:
-        pytest.skip("the wds reader exists")
-    code = simattn_main(["bench", "data", "--readers", "shards", "--out", str(tmp_path / "out")])
-    assert "--readers shards: this installation has no 'wds' dataset" in one_line_error(capsys, code)
+def test_hfds_without_the_datasets_package_is_left_out_or_refused(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(bench_data, "_has_datasets", lambda: False)
+    code = simattn_main(["bench", "data", "--readers", "folder", "hfds", "--out", str(tmp_path / "out")])
+    assert "--readers hfds: dataset 'hfds' needs the Hugging Face datasets package" in one_line_error(capsys, code)
+    code = bench_data.main(["--img-size", "16", "--images", "4", "--batch-size", "2", "--workers", "0", "--rounds",
+                            "1", "--no-train-step", "--out", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert code == 0 and "note: hfds left out" in printed and "measuring folder, shards" in printed
+    rows = json.loads((tmp_path / "out" / "bench_data.json").read_text())["rows"]
+    assert [(r["what"], r["images"]) for r in rows] == [("folder", 4), ("shards", 4)]
 
 
 def test_out_and_copies_must_be_usable(tmp_path, capsys):

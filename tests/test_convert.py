@@ -205,3 +205,25 @@ def test_recipe_options_are_checked():
         load_convert_recipe("convert_digits", {"convert": {"distill_alpha": 2}})
     cfg = load_convert_recipe("convert_deit_small_imagenet")
     assert cfg.dataset == "imagenet" and cfg.convert.to == "sima" and cfg.convert.transfer_epochs < cfg.epochs
+
+
+def test_convert_reads_packed_shards(timm_teacher, tmp_path, capsys, one_thread):
+    path, _ = timm_teacher
+    shards = tmp_path / "shards"
+    for split in ("train", "val"):
+        assert simattn_main(["data", "pack", "--dataset", "digits", "--split", split, "--output", str(shards),
+                             "--shard-samples", "500"]) == 0
+    out = tmp_path / "conv"
+    kwargs = [f"{k}={v}" for k, v in TINY.items()]
+    code = simattn_main(["convert", "--weights", str(path), "--model", MODEL, "--model-kwargs", *kwargs,
+                         "--to", "sima", "--dataset", "wds", "--data-dir", str(shards), "--epochs", "2",
+                         "--steps-per-epoch", "2", "--batch-size", "32", "--threads", "1", "--device", "cpu",
+                         "--workers", "2", "--set", "convert.transfer_batch_size=32", "--output", str(out)])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["transfer"]["epochs"] == 1 and results["distill"]["epochs"] == 1
+    assert 0 <= results["final"]["top1"] <= 100 and results["final"]["samples"] == 359
+    # the converted weights score the same on the shards and on the embedded digits they were packed from
+    on_shards = validate_weights(out / "final.safetensors", dataset="wds", data_dir=str(shards), device="cpu")
+    assert on_shards["top1"] == pytest.approx(validate_weights(out / "final.safetensors", dataset="digits",
+                                                                device="cpu")["top1"])

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from cli_inputs import FLAGS, one_line_error
-from shard_fixtures import digits_samples, png_bytes, write_digits, write_numbered, write_split
+from shard_fixtures import digits_samples, png_bytes, write_broken_split, write_digits, write_numbered, \
+    write_split
 from simattn.cli import main as simattn_main
 from simattn.data.factory import create_dataset
 from simattn.data.shards import shard_slots
@@ -139,8 +140,9 @@ def _run_train(data_dir: str, tmp_path: Path, capsys, *extra: str) -> str:
     return one_line_error(capsys, code)
 
 
-def _small(folder: Path, samples, split: str = "train", lengths_fix=None):
-    write_split(folder, split, samples, 8, [str(i) for i in range(10)])
+def _small(folder: Path, samples, split: str = "train", broken: bool = False):
+    """``samples`` as ``split`` and 16 digits as the other split; ``broken``: samples the pack writer refuses."""
+    (write_broken_split if broken else write_split)(folder, split, samples, 8, [str(i) for i in range(10)])
     other = "val" if split == "train" else "train"
     write_split(folder, other, digits_samples(other, 16)[0], 8, [str(i) for i in range(10)])
     return folder
@@ -158,12 +160,12 @@ def test_bad_shards_are_one_line_errors(tmp_path, capsys):
     # a sample with an image and no label
     unlabelled = [dict(s) for s in good]
     del unlabelled[9]["cls"]
-    err = _run_train(str(_small(tmp_path / "nolabel", unlabelled)), tmp_path, capsys)
+    err = _run_train(str(_small(tmp_path / "nolabel", unlabelled, broken=True)), tmp_path, capsys)
     assert "shard train-000001.tar: sample 00000009 has an image and no label" in err
     # a label outside the classes
     wrong = [dict(s) for s in good]
     wrong[3]["cls"] = b"12"
-    err = _run_train(str(_small(tmp_path / "label", wrong)), tmp_path, capsys, "--workers", "2")
+    err = _run_train(str(_small(tmp_path / "label", wrong, broken=True)), tmp_path, capsys, "--workers", "2")
     assert "sample 00000003 has label 12, outside the 10 classes" in err
     # _info.json counts that disagree with the shards
     for delta, said in ((1, "holds 8 samples but _info.json records 9"), (-1, "holds more samples than the 7")):

@@ -120,34 +120,22 @@ def write_hfds(samples: Sequence[Tuple[bytes, int]], root: Path, split: str, cla
 
 def write_shards(samples: Sequence[Tuple[bytes, int]], root: Path, split: str, classes: Sequence[str], fmt: str,
                  name: str, shard_samples: int = 256) -> Path:
-    """Webdataset tar shards ``root/<split>-NNNNNN.tar`` and ``root/_info.json`` in the shard format of
-    ``simattn data pack`` (keys ``%08d``, the image under its extension, the label as ASCII under ``cls``, every
-    member with mtime 0, uid/gid 0, no user/group names, mode 0o444)."""
-    import webdataset
+    """Webdataset tar shards ``root/<split>-NNNNNN.tar`` and ``root/_info.json``, written by ``simattn data pack``'s
+    writer (:func:`simattn.data.pack.write_samples`)."""
+    from ..data.pack import write_samples
 
-    root.mkdir(parents=True, exist_ok=True)
-    filenames, lengths = [], []
-    for start in range(0, len(samples), shard_samples):
-        filename = f"{split}-{len(filenames):06d}.tar"
-        chunk = samples[start:start + shard_samples]
-        with webdataset.TarWriter(str(root / filename), encoder=False, user="", group="", mode=0o444,
-                                  mtime=0) as sink:
-            for i, (data, label) in enumerate(chunk, start):
-                sink.write({"__key__": f"{i:08d}", fmt: data, "cls": str(label).encode("ascii")})
-        filenames.append(filename)
-        lengths.append(len(chunk))
-    info = {"name": name, "task": "classification", "classes": list(classes), "num_classes": len(classes),
-            "splits": {split: {"name": split, "num_samples": len(samples), "filenames": filenames,
-                               "shard_lengths": lengths}}}
-    write_json(info, root / "_info.json")
+    members = [[(fmt, data), ("cls", str(label).encode("ascii"))] for data, label in samples]
+    write_samples(members, split, root, name=name, classes=classes, shard_samples=shard_samples)
     return root
 
 
 def build_copies(samples, classes, work: Path, split: str, fmt: str, name: str,
-                 readers: Sequence[str]) -> Dict[str, Path]:
-    """The copies of ``samples`` that ``readers`` read, written under ``work``."""
+                 readers: Sequence[str], workers: int = 1) -> Dict[str, Path]:
+    """The copies of ``samples`` that ``readers`` read, written under ``work``; the shards are at least ``workers``
+    (a loader's workers read distinct shards: fewer shards would leave workers idle)."""
+    per_shard = max(1, min(256, -(-len(samples) // max(1, workers))))
     writers = {"folder": lambda p: write_folder(samples, p, split, classes, fmt),
-               "shards": lambda p: write_shards(samples, p, split, classes, fmt, name),
+               "shards": lambda p: write_shards(samples, p, split, classes, fmt, name, per_shard),
                "hfds": lambda p: write_hfds(samples, p, split, classes)}
     return {reader: writers[reader](work / reader) for reader in readers}
 
@@ -375,11 +363,6 @@ def write_results(rows, model, out_dir: Path, meta: Dict[str, Any], stem: str = 
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def available_readers() -> List[str]:
-    """The readers whose dataset ``create_dataset`` knows in this installation."""
-    return [reader for reader, name in READERS.items() if name in DATASETS]
-
-
 def _options():
     from ..utils.recipe import Opt, check_path, maybe
     from .cli import shared, some_of
@@ -403,8 +386,8 @@ def _options():
                     check=check_path),
         "copies": Opt(None, "write the copies into this new or empty folder and keep them (default: a temporary "
                             "folder, removed at the end)", type=maybe(str), check=check_path),
-        "readers": Opt(None, f"some of {', '.join(READERS)} (default: those available)", type=maybe(List[str]),
-                       check=some_of(list(READERS))),
+        "readers": Opt(None, f"some of {', '.join(READERS)} (default: all; hfds when the datasets package is "
+                             "installed)", type=maybe(List[str]), check=some_of(list(READERS))),
         "workers": Opt(None, "DataLoader worker counts to measure (0: in the main process; default: 0 and the CPU "
                              "count, at most 8)", type=maybe(List[int]), low=0),
         "batch_size": Opt(None, "batch of the loader and of the model's training step (default: the recipe's)",
@@ -434,22 +417,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _has_datasets() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("datasets") is not None
+
+
 def _check_inputs(args) -> Tuple[List[str], Dict[str, Path]]:
     """The readers to measure and the existing copies given, with one-line errors before any work."""
-    available = available_readers()
+    need = "dataset 'hfds' needs the Hugging Face datasets package (pip install 'simattn[hfds]')"
     note = None
     if args.readers is None:
-        readers = available
-        missing = [r for r in READERS if r not in available]
-        if missing:
-            note = (f"note: no reader for {', '.join(missing)} in this installation (create_dataset does not know "
-                    f"{', '.join(repr(READERS[r]) for r in missing)}); measuring {', '.join(readers)}")
+        readers = [r for r in READERS if r != "hfds" or _has_datasets()]
+        if "hfds" not in readers:
+            note = f"note: hfds left out: {need}; measuring {', '.join(readers)}"
     else:
         readers = list(dict.fromkeys(args.readers))
-        absent = [r for r in readers if r not in available]
-        if absent:
-            raise ValueError(f"--readers {absent[0]}: this installation has no {READERS[absent[0]]!r} dataset to read "
-                             f"it with; available: {', '.join(available)}")
+        if "hfds" in readers and not _has_datasets():
+            raise ValueError(f"--readers hfds: {need}")
     given = {}
     for reader in READERS:
         path = getattr(args, reader)
@@ -514,7 +498,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"writing {', '.join(to_write)} copies of {args.images} {args.dataset} images ({args.split}) at "
                   f"{store or 'their own size'} px as {args.format} into {work}", flush=True)
             classes, samples = source_samples(source, args.images, store, args.format, args.quality)
-            copies.update(build_copies(samples, classes, work, args.split, args.format, args.dataset, to_write))
+            copies.update(build_copies(samples, classes, work, args.split, args.format, args.dataset, to_write,
+                                       max(workers)))
         copies = {r: copies[r] for r in readers}
         # the model fixes the transform's preprocessing (mean, std, interpolation) as in training
         num_classes = len(classes) or len(open_copy(readers[0], copies[readers[0]], args.split, None).classes)

@@ -29,9 +29,11 @@ def pack_options():
     return {
         "task": Opt("classification", "what the labels are: a class per image, or a mask per image "
                     "(segmentation layouts: digits scenes, ade20k, voc, cityscapes, folder)", choices=list(TASKS)),
-        "dataset": Opt(None, "dataset name (required): classification digits, folder/imagenet, cifar10, cifar100; "
-                       "segmentation digits, ade20k, voc, cityscapes, folder", **path),
-        "data_dir": Opt(None, "the dataset's folder (not for the embedded digits)", **path),
+        "dataset": Opt(None, "dataset name (required): classification digits, folder/imagenet, cifar10, cifar100, "
+                       "hfds; segmentation digits, ade20k, voc, cityscapes, folder, hfds; wds: shards packed "
+                       "before, packed again (another shard size or encoding)", **path),
+        "data_dir": Opt(None, "the dataset's folder (not for the embedded digits); for wds also a shard pattern or "
+                        "a pipe: URL", **path),
         "split": Opt(None, "the split to pack (required), e.g. train or val; it names the shards", **path),
         "output": Opt(None, "the folder of the shards and _info.json (required); other splits there are kept", **path),
         "shard_samples": Opt(None, "samples per shard (instead of --shard-bytes)", type=maybe(int), low=1),

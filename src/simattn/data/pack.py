@@ -12,6 +12,9 @@ continues from its last whole shard, and the result is byte-identical to an unin
 ``_info.json`` (rewritten atomically, other splits kept) only once all its shards are written; then the record is
 removed and ``pack_summary.json`` gains the split's counts.
 
+Shards (``--dataset wds``) are a source too: packed again, they take another shard size or encoding; with the same
+options they give the same bytes.
+
 Every image is decoded and every label checked while packing; a bad one stops the pack with a one-line error naming
 the sample, and the shards already finished stay for a rerun to continue from.
 """
@@ -29,7 +32,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 __all__ = ["TASKS", "ENCODINGS", "DEFAULT_SHARD_BYTES", "DEFAULT_QUALITY", "PackSource", "open_source", "pack",
-           "shard_name", "INFO_NAME", "SUMMARY_NAME", "format_bytes", "check_output", "check_split_name"]
+           "samples_source", "write_samples", "shard_name", "INFO_NAME", "SUMMARY_NAME", "format_bytes",
+           "check_output", "check_split_name"]
 
 TASKS = ("classification", "segmentation")
 ENCODINGS = ("keep", "jpeg")
@@ -122,6 +126,21 @@ def _image_member(where: str, encode: str, quality: int, *, path: Optional[str] 
     return ("jpg", _jpeg(image.convert("RGB"), quality)) if encode == "jpeg" else ("png", _png(image))
 
 
+def _label_text(label, num_classes: int, where: str) -> str:
+    """``label`` as the ASCII of a ``cls`` member, or a one-line ValueError when it is no class index."""
+    if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < num_classes:
+        raise ValueError(f"{where}: label {label!r} is outside the {num_classes} classes (0..{num_classes - 1})")
+    return str(int(label))
+
+
+def _check_mask(mask: np.ndarray, num_classes: int, where: str) -> None:
+    bad = (mask < 0) | ((mask >= num_classes) & (mask != IGNORE_INDEX))
+    if bad.any():
+        values = np.unique(mask[bad])[:8].tolist()
+        raise ValueError(f"{where}: mask holds train ids {values} outside the {num_classes} classes "
+                         f"(0..{num_classes - 1}) and {IGNORE_INDEX} (ignored)")
+
+
 def _classification_source(dataset: str, data_dir, split: str, encode: str, quality: int) -> PackSource:
     from .factory import DATASETS, create_dataset
     from .folder import SkippingImageFolder
@@ -132,10 +151,7 @@ def _classification_source(dataset: str, data_dir, split: str, encode: str, qual
     where = f"split {split!r} sample"
 
     def check_label(i: int, label) -> str:
-        if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < len(classes):
-            raise ValueError(f"{where} {i}: label {label!r} is outside the {len(classes)} classes "
-                             f"(0..{len(classes) - 1})")
-        return str(int(label))
+        return _label_text(label, len(classes), f"{where} {i}")
 
     if isinstance(ds, SkippingImageFolder):
         def members(i: int) -> List[Tuple[str, bytes]]:
@@ -168,12 +184,8 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
             image, mask = ds.read(i)
         except ValueError as e:
             raise ValueError(f"split {split!r} sample {i}: {_first_line(e)}") from None
-        bad = (mask < 0) | ((mask >= k) & (mask != IGNORE_INDEX))
-        if bad.any():
-            values = np.unique(mask[bad])[:8].tolist()
-            raise ValueError(f"{where}: mask holds train ids {values} outside the {k} classes (0..{k - 1}) and "
-                             f"{IGNORE_INDEX} (ignored)")
-        if files:
+        _check_mask(mask, k, where)
+        if files and os.path.isfile(ds.images[i]):  # a saved HF dataset names its rows there, not files
             picture = _image_member(where, encode, quality, path=ds.images[i])
         else:
             picture = _image_member(where, encode, quality, image=Image.fromarray(image, mode="RGB"))
@@ -186,6 +198,48 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
         inputs["--classes-file"] = str(classes_file)
     extra = {"ignore_index": IGNORE_INDEX, "palette": [list(c) for c in ds.palette], "label_ids": list(ds.label_ids)}
     return PackSource(kind, "segmentation", list(ds.classes), len(ds), members, inputs, extra=extra)
+
+
+def _shards_source(task: str, data_dir, split: str, encode: str, quality: int) -> PackSource:
+    """Shards packed before (a folder, brace pattern or ``pipe:`` URL), packed again: another shard size or encoding.
+    Tars are read in order, so ``members(i)`` asks for the samples one after the other (a resumed pack skips to its
+    first sample)."""
+    from PIL import Image
+
+    from .shards import open_shards
+    ds = open_shards(data_dir, split, None, task)
+    reading: Dict[str, Any] = {"next": None, "samples": None}
+
+    def members(i: int) -> List[Tuple[str, bytes]]:
+        if reading["next"] != i:
+            reading["samples"] = ds.raw_samples()
+            for _ in range(i):
+                next(reading["samples"])
+        index, shard, sample = next(reading["samples"])
+        reading["next"] = i + 1
+        where = f"split {split!r} sample {i} (shard {shard})"
+        item = ds.decode(sample, shard)  # a ShardError (one line) for a missing label or mask, or one out of range
+        if item is None:
+            raise ValueError(f"{where}: cannot decode the image")
+        ext = ds.image_member(sample)
+        if encode == "jpeg":
+            rgb = item[0] if task == "classification" else Image.fromarray(item[0], mode="RGB")
+            picture = ("jpg", _jpeg(rgb, quality))
+        else:
+            picture = ("jpg" if ext == "jpeg" else ext, sample[ext])
+        if task == "classification":
+            return [picture, ("cls", str(item[1]).encode())]
+        return [picture, ("mask.png", _png(Image.fromarray(item[1].astype(np.uint8), mode="L")))]
+
+    extra = None
+    if task == "segmentation":
+        extra = {"ignore_index": ds.ignore_index, "palette": [list(c) for c in ds.palette],
+                 "label_ids": list(ds.label_ids)}
+    # the folder of local shards is the input an output may not be (pipe: and remote URLs name none here)
+    first = ds.urls[0]
+    local = not first.startswith("pipe:") and "://" not in first
+    inputs = {"--data-dir": os.path.dirname(os.path.abspath(first))} if local else {}
+    return PackSource(ds.name, task, list(ds.classes), len(ds), members, inputs, extra=extra)
 
 
 def open_source(task: str, dataset: str, data_dir, split: str, encode: str = "keep",
@@ -215,9 +269,89 @@ def open_source(task: str, dataset: str, data_dir, split: str, encode: str = "ke
     if classes_file is not None and not (task == "segmentation" and tables[task][name] == "folder"):
         raise ValueError("--classes-file applies to the segmentation folder layout only (--task segmentation "
                          "--dataset folder)")
+    if tables[task][name] == "wds":
+        return _shards_source(task, data_dir, split, encode, quality)
     if task == "classification":
         return _classification_source(dataset, data_dir, split, encode, quality)
     return _segmentation_source(dataset, data_dir, split, encode, quality, classes_file, dataset_kwargs or {})
+
+
+def _members_digest(samples: Sequence[Sequence[Tuple[str, bytes]]]) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    for members in samples:
+        for ext, data in members:
+            digest.update(f"{ext}\0{len(data)}\0".encode())
+            digest.update(data)
+        digest.update(b"\1")
+    return digest.hexdigest()
+
+
+def samples_source(name: str, task: str, classes: Sequence[str], samples: Sequence[Sequence[Tuple[str, bytes]]], *,
+                   extra: Optional[Mapping[str, Any]] = None) -> PackSource:
+    """Samples already encoded, as a source to :func:`pack`: each sample is its (extension, bytes) members, the image
+    first (under its format's extension: ``jpg``, ``png``, ...), then ``cls`` (the label as ASCII) or ``mask.png``
+    (train ids, 255 ignored). They are checked as a dataset's are: labels now, each image (and mask) as it is
+    packed. ``extra``: more ``_info.json`` keys (segmentation: ``palette``, ``label_ids``)."""
+    from PIL import Image
+    if task not in TASKS:
+        raise ValueError(f"task {task!r}: allowed: {', '.join(TASKS)}")
+    classes = [str(c) for c in classes]
+    k = len(classes)
+    samples = [list(members) for members in samples]
+    target = "cls" if task == "classification" else "mask.png"
+    for i, members in enumerate(samples):
+        exts = [ext for ext, _ in members]
+        if len(members) < 2 or exts[0] == target or target not in exts:
+            raise ValueError(f"sample {i}: members {exts}; expected the image first, then {target!r}")
+    targets = None
+    if task == "classification":
+        targets = []
+        for i, members in enumerate(samples):
+            text = dict(members)["cls"]
+            try:
+                label = int(text.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                raise ValueError(f"sample {i}: label {text[:40]!r} is no class index") from None
+            _label_text(label, k, f"sample {i}")
+            targets.append(label)
+
+    def members(i: int) -> List[Tuple[str, bytes]]:
+        where = f"sample {i}"
+        image = _decoded(samples[i][0][1], where)
+        if task == "segmentation":
+            try:
+                with Image.open(io.BytesIO(dict(samples[i])["mask.png"])) as m:
+                    mode, size, mask = m.mode, m.size, np.asarray(m).astype(np.int64)
+            except Exception as e:
+                raise ValueError(f"{where}: cannot decode the mask: {type(e).__name__}: {_first_line(e)}") from None
+            if mode not in ("L", "P") or size != image.size:
+                raise ValueError(f"{where}: mask is {size[0]}x{size[1]} in PIL mode {mode}; expected a one-channel "
+                                 f"index mask (L or P) of the image's {image.size[0]}x{image.size[1]}")
+            _check_mask(mask, k, where)
+        return samples[i]
+
+    head = {"ignore_index": IGNORE_INDEX} if task == "segmentation" else {}
+    return PackSource(name, task, classes, len(samples), members, {}, targets=targets,
+                      extra={**head, **dict(extra or {})} or None)
+
+
+def write_samples(samples: Sequence[Sequence[Tuple[str, bytes]]], split: str, output, *, name: str,
+                  classes: Sequence[str], task: str = "classification", extra: Optional[Mapping[str, Any]] = None,
+                  shard_samples: Optional[int] = None, shard_bytes: Optional[int] = None,
+                  show_progress: bool = False, log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
+    """Pack encoded ``samples`` (see :func:`samples_source`) as the shards of ``split`` in ``output`` with
+    ``_info.json``, as :func:`pack` does (``shard_bytes`` defaults to :data:`DEFAULT_SHARD_BYTES` when neither size is
+    given); returns the split's summary. Silent unless ``log`` is given (it gets each line of progress)."""
+    samples = [list(members) for members in samples]
+    source = samples_source(name, task, classes, samples, extra=extra)
+    if shard_samples is None and shard_bytes is None:
+        shard_bytes = DEFAULT_SHARD_BYTES
+    # the samples' digest makes a rerun with other samples a pack of other options, never a resumption
+    options = {"task": task, "dataset": name, "split": split, "samples_sha256": _members_digest(samples),
+               "shard_samples": shard_samples, "shard_bytes": shard_bytes}
+    return pack(source, split, output, options, shard_samples=shard_samples, shard_bytes=shard_bytes,
+                show_progress=show_progress, log=log or (lambda line: None))
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -397,7 +531,7 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
     ``options`` are what makes the shards (dataset, folder, encoding, shard size, ...): a pack in progress or a
     split already packed with other options is refused in one line.
     """
-    from ..engine.runs import lock_run_folder, release_run_folders
+    from ..engine.runs import held_run_folders, lock_run_folder, release_run_folders
     from ..utils.io import atomic_write_json
     from ..utils.runlog import use_tqdm
 
@@ -455,8 +589,9 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
         state_path.unlink(missing_ok=True)
         return summary
     finally:
-        if took:
-            release_run_folders()
+        if took:  # this folder only: others this process holds (a run writing copies) stay locked
+            mine = os.path.realpath(out)
+            release_run_folders(keep=[k for k in held_run_folders() if k != mine])
 
 
 def _write_shards(source: PackSource, split: str, out: Path, state: Dict[str, Any], shards: List[Dict[str, Any]],

@@ -290,7 +290,8 @@ class ShardDataset(IterableDataset):
         return SegmentationDataset.encode_prediction(self, pred)
 
     # ----- one shard
-    def _read_shard(self, shard: int) -> Iterator[Any]:
+    def _raw_shard(self, shard: int) -> Iterator[Tuple[int, str, Dict[str, Any]]]:
+        """(index in the split, shard name, webdataset sample) of shard ``shard``, its count checked."""
         from webdataset.tariterators import tarfile_samples
         url, expected = self.urls[shard], self.lengths[shard]
         name = shard_name(url)
@@ -307,9 +308,20 @@ class ShardDataset(IterableDataset):
             if count >= expected:
                 raise ShardError(f"shard {name} holds more samples than the {expected} _info.json records for it: "
                                  "the info does not match the shards")
-            index = self.offsets[shard] + count
+            yield self.offsets[shard] + count, name, sample
             count += 1
-            item = self._decode(sample, name)
+        if count != expected:
+            raise ShardError(f"shard {name} holds {count} samples but _info.json records {expected}: the info does "
+                             "not match the shards")
+
+    def raw_samples(self) -> Iterator[Tuple[int, str, Dict[str, Any]]]:
+        """Every sample undecoded (its members' bytes), in the packed order: (index, shard name, sample)."""
+        for shard in range(len(self.urls)):
+            yield from self._raw_shard(shard)
+
+    def _read_shard(self, shard: int) -> Iterator[Any]:
+        for index, name, sample in self._raw_shard(shard):
+            item = self.decode(sample, name)
             if item is None:
                 yield None
                 continue
@@ -320,9 +332,6 @@ class ShardDataset(IterableDataset):
             else:
                 item = self._transform(item)
             yield (*item, index) if self.with_index else item
-        if count != expected:
-            raise ShardError(f"shard {name} holds {count} samples but _info.json records {expected}: the info does "
-                             "not match the shards")
 
     def _transform(self, item: Tuple[Any, Any]) -> Tuple[Any, Any]:
         image, target = item
@@ -333,13 +342,21 @@ class ShardDataset(IterableDataset):
             return tuple(self.transform(image, target))
         return (self.transform(image) if self.transform is not None else image), target
 
-    def _decode(self, sample: Dict[str, Any], name: str) -> Optional[Tuple[Any, Any]]:
+    @staticmethod
+    def image_member(sample: Dict[str, Any]) -> Optional[str]:
+        """The extension of the sample's image member (None: it has none)."""
+        return next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+
+    def decode(self, sample: Dict[str, Any], name: str) -> Optional[Tuple[Any, Any]]:
+        """(RGB PIL image, label) or (uint8 image array, int64 mask) of a raw sample of shard ``name``, checked;
+        None when the image does not decode (logged)."""
         from .images import read_image
         key = sample.get("__key__")
-        ext = next((e for e in IMAGE_EXTENSIONS if e in sample), None)
+        ext = self.image_member(sample)
         if ext is None:
             raise ShardError(f"shard {name}: sample {key} has no image (members: "
-                             f"{', '.join(k for k in sample if not k.startswith('__'))}; expected a .jpg or .png)")
+                             f"{', '.join(k for k in sample if not k.startswith('__'))}; expected one of "
+                             f"{', '.join('.' + e for e in IMAGE_EXTENSIONS)})")
         target_key = "mask.png" if self.task == "segmentation" else "cls"
         if target_key not in sample:
             what = "mask" if self.task == "segmentation" else "label"
