@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from cli_inputs import FLAGS, one_line_error
 from shard_fixtures import digits_samples, png_bytes, write_broken_split, write_digits, write_numbered, \
@@ -221,3 +222,78 @@ def test_segment_trains_and_evaluates_on_shards(tmp_path, capsys):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     # 3 shards of 8 over 2 workers: 16 + 8 samples, 4 + 2 batches of 4
     assert summary["updates"] == 6 and "val_miou" in summary["history"][-1]
+
+
+IMAGENET_LENGTHS = [1252] * 1023 + [371]  # 1,281,167 images packed 1252 a shard
+
+
+def _ideal_steps(lengths, world, workers, batch, seed, epochs):
+    """The most steps all ranks could run without reading a sample twice, even if batches could mix the workers'
+    streams: the fewest samples any rank holds in any epoch, in whole batches."""
+    lengths = np.asarray(lengths)
+    return min(sum(int(lengths[slot].sum()) for slot in rank) // batch
+               for epoch in range(epochs) for rank in shard_slots(len(lengths), world, workers, seed, epoch, True))
+
+
+def test_shard_steps_use_what_the_epochs_shard_order_gives():
+    from simattn.engine.data import shard_steps
+    assert sum(IMAGENET_LENGTHS) == 1_281_167
+    world, workers, batch = 16, 8, 128
+    steps, used, note = shard_steps(IMAGENET_LENGTHS, world, workers, batch, seed=0, epochs=5,
+                                    requested_workers=workers)
+    # one worker stream per epoch holds the short shard: 371 + 7 × 1252 samples = 71 batches, the other 127
+    # streams 8 × 1252 = 78; its rank gives 71 + 7 × 78 = 617 batches, the others 624
+    assert steps == 617 and used == 617 * batch * world == 1_263_616
+    # the bound asserted: at most workers - 1 steps below the ideal (619 here), as each of a rank's worker streams
+    # drops less than one batch; a count that assumes every stream gets the shortest shards at once (568) fails it
+    ideal = _ideal_steps(IMAGENET_LENGTHS, world, workers, batch, 0, 5)
+    assert ideal == 619 and ideal - (workers - 1) <= steps <= ideal
+    assert note is not None and len(note.splitlines()) == 1
+    assert "1,281,167 samples" in note and "uses 1,263,616 and leaves 17,551 out" in note
+    assert "the last shard is short (371 samples" in note
+    # random shard lengths: the bound holds for every run length, and the note appears exactly when samples are
+    # left out
+    rng = np.random.default_rng(0)
+    for trial in range(12):
+        lengths = rng.integers(5, 40, int(rng.integers(4, 30))).tolist()
+        world, workers, batch = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 9))
+        epochs = int(rng.integers(1, 4))
+        steps, used, note = shard_steps(lengths, world, workers, batch, seed=trial, epochs=epochs)
+        ideal = _ideal_steps(lengths, world, workers, batch, trial, epochs)
+        assert ideal - (workers - 1) <= steps <= ideal and used == steps * batch * world <= sum(lengths)
+        assert (note is None) == (used == sum(lengths))
+    # equal shards that split evenly in whole batches: nothing left out, no note
+    assert shard_steps([1280] * 1024, 16, 8, 128, seed=0, epochs=3) == (640, 1_310_720, None)
+    # the same shards with the ImageNet-like short last one over 16 × 8 streams: a note though 1024 splits evenly
+    assert shard_steps([1280] * 1023 + [371], 16, 8, 128, seed=0, epochs=3)[2] is not None
+
+
+class _RecordedShards(torch.utils.data.IterableDataset):
+    """Only what the engine reads before streaming: the shard URLs and their recorded lengths."""
+
+    def __init__(self, lengths):
+        self.lengths, self.urls = list(lengths), [f"train-{i:06d}.tar" for i in range(len(lengths))]
+
+    def __len__(self):
+        return sum(self.lengths)
+
+    def configure(self, *args, **kwargs):
+        return self
+
+    def __iter__(self):
+        raise AssertionError("not read")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+def test_engine_steps_and_note_on_imagenet_like_shards(capsys):
+    from simattn.engine.config import EngineConfig
+    from simattn.engine.data import build_train_loader
+    from simattn.engine.dist import DistInfo
+    cfg = EngineConfig(batch_size=128, workers=8, seed=0, epochs=3, device="cpu")
+    for rank in (0, 5):  # every rank computes the same count; only rank 0 prints
+        loader, _ = build_train_loader(_RecordedShards(IMAGENET_LENGTHS), cfg, DistInfo(rank=rank, world_size=16))
+        assert len(loader) == 617
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert len(notes) == 1 and "leaves 17,551 out" in notes[0] and "16 process(es) × 8 worker(s)" in notes[0]
+    loader, _ = build_train_loader(_RecordedShards([1280] * 1024), cfg, DistInfo(rank=0, world_size=16))
+    assert len(loader) == 640 and capsys.readouterr().out == ""

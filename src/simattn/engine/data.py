@@ -10,15 +10,16 @@ assembled here.
 An iterable dataset (webdataset shards, :class:`~simattn.data.shards.ShardDataset`) is read shard by shard: every
 rank and every DataLoader worker reads distinct shards, in an order shuffled per epoch from (seed, epoch), and every
 sample's augmentation runs under a seed of (seed, epoch, its index). All ranks run the same number of steps, the
-fewest any rank's shards give (counted from the recorded shard lengths). A run resumed at an epoch's start sees the
-order of an uninterrupted run; one resumed mid-epoch restarts that epoch's shard stream for its remaining steps (the
-samples already seen that epoch are seen again, those after them not), and from the next epoch on is exact again.
+fewest any rank's shards give in any epoch of the run (counted from the recorded shard lengths, see
+:func:`shard_steps`). A run resumed at an epoch's start sees the order of an uninterrupted run; one resumed
+mid-epoch restarts that epoch's shard stream for its remaining steps (the samples already seen that epoch are seen
+again, those after them not), and from the next epoch on is exact again.
 """
 from __future__ import annotations
 
 import random
 from contextlib import contextmanager
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from .dist import DistInfo
 from .config import EngineConfig
 
 __all__ = ["SeededSamples", "ResumableSampler", "ShardEpochs", "SizedLoader", "build_train_loader",
-           "build_eval_loader", "sample_seed"]
+           "build_eval_loader", "sample_seed", "shard_steps"]
 
 
 def sample_seed(seed: int, epoch: int, rank: int, position: int) -> int:
@@ -171,16 +172,71 @@ def _usable_workers(num_shards: int, world_size: int, workers: int) -> int:
     return min(workers, max(1, num_shards // world_size)) if workers > 0 else 0
 
 
-def _slot_samples(dataset, world_size: int, workers: int, worst: bool = False) -> List[List[int]]:
-    """Samples per (rank, worker) in the packed order, or (``worst``) the fewest any epoch's order gives: the sum of
-    the shortest shards, as many as the slot reads."""
-    from ..data.shards import shard_slots, slot_sizes
+def _slot_samples(dataset, world_size: int, workers: int) -> List[List[int]]:
+    """Samples per (rank, worker) in the packed order."""
+    from ..data.shards import shard_slots
     lengths = list(dataset.lengths)
-    if worst:
-        low = sorted(lengths)
-        return [[sum(low[:k]) for k in rank] for rank in slot_sizes(len(lengths), world_size, workers)]
     return [[sum(lengths[i] for i in slot) for slot in rank]
             for rank in shard_slots(len(lengths), world_size, workers, 0, 0, False)]
+
+
+def _epoch_rank_batches(lengths: np.ndarray, world_size: int, workers: int, batch_size: int, seed: int,
+                        epoch: int) -> List[int]:
+    """Batches each rank's loader gives in ``epoch``: every worker batches its own shards and drops its last
+    partial batch."""
+    from ..data.shards import shard_slots
+    slots = shard_slots(len(lengths), world_size, workers, seed, epoch, True)
+    return [sum(int(lengths[slot].sum()) // batch_size for slot in rank) for rank in slots]
+
+
+def shard_steps(lengths: Sequence[int], world_size: int, workers: int, batch_size: int, seed: int, epochs: int,
+                requested_workers: Optional[int] = None) -> Tuple[int, int, Optional[str]]:
+    """(steps every rank runs per epoch, samples each epoch uses, the one-line note or None) for shards of
+    ``lengths`` read by ``world_size`` ranks × ``workers`` loader workers (0 counts as 1) in batches of
+    ``batch_size``, over epochs ``0 .. epochs - 1`` of the shard order drawn from ``seed``.
+
+    Why this count: the step count is fixed for the run (the LR schedule, the global step and resuming count
+    updates per epoch), all ranks must run the same number of steps (DDP) and no rank may run out of samples, and
+    no sample is read twice. The shard order of every epoch is a function of (seed, epoch) known to every rank, so
+    each rank computes the batches every rank's loader gives in every epoch of the run, the same on all ranks, and
+    takes the minimum: the largest fixed count no epoch falls short of, reached by some rank in some epoch. A bound
+    over every possible order (a rank gets the shortest shards) would be safe for any epoch count but throws away
+    what the actual orders give: with shards of unequal lengths it assumes one rank gets all the short ones. The
+    price is that a run resumed with more epochs recomputes the count over its own epochs (it can only shrink).
+
+    Each epoch uses ``steps × batch_size × world_size`` samples; the others are left out (other ones each epoch,
+    as the shards are shuffled) because the ranks' shards hold unequal counts (a shard count that does not split
+    evenly, a short last shard, shards of different lengths) and each worker drops its last partial batch. The note
+    says how many and why whenever any are left out, else it is None."""
+    lengths_np = np.asarray(list(lengths), dtype=np.int64)
+    num_shards, slots = len(lengths_np), max(workers, 1)
+    steps = min(min(_epoch_rank_batches(lengths_np, world_size, slots, batch_size, seed, epoch))
+                for epoch in range(max(epochs, 1)))
+    total = int(lengths_np.sum())
+    used = steps * batch_size * world_size
+    if used >= total:
+        return steps, used, None
+    from ..data.shards import slot_sizes
+    why = []
+    per_rank = [sum(r) for r in slot_sizes(num_shards, world_size, slots)]
+    if requested_workers is not None and workers < requested_workers:
+        why.append(f"{workers} loader workers (not {requested_workers}: {num_shards} shards)")
+    if num_shards % (world_size * slots):
+        more = [r for r, n in enumerate(per_rank) if n == max(per_rank)]
+        why.append(f"{num_shards} shards do not split evenly over {world_size} process(es) × {slots} worker(s): "
+                   f"rank(s) {','.join(map(str, more))} read {max(per_rank)} shards and the others {min(per_rank)}")
+    head = lengths_np[:-1]
+    if num_shards > 1 and (head == head[0]).all() and lengths_np[-1] < head[0]:
+        why.append(f"the last shard is short ({lengths_np[-1]:,} samples, the others {head[0]:,})")
+    elif lengths_np.min() != lengths_np.max():
+        why.append(f"shards hold {lengths_np.min():,} to {lengths_np.max():,} samples")
+    if len(why) > (requested_workers is not None and workers < requested_workers):
+        why.append("every rank runs the steps of the rank whose shards give the fewest batches")
+    why.append("each worker drops its last partial batch")
+    return steps, used, (f"note: shards: {total:,} samples in {num_shards} shards over {world_size} process(es) × "
+                         f"{slots} worker(s), batch {batch_size}: every rank runs {steps} steps, so each epoch uses "
+                         f"{used:,} and leaves {total - used:,} out (other ones each epoch, as the shards are "
+                         f"shuffled): " + "; ".join(why))
 
 
 def _shard_train_loader(dataset, cfg: EngineConfig, dist: DistInfo, pin_memory: bool,
@@ -193,25 +249,14 @@ def _shard_train_loader(dataset, cfg: EngineConfig, dist: DistInfo, pin_memory: 
         raise ValueError(f"the training split has {num_shards} shard(s) for {world} processes: every process needs "
                          "at least one; pack it into more, smaller shards (--shard-samples)")
     workers = _usable_workers(num_shards, world, cfg.workers)
-    slots = max(workers, 1)
-    # each worker batches its own stream and drops its last partial batch; every rank runs the steps of the
-    # rank whose shards give the fewest batches in any epoch's order
-    worst = _slot_samples(dataset, world, slots, worst=True)
-    steps = min(sum(n // cfg.batch_size for n in rank) for rank in worst)
+    # the epochs the scheduler runs (timm adds the cooldown epochs)
+    steps, _, note = shard_steps(dataset.lengths, world, workers, cfg.batch_size, cfg.seed,
+                                 cfg.epochs + cfg.cooldown_epochs, requested_workers=cfg.workers)
     if steps < 1:
-        raise ValueError(f"training set too small: {min(map(sum, worst))} samples per rank (in "
-                         f"{slots} worker stream(s)) for batch size {cfg.batch_size}")
-    if dist.is_main and (num_shards % (world * slots) or workers < cfg.workers):
-        from ..data.shards import slot_sizes
-        shards = slot_sizes(num_shards, world, slots)
-        per_rank = [sum(r) for r in shards]
-        more = [r for r, n in enumerate(per_rank) if n == max(per_rank)]
-        used, total = steps * cfg.batch_size * world, len(dataset)
-        capped = f"{workers} loader workers (not {cfg.workers}: {num_shards} shards), " if workers < cfg.workers else ""
-        print(f"note: {num_shards} shards do not split evenly over {world} process(es) × {slots} worker(s): "
-              f"{capped}rank(s) {','.join(map(str, more))} read {max(per_rank)} shards and the others "
-              f"{min(per_rank)}; every rank runs {steps} steps of {cfg.batch_size}, so {total - used} of the {total} "
-              "samples are left out of each epoch (other ones each epoch, as the shards are shuffled)", flush=True)
+        raise ValueError(f"training set too small: {len(dataset)} samples in {num_shards} shard(s) give a rank no "
+                         f"whole batch of {cfg.batch_size} (in {max(workers, 1)} worker stream(s)) in some epoch")
+    if dist.is_main and note:
+        print(note, flush=True)
     dataset.configure(dist.rank, world, cfg.seed, shuffle=True, seeded=True)
     loader = DataLoader(
         dataset, batch_size=cfg.batch_size, drop_last=True, num_workers=workers,
