@@ -297,3 +297,22 @@ def test_engine_steps_and_note_on_imagenet_like_shards(capsys):
     assert len(notes) == 1 and "leaves 17,551 out" in notes[0] and "16 process(es) × 8 worker(s)" in notes[0]
     loader, _ = build_train_loader(_RecordedShards([1280] * 1024), cfg, DistInfo(rank=0, world_size=16))
     assert len(loader) == 640 and capsys.readouterr().out == ""
+
+
+def test_training_streams_shuffle_samples_within_a_shard(tmp_path):
+    # One shard: shuffling shards alone would replay the packed order every epoch. The training stream's order must
+    # change between epochs, be the same for the same (seed, epoch), and still hold every sample once.
+    write_numbered(tmp_path, "train", [40])
+    data = create_dataset("wds", str(tmp_path), "train")
+    data.configure(seed=3, shuffle=True)
+
+    def order(epoch):
+        data.set_epoch(epoch)
+        return [int(np.asarray(image)[0, 0, 0]) for image, _ in data]
+
+    first, again, second = order(0), order(0), order(1)
+    assert sorted(first) == list(range(40)) and sorted(second) == list(range(40))
+    assert first == again
+    assert first != list(range(40)) and second != first
+    data.configure(seed=3, shuffle=False)  # evaluation streams keep the packed order
+    assert order(0) == list(range(40))

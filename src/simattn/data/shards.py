@@ -22,12 +22,16 @@ import io
 import json
 import logging
 import os
+import random
 import shlex
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
+
+#: undecoded samples each training stream holds to shuffle within and across its shards (webdataset's default)
+SAMPLE_SHUFFLE_BUFFER = 1000
 
 __all__ = ["ShardDataset", "ShardError", "open_shards", "shard_slots", "IMAGE_EXTENSIONS"]
 
@@ -282,8 +286,16 @@ class ShardDataset(IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for shard in self.my_shards(worker, workers):
-            yield from self._read_shard(shard)
+        samples = (s for shard in self.my_shards(worker, workers) for s in self._raw_shard(shard))
+        if self.shuffle:
+            # Shuffling shards alone would replay each shard's packed order every epoch (and a split packed into
+            # one shard would never be shuffled): a buffer of undecoded samples mixes them, drawn from the same
+            # (seed, epoch) plus this stream's rank and worker, so a resumed run sees the same order.
+            from webdataset.filters import shuffle
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
+            samples = shuffle(SAMPLE_SHUFFLE_BUFFER, initial=SAMPLE_SHUFFLE_BUFFER,
+                              rng=random.Random(int(rng.integers(2 ** 63))))(samples)
+        yield from self._read(samples)
 
     def encode_prediction(self, pred: np.ndarray) -> np.ndarray:
         from .segmentation import SegmentationDataset
@@ -319,8 +331,8 @@ class ShardDataset(IterableDataset):
         for shard in range(len(self.urls)):
             yield from self._raw_shard(shard)
 
-    def _read_shard(self, shard: int) -> Iterator[Any]:
-        for index, name, sample in self._raw_shard(shard):
+    def _read(self, samples: Iterator[Tuple[int, str, Dict[str, Any]]]) -> Iterator[Any]:
+        for index, name, sample in samples:
             item = self.decode(sample, name)
             if item is None:
                 yield None
