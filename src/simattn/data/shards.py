@@ -32,6 +32,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 #: undecoded samples each training stream holds to shuffle within and across its shards (webdataset's default)
 SAMPLE_SHUFFLE_BUFFER = 1000
+#: samples buffered before the first one is yielded (webdataset's default): a stream starts without a full buffer
+SAMPLE_SHUFFLE_INITIAL = 100
 
 __all__ = ["ShardDataset", "ShardError", "open_shards", "shard_slots", "IMAGE_EXTENSIONS"]
 
@@ -293,7 +295,7 @@ class ShardDataset(IterableDataset):
             # (seed, epoch) plus this stream's rank and worker, so a resumed run sees the same order.
             from webdataset.filters import shuffle
             rng = np.random.default_rng([self.seed, self.epoch, self.rank, worker])
-            samples = shuffle(SAMPLE_SHUFFLE_BUFFER, initial=SAMPLE_SHUFFLE_BUFFER,
+            samples = shuffle(SAMPLE_SHUFFLE_BUFFER, initial=SAMPLE_SHUFFLE_INITIAL,
                               rng=random.Random(int(rng.integers(2 ** 63))))(samples)
         yield from self._read(samples)
 
