@@ -116,7 +116,7 @@ def test_the_samples_writer_refuses_what_the_readers_would(tmp_path):
 
 def test_a_pack_keeps_the_other_folders_this_process_holds(tmp_path):
     from simattn.data.pack import write_samples
-    from simattn.engine.runs import held_run_folders, lock_run_folder, release_run_folders
+    from simattn.utils.runs import held_run_folders, lock_run_folder, release_run_folders
     run = tmp_path / "run"
     run.mkdir()
     assert lock_run_folder(run)

@@ -16,7 +16,7 @@ import simattn  # noqa: F401  (registers the models)
 from simattn.cli import main as simattn_main
 from simattn.train import Trainer, load_config, train
 from simattn.utils.io import atomic_torch_save, check_finite_weights, read_safetensors_metadata
-from simattn.engine.runs import check_run_folder, default_output
+from simattn.utils.runs import check_run_folder, default_output
 
 TINY = dict(model="sima_deit_tiny_patch16_224",
             model_kwargs={"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2},

@@ -22,7 +22,7 @@ import simattn  # noqa: F401  (registers the models)
 from simattn.cli import main as simattn_main
 from simattn.data.folder import image_folder
 from simattn.utils.recipe import Opt, check_value, quoted
-from simattn.engine.runs import LOCK_NAME
+from simattn.utils.runs import LOCK_NAME
 
 from cli_inputs import FLAGS, TINY_KWARGS, one_line_error as _one_line_error  # noqa: F401
 
@@ -118,7 +118,7 @@ def test_ssl_and_convert_refuse_a_folder_a_live_run_holds(tmp_path, holder, caps
 
 
 def test_the_lock_is_taken_under_the_check_and_given_back(tmp_path):
-    from simattn.engine.runs import claim_run_folder, held_run_folders, lock_run_folder, release_run_folders
+    from simattn.utils.runs import claim_run_folder, held_run_folders, lock_run_folder, release_run_folders
     out = tmp_path / "run"
     held = held_run_folders()
     assert claim_run_folder(out) is True and claim_run_folder(out) is False  # this process holds it already

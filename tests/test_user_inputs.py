@@ -21,7 +21,7 @@ from simattn.cli import main as simattn_main
 from simattn.data.folder import image_folder
 from simattn.data.images import load_image
 from simattn.utils.io import atomic_write_json, check_outputs
-from simattn.engine.runs import claim_run_folder, run_files, settle_replaced
+from simattn.utils.runs import claim_run_folder, run_files, settle_replaced
 
 from cli_inputs import FLAGS, TINY_KWARGS, one_line_error as _one_line_error  # noqa: F401
 

@@ -35,7 +35,7 @@ def run_command(name: str, module_name: str, rest: List[str]) -> int:
         return 1
     finally:
         # files an --overwrite run moved aside: dropped once it succeeded, put back when it failed or was stopped
-        from .engine.runs import settle_replaced
+        from .utils.runs import settle_replaced
         settle_replaced(code == 0)
 
 

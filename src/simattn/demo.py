@@ -65,7 +65,7 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
     from .validate import validate_weights
     from .engine.log import format_table
     from .utils.io import atomic_write_json, atomic_write_text
-    from .engine.runs import run_files
+    from .utils.runs import run_files
     from .utils.timing import set_threads
 
     out = Path(output)

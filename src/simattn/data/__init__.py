@@ -6,6 +6,7 @@ from .digits import DigitsDataset, digits_tensors
 from .factory import DATASETS, create_dataset, dataset_classes
 from .folder import SkippingImageFolder, collate_skipping_unreadable, image_folder
 from .segmentation import SEG_DATASETS, SegmentationDataset, create_segmentation_dataset
+from . import hfds, shards  # noqa: F401  (register their segmentation readers)
 
 __all__ = [
     "DigitsDataset", "digits_tensors", "DATASETS", "create_dataset", "dataset_classes", "image_folder",

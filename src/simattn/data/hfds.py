@@ -30,7 +30,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from torch.utils.data import Dataset
 
-from .segmentation import _INDEX_MODES, IGNORE_INDEX, FileSegmentationDataset, _lut, read_classes_file
+from .segmentation import _INDEX_MODES, IGNORE_INDEX, STORED_READERS, FileSegmentationDataset, _lut, read_classes_file
 
 __all__ = ["HFImageDataset", "hfds_dataset", "hfds_segmentation_dataset", "open_hfds_split", "ALL_SPLIT"]
 
@@ -306,3 +306,6 @@ class _HFSegmentation(FileSegmentationDataset):
             raise ValueError(f"mask {mask_name} is {raw.shape[1]}x{raw.shape[0]} but its image is "
                              f"{image.shape[1]}x{image.shape[0]}: a mask must have its image's size")
         return image, self.map_labels(raw, mask_name)
+
+
+STORED_READERS["hfds"] = hfds_segmentation_dataset

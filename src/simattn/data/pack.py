@@ -531,7 +531,7 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
     ``options`` are what makes the shards (dataset, folder, encoding, shard size, ...): a pack in progress or a
     split already packed with other options is refused in one line.
     """
-    from ..engine.runs import held_run_folders, lock_run_folder, release_run_folders
+    from ..utils.runs import held_run_folders, lock_run_folder, release_run_folders
     from ..utils.io import atomic_write_json
     from ..utils.runlog import use_tqdm
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -466,6 +466,11 @@ class DigitScenes(SegmentationDataset):
 
 
 # ------------------------------------------------------------------------------------------------ entry point
+#: 'wds' and 'hfds' → reader(root, split, classes_file, transform); filled in by :mod:`simattn.data.shards` and
+#: :mod:`simattn.data.hfds`, which import this module (the package imports both)
+STORED_READERS: Dict[str, Callable[..., Any]] = {}
+
+
 def create_segmentation_dataset(name: str, root=None, split: str = "train", *, train: Optional[bool] = None,
                                 crop_size=(512, 512), scale=(2048, 512), ratio_range=(0.5, 2.0),
                                 cat_max_ratio: float = 0.75, hflip_prob: float = 0.5, photometric: bool = True,
@@ -498,16 +503,12 @@ def create_segmentation_dataset(name: str, root=None, split: str = "train", *, t
         transform = SegEvalTransform(scale, mean, std)
     if kind == "digits":
         return DigitScenes(split, transform=transform, **options)
-    if kind == "wds":  # webdataset shards of image + mask.png samples (an IterableDataset)
-        from .shards import open_shards
-        return open_shards(root, split, transform, task="segmentation")
+    if kind in STORED_READERS:  # shards and saved Hugging Face datasets: their modules build on this one
+        return STORED_READERS[kind](root, split, classes_file, transform)
     if kind == "ade20k":
         return ade20k_dataset(root, split, transform)
     if kind == "voc":
         return voc_dataset(root, split, transform)
     if kind == "cityscapes":
         return cityscapes_dataset(root, split, transform)
-    if kind == "hfds":
-        from .hfds import hfds_segmentation_dataset
-        return hfds_segmentation_dataset(root, split, classes_file, transform)
     return folder_dataset(root, split, classes_file, transform)

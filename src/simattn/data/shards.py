@@ -30,6 +30,8 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .segmentation import STORED_READERS
+
 #: undecoded samples each training stream holds to shuffle within and across its shards (webdataset's default)
 SAMPLE_SHUFFLE_BUFFER = 1000
 #: samples buffered before the first one is yielded (webdataset's default): a stream starts without a full buffer
@@ -340,8 +342,8 @@ class ShardDataset(IterableDataset):
                 yield None
                 continue
             if self.seeded:
-                from ..engine.data import _seeded_rngs, sample_seed
-                with _seeded_rngs(sample_seed(self.seed, self.epoch, 0, index)):
+                from .seeding import sample_seed, seeded_rngs
+                with seeded_rngs(sample_seed(self.seed, self.epoch, 0, index)):
                     item = self._transform(item)
             else:
                 item = self._transform(item)
@@ -422,3 +424,10 @@ def open_shards(root: Any, split: str = "train", transform: Optional[Callable] =
                 task: str = "classification") -> ShardDataset:
     """The ``split`` of the shards at ``root`` (a folder with ``_info.json``, a brace pattern or a ``pipe:`` URL)."""
     return ShardDataset(root, split, transform, task)
+
+
+def _segmentation_shards(root: Any, split: str, classes_file: Any, transform: Optional[Callable]) -> ShardDataset:
+    return open_shards(root, split, transform, task="segmentation")  # classes come from _info.json
+
+
+STORED_READERS["wds"] = _segmentation_shards

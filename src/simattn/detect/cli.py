@@ -56,7 +56,7 @@ def main(argv: List[str]) -> int:
             print(json_dumps({"output": results["output"], **_ap_summary(results.get("eval", {}))}))
         return 0
     from ..utils.io import atomic_write_json
-    from ..engine.runs import results_folder
+    from ..utils.runs import results_folder
     name = recipe_name(args.config) or "detect"
     out = results_folder(cfg.output, args.weights, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(cfg, args.weights)

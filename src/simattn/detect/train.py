@@ -125,7 +125,7 @@ def train(cfg: DetectConfig) -> Dict[str, Any]:
     ``output``) on the main process, ``{}`` on the others.
 
     ``resume`` continues a checkpoint (``auto``: ``<output>/last.pth``); the run folder follows
-    :mod:`simattn.engine.runs` (``runs/<recipe>/<date-time>`` by default, another run's folder only with
+    :mod:`simattn.utils.runs` (``runs/<recipe>/<date-time>`` by default, another run's folder only with
     ``overwrite``). Epochs count from 1.
     """
     result = run(cfg, DetectionTrainer)

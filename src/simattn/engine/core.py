@@ -3,7 +3,7 @@ task run by :class:`Engine`.
 
 The engine owns the run: the process group (:mod:`simattn.engine.dist`), world size, rank and device, the DDP wrap,
 SyncBatchNorm, AMP (its dtype and loss scaling), gradient accumulation and clipping, the weight EMA, the non-finite
-guard, the run folder (:mod:`simattn.engine.runs`), the config check, the one checkpoint (``last.pth``,
+guard, the run folder (:mod:`simattn.utils.runs`), the config check, the one checkpoint (``last.pth``,
 :mod:`simattn.engine.state`) and its same-run check on resume, the reproducible data stream
 (:mod:`simattn.engine.data`), ``metrics.jsonl``, ``summary.json``/``summary.csv``, ``config.yaml`` and progress; a
 command made of several runs (convert's stages) runs them through :mod:`simattn.engine.stages`. One process or many
@@ -56,7 +56,7 @@ from ..utils.global_state import preserved_global_state
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
 from ..utils.recipe import quoted, recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
-from .runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_run_folder, held_run_folders,
+from ..utils.runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_run_folder, held_run_folders,
                           release_run_folders, resolve_output)
 from ..utils.timing import set_threads
 from .config import EngineConfig, scaled_lr

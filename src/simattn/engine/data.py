@@ -17,8 +17,6 @@ again, those after them not), and from the next epoch on is exact again.
 """
 from __future__ import annotations
 
-import random
-from contextlib import contextmanager
 from typing import Callable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,31 +24,12 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, Subset
 
 from ..data.folder import collate_skipping_unreadable
+from ..data.seeding import sample_seed, seeded_rngs as _seeded_rngs
 from .dist import DistInfo
 from .config import EngineConfig
 
 __all__ = ["SeededSamples", "ResumableSampler", "ShardEpochs", "SizedLoader", "build_train_loader",
            "build_eval_loader", "sample_seed", "shard_steps"]
-
-
-def sample_seed(seed: int, epoch: int, rank: int, position: int) -> int:
-    """The augmentation seed of the sample at ``position`` of ``rank``'s stream in ``epoch``."""
-    return int(np.random.SeedSequence([seed, epoch, rank, position]).generate_state(1)[0])
-
-
-@contextmanager
-def _seeded_rngs(seed: int) -> Iterator[None]:
-    # torchvision draws from torch's CPU generator, timm's RandAugment/RandomErasing from `random` (and torch)
-    py_state, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.default_generator.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(py_state)
-            np.random.set_state(np_state)
 
 
 class SeededSamples(Dataset):

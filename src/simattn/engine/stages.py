@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..utils.recipe import recipe_name
-from .runs import check_not_in_use, lock_run_folder, open_run_folder, run_files
+from ..utils.runs import check_not_in_use, lock_run_folder, open_run_folder, run_files
 from .config import EngineConfig
 from .dist import DistInfo, barrier
 

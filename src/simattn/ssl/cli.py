@@ -48,7 +48,7 @@ def _evaluate(cfg: SslConfig, args, name: str) -> int:
     from ..engine.dist import init_distributed
     from ..models.factory import load_initial_weights
     from ..utils.io import atomic_write_json
-    from ..engine.runs import results_folder
+    from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone
     device = init_distributed(cfg.device, cfg.dist_timeout).device

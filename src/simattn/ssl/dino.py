@@ -267,7 +267,7 @@ def pretrain(cfg: SslConfig) -> Dict[str, Any]:
 
     Returns the summary written to ``summary.json`` (``history``, ``final`` k-NN / linear top-1, ``random_init``,
     ``output``) on the main process, ``{}`` on the others. ``resume`` continues a checkpoint (``auto``:
-    ``<output>/last.pth``); the run folder follows :mod:`simattn.engine.runs` (``runs/<recipe>/<date-time>`` by
+    ``<output>/last.pth``); the run folder follows :mod:`simattn.utils.runs` (``runs/<recipe>/<date-time>`` by
     default, another run's folder only with ``overwrite``). Epochs count from 1 in logs, checkpoints and results.
     """
     result = run(cfg, DinoTrainer)

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ..utils.io import remove_stale_temp_files, stale_temp_files
+from .io import remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
            "open_run_folder", "results_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX",
