@@ -281,14 +281,15 @@ def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, re
                     inputs: Optional[Mapping[str, Any]] = None) -> Path:
     """:func:`resolve_output`, :func:`check_run_folder`, :func:`check_inputs_kept` (``inputs``: option → path) and
     (main process) :func:`claim_run_folder` in one call; returns the run folder."""
-    from .dist import barrier
+    import torch.distributed as dist
     out = resolve_output(output, name, task, resume_from)
     if is_main:
         check_not_in_use(out)
     check_run_folder(out, resume_from, overwrite)
     replaced = tuple(replaced)
     check_inputs_kept(out, replaced, inputs or {})
-    barrier()  # every process has checked before the main one changes anything
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # every process has checked before the main one changes anything
     if is_main:
         claim_run_folder(out, overwrite, replaced, resume_from=resume_from)
     return out
