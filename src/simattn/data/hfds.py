@@ -30,7 +30,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import numpy as np
 from torch.utils.data import Dataset
 
-from .segmentation import _INDEX_MODES, IGNORE_INDEX, STORED_READERS, FileSegmentationDataset, _lut, read_classes_file
+from ..utils.values import first_line
+from .segmentation import (IGNORE_INDEX, STORED_READERS, FileSegmentationDataset, _lut, read_classes_file,
+                           read_index_mask)
 
 __all__ = ["HFImageDataset", "hfds_dataset", "hfds_segmentation_dataset", "open_hfds_split", "ALL_SPLIT"]
 
@@ -55,10 +57,6 @@ def _datasets():
     return datasets
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0][:300] if text else type(e).__name__
-
 
 def open_hfds_split(root, split: str):
     """``(dataset, root, split name used)``: split ``split`` of the dataset saved in ``root``, with one-line errors
@@ -76,7 +74,7 @@ def open_hfds_split(root, split: str):
     try:
         loaded = datasets.load_from_disk(str(root))
     except Exception as e:  # corrupt json, missing arrow files: datasets raises many kinds
-        raise ValueError(f"hfds folder {root} cannot be loaded: {type(e).__name__}: {_first_line(e)}") from None
+        raise ValueError(f"hfds folder {root} cannot be loaded: {type(e).__name__}: {first_line(e, limit=300)}") from None
     if isinstance(loaded, datasets.DatasetDict):
         key = split if split in loaded else _SPLIT_ALIASES.get(split)
         if key not in loaded:
@@ -231,7 +229,7 @@ class HFImageDataset(Dataset):
             img = _rgb(open_stored_image(value, self.root))
         except Exception as e:  # PIL raises UnidentifiedImageError, OSError (truncated), ValueError, SyntaxError
             _logger.warning("skipping unreadable image at row %d of %s: %s: %s", index,
-                            _where(self.root, self.split), type(e).__name__, _first_line(e))
+                            _where(self.root, self.split), type(e).__name__, first_line(e, limit=300))
             return None
         if self.transform is not None:
             img = self.transform(img)
@@ -292,19 +290,9 @@ class _HFSegmentation(FileSegmentationDataset):
         try:
             image = np.array(_rgb(open_stored_image(row[self.image_column], self.root)))
         except Exception as e:
-            raise ValueError(f"cannot read image {image_name}: {type(e).__name__}: {_first_line(e)}") from None
-        try:
-            with open_stored_image(row[self.mask_column], self.root) as img:
-                mode = img.mode
-                raw = np.asarray(img) if mode in _INDEX_MODES else None
-        except Exception as e:
-            raise ValueError(f"cannot read mask {mask_name}: {type(e).__name__}: {_first_line(e)}") from None
-        if raw is None:
-            raise ValueError(f"mask {mask_name} is a colour image (PIL mode {mode}); expected an index mask whose pixel "
-                             "values are the labels: a mode 'P' (palette) or 'L' (grey) PNG")
-        if raw.shape[:2] != image.shape[:2]:
-            raise ValueError(f"mask {mask_name} is {raw.shape[1]}x{raw.shape[0]} but its image is "
-                             f"{image.shape[1]}x{image.shape[0]}: a mask must have its image's size")
+            raise ValueError(f"cannot read image {image_name}: {type(e).__name__}: {first_line(e, limit=300)}") from None
+        raw = read_index_mask(lambda: open_stored_image(row[self.mask_column], self.root), mask_name,
+                              image.shape[:2])
         return image, self.map_labels(raw, mask_name)
 
 

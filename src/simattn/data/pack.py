@@ -31,6 +31,9 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..utils.values import first_line
+from .segmentation import IGNORE_INDEX, check_train_ids, read_index_mask
+
 __all__ = ["TASKS", "ENCODINGS", "DEFAULT_SHARD_BYTES", "DEFAULT_QUALITY", "PackSource", "open_source", "pack",
            "samples_source", "write_samples", "shard_name", "INFO_NAME", "SUMMARY_NAME", "format_bytes",
            "check_output", "check_split_name"]
@@ -44,7 +47,6 @@ INFO_NAME = "_info.json"
 SUMMARY_NAME = "pack_summary.json"
 #: the version of the shard layout written here, kept with each split's options
 FORMAT_VERSION = 1
-IGNORE_INDEX = 255
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
 
@@ -56,10 +58,6 @@ def shard_name(split: str, index: int) -> str:
 def _state_name(split: str) -> str:
     return f"{split}.packing.json"
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 # ------------------------------------------------------------------------------------------------ image bytes
@@ -90,7 +88,7 @@ def _decoded(data: bytes, where: str):
             img.load()
             return to_rgb(img)
     except Exception as e:  # PIL raises UnidentifiedImageError, OSError (truncated), SyntaxError, DecompressionBomb...
-        raise ValueError(f"{where}: cannot decode the image: {type(e).__name__}: {_first_line(e)}") from None
+        raise ValueError(f"{where}: cannot decode the image: {type(e).__name__}: {first_line(e)}") from None
 
 
 def _read_bytes(path: str, where: str) -> bytes:
@@ -131,14 +129,6 @@ def _label_text(label, num_classes: int, where: str) -> str:
     if isinstance(label, bool) or not isinstance(label, (int, np.integer)) or not 0 <= label < num_classes:
         raise ValueError(f"{where}: label {label!r} is outside the {num_classes} classes (0..{num_classes - 1})")
     return str(int(label))
-
-
-def _check_mask(mask: np.ndarray, num_classes: int, where: str) -> None:
-    bad = (mask < 0) | ((mask >= num_classes) & (mask != IGNORE_INDEX))
-    if bad.any():
-        values = np.unique(mask[bad])[:8].tolist()
-        raise ValueError(f"{where}: mask holds train ids {values} outside the {num_classes} classes "
-                         f"(0..{num_classes - 1}) and {IGNORE_INDEX} (ignored)")
 
 
 def _classification_source(dataset: str, data_dir, split: str, encode: str, quality: int) -> PackSource:
@@ -183,8 +173,8 @@ def _segmentation_source(dataset: str, data_dir, split: str, encode: str, qualit
         try:
             image, mask = ds.read(i)
         except ValueError as e:
-            raise ValueError(f"split {split!r} sample {i}: {_first_line(e)}") from None
-        _check_mask(mask, k, where)
+            raise ValueError(f"split {split!r} sample {i}: {first_line(e)}") from None
+        check_train_ids(mask, k, where)
         if files and os.path.isfile(ds.images[i]):  # a saved HF dataset names its rows there, not files
             picture = _image_member(where, encode, quality, path=ds.images[i])
         else:
@@ -320,15 +310,9 @@ def samples_source(name: str, task: str, classes: Sequence[str], samples: Sequen
         where = f"sample {i}"
         image = _decoded(samples[i][0][1], where)
         if task == "segmentation":
-            try:
-                with Image.open(io.BytesIO(dict(samples[i])["mask.png"])) as m:
-                    mode, size, mask = m.mode, m.size, np.asarray(m).astype(np.int64)
-            except Exception as e:
-                raise ValueError(f"{where}: cannot decode the mask: {type(e).__name__}: {_first_line(e)}") from None
-            if mode not in ("L", "P") or size != image.size:
-                raise ValueError(f"{where}: mask is {size[0]}x{size[1]} in PIL mode {mode}; expected a one-channel "
-                                 f"index mask (L or P) of the image's {image.size[0]}x{image.size[1]}")
-            _check_mask(mask, k, where)
+            data = dict(samples[i])["mask.png"]
+            mask = read_index_mask(lambda: Image.open(io.BytesIO(data)), f"of {where}", image.size[::-1])
+            check_train_ids(mask.astype(np.int64), k, where)
         return samples[i]
 
     head = {"ignore_index": IGNORE_INDEX} if task == "segmentation" else {}
@@ -395,7 +379,7 @@ def _read_json(path: Path) -> Optional[Dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"cannot read {path}: {type(e).__name__}: {_first_line(e)} (fix or remove it)") from None
+        raise ValueError(f"cannot read {path}: {type(e).__name__}: {first_line(e)} (fix or remove it)") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds a {type(data).__name__}, not a JSON object (fix or remove it)")
     return data

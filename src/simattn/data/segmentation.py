@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..utils.values import first_line
 from .digit_scenes import DIGIT_SCENE_CLASSES, SPLITS, default_digit_size, digit_scenes
 from .seg_transforms import IMAGENET_MEAN, IMAGENET_STD, SegEvalTransform, SegTrainTransform
 
@@ -106,9 +107,34 @@ def cityscapes_table() -> Tuple[List[str], List[Tuple[int, int, int]], List[int]
     return [c.name for c in train], [tuple(c.color) for c in train], [c.id for c in train], lut
 
 
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
+
+def read_index_mask(open_mask: Callable[[], Any], where: str, image_hw: Tuple[int, int],
+                    image: str = "its image") -> np.ndarray:
+    """The stored values of the index mask ``open_mask()`` opens (a PIL image) for an image of ``image_hw`` (H, W);
+    an unreadable mask, a colour one or one of another size is a one-line ValueError naming ``where``."""
+    try:
+        with open_mask() as img:
+            mode = img.mode
+            raw = np.asarray(img) if mode in _INDEX_MODES else None
+    except Exception as e:  # PIL: UnidentifiedImageError, OSError (truncated), SyntaxError, ...
+        raise ValueError(f"cannot read mask {where}: {type(e).__name__}: {first_line(e)}") from None
+    if raw is None:
+        raise ValueError(f"mask {where} is a colour image (PIL mode {mode}); expected an index mask whose pixel "
+                         "values are the labels: a mode 'P' (palette) or 'L' (grey) PNG")
+    if raw.shape[:2] != tuple(image_hw):
+        raise ValueError(f"mask {where} is {raw.shape[1]}x{raw.shape[0]} but {image} is {image_hw[1]}x{image_hw[0]}: "
+                         "a mask must have its image's size")
+    return raw
+
+
+def check_train_ids(mask: np.ndarray, num_classes: int, where: str, ignore_index: int = IGNORE_INDEX) -> None:
+    """A mask of train ids holds 0..num_classes-1 and ``ignore_index`` only; anything else is a one-line ValueError
+    naming ``where``."""
+    bad = (mask < 0) | ((mask >= num_classes) & (mask != ignore_index))
+    if bad.any():
+        values = np.unique(mask[bad])[:8].tolist()
+        raise ValueError(f"{where}: mask holds train ids {values} outside the {num_classes} classes "
+                         f"(0..{num_classes - 1}) and {ignore_index} (ignored)")
 
 
 class SegmentationDataset(Dataset):
@@ -194,20 +220,8 @@ class FileSegmentationDataset(SegmentationDataset):
         try:
             image = np.array(read_image(image_path))
         except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
-            raise ValueError(f"cannot read image {image_path}: {type(e).__name__}: {_first_line(e)}") from None
-        try:
-            with Image.open(mask_path) as img:
-                mode = img.mode
-                if mode not in _INDEX_MODES:
-                    raise ValueError(
-                        f"mask {mask_path} is a colour image (PIL mode {mode}); expected an index mask whose pixel "
-                        "values are the labels: a mode 'P' (palette) or 'L' (grey) PNG")
-                raw = np.asarray(img)
-        except (UnidentifiedImageError, OSError, SyntaxError) as e:
-            raise ValueError(f"cannot read mask {mask_path}: {type(e).__name__}: {_first_line(e)}") from None
-        if raw.shape[:2] != image.shape[:2]:
-            raise ValueError(f"mask {mask_path} is {raw.shape[1]}x{raw.shape[0]} but its image {image_path} is "
-                             f"{image.shape[1]}x{image.shape[0]}: a mask must have its image's size")
+            raise ValueError(f"cannot read image {image_path}: {type(e).__name__}: {first_line(e)}") from None
+        raw = read_index_mask(lambda: Image.open(mask_path), mask_path, image.shape[:2], f"its image {image_path}")
         return image, self.map_labels(raw, mask_path)
 
     def map_labels(self, raw: np.ndarray, path: str = "mask") -> np.ndarray:
@@ -374,7 +388,7 @@ def read_classes_file(path) -> List[str]:
     try:
         names = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read classes file {path}: {type(e).__name__}: {_first_line(e)}") from None
+        raise ValueError(f"cannot read classes file {path}: {type(e).__name__}: {first_line(e)}") from None
     if not names:
         raise ValueError(f"classes file {path} lists no class names (expected one name per line)")
     if len(names) > IGNORE_INDEX:

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..utils.values import first_line, quoted
 from .segmentation import STORED_READERS
 
 #: undecoded samples each training stream holds to shuffle within and across its shards (webdataset's default)
@@ -43,7 +44,6 @@ _logger = logging.getLogger(__name__)
 
 #: member extensions that hold a sample's image
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "ppm", "pgm", "gif")
-_INDEX_MODES = ("P", "L", "1", "I", "I;16", "I;16L", "I;16B", "I;16N")
 _TASKS = ("classification", "segmentation")
 
 
@@ -58,14 +58,6 @@ class ShardError(ValueError):
         super().__init__(message)
 
 
-def _quoted(value: Any) -> str:
-    from ..utils.values import quoted
-    return quoted(value)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
 
 
 # ------------------------------------------------------------------------------------------------ locating shards
@@ -79,7 +71,7 @@ def _pipe_target(url: str) -> Tuple[List[str], int]:
     for i in range(len(tokens) - 1, -1, -1):
         if tokens[i].endswith(".tar"):
             return tokens, i
-    raise ValueError(f"--data-dir {_quoted(url)}: a pipe: URL must name its shard (a word ending in .tar), e.g. "
+    raise ValueError(f"--data-dir {quoted(url)}: a pipe: URL must name its shard (a word ending in .tar), e.g. "
                      "'pipe:cat /data/train-{000000..000009}.tar'")
 
 
@@ -109,10 +101,10 @@ def _read_info(location: str) -> Dict[str, Any]:
             with gopen(location) as f:
                 text = f.read()
         except Exception as e:
-            raise FileNotFoundError(f"cannot read the _info.json next to the shards ({_quoted(location)}): "
-                                    f"{_first_line(e)}") from None
+            raise FileNotFoundError(f"cannot read the _info.json next to the shards ({quoted(location)}): "
+                                    f"{first_line(e, with_type=True)}") from None
         if not text:
-            raise FileNotFoundError(f"no _info.json next to the shards ({_quoted(location)} printed nothing)")
+            raise FileNotFoundError(f"no _info.json next to the shards ({quoted(location)} printed nothing)")
     else:
         if not os.path.isfile(location):
             raise FileNotFoundError(f"no _info.json next to the shards: {location} not found (simattn data pack "
@@ -122,7 +114,7 @@ def _read_info(location: str) -> Dict[str, Any]:
     try:
         info = json.loads(text)
     except ValueError as e:
-        raise ValueError(f"{location}: not valid JSON ({_first_line(e)})") from None
+        raise ValueError(f"{location}: not valid JSON ({first_line(e, with_type=True)})") from None
     if not isinstance(info, dict) or not isinstance(info.get("splits"), dict):
         raise ValueError(f"{location}: expected an object with 'splits' (the _info.json simattn data pack writes)")
     return info
@@ -173,11 +165,11 @@ def resolve_shards(root: Any, split: str) -> Tuple[Dict[str, Any], List[str], Li
         try:
             urls = [u for u in expand_urls(text) if u.strip()]
         except Exception as e:  # unbalanced braces
-            raise ValueError(f"--data-dir {_quoted(text)}: not a shard pattern ({_first_line(e)})") from None
+            raise ValueError(f"--data-dir {quoted(text)}: not a shard pattern ({first_line(e, with_type=True)})") from None
         if not urls:
-            raise ValueError(f"--data-dir {_quoted(text)}: the pattern names no shard")
+            raise ValueError(f"--data-dir {quoted(text)}: the pattern names no shard")
         if not _is_pipe(text) and not urls[0].endswith(".tar"):
-            raise FileNotFoundError(f"--data-dir {_quoted(text)}: no such folder, and not a shard pattern (.tar "
+            raise FileNotFoundError(f"--data-dir {quoted(text)}: no such folder, and not a shard pattern (.tar "
                                     "files, e.g. 'DIR/train-{000000..000009}.tar')")
         where = _with_name(urls[0], "_info.json")
         info = _read_info(where)
@@ -186,11 +178,11 @@ def resolve_shards(root: Any, split: str) -> Tuple[Dict[str, Any], List[str], Li
         named = [shard_name(u) for u in urls]
         missing = [n for n in named if n not in recorded]
         if missing:
-            raise ValueError(f"--data-dir {_quoted(text)}: shard {missing[0]} is not listed in {where} "
+            raise ValueError(f"--data-dir {quoted(text)}: shard {missing[0]} is not listed in {where} "
                              f"({len(missing)} of {len(named)} are not): the pattern does not match the packed shards")
         splits = sorted({recorded[n][0] for n in named})
         if len(splits) > 1:
-            raise ValueError(f"--data-dir {_quoted(text)}: the pattern names shards of several splits "
+            raise ValueError(f"--data-dir {quoted(text)}: the pattern names shards of several splits "
                              f"({', '.join(splits)}); name one split's shards")
         if splits[0] == split:
             _split_entry(info, split, where)
@@ -319,7 +311,7 @@ class ShardDataset(IterableDataset):
             except StopIteration:
                 break
             except Exception as e:  # tarfile.ReadError (truncated), a failing pipe command, a duplicate member
-                raise ShardError(f"shard {name} cannot be read ({_first_line(e)}): it is truncated or no tar "
+                raise ShardError(f"shard {name} cannot be read ({first_line(e, with_type=True)}): it is truncated or no tar "
                                  "file; pack it again") from None
             if count >= expected:
                 raise ShardError(f"shard {name} holds more samples than the {expected} _info.json records for it: "
@@ -380,14 +372,14 @@ class ShardDataset(IterableDataset):
         try:
             image = read_image(io.BytesIO(sample[ext]))
         except Exception as e:  # like an image folder: an unreadable image is skipped with a warning
-            _logger.warning("skipping unreadable image %s in shard %s: %s", key, name, _first_line(e))
+            _logger.warning("skipping unreadable image %s in shard %s: %s", key, name, first_line(e, with_type=True))
             return None
         if self.task == "segmentation":
             return np.array(image), self._mask(sample[target_key], image.size, key, name)
         try:
             label = int(sample[target_key].decode("ascii").strip())
         except (UnicodeDecodeError, ValueError):
-            raise ShardError(f"shard {name}: sample {key} has label {_quoted(sample[target_key][:40])}; expected an "
+            raise ShardError(f"shard {name}: sample {key} has label {quoted(sample[target_key][:40])}; expected an "
                              "integer") from None
         if not 0 <= label < len(self.classes):
             raise ShardError(f"shard {name}: sample {key} has label {label}, outside the {len(self.classes)} "
@@ -396,25 +388,14 @@ class ShardDataset(IterableDataset):
 
     def _mask(self, data: bytes, size: Tuple[int, int], key: str, name: str) -> np.ndarray:
         from PIL import Image
+
+        from .segmentation import check_train_ids, read_index_mask
         try:
-            with Image.open(io.BytesIO(data)) as img:
-                if img.mode not in _INDEX_MODES:
-                    raise ShardError(f"shard {name}: mask of sample {key} is a colour image (PIL mode {img.mode}); "
-                                     "expected an index mask of train ids")
-                if img.size != size:
-                    raise ShardError(f"shard {name}: mask of sample {key} is {img.size[0]}x{img.size[1]} but its "
-                                     f"image is {size[0]}x{size[1]}")
-                raw = np.asarray(img).astype(np.int64)
-        except ShardError:
-            raise
-        except Exception as e:
-            raise ShardError(f"shard {name}: mask of sample {key} cannot be read ({_first_line(e)})") from None
-        bad = (raw < 0) | ((raw >= len(self.classes)) & (raw != self.ignore_index))
-        if bad.any():
-            values = np.unique(raw[bad])[:8].tolist()
-            raise ShardError(f"shard {name}: mask of sample {key} holds values {values}: allowed train ids "
-                             f"0..{len(self.classes) - 1} and {self.ignore_index} (ignore)")
-        return raw
+            raw = read_index_mask(lambda: Image.open(io.BytesIO(data)), f"{key}.mask.png", (size[1], size[0]))
+            check_train_ids(raw, len(self.classes), f"sample {key}", self.ignore_index)
+        except ValueError as e:
+            raise ShardError(f"shard {name}: {e}") from None
+        return raw.astype(np.int64)
 
     def __repr__(self) -> str:
         return f"ShardDataset({self.source!r}, {self.split!r}, {len(self.urls)} shards, {len(self)} samples)"

@@ -20,7 +20,7 @@ import re
 
 import yaml
 
-__all__ = ["parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT", "load_yaml",
+__all__ = ["first_line", "parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT", "load_yaml",
            "MAX_YAML_NODES"]
 
 #: one sentence for ``--help`` texts
@@ -40,6 +40,17 @@ _Loader.add_implicit_resolver(
 
 #: the longest a value quoted in an error message may get (characters)
 QUOTE_LIMIT = 200
+
+
+def first_line(e: BaseException, *, with_type: bool = False, limit: Optional[int] = None) -> str:
+    """The first line of an exception's message for a one-line error (``with_type``: after its type's name; cut to
+    ``limit`` characters); its type's name when the message is empty."""
+    text = str(e).strip()
+    line = text.splitlines()[0] if text else ""
+    if line and with_type:
+        line = f"{type(e).__name__}: {line}"
+    line = line[:limit] if limit else line
+    return line or type(e).__name__
 
 
 def quoted(value: Any, limit: int = QUOTE_LIMIT) -> str:
