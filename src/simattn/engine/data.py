@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler, Subset
 
 from ..data.folder import collate_skipping_unreadable
-from ..data.seeding import sample_seed, seeded_rngs as _seeded_rngs
+from ..data.seeding import sample_seed, seeded_rngs
 from .dist import DistInfo
 from .config import EngineConfig
 
@@ -43,7 +43,7 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, key: Tuple[int, int]):
         index, seed = key
-        with _seeded_rngs(seed):
+        with seeded_rngs(seed):
             return self.dataset[index]
 
 
