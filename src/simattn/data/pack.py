@@ -515,7 +515,7 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
     ``options`` are what makes the shards (dataset, folder, encoding, shard size, ...): a pack in progress or a
     split already packed with other options is refused in one line.
     """
-    from ..utils.runs import held_run_folders, lock_run_folder, release_run_folders
+    from ..utils.runs import lock_run_folder, release_run_folder
     from ..utils.io import atomic_write_json
     from ..utils.runlog import use_tqdm
 
@@ -574,8 +574,7 @@ def pack(source: PackSource, split: str, output, options: Mapping[str, Any], *, 
         return summary
     finally:
         if took:  # this folder only: others this process holds (a run writing copies) stay locked
-            mine = os.path.realpath(out)
-            release_run_folders(keep=[k for k in held_run_folders() if k != mine])
+            release_run_folder(out)
 
 
 def _write_shards(source: PackSource, split: str, out: Path, state: Dict[str, Any], shards: List[Dict[str, Any]],

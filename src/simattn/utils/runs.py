@@ -30,7 +30,8 @@ from .io import remove_stale_temp_files, stale_temp_files
 
 __all__ = ["default_output", "resolve_output", "run_files", "check_run_folder", "claim_run_folder",
            "open_run_folder", "results_folder", "settle_replaced", "check_inputs_kept", "REPLACED_PREFIX",
-           "LOCK_NAME", "lock_run_folder", "check_not_in_use", "release_run_folders", "held_run_folders"]
+           "LOCK_NAME", "lock_run_folder", "check_not_in_use", "release_run_folders", "release_run_folder",
+           "held_run_folders"]
 
 #: prefix of the hidden folder where ``--overwrite`` keeps the replaced files until the command has succeeded
 REPLACED_PREFIX = ".replaced-"
@@ -184,6 +185,11 @@ def release_run_folders(keep: Iterable[str] = ()) -> None:
         os.close(fd)
 
 
+def release_run_folder(out: Path) -> None:
+    """Give up ``out`` alone (as :func:`release_run_folders` does); the other folders this process holds stay."""
+    release_run_folders(keep=[k for k in _held if k != _key(out)])
+
+
 def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: bool = False,
                      flag: str = "--overwrite") -> None:
     """Raise a one-line ValueError if a run may not write to ``out`` (reads only; safe on every process)."""
@@ -271,7 +277,7 @@ def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str]
             _park(out, replaced)
     except BaseException:
         if took:
-            release_run_folders(keep=[k for k in _held if k != _key(out)])
+            release_run_folder(out)
         raise
     return took
 
