@@ -3,15 +3,13 @@ evaluate every validation image once."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import torch
 from safetensors.torch import load_file
 
 from test_convert import MODEL, TINY, make_timm_teacher
+from torchrun import run_two_processes
 
 WORKER = textwrap.dedent("""
     import os, sys, torch
@@ -36,14 +34,8 @@ WORKER = textwrap.dedent("""
 def test_two_process_conversion_keeps_ranks_identical(tmp_path):
     teacher = tmp_path / "teacher.pth"
     make_timm_teacher(teacher, seed=3)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
     out = tmp_path / "conv"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(teacher), str(out), MODEL, repr(TINY)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_two_processes(tmp_path, WORKER, [teacher, out, MODEL, repr(TINY)], timeout=600)
     assert proc.stdout.count("== distill") == 1  # only rank 0 talks
     results = json.loads((out / "results.json").read_text())
     assert results["world_size"] == 2

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from shard_fixtures import digits_samples, png_bytes, write_broken_split, write_
 from simattn.cli import main as simattn_main
 from simattn.data.factory import create_dataset
 from simattn.data.shards import shard_slots
+from torchrun import run_two_processes
 
 TRAIN = [f for f in FLAGS]
 
@@ -111,13 +109,7 @@ DDP_WORKER = textwrap.dedent("""
 def test_two_processes_by_two_workers_read_distinct_shards(tmp_path):
     write_numbered(tmp_path / "odd", "train", [10] * 6 + [7])   # 7 shards over 2 x 2: uneven
     write_numbered(tmp_path / "even", "train", [10] * 8)        # 8 shards: every sample once
-    script = tmp_path / "worker.py"
-    script.write_text(DDP_WORKER)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(tmp_path), str(tmp_path / "seen.json")], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_two_processes(tmp_path, DDP_WORKER, [tmp_path, tmp_path / "seen.json"], timeout=300)
     seen = json.loads((tmp_path / "seen.json").read_text())
     notes = [line for line in proc.stdout.splitlines() if "do not split evenly" in line]
     # the uneven set says so once (rank 0 only), naming the rank that reads more

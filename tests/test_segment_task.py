@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from simattn.cli import main as simattn_main
 
 from killing import kill_on_line
+from torchrun import run_two_processes
 
 pytest.importorskip("segmentation_models_pytorch")
 
@@ -92,14 +93,8 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_process_ddp_scores_the_same_as_one_process(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(out), *TINY, "--epochs", "1"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_two_processes(tmp_path, WORKER, [out, *TINY, "--epochs", "1"], timeout=600)
     summary = _summary(out)
     assert summary["world_size"] == 2
     # one process scoring the same weights on the same images: the summed confusion matrix makes them equal

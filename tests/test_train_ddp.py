@@ -3,13 +3,12 @@ resumes (both ranks from the same checkpoint, into its folder) to a longer sched
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
+
+from torchrun import run_two_processes
 
 WORKER = textwrap.dedent("""
     import os, shutil, sys, torch
@@ -40,13 +39,8 @@ WORKER = textwrap.dedent("""
 
 
 def test_two_process_gloo_ddp_keeps_ranks_identical(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
     out = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(out)], env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = run_two_processes(tmp_path, WORKER, [out], timeout=300)
     # only rank 0 logs (once per run: the first, then the resumed one)
     assert proc.stdout.count("1/1: train loss") == 1 and proc.stdout.count("2/2: train loss") == 1
     assert proc.stdout.count("model sima_deit_tiny") == 2
