@@ -9,10 +9,19 @@ uint8 tensor).
 Quantization: the matmul-type layers only (linear, conv: int8 inputs, weights and outputs). Residual adds, norms and
 SimA's normalization compute in float, and the residual stream is never rounded to int8: quantizing them breaks
 the model (SimA's ``s_q·s_k`` product and the residual stream span ranges that one int8 scale cannot hold).
+
+Delegation: XNNPACK has no LayerNorm, no sum and no squeeze, and its mean only pools a 4D map over both spatial
+axes. Left as they are, each of those ops runs in ExecuTorch's portable kernels and splits the graph into separate
+delegate calls. Before lowering, :data:`XNNPACK_DECOMPOSITIONS` rewrites them in ops XNNPACK runs (the same math):
+sums and means become products with a constant column or row of ones (an fp32 GEMM, exact up to summation order),
+LayerNorm becomes those means plus elementwise ops and ``rsqrt``, and ``unbind`` becomes slices and reshapes.
+The columns and rows of ones are then folded into constants (ExecuTorch's ``constant_prop_pass``, restricted to
+them) so that XNNPACK takes those GEMMs with static weights.
 """
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
@@ -25,9 +34,72 @@ from .base import Exported, Format, OnOps, Program, capture, capture_fixed, dims
 from .ops import GraphAudit, aten_op_counts
 
 __all__ = ["FORMAT", "ExecuTorchFormat", "PTE_METADATA_METHOD", "quantize_pt2e", "lower_executorch",
-           "delegation_summary", "pte_input_shape", "set_executorch_threads"]
+           "delegation_summary", "pte_input_shape", "set_executorch_threads", "XNNPACK_DECOMPOSITIONS",
+           "for_xnnpack"]
 
 PTE_METADATA_METHOD = "simattn_metadata"
+
+
+def _sum_last(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """``scale`` × the sum over the last axis (kept, length 1), as a GEMM with a constant column."""
+    r = x.shape[-1]
+    column = torch.full((r, 1), scale, dtype=x.dtype)
+    return torch.mm(x.reshape(-1, r), column).reshape(*x.shape[:-1], 1)
+
+
+def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    r = math.prod(normalized_shape)
+    lead = x.shape[:x.dim() - len(normalized_shape)]
+    flat = x.reshape(*lead, r)
+    centered = flat - _sum_last(flat, 1.0 / r)
+    var = _sum_last(centered * centered, 1.0 / r)  # biased, as LayerNorm's
+    out = (centered * torch.rsqrt(var + eps)).reshape(x.shape)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out
+
+
+def _sum(x, dims=None, keepdim=False, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    dims = sorted({d % x.dim() for d in dims} if dims else range(x.dim()))
+    kept = [d for d in range(x.dim()) if d not in dims]
+    r = math.prod(x.shape[d] for d in dims)
+    if dims == [x.dim() - 2]:  # over the tokens of (..., N, d): rows of ones from the left, no transposed copy
+        m = math.prod(x.shape[:-2])
+        out = torch.bmm(torch.ones(m, 1, r, dtype=x.dtype), x.reshape(m, r, x.shape[-1]))
+    else:
+        out = _sum_last(x.permute(*kept, *dims).reshape(-1, r))
+    shape = [1 if d in dims else x.shape[d] for d in range(x.dim())] if keepdim else [x.shape[d] for d in kept]
+    return out.reshape(shape)
+
+
+def _unbind(x, dim=0):
+    dim = dim % x.dim()
+    shape = [s for i, s in enumerate(x.shape) if i != dim]
+    return [x.narrow(dim, i, 1).reshape(shape) for i in range(x.shape[dim])]
+
+
+#: ATen ops of a captured program → the same math in ops the XNNPACK delegate takes (see the module docstring)
+XNNPACK_DECOMPOSITIONS = {
+    torch.ops.aten.layer_norm.default: _layer_norm,
+    torch.ops.aten.sum.dim_IntList: _sum,
+    torch.ops.aten.unbind.int: _unbind,
+}
+
+
+def for_xnnpack(program):
+    """``program`` with :data:`XNNPACK_DECOMPOSITIONS` applied and the constant columns and rows they create folded
+    into constants (only those: folding the rest of the graph, e.g. CvT's, made XNNPACK compute wrong outputs)."""
+    _load_edge_packages()
+    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
+
+    program = program.run_decompositions(dict(XNNPACK_DECOMPOSITIONS))
+    made = (torch.ops.aten.full.default, torch.ops.aten.ones.default)
+    others = {n.target for n in program.graph.nodes if n.op == "call_function" and n.target not in made}
+    return constant_prop_pass(program, custom_skip_targets=others)
 
 
 def _load_edge_packages() -> None:
@@ -91,7 +163,7 @@ def lower_executorch(program, record: WeightsRecord):
 
     text = json.dumps(record.to_metadata()).encode("utf-8")
     return to_edge_transform_and_lower(
-        program, partitioner=[XnnpackPartitioner()],
+        for_xnnpack(program), partitioner=[XnnpackPartitioner()],
         constant_methods={PTE_METADATA_METHOD: torch.tensor(list(text), dtype=torch.uint8)})
 
 
