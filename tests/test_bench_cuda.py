@@ -73,7 +73,9 @@ def test_gpu_kinds_are_refused_on_cpu():
 
 
 @CUDA
-def test_attention_sweep_on_cuda(tmp_path):
+def test_attention_sweep_on_cuda(tmp_path, monkeypatch):
+    # torch.compile's inductor would start a pool of compile workers that outlives the test
+    monkeypatch.setattr("torch._inductor.config.compile_threads", 1)
     out = tmp_path / "bench.json"
     assert bench.main(["--device", "cuda", "--tokens", "197", "1024", "--repeats", "5", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["results"]

@@ -107,14 +107,20 @@ def elu_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
 
 
 # ---------------------------------------------------------------------------------------------------- ReLU
+def _positive_part(x: torch.Tensor) -> torch.Tensor:
+    """max(x, 0) with gradient 0 at x = 0, F.relu's subgradient there (clamp's gradient at its bound is not the same
+    in every torch release)."""
+    return torch.where(x > 0, x, torch.zeros_like(x))
+
+
 #: h of "Replacing softmax with ReLU in Vision Transformers", each from its definition.
 RELU_H = {
-    "relu": lambda x: x.clamp_min(0),
-    "relu2": lambda x: x.clamp_min(0) ** 2,
+    "relu": _positive_part,
+    "relu2": lambda x: _positive_part(x) ** 2,
     "gelu": lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))),
     "softplus": lambda x: torch.logaddexp(x, torch.zeros_like(x)),
     "identity": lambda x: x,
-    "relu6": lambda x: x.clamp(0, 6),
+    "relu6": lambda x: torch.where(x < 6, _positive_part(x), torch.full_like(x, 6.0)),
     "sigmoid": lambda x: 1 / (1 + torch.exp(-x)),
 }
 
