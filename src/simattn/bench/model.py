@@ -110,7 +110,9 @@ class BenchSpec:
     ``runtime``: ``'torch'`` (eager, or ``compile`` for ``torch.compile``) or ``'onnxruntime'`` (the model exported
     with ``onnx_exporter``); ``channels_last`` runs the model and its inputs in channels-last memory format.
     ``img_size``: N (N×N) or [H, W]; ``head`` (a key of :data:`HEADS`) wraps ``model`` as the backbone of that
-    segmenter (:data:`SEG_CLASSES` classes; logits at the input size).
+    segmenter (:data:`SEG_CLASSES` classes; logits at the input size). ``floor``: with latency, also time the
+    model's linear layers alone (:func:`linear_floor`) through the same runtime and precision; ``profile``: with
+    latency on a runtime that can profile (:data:`PROFILED_RUNTIMES`), the shares of :func:`runtime_profile`.
     """
 
     model: str
@@ -136,6 +138,8 @@ class BenchSpec:
     onnx_exporter: str = "auto"
     quantize: Optional[str] = None  # 'static': int8 row of an exported runtime
     head: Optional[str] = None
+    floor: bool = False  # with latency: time the model's linear layers alone (:class:`LinearFloor`) too
+    profile: bool = False  # with latency on onnxruntime/executorch: the profiled shares of the runtime's time
 
     def __post_init__(self) -> None:
         self.measures = tuple(self.measures)
@@ -393,19 +397,26 @@ def _first_tensor(out: Any) -> torch.Tensor:
 class _Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
-    def __init__(self, spec: BenchSpec, work_dir: Optional[str] = None) -> None:
+    def __init__(self, spec: BenchSpec, work_dir: Optional[str] = None, model: Optional[nn.Module] = None,
+                 like: Optional["_Runner"] = None, stem: str = "model") -> None:
+        """``model``: run this module instead of ``spec``'s (the linear floor), taking the inputs of ``like``'s
+        model and exported with its record and calibration images; ``stem`` names its exported files."""
         self.spec = spec
         self.device = torch.device(spec.device)
         self.dtype = PRECISIONS[spec.precision]
         self.memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
-        self.model = build_model(spec).to(self.device, memory_format=self.memory_format)
-        in_chans = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
+        self.model = (model if model is not None else build_model(spec)).to(self.device,
+                                                                             memory_format=self.memory_format)
+        self.source = like.model if like is not None else self.model  # the model whose inputs and record these are
+        self.stem = stem
+        in_chans = (getattr(self.source, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
         self.shape = (in_chans, *size_hw(spec.img_size))
         # the module the timed calls run (counts and memory use the eager self.model)
         # static shapes: the latency and throughput batches each get their own specialized graph
         self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
                       else self.model)
         self.deployed = None  # the exported file's program (batch -> first output) for the other runtimes
+        self.deployed_path: Optional[Path] = None  # the file it runs
         self.onnx_max_abs_diff: Optional[float] = None
         self.runtime_max_abs_diff: Optional[float] = None
         self.runtime_threads: Optional[int] = None
@@ -423,18 +434,21 @@ class _Runner:
 
         fmt = deploy.get(self.spec.runtime)
         model = self.model.eval()
-        data_config = {**resolve_data_config(model), "input_size": self.shape}
+        data_config = {**resolve_data_config(self.source), "input_size": self.shape}
         name, kwargs = model_args(self.spec)
-        record = export_record(name, kwargs, data_config, attention=getattr(model, "attn_type", self.spec.attn),
-                               producer="simattn bench model")
+        record = export_record(name, kwargs, data_config,
+                               attention=getattr(self.source, "attn_type", self.spec.attn),
+                               producer="simattn bench model" + (f" ({self.stem})" if self.stem != "model" else ""))
         calibration = self._calibration(data_config) if self.spec.quantize else None
         options = {"exporter": self.spec.onnx_exporter} if "exporter" in fmt.options else {}
-        path = Path(work_dir) / f"model{fmt.suffixes[0]}"
+        path = Path(work_dir) / f"{self.stem}{fmt.suffixes[0]}"
         from_file = bool(self.spec.quantize) and fmt.quantizes == "file"
         fmt.export(model, path, record, quantize=None if from_file else self.spec.quantize, calibration=calibration,
                    fixed_size=True, verify=False, **options)
         if from_file:
-            path = fmt.quantize(path, calibration, self.spec.quantize, dst=Path(work_dir) / f"model_int8{path.suffix}")
+            path = fmt.quantize(path, calibration, self.spec.quantize,
+                                dst=Path(work_dir) / f"{self.stem}_int8{path.suffix}")
+        self.deployed_path = Path(path)
         self.deployed = fmt.open(path, self.spec.threads)
         self.runtime_threads = self.deployed.threads
         x = self.inputs(1)
@@ -573,6 +587,190 @@ def attention_share(model: nn.Module, fn, device: torch.device, repeats: int,
             "attn_share_runs": len(shares)}
 
 
+# ------------------------------------------------------------------------------------------------ the linear floor
+
+
+def linear_calls(model: nn.Module, x: torch.Tensor) -> List[Dict[str, Any]]:
+    """Every ``nn.Linear`` call of one eager forward of ``model`` on ``x``, in call order (forward hooks): ``name``,
+    ``input_shape`` (batch first, as the layer saw it), ``in_features``, ``out_features``, ``bias``. A layer called
+    twice is listed twice; linears applied as ``F.linear`` outside an ``nn.Linear`` call are not seen."""
+    calls: List[Dict[str, Any]] = []
+    names = {m: n for n, m in model.named_modules()}
+
+    def hook(module, args, out):
+        calls.append({"name": names[module], "input_shape": tuple(args[0].shape), "in_features": module.in_features,
+                      "out_features": module.out_features, "bias": module.bias is not None})
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.inference_mode():
+            model.eval()(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+class LinearFloor(nn.Module):
+    """The linear layers of a model alone: one ``nn.Linear`` per call :func:`linear_calls` saw (same in/out
+    features and bias), each applied to an input of the shape that call saw, batch as given.
+
+    It takes the model's input (a batch of images), so that a runtime exports, calibrates and runs it exactly as
+    it does the model. The layers run in the model's order, each on the previous one's output where the shapes
+    agree (DeiT: proj → fc1 → fc2 → the next block's qkv), else on it flattened and cut (repeated if short) to the
+    shape the layer saw (image → first layer, qkv → proj, last layer → head): a chain, so no layer is dead code a
+    runtime could drop, and no sums or concatenations are added. Weights are fresh with std 1/√in_features and
+    zero bias, so that activations keep their scale along the chain (no vanishing values, no denormals; timing
+    does not depend on the weights' values)."""
+
+    def __init__(self, calls: Sequence[Dict[str, Any]]) -> None:
+        super().__init__()
+        if not calls:
+            raise ValueError("the model runs no nn.Linear layer: it has no linear floor")
+        self.shapes = [tuple(int(v) for v in c["input_shape"][1:]) for c in calls]
+        self.layers = nn.ModuleList(nn.Linear(c["in_features"], c["out_features"], bias=c["bias"]) for c in calls)
+        with torch.no_grad():
+            for layer in self.layers:
+                nn.init.normal_(layer.weight, std=layer.in_features ** -0.5)
+                if layer.bias is not None:
+                    layer.bias.zero_()
+
+    @staticmethod
+    def _fit(h: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+        if tuple(h.shape[1:]) == shape:
+            return h
+        need = math.prod(shape)
+        flat = h.reshape(h.shape[0], -1)
+        have = math.prod(h.shape[1:])
+        if have < need:
+            flat = flat.repeat(1, -(-need // have))
+        return flat[:, :need].reshape(-1, *shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for shape, layer in zip(self.shapes, self.layers):
+            h = layer(self._fit(h, shape))
+        return h
+
+
+def linear_floor(model: nn.Module, x: torch.Tensor) -> LinearFloor:
+    """:class:`LinearFloor` of ``model``'s linear layers as one forward on ``x`` (its batch) calls them."""
+    return LinearFloor(linear_calls(model, x))
+
+
+# ------------------------------------------------------------------------------------------------ runtime profiles
+
+#: onnxruntime op types that compute a matmul, GEMM or convolution (fp32, int8 and fused variants); the rest of the
+#: node time (norms, softmax/SimA's normalization, elementwise, reshapes, (de)quantize) is ``non_linear_share``
+ORT_LINEAR_OPS = frozenset({
+    "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QGemm",
+    "DynamicQuantizeMatMul", "MatMulNBits", "QLinearConv", "Conv", "FusedConv", "ConvInteger", "NhwcFusedConv"})
+#: XNNPACK operator names (ETDump events inside a delegate call) that compute a matmul, GEMM or convolution
+XNNPACK_LINEAR_PREFIXES = ("Fully Connected", "Batch Matrix Multiply", "Convolution", "Deconvolution")
+PROFILED_RUNTIMES = ("onnxruntime", "executorch")
+PROFILE_CALLS = 10
+
+
+def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: int, calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """``non_linear_share`` of an ONNX file in onnxruntime: with ``SessionOptions.enable_profiling`` (a session of
+    its own, same threads as the timed one, CPU provider), ``calls`` runs on ``x`` after one warm-up; of the summed
+    node kernel time (the profile's ``Node`` events), the share in ops other than :data:`ORT_LINEAR_OPS`. Also
+    ``profile_ops``: the five op types with the most node time, as ``op: share``."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(Path(work_dir or tempfile.gettempdir()) / "ort_profile")
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x.detach().cpu().numpy()}
+    session.run(None, feed)
+    for _ in range(calls):
+        session.run(None, feed)
+    profile = Path(session.end_profiling())
+    try:
+        events = json.loads(profile.read_text())
+    finally:
+        profile.unlink(missing_ok=True)
+    by_op: Dict[str, float] = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and "op_name" in args:
+            by_op[args["op_name"]] = by_op.get(args["op_name"], 0.0) + float(e.get("dur", 0))
+    total = sum(by_op.values())
+    if not total:
+        return {"profile_note": "onnxruntime's profile listed no node times"}
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:5]
+    return {"non_linear_share": sum(t for op, t in by_op.items() if op not in ORT_LINEAR_OPS) / total,
+            "profile_ops": ", ".join(f"{op} {t / total:.2f}" for op, t in top)}
+
+
+def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PROFILE_CALLS,
+                       work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Shares of a ``.pte``'s time from an ETDump (the pybindings' ``enable_etdump``, read with
+    ``executorch.devtools.Inspector``) over ``calls`` runs on ``x`` after one warm-up (the thread pool as the
+    timed program left it): ``non_delegated_share`` = 1 − (time in ``DELEGATE_CALL`` events) / (time in
+    ``Method::execute``), i.e. portable kernels plus the runtime's own dispatch between calls; ``non_linear_share``
+    = 1 − (time of XNNPACK's matmul/GEMM/convolution operators, :data:`XNNPACK_LINEAR_PREFIXES`) / execute time,
+    when the delegate reports its operators. Empty with a ``profile_note`` when this build cannot trace."""
+    from ..deploy.base import quiet_stderr
+
+    try:
+        from executorch.devtools import Inspector
+        from executorch.extension.pybindings import portable_lib
+    except ImportError as e:
+        return {"profile_note": f"executorch.devtools is not importable here ({e})"}
+    etdump = Path(work_dir or tempfile.gettempdir()) / "profile.etdp"
+    try:
+        with quiet_stderr():
+            module = portable_lib._load_for_executorch(str(path), enable_etdump=True)
+            args = [x.contiguous()]
+            module.forward(args)
+            if hasattr(module, "has_etdump") and not module.has_etdump():
+                return {"profile_note": "this ExecuTorch build records no ETDump (no event tracer in the pybindings)"}
+            for _ in range(calls):
+                module.forward(args)
+            module.write_etdump_result_to_file(str(etdump))
+            inspector = Inspector(etdump_path=str(etdump))
+    except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
+        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
+    finally:
+        etdump.unlink(missing_ok=True)
+    total = delegate = linear = 0.0
+    delegate_ops = False
+    for block in inspector.event_blocks:
+        for event in block.events:
+            raw = sum(event.perf_data.raw) if event.perf_data is not None else 0.0
+            if event.name == "Method::execute":
+                total += raw
+            elif event.name == "DELEGATE_CALL":
+                delegate += raw
+            elif event.is_delegated_op:
+                delegate_ops = True
+                linear += raw if str(event.name).startswith(XNNPACK_LINEAR_PREFIXES) else 0.0
+    if not total:
+        return {"profile_note": "ExecuTorch's ETDump holds no Method::execute events"}
+    out = {"non_delegated_share": min(1.0, max(0.0, 1 - delegate / total))}
+    if delegate_ops:
+        out["non_linear_share"] = min(1.0, max(0.0, 1 - linear / total))
+    return out
+
+
+def runtime_profile(runtime: str, path: Union[str, Path], x: torch.Tensor, threads: int,
+                    work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """The profiled shares of an exported file's time in its runtime (:func:`ort_profile`,
+    :func:`executorch_profile`), from runs of their own (profiling slows the calls it records), or a
+    ``profile_note`` saying why there are none."""
+    if runtime == "onnxruntime":
+        return ort_profile(path, x, threads, work_dir=work_dir)
+    if runtime == "executorch":
+        return executorch_profile(path, x, work_dir=work_dir)
+    return {}
+
+
 def measure(spec: BenchSpec) -> Dict[str, Any]:
     """Measure one configuration in this process and return its result row (what a worker sends back)."""
     validate_spec(spec)
@@ -626,6 +824,11 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
             if prefix == "infer" and spec.runtime == "torch" and not spec.compile:
                 # the eager forward just timed, again with the attention modules timed inside it
                 row.update(attention_share(model, run.infer_fn(b1), run.device, spec.repeats, spec.max_time))
+            if prefix == "infer" and spec.floor:
+                row.update(_time_floor(run, work_dir))
+                row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
+            if prefix == "infer" and spec.profile and run.deployed_path is not None:
+                row.update(runtime_profile(spec.runtime, run.deployed_path, run.inputs(b1), spec.threads, work_dir))
         if measure + "throughput" in spec.measures:
             t = run.time(make_fn(spec.batch_size))
             ips = spec.batch_size * 1e3
@@ -633,6 +836,23 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
                         f"{prefix}_ips_p90": ips / t["p10_ms"]})
     sync(run.device)
     return row
+
+
+def _time_floor(run: _Runner, work_dir: str) -> Dict[str, Any]:
+    """The linear floor of ``run``'s model (:func:`linear_floor` at the latency batch), run as ``run`` runs the
+    model (eager, compiled, or exported, quantized and opened by the same registry entry at the same threads),
+    timed the same way: ``floor_ms`` (p50), ``floor_p10_ms``, ``floor_p90_ms``, ``floor_linears`` and
+    ``of_floor`` (the model's p50 / the floor's)."""
+    spec = run.spec
+    b1 = spec.latency_batch
+    torch.manual_seed(0)
+    with torch.no_grad(), run.autocast():
+        floor = linear_floor(run.model, run.inputs(b1))
+    floor_run = _Runner(spec, work_dir, model=floor, like=run, stem="floor")
+    t = floor_run.time(floor_run.infer_fn(b1))
+    out = {"floor_ms": t["median_ms"], "floor_p10_ms": t["p10_ms"], "floor_p90_ms": t["p90_ms"],
+           "floor_linears": len(floor.layers)}
+    return out
 
 
 def _worker_main(spec_json: str) -> int:
@@ -668,7 +888,7 @@ def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
 
 _TIMING_KEYS = tuple(f"{prefix}_{key}" for prefix in ("infer", "train")
                      for key in ("p50_ms", "p10_ms", "p90_ms", "min_ms", "ips", "ips_p10", "ips_p90")) + \
-    ("attn_share", "attn_core_share")
+    ("attn_share", "attn_core_share", "floor_ms", "floor_p10_ms", "floor_p90_ms")
 
 
 def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
@@ -692,9 +912,9 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
 
     for r, i in progress(jobs, desc, describe):
         spec = specs[i]
-        if r > 0:
+        if r > 0:  # timings again; counts, memory and profiles once
             timed = tuple(m for m in spec.measures if m not in ("counts", "memory"))
-            spec = BenchSpec(**{**asdict(spec), "measures": timed})
+            spec = BenchSpec(**{**asdict(spec), "measures": timed, "profile": False})
         row = measure(spec) if in_process else _run_worker(spec, timeout)
         if "error" in row:
             print(f"  failed: {describe((r, i))}: {row['error']}", file=sys.stderr, flush=True)
@@ -708,6 +928,8 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
                 row[key] = min(values) if key.endswith("_min_ms") else statistics.median(values)
                 if len(values) > 1:
                     row[f"{key}_rounds"] = values
+        if row.get("floor_ms") and row.get("infer_p50_ms"):  # of the medians over rounds
+            row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
         row["rounds"] = len(per_round)
         rows.append(row)
     return rows
@@ -949,6 +1171,10 @@ def _options():
                                   "that runtime (simattn.deploy; inference only), each at --threads", type=List[str]),
         "int8": Opt(False, f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/"
                            f"conv/matmul only, calibrated on {CALIBRATION_IMAGES} digits images)"),
+        "floor": Opt(None, "with latency, also time each row's linear floor: the model's nn.Linear layers alone "
+                           "(each on an input of the shape it sees in the model; no conv patch embedding) through "
+                           "the same runtime, precision and threads (columns floor_ms, of_floor); default: on when "
+                           "--runtime names a runtime besides torch (--no-floor skips it)", type=bool),
         "compile": Opt(False, "time the torch.compile'd model (runtime torch)"),
         "compile_backend": Opt(None, "torch.compile backend with --compile (default inductor; see "
                                      "torch._dynamo.list_backends())", type=maybe(str)),
@@ -1032,13 +1258,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--runtime {exported} measures {', '.join(DEPLOYED_MEASURES)}; --measure gave none of "
                              "them")
     threads = set_threads(args.threads)
+    floor = args.floor if args.floor is not None else any(r != "torch" for r in chosen)
+    floor = floor and "latency" in measures
     specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
                        img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,
                        sima_order=order, model_kwargs=kwargs,
                        measures=measures if runtime == "torch" else deployed_measures, warmup=args.warmup,
                        repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
                        compile_backend=args.compile_backend or "inductor", quantize=quantize,
-                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head)
+                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head,
+                       floor=floor, profile="latency" in measures and runtime in PROFILED_RUNTIMES)
              for runtime, quantize in variants
              for m in args.models for label, kind, attn_kwargs in attns for s in map(parse_size, args.img_size)
              for p in args.precision]
