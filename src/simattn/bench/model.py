@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -80,7 +81,8 @@ from .report import machine_info, markdown_table, new_figure, progress, relative
     spread_warning, write_csv, write_json, write_text
 
 __all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "HEADS", "runtimes", "int8_runtimes", "measure", "run_specs",
-           "speedups", "runtime_speedups", "plot_results", "parse_attn", "parse_size", "size_text", "runtime_name",
+           "speedups", "runtime_speedups", "plot_results", "plot_bars", "plot_lines", "linear_calls", "linear_floor",
+           "LinearFloor", "runtime_profile", "parse_attn", "parse_size", "size_text", "runtime_name",
            "attention_share", "main"]
 
 #: precision name → autocast dtype (None = plain fp32, no autocast)
@@ -734,7 +736,9 @@ def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PRO
             for _ in range(calls):
                 module.forward(args)
             module.write_etdump_result_to_file(str(etdump))
-            inspector = Inspector(etdump_path=str(etdump))
+            with warnings.catch_warnings():  # no debug buffer was asked for; the Inspector warns that it is absent
+                warnings.simplefilter("ignore")
+                inspector = Inspector(etdump_path=str(etdump))
     except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
         return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
     finally:
@@ -989,11 +993,14 @@ def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         out.append({"model": r["model"], "head": r.get("head", ""), "label": r["label"], "img_size": r["img_size"],
                     "runtime": r["runtime"],
                     "threads": r.get("threads"), "eager_ms": e["infer_p50_ms"], "runtime_ms": r["infer_p50_ms"],
-                    "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer")})
+                    "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer"),
+                    **{k: r[k] for k in ("floor_ms", "of_floor") if r.get(k) is not None}})
     return out
 
 
-def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+def _series(rows: Sequence[Dict[str, Any]], by_runtime: bool = True) -> Dict[str, List[Dict[str, Any]]]:
+    """Rows by the name of their series in the plots (label; model, head and precision when several), and with
+    ``by_runtime`` the runtime when several ran."""
     series: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if "error" in r:
@@ -1005,25 +1012,44 @@ def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
             name += f" {r.get('head') or 'classifier'}"
         if len({x["precision"] for x in rows}) > 1:
             name += f" {r['precision']}"
+        if by_runtime and len({x.get("runtime") for x in rows}) > 1:
+            name += f" ({r.get('runtime')})"
         series.setdefault(name, []).append(r)
     return {k: sorted(v, key=lambda r: size_side(r["img_size"])) for k, v in series.items()}
 
 
-def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
+#: the panels of the figure: (key, second key, y label of the line plot, y label of the bar plot, y scale)
+_PANELS = [
+    ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed",
+     "batch-1 inference latency (ms): p50, p10-p90 bars", "log"),
+    ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed",
+     "training step (ms): p50, p10-p90 bars", "log"),
+    ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed",
+     "peak memory (MB): forward filled, train step outlined", "log"),
+    ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed",
+     "exp evaluations / forward: softmax filled, all outlined", "symlog"),
+]
+
+
+def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", baseline: str = "softmax") -> None:
+    """The figure of a sweep: with one input size, grouped bars (:func:`plot_bars`); with several, one line per
+    series against input size (:func:`plot_lines`)."""
+    measured = [r for r in rows if "error" not in r]
+    if len({size_side(r["img_size"]) for r in measured}) == 1:
+        plot_bars(rows, path, title, baseline)
+    else:
+        plot_lines(rows, path, title)
+
+
+def plot_lines(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
     """Against input size, one line per series: inference latency, training step, peak memory and exp-like
     evaluations per forward (solid: softmax-family, the paper's column; dashed: all, activations included).
     Panels with nothing measured are left out."""
-    panels = [  # (solid key, dashed key, y label, y scale)
-        ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed", "log"),
-        ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed", "log"),
-        ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed", "log"),
-        ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed", "symlog"),
-    ]
     series = _series(rows)
-    panels = [p for p in panels if any(r.get(p[0]) is not None or r.get(p[1]) is not None
-                                       for rs in series.values() for r in rs)]
+    panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None
+                                        for rs in series.values() for r in rs)]
     fig, axes = new_figure(min(2, max(1, len(panels))), (len(panels) + 1) // 2 or 1, size=5.2)
-    for ax, (solid, dashed, ylabel, scale) in zip(axes, panels):
+    for ax, (solid, dashed, ylabel, _, scale) in zip(axes, panels):
         for name, rs in series.items():
             color = None
             for key, style in ((solid, "-"), (dashed, "--")):
@@ -1044,9 +1070,108 @@ def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") ->
     save_figure(fig, path)
 
 
+def _group_name(row: Dict[str, Any]) -> str:
+    """The x group of a row in the bar plot: what ran it and at which precision ('torch fp32', 'onnxruntime
+    int8', 'torch.compile bf16', ...)."""
+    runtime = str(row.get("runtime", "eager"))
+    extra = ", channels-last" if runtime.endswith(", channels-last") else ""
+    runtime = runtime.removesuffix(", channels-last")
+    if runtime.endswith(" int8"):
+        runtime, precision = runtime.removesuffix(" int8"), "int8"
+    else:
+        precision = row.get("precision", "fp32")
+    runtime = {"eager": "torch", "compiled": "torch.compile"}.get(runtime, runtime)
+    return f"{runtime}\n{precision}{extra}"
+
+
+def plot_bars(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", baseline: str = "softmax") -> None:
+    """One input size: per panel, a group of bars per runtime and precision (x), one bar per series (attention
+    kind; model and head when several), side by side. Inference latency: p50 bars with p10-p90 error bars; the
+    linear floor (``floor_ms``) as a black line across its bar; above each bar its speed-up over eager PyTorch
+    (same series) and, for the other series, over the ``baseline`` series (e.g. softmax) in the same group.
+    Training step: the same bars without the annotations; memory and exp counts: the first key filled, the
+    second outlined. Panels with nothing measured are left out."""
+    measured = [r for r in rows if "error" not in r]
+    series_of = {id(r): name for name, rs in _series(measured, by_runtime=False).items() for r in rs}
+    series = list(dict.fromkeys(series_of.values()))
+    groups = list(dict.fromkeys(_group_name(r) for r in measured))
+    at = {(_group_name(r), series_of[id(r)]): r for r in measured}
+    base_series = next((n for n in series if any(r.get("label") == baseline and series_of[id(r)] == n
+                                                 for r in measured)), None)
+    panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None for r in measured)]
+    width = 0.8 / max(1, len(series))
+    fig, axes = new_figure(1, max(1, len(panels)), size=max(6.0, 1.0 + 0.75 * len(groups) * max(1, len(series))))
+    fig.set_size_inches(fig.get_size_inches()[0], 4.6 * max(1, len(panels)))
+    colors = [f"C{i % 10}" for i in range(len(series))]
+    sizes = ", ".join(dict.fromkeys(f"{size_text(r['img_size'])} px" for r in measured))
+    for ax, (key, second, _, ylabel, scale) in zip(axes, panels):
+        used = [g for g in groups if any(at.get((g, n), {}).get(key) is not None for n in series)]
+        top = 0.0
+        floor_drawn = False
+        for i, name in enumerate(series):
+            xs, values, lo, hi, rs = [], [], [], [], []
+            for gi, g in enumerate(used):
+                r = at.get((g, name))
+                if r is None or r.get(key) is None:
+                    continue
+                xs.append(gi - 0.4 + width * (i + 0.5))
+                values.append(r[key])
+                rs.append(r)
+                prefix = key.split("_")[0]
+                p10, p90 = r.get(f"{prefix}_p10_ms"), r.get(f"{prefix}_p90_ms")
+                timed = key.endswith("_ms") and p10 is not None and p90 is not None
+                lo.append(max(0.0, r[key] - p10) if timed else 0.0)
+                hi.append(max(0.0, p90 - r[key]) if timed else 0.0)
+            if not xs:
+                continue
+            if not key.endswith("_ms"):  # the second key (train-step memory, all exp) outlined behind
+                outline = [(x, r[second]) for x, r in zip(xs, rs) if r.get(second) is not None]
+                if outline:
+                    ax.bar(*zip(*outline), width * 0.92, fill=False, edgecolor=colors[i], hatch="//", linewidth=1)
+                    top = max(top, max(v for _, v in outline))
+            ax.bar(xs, values, width * 0.92, color=colors[i], label=name,
+                   yerr=[lo, hi] if any(lo) or any(hi) else None, error_kw={"elinewidth": 0.8, "capsize": 2})
+            top = max(top, max(v + h for v, h in zip(values, hi)))
+            if key != "infer_p50_ms":
+                continue
+            for x, v, h, r in zip(xs, values, hi, rs):
+                if r.get("floor_ms") is not None:
+                    ax.hlines(r["floor_ms"], x - width * 0.46, x + width * 0.46, colors="black", linewidth=2.2,
+                              label=None if floor_drawn else "linear floor (floor_ms)")
+                    floor_drawn = True
+                lines = []
+                eager = at.get((_group_name({**r, "runtime": "eager"}), name))
+                if eager is not None and eager is not r and eager.get(key):
+                    lines.append(f"{eager[key] / v:.2f}× eager")
+                base = at.get((_group_name(r), base_series)) if base_series not in (None, name) else None
+                if base is not None and base.get(key):
+                    lines.append(f"{base[key] / v:.2f}× {baseline}")
+                if lines:
+                    ax.annotate("\n".join(lines), (x, v + h), xytext=(0, 3), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_xticks(range(len(used)))
+        ax.set_xticklabels(used, fontsize=8)
+        ax.set_xlim(-0.6, len(used) - 0.4)
+        ax.set_ylabel(ylabel, fontsize=8)
+        if scale == "symlog":
+            ax.set_yscale("symlog", linthresh=1.0)
+        else:
+            ax.set_ylim(0, top * (1.45 if key == "infer_p50_ms" else 1.1) or 1.0)
+        ax.set_title(f"{sizes}" + (" · speed-ups over eager PyTorch and over the same runtime's "
+                                   f"{baseline} written above the bars" if key == "infer_p50_ms" else ""),
+                     fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper right")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
 RESULT_COLUMNS = ["model", "head", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens",
                   "precision", "device", "threads", "params_m", "infer_p50_ms", "infer_p10_ms", "infer_p90_ms",
-                  "infer_min_ms", "attn_share", "attn_core_share", "attn_share_runs",
+                  "infer_min_ms", "floor_ms", "floor_p10_ms", "floor_p90_ms", "floor_linears", "of_floor",
+                  "non_linear_share", "non_delegated_share", "profile_ops", "profile_note", "attn_share",
+                  "attn_core_share", "attn_share_runs",
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
                   "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
@@ -1066,7 +1191,7 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
     write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
     plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
-                                          f"torch {meta.get('torch')}")
+                                          f"torch {meta.get('torch')}", baseline=baseline)
     return paths
 
 
@@ -1074,7 +1199,8 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
                      runtime_ups: Sequence[Dict[str, Any]] = ()) -> str:
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
     cols = ["model", "head", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
-            "infer_p90_ms", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
+            "infer_p90_ms", "floor_ms", "floor_p10_ms", "floor_p90_ms", "of_floor", "non_linear_share",
+            "non_delegated_share", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
             "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops",
             "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff",
             "runtime_threads", "error"]
@@ -1085,12 +1211,29 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
              f"in ms (p50 = median; p10/p90 beside it), throughput in images/s."
              + (" attn_share: measured share of the eager forward's time inside the attention modules (forward "
                 "hooks; attn_core_share: without their qkv/output projections)." if "attn_share" in present else "")
-             + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else ""), "",
+             + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else "")
+             + (" floor_ms: the same model's nn.Linear layers alone (each applied to an input of the shape it sees "
+                "in the model, same batch; a convolution patch embedding is not a linear and is left out; with a "
+                "segmentation head, still the linears only), run through the same runtime, precision, threads and "
+                "timing as the row (p10/p90 beside it); of_floor: the row's p50 / floor_ms."
+                if "floor_ms" in present else "")
+             + (" non_linear_share: from a separate profiled run, the share of the runtime's time outside matmul/"
+                "GEMM/convolution kernels (onnxruntime: of the summed node kernel time, ops other than MatMul, Gemm, "
+                "QLinearMatMul, MatMulInteger(ToFloat), QGemm, Conv and their fused forms, so (de)quantize steps "
+                "count as non-linear and attention's own matmuls as linear; ExecuTorch: of Method::execute, "
+                "outside XNNPACK's Fully Connected/Batch Matrix Multiply/Convolution operators)."
+                if "non_linear_share" in present else "")
+             + (" non_delegated_share: ExecuTorch, from an ETDump of a separate run: the share of Method::execute "
+                "outside XNNPACK delegate calls (portable kernels and the runtime's dispatch)."
+                if "non_delegated_share" in present else ""), "",
              markdown_table(rows, present)]
-    spreads = {f"{r['label']} {r['img_size']}px {prefix}": relative_spread(r.get(f"{prefix}_p10_ms"),
-                                                                           r.get(f"{prefix}_p90_ms"),
-                                                                           r.get(f"{prefix}_p50_ms"))
-               for r in rows for prefix in ("infer", "train") if r.get(f"{prefix}_p50_ms")}
+    notes = dict.fromkeys(f"{r['runtime']}: {r['profile_note']}" for r in rows if r.get("profile_note"))
+    parts += [f"no profile shares for {note}" for note in notes]
+    timings = {"infer": ("infer_p10_ms", "infer_p90_ms", "infer_p50_ms"),
+               "train": ("train_p10_ms", "train_p90_ms", "train_p50_ms"),
+               "floor": ("floor_p10_ms", "floor_p90_ms", "floor_ms")}
+    spreads = {f"{r['label']} {r['img_size']}px {r.get('runtime', '')} {what}": relative_spread(*map(r.get, keys))
+               for r in rows for what, keys in timings.items() if r.get(keys[2])}
     warning = spread_warning(spreads)
     if warning:
         parts += ["", warning]
@@ -1105,7 +1248,8 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
         parts += ["", "Speed-up of each runtime over eager PyTorch (batch-1 latency, same threads):", "",
                   markdown_table(runtime_ups, ["model", *(["head"] if "head" in present else []), "label",
                                                "img_size", "runtime", "threads", "eager_ms",
-                                               "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi"])]
+                                               "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi",
+                                               *(["floor_ms", "of_floor"] if "floor_ms" in present else [])])]
     return "\n".join(parts)
 
 
@@ -1174,7 +1318,7 @@ def _options():
         "floor": Opt(None, "with latency, also time each row's linear floor: the model's nn.Linear layers alone "
                            "(each on an input of the shape it sees in the model; no conv patch embedding) through "
                            "the same runtime, precision and threads (columns floor_ms, of_floor); default: on when "
-                           "--runtime names a runtime besides torch (--no-floor skips it)", type=bool),
+                           "--runtime names a runtime besides torch (--no-floor skips it)", type=maybe(bool)),
         "compile": Opt(False, "time the torch.compile'd model (runtime torch)"),
         "compile_backend": Opt(None, "torch.compile backend with --compile (default inductor; see "
                                      "torch._dynamo.list_backends())", type=maybe(str)),
@@ -1199,10 +1343,12 @@ def build_parser() -> argparse.ArgumentParser:
     from ..utils.recipe import add_option_flags, command_parser
     options = _options()
     order = {name: options.pop(name) for name in ("fixed_order", "sima_order")}
+    floor = options.pop("floor")  # three states: --floor, --no-floor, or neither (the default of the runtimes)
     p = command_parser("simattn bench model",
                        "Latency, throughput, exp-like op and FLOP counts and peak memory of registered models, each "
                        "configuration in its own subprocess.", options)
     add_option_flags(p.add_mutually_exclusive_group(), order)
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=None, help=floor.help)
     # sizes are read as text (YAML would read 0x10 as the number 16); _check_sizes reads N and HxW
     next(a for a in p._actions if a.dest == "img_size").type = str
     # KEY=VALUE items stay text until parse_assignments reads them: an Opt list flag reads each item as YAML
