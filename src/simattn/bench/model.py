@@ -33,7 +33,16 @@ pool, onnxruntime's intra-op threads, ExecuTorch's XNNPACK pool, OpenVINO's infe
 features (AVX2, AVX-512, VNNI, AMX) are recorded, since int8 speed depends on them. Exp/FLOP counts and memory are
 always those of the eager model.
 
-Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
+The floor (with latency; on by default when ``--runtime`` names a runtime besides torch, ``--floor``/``--no-floor``
+to choose): each row's model reduced to its ``nn.Linear`` layers, each applied to an input of the shape it sees in
+the model (:func:`linear_floor`; a convolution patch embedding is not a linear and is left out), run through the
+same runtime, precision and threads and timed in the same worker (``floor_ms``; ``of_floor`` = the model's p50 /
+the floor's). On onnxruntime and ExecuTorch a separate profiled run (:func:`runtime_profile`) gives the shares of
+the runtime's time outside matmul-type kernels (``non_linear_share``) and, on ExecuTorch, outside XNNPACK's
+delegate calls (``non_delegated_share``).
+
+Results go to ``bench_model.{json,csv,md,png}`` (the figure: bars per runtime and precision for one input size,
+lines against size for several). ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
 isolating the cost of exp. ``--attn`` lists the kinds (``LABEL=KIND`` runs a kind twice under another name),
 ``--attn-kwargs`` gives each its options (``softmax.fused=false`` is the explicit N×N softmax, whose memory grows
 quadratically; fused SDPA's does not). Examples::
@@ -717,7 +726,9 @@ def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PRO
     timed program left it): ``non_delegated_share`` = 1 − (time in ``DELEGATE_CALL`` events) / (time in
     ``Method::execute``), i.e. portable kernels plus the runtime's own dispatch between calls; ``non_linear_share``
     = 1 − (time of XNNPACK's matmul/GEMM/convolution operators, :data:`XNNPACK_LINEAR_PREFIXES`) / execute time,
-    when the delegate reports its operators. Empty with a ``profile_note`` when this build cannot trace."""
+    when the delegate reports its operators (the sums that :mod:`simattn.deploy.executorch` rewrites as GEMMs with
+    columns of ones, LayerNorm's among them, are such operators). Empty with a ``profile_note`` when this build
+    cannot trace."""
     from ..deploy.base import quiet_stderr
 
     try:
@@ -1021,9 +1032,9 @@ def _series(rows: Sequence[Dict[str, Any]], by_runtime: bool = True) -> Dict[str
 #: the panels of the figure: (key, second key, y label of the line plot, y label of the bar plot, y scale)
 _PANELS = [
     ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed",
-     "batch-1 inference latency (ms): p50, p10-p90 bars", "log"),
+     "batch-1 inference latency (ms): p50 bars, p10-p90 whiskers", "log"),
     ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed",
-     "training step (ms): p50, p10-p90 bars", "log"),
+     "training step (ms): p50 bars, p10-p90 whiskers", "log"),
     ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed",
      "peak memory (MB): forward filled, train step outlined", "log"),
     ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed",
@@ -1100,10 +1111,15 @@ def plot_bars(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", basel
                                                  for r in measured)), None)
     panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None for r in measured)]
     width = 0.8 / max(1, len(series))
-    fig, axes = new_figure(1, max(1, len(panels)), size=max(6.0, 1.0 + 0.75 * len(groups) * max(1, len(series))))
-    fig.set_size_inches(fig.get_size_inches()[0], 4.6 * max(1, len(panels)))
+    panel_width = max(5.2, 1.0 + 0.75 * len(groups) * max(1, len(series)))
+    ncols = 2 if len(panels) > 1 and panel_width <= 7 else 1  # narrow panels side by side, wide ones stacked
+    nrows = -(-max(1, len(panels)) // ncols)
+    fig, axes = new_figure(ncols, nrows, size=panel_width)
+    fig.set_size_inches(panel_width * ncols, 4.8 * nrows)
     colors = [f"C{i % 10}" for i in range(len(series))]
     sizes = ", ".join(dict.fromkeys(f"{size_text(r['img_size'])} px" for r in measured))
+    models = list(dict.fromkeys(r["model"] + (f" + {r['head']}" if r.get("head") else "") for r in measured))
+    what = f"{models[0]} at {sizes}" if len(models) == 1 else sizes
     for ax, (key, second, _, ylabel, scale) in zip(axes, panels):
         used = [g for g in groups if any(at.get((g, n), {}).get(key) is not None for n in series)]
         top = 0.0
@@ -1157,11 +1173,13 @@ def plot_bars(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", basel
             ax.set_yscale("symlog", linthresh=1.0)
         else:
             ax.set_ylim(0, top * (1.45 if key == "infer_p50_ms" else 1.1) or 1.0)
-        ax.set_title(f"{sizes}" + (" · speed-ups over eager PyTorch and over the same runtime's "
-                                   f"{baseline} written above the bars" if key == "infer_p50_ms" else ""),
-                     fontsize=8)
+        ax.set_title(what + ("\nabove each bar: its speed-up over eager PyTorch and over the same runtime's "
+                             f"{baseline}" if key == "infer_p50_ms" else ""), fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper right")
+        # below the group names, where no bar or annotation can be
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(series) + 1, frameon=False)
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
     if title:
         fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
@@ -1221,7 +1239,8 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
                 "GEMM/convolution kernels (onnxruntime: of the summed node kernel time, ops other than MatMul, Gemm, "
                 "QLinearMatMul, MatMulInteger(ToFloat), QGemm, Conv and their fused forms, so (de)quantize steps "
                 "count as non-linear and attention's own matmuls as linear; ExecuTorch: of Method::execute, "
-                "outside XNNPACK's Fully Connected/Batch Matrix Multiply/Convolution operators)."
+                "outside XNNPACK's Fully Connected/Batch Matrix Multiply/Convolution operators, where LayerNorm's "
+                "and SimA's sums, rewritten as GEMMs with columns of ones for XNNPACK, count as linear)."
                 if "non_linear_share" in present else "")
              + (" non_delegated_share: ExecuTorch, from an ETDump of a separate run: the share of Method::execute "
                 "outside XNNPACK delegate calls (portable kernels and the runtime's dispatch)."
