@@ -33,7 +33,16 @@ pool, onnxruntime's intra-op threads, ExecuTorch's XNNPACK pool, OpenVINO's infe
 features (AVX2, AVX-512, VNNI, AMX) are recorded, since int8 speed depends on them. Exp/FLOP counts and memory are
 always those of the eager model.
 
-Results go to ``bench_model.{json,csv,md,png}``. ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
+The floor (with latency; on by default when ``--runtime`` names a runtime besides torch, ``--floor``/``--no-floor``
+to choose): each row's model reduced to its ``nn.Linear`` layers, each applied to an input of the shape it sees in
+the model (:func:`linear_floor`; a convolution patch embedding is not a linear and is left out), run through the
+same runtime, precision and threads and timed in the same worker (``floor_ms``; ``of_floor`` = the model's p50 /
+the floor's). On onnxruntime and ExecuTorch a separate profiled run (:func:`runtime_profile`) gives the shares of
+the runtime's time outside matmul-type kernels (``non_linear_share``) and, on ExecuTorch, outside XNNPACK's
+delegate calls (``non_delegated_share``).
+
+Results go to ``bench_model.{json,csv,md,png}`` (the figure: bars per runtime and precision for one input size,
+lines against size for several). ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
 isolating the cost of exp. ``--attn`` lists the kinds (``LABEL=KIND`` runs a kind twice under another name),
 ``--attn-kwargs`` gives each its options (``softmax.fused=false`` is the explicit N×N softmax, whose memory grows
 quadratically; fused SDPA's does not). Examples::
@@ -63,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -80,7 +90,8 @@ from .report import machine_info, markdown_table, new_figure, progress, relative
     spread_warning, write_csv, write_json, write_text
 
 __all__ = ["BenchSpec", "PRECISIONS", "MEASURES", "HEADS", "runtimes", "int8_runtimes", "measure", "run_specs",
-           "speedups", "runtime_speedups", "plot_results", "parse_attn", "parse_size", "size_text", "runtime_name",
+           "speedups", "runtime_speedups", "plot_results", "plot_bars", "plot_lines", "linear_calls", "linear_floor",
+           "LinearFloor", "runtime_profile", "parse_attn", "parse_size", "size_text", "runtime_name",
            "attention_share", "main"]
 
 #: precision name → autocast dtype (None = plain fp32, no autocast)
@@ -110,7 +121,9 @@ class BenchSpec:
     ``runtime``: ``'torch'`` (eager, or ``compile`` for ``torch.compile``) or ``'onnxruntime'`` (the model exported
     with ``onnx_exporter``); ``channels_last`` runs the model and its inputs in channels-last memory format.
     ``img_size``: N (N×N) or [H, W]; ``head`` (a key of :data:`HEADS`) wraps ``model`` as the backbone of that
-    segmenter (:data:`SEG_CLASSES` classes; logits at the input size).
+    segmenter (:data:`SEG_CLASSES` classes; logits at the input size). ``floor``: with latency, also time the
+    model's linear layers alone (:func:`linear_floor`) through the same runtime and precision; ``profile``: with
+    latency on a runtime that can profile (:data:`PROFILED_RUNTIMES`), the shares of :func:`runtime_profile`.
     """
 
     model: str
@@ -136,6 +149,8 @@ class BenchSpec:
     onnx_exporter: str = "auto"
     quantize: Optional[str] = None  # 'static': int8 row of an exported runtime
     head: Optional[str] = None
+    floor: bool = False  # with latency: time the model's linear layers alone (:class:`LinearFloor`) too
+    profile: bool = False  # with latency on onnxruntime/executorch: the profiled shares of the runtime's time
 
     def __post_init__(self) -> None:
         self.measures = tuple(self.measures)
@@ -393,19 +408,26 @@ def _first_tensor(out: Any) -> torch.Tensor:
 class _Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
-    def __init__(self, spec: BenchSpec, work_dir: Optional[str] = None) -> None:
+    def __init__(self, spec: BenchSpec, work_dir: Optional[str] = None, model: Optional[nn.Module] = None,
+                 like: Optional["_Runner"] = None, stem: str = "model") -> None:
+        """``model``: run this module instead of ``spec``'s (the linear floor), taking the inputs of ``like``'s
+        model and exported with its record and calibration images; ``stem`` names its exported files."""
         self.spec = spec
         self.device = torch.device(spec.device)
         self.dtype = PRECISIONS[spec.precision]
         self.memory_format = torch.channels_last if spec.channels_last else torch.contiguous_format
-        self.model = build_model(spec).to(self.device, memory_format=self.memory_format)
-        in_chans = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
+        self.model = (model if model is not None else build_model(spec)).to(self.device,
+                                                                             memory_format=self.memory_format)
+        self.source = like.model if like is not None else self.model  # the model whose inputs and record these are
+        self.stem = stem
+        in_chans = (getattr(self.source, "pretrained_cfg", None) or {}).get("input_size", (3,))[0]
         self.shape = (in_chans, *size_hw(spec.img_size))
         # the module the timed calls run (counts and memory use the eager self.model)
         # static shapes: the latency and throughput batches each get their own specialized graph
         self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
                       else self.model)
         self.deployed = None  # the exported file's program (batch -> first output) for the other runtimes
+        self.deployed_path: Optional[Path] = None  # the file it runs
         self.onnx_max_abs_diff: Optional[float] = None
         self.runtime_max_abs_diff: Optional[float] = None
         self.runtime_threads: Optional[int] = None
@@ -423,18 +445,21 @@ class _Runner:
 
         fmt = deploy.get(self.spec.runtime)
         model = self.model.eval()
-        data_config = {**resolve_data_config(model), "input_size": self.shape}
+        data_config = {**resolve_data_config(self.source), "input_size": self.shape}
         name, kwargs = model_args(self.spec)
-        record = export_record(name, kwargs, data_config, attention=getattr(model, "attn_type", self.spec.attn),
-                               producer="simattn bench model")
+        record = export_record(name, kwargs, data_config,
+                               attention=getattr(self.source, "attn_type", self.spec.attn),
+                               producer="simattn bench model" + (f" ({self.stem})" if self.stem != "model" else ""))
         calibration = self._calibration(data_config) if self.spec.quantize else None
         options = {"exporter": self.spec.onnx_exporter} if "exporter" in fmt.options else {}
-        path = Path(work_dir) / f"model{fmt.suffixes[0]}"
+        path = Path(work_dir) / f"{self.stem}{fmt.suffixes[0]}"
         from_file = bool(self.spec.quantize) and fmt.quantizes == "file"
         fmt.export(model, path, record, quantize=None if from_file else self.spec.quantize, calibration=calibration,
                    fixed_size=True, verify=False, **options)
         if from_file:
-            path = fmt.quantize(path, calibration, self.spec.quantize, dst=Path(work_dir) / f"model_int8{path.suffix}")
+            path = fmt.quantize(path, calibration, self.spec.quantize,
+                                dst=Path(work_dir) / f"{self.stem}_int8{path.suffix}")
+        self.deployed_path = Path(path)
         self.deployed = fmt.open(path, self.spec.threads)
         self.runtime_threads = self.deployed.threads
         x = self.inputs(1)
@@ -573,6 +598,194 @@ def attention_share(model: nn.Module, fn, device: torch.device, repeats: int,
             "attn_share_runs": len(shares)}
 
 
+# ------------------------------------------------------------------------------------------------ the linear floor
+
+
+def linear_calls(model: nn.Module, x: torch.Tensor) -> List[Dict[str, Any]]:
+    """Every ``nn.Linear`` call of one eager forward of ``model`` on ``x``, in call order (forward hooks): ``name``,
+    ``input_shape`` (batch first, as the layer saw it), ``in_features``, ``out_features``, ``bias``. A layer called
+    twice is listed twice; linears applied as ``F.linear`` outside an ``nn.Linear`` call are not seen."""
+    calls: List[Dict[str, Any]] = []
+    names = {m: n for n, m in model.named_modules()}
+
+    def hook(module, args, out):
+        calls.append({"name": names[module], "input_shape": tuple(args[0].shape), "in_features": module.in_features,
+                      "out_features": module.out_features, "bias": module.bias is not None})
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        with torch.inference_mode():
+            model.eval()(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+class LinearFloor(nn.Module):
+    """The linear layers of a model alone: one ``nn.Linear`` per call :func:`linear_calls` saw (same in/out
+    features and bias), each applied to an input of the shape that call saw, batch as given.
+
+    It takes the model's input (a batch of images), so that a runtime exports, calibrates and runs it exactly as
+    it does the model. The layers run in the model's order, each on the previous one's output where the shapes
+    agree (DeiT: proj → fc1 → fc2 → the next block's qkv), else on it flattened and cut (repeated if short) to the
+    shape the layer saw (image → first layer, qkv → proj, last layer → head): a chain, so no layer is dead code a
+    runtime could drop, and no sums or concatenations are added. Weights are fresh with std 1/√in_features and
+    zero bias, so that activations keep their scale along the chain (no vanishing values, no denormals; timing
+    does not depend on the weights' values)."""
+
+    def __init__(self, calls: Sequence[Dict[str, Any]]) -> None:
+        super().__init__()
+        if not calls:
+            raise ValueError("the model runs no nn.Linear layer: it has no linear floor")
+        self.shapes = [tuple(int(v) for v in c["input_shape"][1:]) for c in calls]
+        self.layers = nn.ModuleList(nn.Linear(c["in_features"], c["out_features"], bias=c["bias"]) for c in calls)
+        with torch.no_grad():
+            for layer in self.layers:
+                nn.init.normal_(layer.weight, std=layer.in_features ** -0.5)
+                if layer.bias is not None:
+                    layer.bias.zero_()
+
+    @staticmethod
+    def _fit(h: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
+        if tuple(h.shape[1:]) == shape:
+            return h
+        need = math.prod(shape)
+        flat = h.reshape(h.shape[0], -1)
+        have = math.prod(h.shape[1:])
+        if have < need:
+            flat = flat.repeat(1, -(-need // have))
+        return flat[:, :need].reshape(-1, *shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for shape, layer in zip(self.shapes, self.layers):
+            h = layer(self._fit(h, shape))
+        return h
+
+
+def linear_floor(model: nn.Module, x: torch.Tensor) -> LinearFloor:
+    """:class:`LinearFloor` of ``model``'s linear layers as one forward on ``x`` (its batch) calls them."""
+    return LinearFloor(linear_calls(model, x))
+
+
+# ------------------------------------------------------------------------------------------------ runtime profiles
+
+#: onnxruntime op types that compute a matmul, GEMM or convolution (fp32, int8 and fused variants); the rest of the
+#: node time (norms, softmax/SimA's normalization, elementwise, reshapes, (de)quantize) is ``non_linear_share``
+ORT_LINEAR_OPS = frozenset({
+    "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QGemm",
+    "DynamicQuantizeMatMul", "MatMulNBits", "QLinearConv", "Conv", "FusedConv", "ConvInteger", "NhwcFusedConv"})
+#: XNNPACK operator names (ETDump events inside a delegate call) that compute a matmul, GEMM or convolution
+XNNPACK_LINEAR_PREFIXES = ("Fully Connected", "Batch Matrix Multiply", "Convolution", "Deconvolution")
+PROFILED_RUNTIMES = ("onnxruntime", "executorch")
+PROFILE_CALLS = 10
+
+
+def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: int, calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """``non_linear_share`` of an ONNX file in onnxruntime: with ``SessionOptions.enable_profiling`` (a session of
+    its own, same threads as the timed one, CPU provider), ``calls`` runs on ``x`` after one warm-up; of the summed
+    node kernel time (the profile's ``Node`` events), the share in ops other than :data:`ORT_LINEAR_OPS`. Also
+    ``profile_ops``: the five op types with the most node time, as ``op: share``."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(Path(work_dir or tempfile.gettempdir()) / "ort_profile")
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x.detach().cpu().numpy()}
+    session.run(None, feed)
+    for _ in range(calls):
+        session.run(None, feed)
+    profile = Path(session.end_profiling())
+    try:
+        events = json.loads(profile.read_text())
+    finally:
+        profile.unlink(missing_ok=True)
+    by_op: Dict[str, float] = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and "op_name" in args:
+            by_op[args["op_name"]] = by_op.get(args["op_name"], 0.0) + float(e.get("dur", 0))
+    total = sum(by_op.values())
+    if not total:
+        return {"profile_note": "onnxruntime's profile listed no node times"}
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:5]
+    return {"non_linear_share": sum(t for op, t in by_op.items() if op not in ORT_LINEAR_OPS) / total,
+            "profile_ops": ", ".join(f"{op} {t / total:.2f}" for op, t in top)}
+
+
+def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PROFILE_CALLS,
+                       work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Shares of a ``.pte``'s time from an ETDump (the pybindings' ``enable_etdump``, read with
+    ``executorch.devtools.Inspector``) over ``calls`` runs on ``x`` after one warm-up (the thread pool as the
+    timed program left it): ``non_delegated_share`` = 1 − (time in ``DELEGATE_CALL`` events) / (time in
+    ``Method::execute``), i.e. portable kernels plus the runtime's own dispatch between calls; ``non_linear_share``
+    = 1 − (time of XNNPACK's matmul/GEMM/convolution operators, :data:`XNNPACK_LINEAR_PREFIXES`) / execute time,
+    when the delegate reports its operators (the sums that :mod:`simattn.deploy.executorch` rewrites as GEMMs with
+    columns of ones, LayerNorm's among them, are such operators). Empty with a ``profile_note`` when this build
+    cannot trace."""
+    from ..deploy.base import quiet_stderr
+
+    try:
+        from executorch.devtools import Inspector
+        from executorch.extension.pybindings import portable_lib
+    except ImportError as e:
+        return {"profile_note": f"executorch.devtools is not importable here ({e})"}
+    etdump = Path(work_dir or tempfile.gettempdir()) / "profile.etdp"
+    try:
+        with quiet_stderr():
+            module = portable_lib._load_for_executorch(str(path), enable_etdump=True)
+            args = [x.contiguous()]
+            module.forward(args)
+            if hasattr(module, "has_etdump") and not module.has_etdump():
+                return {"profile_note": "this ExecuTorch build records no ETDump (no event tracer in the pybindings)"}
+            for _ in range(calls):
+                module.forward(args)
+            module.write_etdump_result_to_file(str(etdump))
+            with warnings.catch_warnings():  # no debug buffer was asked for; the Inspector warns that it is absent
+                warnings.simplefilter("ignore")
+                inspector = Inspector(etdump_path=str(etdump))
+    except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
+        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
+    finally:
+        etdump.unlink(missing_ok=True)
+    total = delegate = linear = 0.0
+    delegate_ops = False
+    for block in inspector.event_blocks:
+        for event in block.events:
+            raw = sum(event.perf_data.raw) if event.perf_data is not None else 0.0
+            if event.name == "Method::execute":
+                total += raw
+            elif event.name == "DELEGATE_CALL":
+                delegate += raw
+            elif event.is_delegated_op:
+                delegate_ops = True
+                linear += raw if str(event.name).startswith(XNNPACK_LINEAR_PREFIXES) else 0.0
+    if not total:
+        return {"profile_note": "ExecuTorch's ETDump holds no Method::execute events"}
+    out = {"non_delegated_share": min(1.0, max(0.0, 1 - delegate / total))}
+    if delegate_ops:
+        out["non_linear_share"] = min(1.0, max(0.0, 1 - linear / total))
+    return out
+
+
+def runtime_profile(runtime: str, path: Union[str, Path], x: torch.Tensor, threads: int,
+                    work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """The profiled shares of an exported file's time in its runtime (:func:`ort_profile`,
+    :func:`executorch_profile`), from runs of their own (profiling slows the calls it records), or a
+    ``profile_note`` saying why there are none."""
+    if runtime == "onnxruntime":
+        return ort_profile(path, x, threads, work_dir=work_dir)
+    if runtime == "executorch":
+        return executorch_profile(path, x, work_dir=work_dir)
+    return {}
+
+
 def measure(spec: BenchSpec) -> Dict[str, Any]:
     """Measure one configuration in this process and return its result row (what a worker sends back)."""
     validate_spec(spec)
@@ -626,6 +839,11 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
             if prefix == "infer" and spec.runtime == "torch" and not spec.compile:
                 # the eager forward just timed, again with the attention modules timed inside it
                 row.update(attention_share(model, run.infer_fn(b1), run.device, spec.repeats, spec.max_time))
+            if prefix == "infer" and spec.floor:
+                row.update(_time_floor(run, work_dir))
+                row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
+            if prefix == "infer" and spec.profile and run.deployed_path is not None:
+                row.update(runtime_profile(spec.runtime, run.deployed_path, run.inputs(b1), spec.threads, work_dir))
         if measure + "throughput" in spec.measures:
             t = run.time(make_fn(spec.batch_size))
             ips = spec.batch_size * 1e3
@@ -633,6 +851,23 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
                         f"{prefix}_ips_p90": ips / t["p10_ms"]})
     sync(run.device)
     return row
+
+
+def _time_floor(run: _Runner, work_dir: str) -> Dict[str, Any]:
+    """The linear floor of ``run``'s model (:func:`linear_floor` at the latency batch), run as ``run`` runs the
+    model (eager, compiled, or exported, quantized and opened by the same registry entry at the same threads),
+    timed the same way: ``floor_ms`` (p50), ``floor_p10_ms``, ``floor_p90_ms``, ``floor_linears`` and
+    ``of_floor`` (the model's p50 / the floor's)."""
+    spec = run.spec
+    b1 = spec.latency_batch
+    torch.manual_seed(0)
+    with torch.no_grad(), run.autocast():
+        floor = linear_floor(run.model, run.inputs(b1))
+    floor_run = _Runner(spec, work_dir, model=floor, like=run, stem="floor")
+    t = floor_run.time(floor_run.infer_fn(b1))
+    out = {"floor_ms": t["median_ms"], "floor_p10_ms": t["p10_ms"], "floor_p90_ms": t["p90_ms"],
+           "floor_linears": len(floor.layers)}
+    return out
 
 
 def _worker_main(spec_json: str) -> int:
@@ -668,7 +903,7 @@ def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
 
 _TIMING_KEYS = tuple(f"{prefix}_{key}" for prefix in ("infer", "train")
                      for key in ("p50_ms", "p10_ms", "p90_ms", "min_ms", "ips", "ips_p10", "ips_p90")) + \
-    ("attn_share", "attn_core_share")
+    ("attn_share", "attn_core_share", "floor_ms", "floor_p10_ms", "floor_p90_ms")
 
 
 def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool = False,
@@ -692,9 +927,9 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
 
     for r, i in progress(jobs, desc, describe):
         spec = specs[i]
-        if r > 0:
+        if r > 0:  # timings again; counts, memory and profiles once
             timed = tuple(m for m in spec.measures if m not in ("counts", "memory"))
-            spec = BenchSpec(**{**asdict(spec), "measures": timed})
+            spec = BenchSpec(**{**asdict(spec), "measures": timed, "profile": False})
         row = measure(spec) if in_process else _run_worker(spec, timeout)
         if "error" in row:
             print(f"  failed: {describe((r, i))}: {row['error']}", file=sys.stderr, flush=True)
@@ -708,6 +943,8 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
                 row[key] = min(values) if key.endswith("_min_ms") else statistics.median(values)
                 if len(values) > 1:
                     row[f"{key}_rounds"] = values
+        if row.get("floor_ms") and row.get("infer_p50_ms"):  # of the medians over rounds
+            row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
         row["rounds"] = len(per_round)
         rows.append(row)
     return rows
@@ -767,11 +1004,14 @@ def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
         out.append({"model": r["model"], "head": r.get("head", ""), "label": r["label"], "img_size": r["img_size"],
                     "runtime": r["runtime"],
                     "threads": r.get("threads"), "eager_ms": e["infer_p50_ms"], "runtime_ms": r["infer_p50_ms"],
-                    "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer")})
+                    "over_eager": e["infer_p50_ms"] / r["infer_p50_ms"], **_ratio_spread(e, r, "infer"),
+                    **{k: r[k] for k in ("floor_ms", "of_floor") if r.get(k) is not None}})
     return out
 
 
-def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+def _series(rows: Sequence[Dict[str, Any]], by_runtime: bool = True) -> Dict[str, List[Dict[str, Any]]]:
+    """Rows by the name of their series in the plots (label; model, head and precision when several), and with
+    ``by_runtime`` the runtime when several ran."""
     series: Dict[str, List[Dict[str, Any]]] = {}
     for r in rows:
         if "error" in r:
@@ -783,25 +1023,44 @@ def _series(rows: Sequence[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
             name += f" {r.get('head') or 'classifier'}"
         if len({x["precision"] for x in rows}) > 1:
             name += f" {r['precision']}"
+        if by_runtime and len({x.get("runtime") for x in rows}) > 1:
+            name += f" ({r.get('runtime')})"
         series.setdefault(name, []).append(r)
     return {k: sorted(v, key=lambda r: size_side(r["img_size"])) for k, v in series.items()}
 
 
-def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
+#: the panels of the figure: (key, second key, y label of the line plot, y label of the bar plot, y scale)
+_PANELS = [
+    ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed",
+     "batch-1 inference latency (ms): p50 bars, p10-p90 whiskers", "log"),
+    ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed",
+     "training step (ms): p50 bars, p10-p90 whiskers", "log"),
+    ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed",
+     "peak memory (MB): forward filled, train step outlined", "log"),
+    ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed",
+     "exp evaluations / forward: softmax filled, all outlined", "symlog"),
+]
+
+
+def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", baseline: str = "softmax") -> None:
+    """The figure of a sweep: with one input size, grouped bars (:func:`plot_bars`); with several, one line per
+    series against input size (:func:`plot_lines`)."""
+    measured = [r for r in rows if "error" not in r]
+    if len({size_side(r["img_size"]) for r in measured}) == 1:
+        plot_bars(rows, path, title, baseline)
+    else:
+        plot_lines(rows, path, title)
+
+
+def plot_lines(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") -> None:
     """Against input size, one line per series: inference latency, training step, peak memory and exp-like
     evaluations per forward (solid: softmax-family, the paper's column; dashed: all, activations included).
     Panels with nothing measured are left out."""
-    panels = [  # (solid key, dashed key, y label, y scale)
-        ("infer_p50_ms", "infer_p90_ms", "inference latency (ms): p50 solid, p90 dashed", "log"),
-        ("train_p50_ms", "train_p90_ms", "training step (ms): p50 solid, p90 dashed", "log"),
-        ("peak_fwd_mb", "peak_train_mb", "peak memory (MB): forward solid, train step dashed", "log"),
-        ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed", "symlog"),
-    ]
     series = _series(rows)
-    panels = [p for p in panels if any(r.get(p[0]) is not None or r.get(p[1]) is not None
-                                       for rs in series.values() for r in rs)]
+    panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None
+                                        for rs in series.values() for r in rs)]
     fig, axes = new_figure(min(2, max(1, len(panels))), (len(panels) + 1) // 2 or 1, size=5.2)
-    for ax, (solid, dashed, ylabel, scale) in zip(axes, panels):
+    for ax, (solid, dashed, ylabel, _, scale) in zip(axes, panels):
         for name, rs in series.items():
             color = None
             for key, style in ((solid, "-"), (dashed, "--")):
@@ -822,9 +1081,115 @@ def plot_results(rows: Sequence[Dict[str, Any]], path: Path, title: str = "") ->
     save_figure(fig, path)
 
 
+def _group_name(row: Dict[str, Any]) -> str:
+    """The x group of a row in the bar plot: what ran it and at which precision ('torch fp32', 'onnxruntime
+    int8', 'torch.compile bf16', ...)."""
+    runtime = str(row.get("runtime", "eager"))
+    extra = ", channels-last" if runtime.endswith(", channels-last") else ""
+    runtime = runtime.removesuffix(", channels-last")
+    if runtime.endswith(" int8"):
+        runtime, precision = runtime.removesuffix(" int8"), "int8"
+    else:
+        precision = row.get("precision", "fp32")
+    runtime = {"eager": "torch", "compiled": "torch.compile"}.get(runtime, runtime)
+    return f"{runtime}\n{precision}{extra}"
+
+
+def plot_bars(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", baseline: str = "softmax") -> None:
+    """One input size: per panel, a group of bars per runtime and precision (x), one bar per series (attention
+    kind; model and head when several), side by side. Inference latency: p50 bars with p10-p90 error bars; the
+    linear floor (``floor_ms``) as a black line across its bar; above each bar its speed-up over eager PyTorch
+    (same series) and, for the other series, over the ``baseline`` series (e.g. softmax) in the same group.
+    Training step: the same bars without the annotations; memory and exp counts: the first key filled, the
+    second outlined. Panels with nothing measured are left out."""
+    measured = [r for r in rows if "error" not in r]
+    series_of = {id(r): name for name, rs in _series(measured, by_runtime=False).items() for r in rs}
+    series = list(dict.fromkeys(series_of.values()))
+    groups = list(dict.fromkeys(_group_name(r) for r in measured))
+    at = {(_group_name(r), series_of[id(r)]): r for r in measured}
+    base_series = next((n for n in series if any(r.get("label") == baseline and series_of[id(r)] == n
+                                                 for r in measured)), None)
+    panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None for r in measured)]
+    width = 0.8 / max(1, len(series))
+    panel_width = max(5.2, 1.0 + 0.75 * len(groups) * max(1, len(series)))
+    ncols = 2 if len(panels) > 1 and panel_width <= 7 else 1  # narrow panels side by side, wide ones stacked
+    nrows = -(-max(1, len(panels)) // ncols)
+    fig, axes = new_figure(ncols, nrows, size=panel_width)
+    fig.set_size_inches(panel_width * ncols, 4.8 * nrows)
+    colors = [f"C{i % 10}" for i in range(len(series))]
+    sizes = ", ".join(dict.fromkeys(f"{size_text(r['img_size'])} px" for r in measured))
+    models = list(dict.fromkeys(r["model"] + (f" + {r['head']}" if r.get("head") else "") for r in measured))
+    what = f"{models[0]} at {sizes}" if len(models) == 1 else sizes
+    for ax, (key, second, _, ylabel, scale) in zip(axes, panels):
+        used = [g for g in groups if any(at.get((g, n), {}).get(key) is not None for n in series)]
+        top = 0.0
+        floor_drawn = False
+        for i, name in enumerate(series):
+            xs, values, lo, hi, rs = [], [], [], [], []
+            for gi, g in enumerate(used):
+                r = at.get((g, name))
+                if r is None or r.get(key) is None:
+                    continue
+                xs.append(gi - 0.4 + width * (i + 0.5))
+                values.append(r[key])
+                rs.append(r)
+                prefix = key.split("_")[0]
+                p10, p90 = r.get(f"{prefix}_p10_ms"), r.get(f"{prefix}_p90_ms")
+                timed = key.endswith("_ms") and p10 is not None and p90 is not None
+                lo.append(max(0.0, r[key] - p10) if timed else 0.0)
+                hi.append(max(0.0, p90 - r[key]) if timed else 0.0)
+            if not xs:
+                continue
+            if not key.endswith("_ms"):  # the second key (train-step memory, all exp) outlined behind
+                outline = [(x, r[second]) for x, r in zip(xs, rs) if r.get(second) is not None]
+                if outline:
+                    ax.bar(*zip(*outline), width * 0.92, fill=False, edgecolor=colors[i], hatch="//", linewidth=1)
+                    top = max(top, max(v for _, v in outline))
+            ax.bar(xs, values, width * 0.92, color=colors[i], label=name,
+                   yerr=[lo, hi] if any(lo) or any(hi) else None, error_kw={"elinewidth": 0.8, "capsize": 2})
+            top = max(top, max(v + h for v, h in zip(values, hi)))
+            if key != "infer_p50_ms":
+                continue
+            for x, v, h, r in zip(xs, values, hi, rs):
+                if r.get("floor_ms") is not None:
+                    ax.hlines(r["floor_ms"], x - width * 0.46, x + width * 0.46, colors="black", linewidth=2.2,
+                              label=None if floor_drawn else "linear floor (floor_ms)")
+                    floor_drawn = True
+                lines = []
+                eager = at.get((_group_name({**r, "runtime": "eager"}), name))
+                if eager is not None and eager is not r and eager.get(key):
+                    lines.append(f"{eager[key] / v:.2f}× eager")
+                base = at.get((_group_name(r), base_series)) if base_series not in (None, name) else None
+                if base is not None and base.get(key):
+                    lines.append(f"{base[key] / v:.2f}× {baseline}")
+                if lines:
+                    ax.annotate("\n".join(lines), (x, v + h), xytext=(0, 3), textcoords="offset points",
+                                ha="center", va="bottom", fontsize=7, rotation=90)
+        ax.set_xticks(range(len(used)))
+        ax.set_xticklabels(used, fontsize=8)
+        ax.set_xlim(-0.6, len(used) - 0.4)
+        ax.set_ylabel(ylabel, fontsize=8)
+        if scale == "symlog":
+            ax.set_yscale("symlog", linthresh=1.0)
+        else:
+            ax.set_ylim(0, top * (1.45 if key == "infer_p50_ms" else 1.1) or 1.0)
+        ax.set_title(what + ("\nabove each bar: its speed-up over eager PyTorch and over the same runtime's "
+                             f"{baseline}" if key == "infer_p50_ms" else ""), fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        # below the group names, where no bar or annotation can be
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(series) + 1, frameon=False)
+    for ax in axes[len(panels):]:
+        ax.set_axis_off()
+    if title:
+        fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
 RESULT_COLUMNS = ["model", "head", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens",
                   "precision", "device", "threads", "params_m", "infer_p50_ms", "infer_p10_ms", "infer_p90_ms",
-                  "infer_min_ms", "attn_share", "attn_core_share", "attn_share_runs",
+                  "infer_min_ms", "floor_ms", "floor_p10_ms", "floor_p90_ms", "floor_linears", "of_floor",
+                  "non_linear_share", "non_delegated_share", "profile_ops", "profile_note", "attn_share",
+                  "attn_core_share", "attn_share_runs",
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
                   "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
@@ -844,7 +1209,7 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
     write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
     plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
-                                          f"torch {meta.get('torch')}")
+                                          f"torch {meta.get('torch')}", baseline=baseline)
     return paths
 
 
@@ -852,7 +1217,8 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
                      runtime_ups: Sequence[Dict[str, Any]] = ()) -> str:
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
     cols = ["model", "head", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
-            "infer_p90_ms", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
+            "infer_p90_ms", "floor_ms", "floor_p10_ms", "floor_p90_ms", "of_floor", "non_linear_share",
+            "non_delegated_share", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
             "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops",
             "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff",
             "runtime_threads", "error"]
@@ -863,12 +1229,30 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
              f"in ms (p50 = median; p10/p90 beside it), throughput in images/s."
              + (" attn_share: measured share of the eager forward's time inside the attention modules (forward "
                 "hooks; attn_core_share: without their qkv/output projections)." if "attn_share" in present else "")
-             + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else ""), "",
+             + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else "")
+             + (" floor_ms: the same model's nn.Linear layers alone (each applied to an input of the shape it sees "
+                "in the model, same batch; a convolution patch embedding is not a linear and is left out; with a "
+                "segmentation head, still the linears only), run through the same runtime, precision, threads and "
+                "timing as the row (p10/p90 beside it); of_floor: the row's p50 / floor_ms."
+                if "floor_ms" in present else "")
+             + (" non_linear_share: from a separate profiled run, the share of the runtime's time outside matmul/"
+                "GEMM/convolution kernels (onnxruntime: of the summed node kernel time, ops other than MatMul, Gemm, "
+                "QLinearMatMul, MatMulInteger(ToFloat), QGemm, Conv and their fused forms, so (de)quantize steps "
+                "count as non-linear and attention's own matmuls as linear; ExecuTorch: of Method::execute, "
+                "outside XNNPACK's Fully Connected/Batch Matrix Multiply/Convolution operators, where LayerNorm's "
+                "and SimA's sums, rewritten as GEMMs with columns of ones for XNNPACK, count as linear)."
+                if "non_linear_share" in present else "")
+             + (" non_delegated_share: ExecuTorch, from an ETDump of a separate run: the share of Method::execute "
+                "outside XNNPACK delegate calls (portable kernels and the runtime's dispatch)."
+                if "non_delegated_share" in present else ""), "",
              markdown_table(rows, present)]
-    spreads = {f"{r['label']} {r['img_size']}px {prefix}": relative_spread(r.get(f"{prefix}_p10_ms"),
-                                                                           r.get(f"{prefix}_p90_ms"),
-                                                                           r.get(f"{prefix}_p50_ms"))
-               for r in rows for prefix in ("infer", "train") if r.get(f"{prefix}_p50_ms")}
+    notes = dict.fromkeys(f"{r['runtime']}: {r['profile_note']}" for r in rows if r.get("profile_note"))
+    parts += [f"no profile shares for {note}" for note in notes]
+    timings = {"infer": ("infer_p10_ms", "infer_p90_ms", "infer_p50_ms"),
+               "train": ("train_p10_ms", "train_p90_ms", "train_p50_ms"),
+               "floor": ("floor_p10_ms", "floor_p90_ms", "floor_ms")}
+    spreads = {f"{r['label']} {r['img_size']}px {r.get('runtime', '')} {what}": relative_spread(*map(r.get, keys))
+               for r in rows for what, keys in timings.items() if r.get(keys[2])}
     warning = spread_warning(spreads)
     if warning:
         parts += ["", warning]
@@ -883,7 +1267,8 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
         parts += ["", "Speed-up of each runtime over eager PyTorch (batch-1 latency, same threads):", "",
                   markdown_table(runtime_ups, ["model", *(["head"] if "head" in present else []), "label",
                                                "img_size", "runtime", "threads", "eager_ms",
-                                               "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi"])]
+                                               "runtime_ms", "over_eager", "infer_speedup_lo", "infer_speedup_hi",
+                                               *(["floor_ms", "of_floor"] if "floor_ms" in present else [])])]
     return "\n".join(parts)
 
 
@@ -949,6 +1334,10 @@ def _options():
                                   "that runtime (simattn.deploy; inference only), each at --threads", type=List[str]),
         "int8": Opt(False, f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/"
                            f"conv/matmul only, calibrated on {CALIBRATION_IMAGES} digits images)"),
+        "floor": Opt(None, "with latency, also time each row's linear floor: the model's nn.Linear layers alone "
+                           "(each on an input of the shape it sees in the model; no conv patch embedding) through "
+                           "the same runtime, precision and threads (columns floor_ms, of_floor); default: on when "
+                           "--runtime names a runtime besides torch (--no-floor skips it)", type=maybe(bool)),
         "compile": Opt(False, "time the torch.compile'd model (runtime torch)"),
         "compile_backend": Opt(None, "torch.compile backend with --compile (default inductor; see "
                                      "torch._dynamo.list_backends())", type=maybe(str)),
@@ -973,10 +1362,12 @@ def build_parser() -> argparse.ArgumentParser:
     from ..utils.recipe import add_option_flags, command_parser
     options = _options()
     order = {name: options.pop(name) for name in ("fixed_order", "sima_order")}
+    floor = options.pop("floor")  # three states: --floor, --no-floor, or neither (the default of the runtimes)
     p = command_parser("simattn bench model",
                        "Latency, throughput, exp-like op and FLOP counts and peak memory of registered models, each "
                        "configuration in its own subprocess.", options)
     add_option_flags(p.add_mutually_exclusive_group(), order)
+    p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=None, help=floor.help)
     # sizes are read as text (YAML would read 0x10 as the number 16); _check_sizes reads N and HxW
     next(a for a in p._actions if a.dest == "img_size").type = str
     # KEY=VALUE items stay text until parse_assignments reads them: an Opt list flag reads each item as YAML
@@ -1032,13 +1423,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--runtime {exported} measures {', '.join(DEPLOYED_MEASURES)}; --measure gave none of "
                              "them")
     threads = set_threads(args.threads)
+    floor = args.floor if args.floor is not None else any(r != "torch" for r in chosen)
+    floor = floor and "latency" in measures
     specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
                        img_size=s, precision=p, device=args.device, threads=threads, batch_size=args.batch_size,
                        sima_order=order, model_kwargs=kwargs,
                        measures=measures if runtime == "torch" else deployed_measures, warmup=args.warmup,
                        repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
                        compile_backend=args.compile_backend or "inductor", quantize=quantize,
-                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head)
+                       channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head,
+                       floor=floor, profile="latency" in measures and runtime in PROFILED_RUNTIMES)
              for runtime, quantize in variants
              for m in args.models for label, kind, attn_kwargs in attns for s in map(parse_size, args.img_size)
              for p in args.precision]
