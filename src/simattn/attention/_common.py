@@ -69,6 +69,12 @@ def fx_tracing() -> bool:
     return is_fx_symbolic_tracing()
 
 
+def eager() -> bool:
+    """Not being traced, scripted, compiled or exported: memory-layout and launch-count choices made only for eager
+    speed stay out of captured graphs (a runtime would have to run their copies and views as written)."""
+    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling() or fx_tracing())
+
+
 def check_count(owner: str, name: str, value: Any, low: int = 1) -> int:
     """``value`` if it is an integer (not a bool) >= ``low``; a one-line ValueError naming ``owner.name`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:

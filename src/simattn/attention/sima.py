@@ -30,7 +30,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, no_autocast,
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
                       range_safe_dtype, resolve_masks)
 from ._registry import register_attention
 from .base import TokenAttention
@@ -86,7 +86,6 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     autocast = torch.is_autocast_enabled(q.device.type)
-    dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     if resolve_sima_backend(backend, q) == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
         if order not in ("auto", "kv_first"):
             raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
@@ -95,9 +94,15 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             from .sima_triton import sima_triton
         except ImportError as e:
             raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
+        dt = range_safe_dtype(q)
         return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
                            out_dtype=dt if autocast else q.dtype)
     order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
+    if (not autocast and order == "kv_first" and mask is None and q_mask is None and q.dtype in _WIDE
+            and q.dtype == k.dtype == v.dtype and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                                                                   or v.requires_grad)) and eager()):
+        return _kv_first_inference(q, k, v, eps)
+    dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     out_dtype = q.dtype
     B, H, n_q, d = q.shape
     n_k, d_v = k.shape[-2], v.shape[-1]
@@ -126,6 +131,61 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             out = torch.bmm(attn, cast(v3, dt))
         out = out.view(B, H, n_q, d_v)
     return out if autocast else cast(out, out_dtype)
+
+
+_WIDE = (torch.float32, torch.float64)
+#: elements per batch item (N·H·d) from which the per-item loop of :func:`_kv_first_inference` beats copying the
+#: strided q, k, v of a fused projection into (B·H, N, d) blocks (about 25 µs of launches per item against
+#: about 0.6 ns per copied element, on AVX-512 and AVX2 CPUs)
+_PER_ITEM_ELEMENTS = 2 ** 14
+
+
+def _fused_qk(q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
+    """q and k as one (B, 2, H, N, d) view when they are equal-strided views of one tensor (a fused qkv projection)
+    with k a fixed step after q, so that both norms are one reduction; None otherwise."""
+    if q._base is None or q._base is not k._base or q.stride() != k.stride() or q.shape != k.shape:
+        return None
+    step = k.storage_offset() - q.storage_offset()
+    if step <= 0:
+        return None
+    B, H, n, d = q.shape
+    return q.as_strided((B, 2, H, n, d), (q.stride(0), step, q.stride(1), q.stride(2), q.stride(3)))
+
+
+def _kv_first_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """q̂(k̂ᵀv) in eager fp32/fp64 without autograd, in as few kernel launches and copies as the layout allows.
+
+    * Small items (launch-bound): both norms in one reduction when q and k are views of one fused projection.
+    * The divisions run in place on the d×d product, one norm at a time as in the general path (no intermediate
+      past fp16's range, see the module docstring).
+    * Fused-projection views with B > 1 cannot be viewed as (B·H, N, d) blocks: large items run per batch item on
+      the strided views instead of copying q, k and v.
+
+    Autograd, masks, autocast and captured graphs (export, compile, tracing) take the general path."""
+    B, H, n_q, d = q.shape
+    n_k, d_v = k.shape[-2], v.shape[-1]
+    small = max(n_q, n_k) * H * d < _PER_ITEM_ELEMENTS
+    qk = _fused_qk(q, k) if small else None
+    if qk is not None:
+        s = qk.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, 2, H, d, 1)
+        s_q, s_k = s[:, 0], s[:, 1]
+    else:
+        s_q = q.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, H, d, 1)
+        s_k = k.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)
+
+    def scaled(kv: torch.Tensor, b: Optional[int] = None) -> torch.Tensor:
+        sq, sk = (s_q, s_k) if b is None else (s_q[b], s_k[b])
+        return kv.div_(sk).div_(sq)
+
+    if small or B == 1 or all(t.stride(0) == H * t.stride(1) for t in (q, k, v)):
+        # (B·H, N, d) views (contiguous inputs, or B = 1), or small items, where copies cost less than a loop
+        q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
+        kv = scaled(torch.bmm(k3.transpose(1, 2), v3).view(B, H, d, d_v))
+        return torch.bmm(q3, kv.view(B * H, d, d_v)).view(B, H, n_q, d_v)
+    out = q.new_empty(B, H, n_q, d_v)
+    for b in range(B):
+        torch.bmm(q[b], scaled(torch.bmm(k[b].transpose(1, 2), v[b]), b), out=out[b])
+    return out
 
 
 def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,

@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models import register_model
 
+from ..attention._common import eager
+
 __all__ = ["scale_adapter", "FeaturePyramid", "FCNHead", "Segmenter", "LEVEL_STRIDES", "HEADS",
            "evenly_spaced_blocks"]
 
@@ -129,15 +131,9 @@ class FeaturePyramid(nn.Module):
     def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
         feats = self.body.forward_intermediates(x, indices=self.out_indices, intermediates_only=True,
                                                 output_fmt="NCHW")
-        if self.channels_last and _eager():
+        if self.channels_last and eager():
             feats = [f.contiguous(memory_format=torch.channels_last) for f in feats]
         return [adapt(feats[i]) for adapt, i in zip(self.adapters, self.sources)]
-
-
-def _eager() -> bool:
-    """Not being traced, scripted, compiled or exported: memory-layout choices made only for eager speed stay out of
-    exported graphs (they would be copies a runtime has to run)."""
-    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or torch.compiler.is_compiling())
 
 
 class _AddMerge(nn.Module):
@@ -225,7 +221,7 @@ class Segmenter(nn.Module):
         else:
             out = self.decoder([x, x, *levels])  # the placeholders are skipped by the decoder
         logits = self.classifier(out)
-        if _eager():  # back to NCHW (the channels-last levels carry through): users get NCHW logits
+        if eager():  # back to NCHW (the channels-last levels carry through): users get NCHW logits
             logits = logits.contiguous()
         logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
         if self.training and self.aux_head is not None:
