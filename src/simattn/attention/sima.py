@@ -100,8 +100,9 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
     if (not autocast and order == "kv_first" and mask is None and q_mask is None and q.dtype in _WIDE
             and q.dtype == k.dtype == v.dtype and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                                   or v.requires_grad)) and eager()):
-        return _kv_first_inference(q, k, v, eps)
+                                                                                   or v.requires_grad))
+            and _per_item(q, k, v) and eager()):
+        return _kv_first_per_item(q, k, v, eps)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     out_dtype = q.dtype
     B, H, n_q, d = q.shape
@@ -134,57 +135,29 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
 
 
 _WIDE = (torch.float32, torch.float64)
-#: elements per batch item (N·H·d) from which the per-item loop of :func:`_kv_first_inference` beats copying the
-#: strided q, k, v of a fused projection into (B·H, N, d) blocks (about 25 µs of launches per item against
-#: about 0.6 ns per copied element, on AVX-512 and AVX2 CPUs)
+#: elements per batch item (N·H·d) from which running each batch item on the strided views of a fused projection
+#: beats copying them into (B·H, N, d) blocks: about 25 µs of launches per item against about 0.6 ns per copied
+#: element (measured on AVX-512 and AVX2 CPUs); below it, and at batch 1, the general path is as fast
 _PER_ITEM_ELEMENTS = 2 ** 14
 
 
-def _fused_qk(q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
-    """q and k as one (B, 2, H, N, d) view when they are equal-strided views of one tensor (a fused qkv projection)
-    with k a fixed step after q, so that both norms are one reduction; None otherwise."""
-    if q._base is None or q._base is not k._base or q.stride() != k.stride() or q.shape != k.shape:
-        return None
-    step = k.storage_offset() - q.storage_offset()
-    if step <= 0:
-        return None
-    B, H, n, d = q.shape
-    return q.as_strided((B, 2, H, n, d), (q.stride(0), step, q.stride(1), q.stride(2), q.stride(3)))
+def _per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`_kv_first_per_item` pays: B > 1, large items, and views that (B·H, N, d) would copy."""
+    B, H = q.shape[:2]
+    return (B > 1 and max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
+            and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)))
 
 
-def _kv_first_inference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
-    """q̂(k̂ᵀv) in eager fp32/fp64 without autograd, in as few kernel launches and copies as the layout allows.
-
-    * Small items (launch-bound): both norms in one reduction when q and k are views of one fused projection.
-    * The divisions run in place on the d×d product, one norm at a time as in the general path (no intermediate
-      past fp16's range, see the module docstring).
-    * Fused-projection views with B > 1 cannot be viewed as (B·H, N, d) blocks: large items run per batch item on
-      the strided views instead of copying q, k and v.
-
-    Autograd, masks, autocast and captured graphs (export, compile, tracing) take the general path."""
-    B, H, n_q, d = q.shape
-    n_k, d_v = k.shape[-2], v.shape[-1]
-    small = max(n_q, n_k) * H * d < _PER_ITEM_ELEMENTS
-    qk = _fused_qk(q, k) if small else None
-    if qk is not None:
-        s = qk.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, 2, H, d, 1)
-        s_q, s_k = s[:, 0], s[:, 1]
-    else:
-        s_q = q.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, H, d, 1)
-        s_k = k.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)
-
-    def scaled(kv: torch.Tensor, b: Optional[int] = None) -> torch.Tensor:
-        sq, sk = (s_q, s_k) if b is None else (s_q[b], s_k[b])
-        return kv.div_(sk).div_(sq)
-
-    if small or B == 1 or all(t.stride(0) == H * t.stride(1) for t in (q, k, v)):
-        # (B·H, N, d) views (contiguous inputs, or B = 1), or small items, where copies cost less than a loop
-        q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
-        kv = scaled(torch.bmm(k3.transpose(1, 2), v3).view(B, H, d, d_v))
-        return torch.bmm(q3, kv.view(B * H, d, d_v)).view(B, H, n_q, d_v)
-    out = q.new_empty(B, H, n_q, d_v)
+def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    """q̂(k̂ᵀv) without autograd, one batch item at a time on the strided (H, N, d) views of a fused projection:
+    no copy of q, k or v. The same operations and rounding as the general path, with the divisions in place."""
+    B, H, n_q, _ = q.shape
+    s_q = q.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, H, d, 1)
+    s_k = k.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)
+    out = q.new_empty(B, H, n_q, v.shape[-1])
     for b in range(B):
-        torch.bmm(q[b], scaled(torch.bmm(k[b].transpose(1, 2), v[b]), b), out=out[b])
+        kv = torch.bmm(k[b].transpose(1, 2), v[b]).div_(s_k[b]).div_(s_q[b])
+        torch.bmm(q[b], kv, out=out[b])
     return out
 
 
