@@ -142,9 +142,10 @@ _PER_ITEM_ELEMENTS = 2 ** 14
 
 
 def _per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`_kv_first_per_item` pays: B > 1, large items, and views that (B·H, N, d) would copy."""
+    """Whether :func:`_kv_first_per_item` pays: on a CPU (a GPU copies faster than it launches), B > 1, large
+    items, and views that (B·H, N, d) would copy."""
     B, H = q.shape[:2]
-    return (B > 1 and max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
+    return (q.device.type == "cpu" and B > 1 and max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
             and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)))
 
 
