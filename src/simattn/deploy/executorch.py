@@ -410,7 +410,11 @@ class ExecuTorchFormat(Format):
         program = _program(path)
         with quiet_stderr():
             method = program.load_method("forward")
-        return Program(one_at_a_time(lambda x: method.execute([x.contiguous()])[0]), shape[1:], pool)
+
+        def run(x: torch.Tensor, program=program):  # the program is held: its method runs on the program's memory
+            return method.execute([x.contiguous()])[0]
+
+        return Program(one_at_a_time(run), shape[1:], pool)
 
     def read_metadata(self, path) -> WeightsRecord:
         return _read_record(path)
