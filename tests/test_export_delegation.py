@@ -74,7 +74,7 @@ def test_require_delegated_is_refused_where_delegation_is_unknown(fmt, suffix, t
     out = tmp_path / f"m{suffix}"
     code, _, err = _export(capsys, tmp_path, "--format", fmt, "--require-delegated", "-o", str(out))
     assert code == 2 and len(err) == 1, err
-    assert f"--require-delegated applies to --format onnx or executorch" in err[0] and f"--format {fmt}" in err[0]
+    assert "--require-delegated applies to --format onnx or executorch" in err[0] and f"--format {fmt}" in err[0]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -101,7 +101,8 @@ def test_onnx_int8_linear_ops_fuse_in_onnxruntime(tmp_path, capsys, monkeypatch)
     from simattn.deploy import onnx as onnx_format
 
     # a float file: onnxruntime's CPU provider runs every op
-    code, printed, _ = _export(capsys, tmp_path, "--static-spatial", "--require-delegated", "-o", str(tmp_path / "m.onnx"))
+    code, printed, _ = _export(capsys, tmp_path, "--static-spatial", "--require-delegated",
+                               "-o", str(tmp_path / "m.onnx"))
     assert code == 0 and "not delegated: nothing (a float graph" in printed
     # static int8: each MatMul/Gemm/Conv fused into an int8 kernel, the patch embedding's Conv included
     args = ["--static-spatial", "--quantize", "static", "--calib-images", "8", "--require-delegated"]
