@@ -104,16 +104,27 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
     from simattn.deploy.base import capture
     from simattn.deploy.executorch import quantize_pt2e
 
-    # ONNX static QDQ: every dequantized tensor feeds MatMul/Gemm/Conv only; adds and norms read float
+    # ONNX static QDQ: every dequantized tensor feeds MatMul/Gemm/Conv only, but for the conv's own int8 output
+    # (onnxruntime fuses a Conv's Q/DQ into QLinearConv only with it); adds and norms read float
     onnx8 = tmp_path / "m8.onnx"
     assert export_main(["--weights", str(weights), "--quantize", "static", "--calib-images", "32",
                         "-o", str(onnx8)]) == 0
     graph = onnx.load(str(onnx8)).graph
-    dq_out = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    made_by = {o: n for n in graph.node for o in n.output}
+    conv_out = {n.output[0] for n in graph.node if n.op_type == "Conv"}
+
+    def quantized_from(dq):  # the float tensor a DequantizeLinear's int8 input was quantized from
+        q = made_by.get(dq.input[0])
+        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else None
+
+    dq_out = {o for n in graph.node if n.op_type == "DequantizeLinear" and quantized_from(n) not in conv_out
+              for o in n.output}
     consumers = {n.op_type for n in graph.node if set(n.input) & dq_out} - {"Shape"}  # Shape reads no values
     assert consumers and consumers <= {"MatMul", "Gemm", "Conv"}
     q_out = {o for n in graph.node if n.op_type == "QuantizeLinear" for o in n.output}
     assert {n.op_type for n in graph.node if set(n.input) & q_out} == {"DequantizeLinear"}
+    assert conv_out and all(any(n.op_type == "QuantizeLinear" and n.input[0] == c for n in graph.node)
+                            for c in conv_out)
     assert {"Add", "ReduceSum"} <= {n.op_type for n in graph.node}
     # weights in 7 bits: AVX2 CPUs without VNNI sum u8×s8 pairs in saturating int16, so full-range int8 weights
     # give other answers there than on VNNI CPUs (seen on an emulated Haswell); 7 bits give the same on both

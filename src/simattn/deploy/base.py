@@ -79,10 +79,11 @@ class Format:
     ``options`` (the ``simattn export`` options it takes beyond the shared ones), ``one_image`` (its programs take
     one image per call, as devices run them), ``relative_atol`` (parity is judged relative to the outputs' scale),
     ``folder`` (the file is a folder), ``runs_here`` (:meth:`open` works on this machine; when False, ``not_here``
-    says where it runs).
+    says where it runs), ``delegates_to`` (the fast kernels whose coverage :meth:`delegation` reports, e.g.
+    ``'XNNPACK'``; empty where the format cannot tell).
 
-    Methods: :meth:`export`, :meth:`quantize`, :meth:`open`, :meth:`read_metadata`, :meth:`ops`; :meth:`require`
-    and :meth:`files` come with the base class.
+    Methods: :meth:`export`, :meth:`quantize`, :meth:`open`, :meth:`read_metadata`, :meth:`ops`,
+    :meth:`delegation`; :meth:`require` and :meth:`files` come with the base class.
     """
 
     name: str = ""
@@ -99,6 +100,7 @@ class Format:
     runs_here: bool = True
     not_here: str = ""
     description: str = ""
+    delegates_to: str = ""
 
     def export(self, model: nn.Module, path: PathLike, record: WeightsRecord, *, on_ops: OnOps = None,
                quantize: Optional[str] = None, calibration: Optional[torch.Tensor] = None, fixed_size: bool = False,
@@ -126,6 +128,13 @@ class Format:
         """The :class:`~simattn.deploy.ops.GraphAudit` (op counts, exp-like ones marked) of a written file or of
         the captured program, whichever the format can read ops from."""
         raise NotImplementedError
+
+    def delegation(self, path: PathLike, exported: Optional[Exported] = None) -> Optional[Dict[str, Any]]:
+        """What of the written file ``path`` (``exported``: what :meth:`export` returned for it, when it did) runs
+        outside ``delegates_to``: ``{'not_delegated': {op: count}, 'beyond_allowance': {op: count}, 'line': str,
+        ...}``, ``beyond_allowance`` being what exceeds what the format allows outside (see
+        ``simattn export --require-delegated``); None where the format cannot tell."""
+        return None
 
     def files(self, path: PathLike) -> List[Path]:
         """Every file or folder that makes up the exported ``path`` (OpenVINO: the .xml and its .bin)."""

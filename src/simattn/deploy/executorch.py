@@ -10,13 +10,19 @@ Quantization: the matmul-type layers only (linear, conv: int8 inputs, weights an
 SimA's normalization compute in float, and the residual stream is never rounded to int8: quantizing them breaks
 the model (SimA's ``s_q·s_k`` product and the residual stream span ranges that one int8 scale cannot hold).
 
-Delegation: XNNPACK has no LayerNorm, no sum and no squeeze, and its mean only pools a 4D map over both spatial
-axes. Left as they are, each of those ops runs in ExecuTorch's portable kernels and splits the graph into separate
-delegate calls. Before lowering, :data:`XNNPACK_DECOMPOSITIONS` rewrites them in ops XNNPACK runs (the same math):
-sums and means become products with a constant column or row of ones (an fp32 GEMM, exact up to summation order),
-LayerNorm becomes those means plus elementwise ops and ``rsqrt``, and ``unbind`` becomes slices and reshapes.
-The columns and rows of ones are then folded into constants (ExecuTorch's ``constant_prop_pass``, restricted to
-them) so that XNNPACK takes those GEMMs with static weights.
+Delegation: XNNPACK has no LayerNorm, no sum, no squeeze, select or repeat, and its mean only pools a 4D map over
+both spatial axes. Left as they are, each of those ops runs in ExecuTorch's portable kernels and splits the graph
+into separate delegate calls. Before lowering, :data:`XNNPACK_DECOMPOSITIONS` rewrites them in ops XNNPACK runs (the
+same math): sums and means become products with a constant column or row of ones (an fp32 GEMM, exact up to
+summation order), LayerNorm becomes those means plus elementwise ops and ``rsqrt``, ``unbind`` and ``select`` become
+slices and reshapes, ``repeat`` an expand. :func:`fold_input_free` then folds what does not depend on the input into
+constants: those columns and rows of ones, XCiT's Fourier position encoding (fixed by the input size) and CvT's
+q/k/v slices of its ``qkv`` weight (so XNNPACK takes those GEMMs with static weights). At lowering, ExecuTorch's own
+transform passes drop the expands a batch of 1 makes no-ops (``RemoveNoopExpandCopyPass``, XNNPACK's
+``get_transform_passes``) and turn (un)squeezes into reshapes (``ReplaceSqueezeAndUnsqueezeWithViewPass``). The
+SimA DeiT, XCiT and CvT programs, fp32 and int8, then run in one XNNPACK call with nothing outside it;
+:func:`delegation_summary` reports what is left outside, and :func:`outside_allowance` what of it is more than the
+class token's select and expand.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from .ops import GraphAudit, aten_op_counts
 
 __all__ = ["FORMAT", "ExecuTorchFormat", "PTE_METADATA_METHOD", "quantize_pt2e", "lower_executorch",
            "delegation_summary", "pte_input_shape", "set_executorch_threads", "XNNPACK_DECOMPOSITIONS",
-           "for_xnnpack"]
+           "for_xnnpack", "fold_input_free", "ALLOWED_OUTSIDE", "outside_allowance", "delegation_line"]
 
 PTE_METADATA_METHOD = "simattn_metadata"
 
@@ -82,24 +88,102 @@ def _unbind(x, dim=0):
     return [x.narrow(dim, i, 1).reshape(shape) for i in range(x.shape[dim])]
 
 
+def _select(x, dim, index):
+    dim = dim % x.dim()
+    return x.narrow(dim, index % x.shape[dim], 1).reshape([s for i, s in enumerate(x.shape) if i != dim])
+
+
+def _repeat(x, repeats):
+    x = x.reshape([1] * (len(repeats) - x.dim()) + list(x.shape))
+    if all(r == 1 for r in repeats):  # XCiT's position encoding repeated over a batch of 1: a no-op expand
+        return x.expand(x.shape)
+    pairs = [v for r, s in zip(repeats, x.shape) for v in (r, s)]
+    ones = [v for s in x.shape for v in (1, s)]
+    return x.reshape(ones).expand(pairs).reshape([r * s for r, s in zip(repeats, x.shape)])
+
+
 #: ATen ops of a captured program → the same math in ops the XNNPACK delegate takes (see the module docstring)
 XNNPACK_DECOMPOSITIONS = {
     torch.ops.aten.layer_norm.default: _layer_norm,
     torch.ops.aten.sum.dim_IntList: _sum,
     torch.ops.aten.unbind.int: _unbind,
+    torch.ops.aten.select.int: _select,
+    torch.ops.aten.repeat.default: _repeat,
 }
+
+#: ops that cut a parameter into pieces (CvT's q/k/v chunks of one ``qkv`` weight); folded into separate constants
+_PARAMETER_SLICES = frozenset({"split.Tensor", "split_with_sizes.default", "chunk.default", "getitem", "slice.Tensor",
+                               "select.int", "narrow.default", "unbind.int"})
+
+
+def _op_name(target) -> str:
+    return getattr(target, "__name__", str(target))  # an ATen overload's is 'split_with_sizes.default'
+
+
+def fold_input_free(program):
+    """Fold into constants, node by node, what does not depend on the program's input and is either made from
+    generated values (``arange``, ``full``, lifted constants: XCiT's Fourier position encoding, which depends on the
+    input size only, through its projection; the columns of ones of :data:`XNNPACK_DECOMPOSITIONS`) or a slice of
+    a parameter (CvT's chunks of ``qkv``). Quantize/dequantize ops are never folded (int8 weights stay int8), nor
+    is any other computation on parameters alone: folding all of them (``constant_prop_pass`` on the whole graph)
+    made XNNPACK compute wrong CvT outputs. Folded tensors are stored contiguous (a slice is a view of its whole
+    parameter)."""
+    _load_edge_packages()
+    from executorch.exir.passes import constant_prop_pass as cp
+    from torch.export.exported_program import InputKind
+
+    graph = program.graph
+    constants = cp.get_constant_placeholder_dict(program)
+    specs = {s.arg.name: s for s in program.graph_signature.input_specs}
+    generated = {n for n in constants if specs[n.name].kind == InputKind.CONSTANT_TENSOR}
+    folded = {}
+    for node in graph.nodes:
+        if node.op != "call_function" or node.is_impure():
+            continue
+        namespace = getattr(node.target, "namespace", "")
+        if namespace in ("quantized_decomposed", "torchao"):
+            continue
+        inputs = node.all_input_nodes
+        if not all(n in constants for n in inputs):
+            continue
+        made = not inputs or any(n in generated for n in inputs)
+        if not made and _op_name(node.target) not in _PARAMETER_SLICES:
+            continue
+        args, kwargs = torch.utils._pytree.tree_map(
+            lambda a: constants[a] if isinstance(a, torch.fx.Node) else a, (node.args, node.kwargs))
+        with torch.no_grad():
+            value = node.target(*args, **kwargs)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().contiguous().clone()
+        elif isinstance(value, (list, tuple)):
+            value = type(value)(v.detach().contiguous().clone() for v in value)
+        constants[node] = value
+        generated.add(node)
+        folded[node] = value
+    if not folded:
+        return program
+    # placeholders stay where they are; each folded node with a reader that is not folded becomes a constant
+    kept = {n: t for n, t in constants.items() if n.op == "placeholder" or n in folded}
+    # ExecuTorch's own placement of the new constants (it also drops the placeholders nothing reads any more)
+    specs.update(cp.create_constant_nodes_and_return_specs(kept, program))
+    program.graph_signature.input_specs = [specs[n.name] for n in graph.find_nodes(op="placeholder")]
+    cp._update_output_node_and_specs(program, _skip_dim_order=True)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return program
 
 
 def for_xnnpack(program):
-    """``program`` with :data:`XNNPACK_DECOMPOSITIONS` applied and the constant columns and rows they create folded
-    into constants (only those: folding the rest of the graph, e.g. CvT's, made XNNPACK compute wrong outputs)."""
+    """``program`` with :data:`XNNPACK_DECOMPOSITIONS` applied and its input-free parts folded
+    (:func:`fold_input_free`)."""
     _load_edge_packages()
-    from executorch.exir.passes.constant_prop_pass import constant_prop_pass
-
     program = program.run_decompositions(dict(XNNPACK_DECOMPOSITIONS))
-    made = (torch.ops.aten.full.default, torch.ops.aten.ones.default)
-    others = {n.target for n in program.graph.nodes if n.op == "call_function" and n.target not in made}
-    return constant_prop_pass(program, custom_skip_targets=others)
+    # x[:, 0:] (a grid with no class token in front) is an alias, which XNNPACK does not take: the tensor itself
+    for node in program.graph.find_nodes(op="call_function", target=torch.ops.aten.alias.default):
+        if node.args[0].op != "placeholder":
+            node.replace_all_uses_with(node.args[0])
+            program.graph.erase_node(node)
+    return fold_input_free(program)
 
 
 def _load_edge_packages() -> None:
@@ -159,17 +243,25 @@ def lower_executorch(program, record: WeightsRecord):
     is the ``.pte``; :func:`delegation_summary` reads what XNNPACK took)."""
     _load_edge_packages()
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.transforms.replace_squeeze_unsqueeze_with_view import \
+        ReplaceSqueezeAndUnsqueezeWithViewPass
+    from executorch.backends.xnnpack.utils.configs import get_transform_passes
     from executorch.exir import to_edge_transform_and_lower
 
     text = json.dumps(record.to_metadata()).encode("utf-8")
+    # before the partitioner sees them: XNNPACK's transform passes drop the expands that a fixed batch of 1 makes
+    # no-ops (the class token's, matmul's broadcasts), and (un)squeezes, which XNNPACK does not take, become reshapes
+    passes = get_transform_passes([ReplaceSqueezeAndUnsqueezeWithViewPass()])
     return to_edge_transform_and_lower(
-        for_xnnpack(program), partitioner=[XnnpackPartitioner()],
+        for_xnnpack(program), partitioner=[XnnpackPartitioner()], transform_passes=passes,
         constant_methods={PTE_METADATA_METHOD: torch.tensor(list(text), dtype=torch.uint8)})
 
 
 def delegation_summary(edge) -> Dict[str, Any]:
     """What the XNNPACK delegate took: ``{'delegated_nodes', 'portable_nodes', 'subgraphs', 'not_delegated':
-    {op: count}}`` (ops left to ExecuTorch's portable kernels, getitem bookkeeping left out)."""
+    {op: count}, 'beyond_allowance': {op: count}, 'line'}`` (``not_delegated``: ops left to ExecuTorch's portable
+    kernels, getitem bookkeeping left out; ``beyond_allowance``: those beyond :data:`ALLOWED_OUTSIDE`; ``line``:
+    :func:`delegation_line`)."""
     _load_edge_packages()
     from executorch.devtools.backend_debug import get_delegation_info
 
@@ -178,8 +270,33 @@ def delegation_summary(edge) -> Dict[str, Any]:
     rest = {str(r.op_type).removeprefix("aten_"): int(r.occurrences_in_non_delegated_graphs)
             for r in table.itertuples() if r.op_type not in ("Total", "getitem")
             and r.occurrences_in_non_delegated_graphs}
-    return {"delegated_nodes": int(info.num_delegated_nodes), "portable_nodes": int(info.num_non_delegated_nodes),
-            "subgraphs": int(info.num_delegated_subgraphs), "not_delegated": dict(sorted(rest.items()))}
+    summary = {"delegates_to": "XNNPACK", "delegated_nodes": int(info.num_delegated_nodes),
+               "portable_nodes": int(info.num_non_delegated_nodes), "subgraphs": int(info.num_delegated_subgraphs),
+               "not_delegated": dict(sorted(rest.items()))}
+    summary["beyond_allowance"] = outside_allowance(summary["not_delegated"])
+    summary["line"] = delegation_line(summary)
+    return summary
+
+
+#: what may stay outside XNNPACK: the class token's select (``x[:, 0]``) and its expand over the batch, once each
+ALLOWED_OUTSIDE = {"select_copy_int": 1, "expand_copy_default": 1}
+
+
+def outside_allowance(not_delegated: Dict[str, int]) -> Dict[str, int]:
+    """The ops of ``not_delegated`` (op → calls outside XNNPACK) beyond :data:`ALLOWED_OUTSIDE`."""
+    beyond = {op: n - ALLOWED_OUTSIDE.get(op, 0) for op, n in not_delegated.items()}
+    return {op: n for op, n in beyond.items() if n > 0}
+
+
+def delegation_line(summary: Dict[str, Any]) -> str:
+    """One line: what runs outside XNNPACK, in how many delegate segments the rest runs."""
+    rest, segments = summary["not_delegated"], summary["subgraphs"]
+    where = f"{segments} XNNPACK delegate segment{'s' if segments != 1 else ''}"
+    if not rest:
+        return f"not delegated: nothing, every op runs in {where}"
+    calls = sum(rest.values())
+    return (f"not delegated: {calls} op{'s' if calls != 1 else ''} outside XNNPACK ("
+            + ", ".join(f"{op} ×{n}" for op, n in rest.items()) + f"); {where}")
 
 
 def _program(path: Union[str, Path]):
@@ -251,6 +368,7 @@ class ExecuTorchFormat(Format):
     quantize_modes, quantizes = ("dynamic", "static"), "model"
     relative_atol = True  # XNNPACK sums in another order than torch: parity is judged against the logits' scale
     description = "XNNPACK delegate"
+    delegates_to = "XNNPACK"
 
     def export(self, model: nn.Module, path, record: WeightsRecord, *, on_ops: OnOps = None, quantize=None,
                calibration=None, fixed_size: bool = True, **unused: Any) -> Exported:
@@ -269,12 +387,15 @@ class ExecuTorchFormat(Format):
         summary = delegation_summary(edge)
         notes.append(f"XNNPACK took {summary['delegated_nodes']} nodes in {summary['subgraphs']} subgraphs; "
                      f"{summary['portable_nodes']} run in portable kernels")
-        rest = summary["not_delegated"]
-        notes.append("not delegated: " + (", ".join(f"{op}×{n}" for op, n in rest.items()) if rest else "none"))
         buffer = edge.to_executorch().buffer
         with atomic_path(path) as tmp:
             Path(tmp).write_bytes(buffer)
         return Exported(Path(path), audit, None, notes, info={"delegation": summary})
+
+    def delegation(self, path, exported: Optional[Exported] = None) -> Optional[Dict[str, Any]]:
+        """:func:`delegation_summary` of the lowering that wrote ``path`` (a ``.pte`` keeps no trace of what was
+        lowered where, so only the export that wrote it can tell)."""
+        return exported.info.get("delegation") if exported is not None else None
 
     def quantize(self, source: nn.Module, calibration, mode: str, *, input_size=None, **unused: Any) -> nn.Module:
         """PT2E int8 of the model ``source`` (:func:`quantize_pt2e`); ``calibration``: batches of one image."""
@@ -289,7 +410,11 @@ class ExecuTorchFormat(Format):
         program = _program(path)
         with quiet_stderr():
             method = program.load_method("forward")
-        return Program(one_at_a_time(lambda x: method.execute([x.contiguous()])[0]), shape[1:], pool)
+
+        def run(x: torch.Tensor, program=program):  # the program is held: its method runs on the program's memory
+            return method.execute([x.contiguous()])[0]
+
+        return Program(one_at_a_time(run), shape[1:], pool)
 
     def read_metadata(self, path) -> WeightsRecord:
         return _read_record(path)

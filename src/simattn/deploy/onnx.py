@@ -32,12 +32,15 @@ from .ops import GraphAudit
 
 __all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "check_opset", "ExportResult", "load_onnx", "export_onnx",
            "ort_session", "run_onnx", "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES",
+           "FLOAT_OUTPUT_OP_TYPES", "INT8_KERNELS", "ort_delegation",
            "quantize_static_int8", "quantize_dynamic_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
 INPUT_NAME = "input"
 #: the matmul-type ONNX ops int8 quantizes; adds, norms and SimA's normalization between them stay float
 QDQ_OP_TYPES = ("MatMul", "Gemm", "Conv")
+#: those of :data:`QDQ_OP_TYPES` whose outputs stay float (onnxruntime has int8 kernels with float outputs for them)
+FLOAT_OUTPUT_OP_TYPES = ("MatMul", "Gemm")
 
 
 @dataclass
@@ -352,8 +355,11 @@ def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Te
                             op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True, reduce_range=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             # the int8 layers' outputs go on in float, and each quantized input gets its own
-                            # Q/DQ pair, so the other readers of a tensor (SimA's norms, the residual) read float
-                            extra_options={"OpTypesToExcludeOutputQuantization": list(QDQ_OP_TYPES),
+                            # Q/DQ pair, so the other readers of a tensor (SimA's norms, the residual) read float;
+                            # a Conv's output is int8 too: onnxruntime fuses Q/DQ around a Conv into its int8
+                            # kernel (QLinearConv) only with the output quantized (MatMul and Gemm have kernels
+                            # with float outputs), as ExecuTorch's XNNPACK quantizer does for every conv
+                            extra_options={"OpTypesToExcludeOutputQuantization": list(FLOAT_OUTPUT_OP_TYPES),
                                            "DedicatedQDQPair": True})
         _copy_metadata(proto, tmp)
     return dst
@@ -379,6 +385,60 @@ def quantize_dynamic_int8(src: str | Path, dst: str | Path) -> Path:
     return dst
 
 
+#: onnxruntime's int8 kernels that Q/DQ groups around MatMul, Gemm and Conv are fused into (CPU execution provider)
+INT8_KERNELS = ("QLinearMatMul", "MatMulIntegerToFloat", "MatMulInteger", "DynamicQuantizeMatMul", "QGemm",
+                "QLinearConv", "ConvInteger")
+
+
+def ort_delegation(path: str | Path) -> Dict[str, Any]:
+    """What onnxruntime's CPU execution provider leaves of the int8 layers of the ONNX file ``path`` after its
+    graph optimizations (``ORT_ENABLE_EXTENDED``, the level with the Q/DQ fusions and no machine-specific layout):
+    ``{'delegates_to', 'fused': {int8 kernel: count}, 'not_delegated': {op: count}, 'qdq_left': n,
+    'beyond_allowance', 'line'}``. ``not_delegated`` counts the MatMul/Gemm/Conv that still read a
+    DequantizeLinear output, i.e. were meant to be int8 but run in float with their Q/DQ standing around them
+    (``qdq_left`` of those); float ops elsewhere (SimA's norms, the residual adds) are float by design. A float
+    file (no Q/DQ) runs every op in the CPU execution provider: nothing is left out."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    where = "onnxruntime's CPU execution provider"
+    proto = onnx.load(str(path), load_external_data=False)
+    if not {n.op_type for n in proto.graph.node} & {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"}:
+        return {"delegates_to": where, "fused": {}, "not_delegated": {}, "qdq_left": 0, "beyond_allowance": {},
+                "line": f"not delegated: nothing (a float graph: {where} runs every op)"}
+    with tempfile.TemporaryDirectory(prefix="simattn_ortopt_") as work:
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        opts.optimized_model_filepath = str(Path(work) / "optimized.onnx")
+        ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+        nodes = list(onnx.load(opts.optimized_model_filepath).graph.node)
+    made_by = {o: n for n in nodes for o in n.output}
+    fused = Counter(n.op_type for n in nodes if n.op_type in INT8_KERNELS)
+    unfused, qdq = Counter(), set()
+    for node in nodes:
+        if node.op_type not in QDQ_OP_TYPES:
+            continue
+        dq = [made_by[i] for i in node.input if i in made_by and made_by[i].op_type == "DequantizeLinear"]
+        if dq:
+            unfused[node.op_type] += 1
+            qdq.update(d.name for d in dq)
+            qdq.update(made_by[d.input[0]].name for d in dq
+                       if d.input[0] in made_by and made_by[d.input[0]].op_type == "QuantizeLinear")
+    kernels = ", ".join(f"{op} ×{n}" for op, n in sorted(fused.items())) or "none"
+    if unfused:
+        calls = sum(unfused.values())
+        line = (f"not delegated: {calls} int8 linear op{'s' if calls != 1 else ''} left in float by onnxruntime, "
+                f"{len(qdq)} QuantizeLinear/DequantizeLinear standing around them ("
+                + ", ".join(f"{op} ×{n}" for op, n in sorted(unfused.items())) + f"); fused: {kernels}")
+    else:
+        line = f"not delegated: nothing, every int8 linear op fused into onnxruntime's int8 kernels ({kernels})"
+    return {"delegates_to": where, "fused": dict(sorted(fused.items())), "not_delegated": dict(sorted(unfused.items())),
+            "qdq_left": len(qdq), "beyond_allowance": dict(sorted(unfused.items())), "line": line}
+
+
 class OnnxFormat(Format):
     name, runtime, suffixes, extra = "onnx", "onnxruntime", (".onnx",), "export"
     packages = ("onnx", "onnxruntime", "onnxscript")
@@ -386,6 +446,11 @@ class OnnxFormat(Format):
     options = ("opset", "exporter", "batch", "static_spatial", "compare_softmax")
     one_image = False
     description = "onnxruntime"
+    delegates_to = "onnxruntime's int8 kernels"
+
+    def delegation(self, path, exported: Optional[Exported] = None) -> Optional[Dict[str, Any]]:
+        """:func:`ort_delegation` of the written file."""
+        return ort_delegation(path)
 
     def export(self, model: nn.Module, path, record: WeightsRecord, *, on_ops: OnOps = None, quantize=None,
                calibration=None, fixed_size: bool = False, verify: bool = True, real_inputs=None, atol: float = 1e-4,

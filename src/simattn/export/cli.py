@@ -18,7 +18,9 @@ images to it.
 With ``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
 (``m.pte.json``), so exports of one model to several formats keep their own reports. Every format but ONNX is
 captured at one fixed input size. The file is written in a folder beside ``-o`` and moved there once every check
-passed. Exit status: 0 on success, 1 when parity or ``--require-exp-free`` fails, 2 on bad input (nothing written).
+passed. With ``--format executorch`` or ``onnx`` it prints what runs outside the fast kernels (``not delegated:``,
+also in the report). Exit status: 0 on success, 1 when parity, ``--require-exp-free`` or ``--require-delegated``
+fails, 2 on bad input (nothing written).
 """
 from __future__ import annotations
 
@@ -68,6 +70,12 @@ def _options() -> Dict[str, Dict[str, Any]]:
         },
         "audit, latency, quantization": {
             "require_exp_free": Opt(False, "fail (exit 1, nothing written) if the graph has any exp-like op"),
+            "require_delegated": Opt(False, "fail (exit 1, nothing written) if any op runs outside the runtime's "
+                                            "fast kernels: --format executorch, outside the XNNPACK delegate (only "
+                                            "the class token's select and expand, one call each, may stay out); "
+                                            "--format onnx, a MatMul/Gemm/Conv of an int8 file whose Q/DQ "
+                                            "onnxruntime did not fuse into an int8 kernel (a float file runs "
+                                            "every op in onnxruntime's CPU provider)"),
             "compare_softmax": Opt(False, "also export the same architecture with softmax attention "
                                           "(<output>.softmax.onnx) and compare onnxruntime latency"),
             "threads": Opt(1, "runtime threads for parity and timing (formats that run here)", low=1),
@@ -152,6 +160,10 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     if not fmt.runs_here and _given(args, defaults, ["atol", "threads"]):
         raise ValueError(f"{', '.join(_given(args, defaults, ['atol', 'threads']))} applies to the parity check, "
                          f"which --format {name} does not run here ({fmt.not_here})")
+    if args.require_delegated and not fmt.delegates_to:
+        takers = " or ".join(f.name for f in deploy.formats().values() if f.delegates_to)
+        raise ValueError(f"--require-delegated applies to --format {takers}, where what runs outside the fast "
+                         f"kernels is known; --format {name} does not tell")
     if not args.compare_softmax and _given(args, defaults, ["bench_batch", "bench_time"]):
         raise ValueError(f"{', '.join(_given(args, defaults, ['bench_batch', 'bench_time']))} applies to "
                          "--compare-softmax only")
@@ -337,6 +349,7 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
             report["latency"] = _compare_softmax(args, fmt, spec, written, output, record, exported, kind)
         if from_file:
             report["quantization"] = _quantize(args, fmt, written, staged, output, model, mode, calibration)
+        _check_delegation(args, fmt, staged, None if from_file else exported, spec, output, report)
         _commit(fmt, staged, output)
     except _Failed as e:
         print(f"simattn export: {e}", file=sys.stderr)
@@ -348,6 +361,23 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
     print(f"wrote {output}" + (f" ({report['bytes'] / 2 ** 20:.2f} MB)" if "bytes" in report else "")
           + ("" if fmt.runs_here else f"; {fmt.not_here} (no parity check here)"))
     return 0
+
+
+def _check_delegation(args, fmt, staged: Path, exported, spec, output: Path, report) -> None:
+    """Print and record what of the staged file runs outside the format's fast kernels (formats that can tell);
+    with --require-delegated, anything beyond what the format allows outside fails the export."""
+    delegation = fmt.delegation(staged, exported) if fmt.delegates_to else None
+    if delegation is None:
+        return
+    report["delegation"] = delegation
+    print(f"  {delegation['line']}")
+    if args.require_delegated:
+        beyond = delegation["beyond_allowance"]
+        report["delegated_check"] = "failed" if beyond else "passed"
+        if beyond:
+            raise _Failed(f"--require-delegated: {spec['model']} does not run wholly in {fmt.delegates_to} "
+                          f"(--format {fmt.name}): " + ", ".join(f"{op} ×{n}" for op, n in beyond.items())
+                          + f" outside; {output} not written")
 
 
 def _commit(fmt, staged: Path, output: Path) -> None:
