@@ -259,7 +259,8 @@ def test_amp_training_step_cuda(name, kwargs, dtype, monkeypatch):
         scaler.update()
         if finite:
             break
-    assert finite and (not scaler.is_enabled() or scale >= 2.0 ** 10), f"no step with finite gradients down to loss scale {scale}"
+    assert finite and (not scaler.is_enabled() or scale >= 2.0 ** 10), \
+        f"no step with finite gradients down to loss scale {scale}"
 
 
 # ---------------------------------------------------------------- compiled kernels, without a GPU

@@ -137,7 +137,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
 _WIDE = (torch.float32, torch.float64)
 #: elements per batch item (N·H·d) from which running each batch item on the strided views of a fused projection
 #: beats copying them into (B·H, N, d) blocks: about 25 µs of launches per item against about 0.6 ns per copied
-#: element (measured on AVX-512 and AVX2 CPUs); below it, and at batch 1, the general path is as fast
+#: element (measured on an AVX-512 Xeon); below it, and at batch 1, the general path is as fast
 _PER_ITEM_ELEMENTS = 2 ** 14
 
 
@@ -145,7 +145,8 @@ def _per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether :func:`_kv_first_per_item` pays: on a CPU (a GPU copies faster than it launches), B > 1, large
     items, and views that (B·H, N, d) would copy."""
     B, H = q.shape[:2]
-    return (q.device.type == "cpu" and B > 1 and max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
+    large = max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
+    return (q.device.type == "cpu" and B > 1 and large
             and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)))
 
 
