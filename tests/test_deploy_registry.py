@@ -227,7 +227,8 @@ def test_export_bench_and_validate_go_through_the_same_registry_entry(fake, weig
     assert bench_model.main(argv) == 0
     rows = {r["runtime"]: r for r in json.loads((tmp_path / "bench" / "bench_model.json").read_text())["rows"]}
     assert set(rows) == {"eager", "fake"} and rows["fake"]["runtime_max_abs_diff"] < 1e-4
-    assert fake.calls["export"] == 2 and fake.calls["open"] == 3  # bench exported and opened through it too
+    # bench exported and opened the model and its linear floor through it too
+    assert rows["fake"]["floor_ms"] > 0 and fake.calls["export"] == 3 and fake.calls["open"] == 4
 
 
 def test_a_missing_package_is_one_line_naming_the_extra(tmp_path, weights, capsys):

@@ -305,3 +305,30 @@ def test_compare_latency_keeps_each_files_best_median(monkeypatch):
     monkeypatch.setattr(latency, "file_latency", lambda path, **kw: {"median_ms": 1.0, "input_shape": next(shapes)})
     with pytest.raises(ValueError, match="record different input sizes"):
         latency.compare_latency("a.onnx", "b.onnx")
+
+
+def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(tmp_path):
+    """The exporter writes exact GELU as x·(0.5·(1+erf(x/√2))), which onnxruntime leaves as five elementwise ops;
+    reordered to (x·(1+erf(x/√2)))·0.5 its optimizer runs one (Bias)Gelu kernel per MLP: no Erf is left in the
+    optimized graph, and the outputs stay the model's."""
+    import onnx
+    import onnxruntime as ort
+
+    from simattn.deploy.onnx import export_onnx
+
+    torch.manual_seed(0)
+    model = timm.create_model(DEIT, **TINY_DEIT).eval()  # GELU MLPs
+    path = tmp_path / "gelu.onnx"
+    export_onnx(model, path, _meta(DEIT, 32), exporter="dynamo")
+    written = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert written.count("Erf") == TINY_DEIT["depth"]  # standard ops in the file
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    optimized = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    assert "Erf" not in optimized and sum(op in ("Gelu", "BiasGelu") for op in optimized) == TINY_DEIT["depth"]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0], ref, atol=ATOL)

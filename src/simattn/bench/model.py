@@ -671,119 +671,18 @@ def linear_floor(model: nn.Module, x: torch.Tensor) -> LinearFloor:
 
 # ------------------------------------------------------------------------------------------------ runtime profiles
 
-#: onnxruntime op types that compute a matmul, GEMM or convolution (fp32, int8 and fused variants); the rest of the
-#: node time (norms, softmax/SimA's normalization, elementwise, reshapes, (de)quantize) is ``non_linear_share``
-ORT_LINEAR_OPS = frozenset({
-    "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QGemm",
-    "DynamicQuantizeMatMul", "MatMulNBits", "QLinearConv", "Conv", "FusedConv", "ConvInteger", "NhwcFusedConv"})
-#: XNNPACK operator names (ETDump events inside a delegate call) that compute a matmul, GEMM or convolution
-XNNPACK_LINEAR_PREFIXES = ("Fully Connected", "Batch Matrix Multiply", "Convolution", "Deconvolution")
+#: runtimes whose files report where their time goes (:meth:`simattn.deploy.base.Format.profile`)
 PROFILED_RUNTIMES = ("onnxruntime", "executorch")
-PROFILE_CALLS = 10
-
-
-def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: int, calls: int = PROFILE_CALLS,
-                work_dir: Optional[str] = None) -> Dict[str, Any]:
-    """``non_linear_share`` of an ONNX file in onnxruntime: with ``SessionOptions.enable_profiling`` (a session of
-    its own, same threads as the timed one, CPU provider), ``calls`` runs on ``x`` after one warm-up; of the summed
-    node kernel time (the profile's ``Node`` events), the share in ops other than :data:`ORT_LINEAR_OPS`. Also
-    ``profile_ops``: the five op types with the most node time, as ``op: share``."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.enable_profiling = True
-    opts.profile_file_prefix = str(Path(work_dir or tempfile.gettempdir()) / "ort_profile")
-    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    feed = {session.get_inputs()[0].name: x.detach().cpu().numpy()}
-    session.run(None, feed)
-    for _ in range(calls):
-        session.run(None, feed)
-    profile = Path(session.end_profiling())
-    try:
-        events = json.loads(profile.read_text())
-    finally:
-        profile.unlink(missing_ok=True)
-    by_op: Dict[str, float] = {}
-    for e in events:
-        args = e.get("args") or {}
-        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and "op_name" in args:
-            by_op[args["op_name"]] = by_op.get(args["op_name"], 0.0) + float(e.get("dur", 0))
-    total = sum(by_op.values())
-    if not total:
-        return {"profile_note": "onnxruntime's profile listed no node times"}
-    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:5]
-    return {"non_linear_share": sum(t for op, t in by_op.items() if op not in ORT_LINEAR_OPS) / total,
-            "profile_ops": ", ".join(f"{op} {t / total:.2f}" for op, t in top)}
-
-
-def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PROFILE_CALLS,
-                       work_dir: Optional[str] = None) -> Dict[str, Any]:
-    """Shares of a ``.pte``'s time from an ETDump (the pybindings' ``enable_etdump``, read with
-    ``executorch.devtools.Inspector``) over ``calls`` runs on ``x`` after one warm-up (the thread pool as the
-    timed program left it): ``non_delegated_share`` = 1 − (time in ``DELEGATE_CALL`` events) / (time in
-    ``Method::execute``), i.e. portable kernels plus the runtime's own dispatch between calls; ``non_linear_share``
-    = 1 − (time of XNNPACK's matmul/GEMM/convolution operators, :data:`XNNPACK_LINEAR_PREFIXES`) / execute time,
-    when the delegate reports its operators (the sums that :mod:`simattn.deploy.executorch` rewrites as GEMMs with
-    columns of ones, LayerNorm's among them, are such operators). Empty with a ``profile_note`` when this build
-    cannot trace."""
-    from ..deploy.base import quiet_stderr
-
-    try:
-        from executorch.devtools import Inspector
-        from executorch.extension.pybindings import portable_lib
-    except ImportError as e:
-        return {"profile_note": f"executorch.devtools is not importable here ({e})"}
-    etdump = Path(work_dir or tempfile.gettempdir()) / "profile.etdp"
-    try:
-        with quiet_stderr():
-            module = portable_lib._load_for_executorch(str(path), enable_etdump=True)
-            args = [x.contiguous()]
-            module.forward(args)
-            if hasattr(module, "has_etdump") and not module.has_etdump():
-                return {"profile_note": "this ExecuTorch build records no ETDump (no event tracer in the pybindings)"}
-            for _ in range(calls):
-                module.forward(args)
-            module.write_etdump_result_to_file(str(etdump))
-            with warnings.catch_warnings():  # no debug buffer was asked for; the Inspector warns that it is absent
-                warnings.simplefilter("ignore")
-                inspector = Inspector(etdump_path=str(etdump))
-    except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
-        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
-    finally:
-        etdump.unlink(missing_ok=True)
-    total = delegate = linear = 0.0
-    delegate_ops = False
-    for block in inspector.event_blocks:
-        for event in block.events:
-            raw = sum(event.perf_data.raw) if event.perf_data is not None else 0.0
-            if event.name == "Method::execute":
-                total += raw
-            elif event.name == "DELEGATE_CALL":
-                delegate += raw
-            elif event.is_delegated_op:
-                delegate_ops = True
-                linear += raw if str(event.name).startswith(XNNPACK_LINEAR_PREFIXES) else 0.0
-    if not total:
-        return {"profile_note": "ExecuTorch's ETDump holds no Method::execute events"}
-    out = {"non_delegated_share": min(1.0, max(0.0, 1 - delegate / total))}
-    if delegate_ops:
-        out["non_linear_share"] = min(1.0, max(0.0, 1 - linear / total))
-    return out
 
 
 def runtime_profile(runtime: str, path: Union[str, Path], x: torch.Tensor, threads: int,
                     work_dir: Optional[str] = None) -> Dict[str, Any]:
-    """The profiled shares of an exported file's time in its runtime (:func:`ort_profile`,
-    :func:`executorch_profile`), from runs of their own (profiling slows the calls it records), or a
-    ``profile_note`` saying why there are none."""
-    if runtime == "onnxruntime":
-        return ort_profile(path, x, threads, work_dir=work_dir)
-    if runtime == "executorch":
-        return executorch_profile(path, x, work_dir=work_dir)
-    return {}
+    """The profiled shares of an exported file's time in its runtime (the format's
+    :meth:`~simattn.deploy.base.Format.profile`), from runs of their own (profiling slows the calls it records), or
+    a ``profile_note`` saying why there are none."""
+    from .. import deploy
+
+    return deploy.get(runtime).profile(path, x, threads, work_dir=work_dir) if runtime in PROFILED_RUNTIMES else {}
 
 
 def measure(spec: BenchSpec) -> Dict[str, Any]:

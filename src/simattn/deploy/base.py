@@ -69,6 +69,10 @@ class Program:
         return self._bind(x) if self._bind is not None else (lambda: self._run(x))
 
 
+#: profiled calls of :meth:`Format.profile` (after one warm-up call)
+PROFILE_CALLS = 10
+
+
 class Format:
     """One deployment format: how a model becomes a file, and how the file is run, read and audited.
 
@@ -83,7 +87,7 @@ class Format:
     ``'XNNPACK'``; empty where the format cannot tell).
 
     Methods: :meth:`export`, :meth:`quantize`, :meth:`open`, :meth:`read_metadata`, :meth:`ops`,
-    :meth:`delegation`; :meth:`require` and :meth:`files` come with the base class.
+    :meth:`delegation`, :meth:`profile`; :meth:`require` and :meth:`files` come with the base class.
     """
 
     name: str = ""
@@ -135,6 +139,14 @@ class Format:
         ...}``, ``beyond_allowance`` being what exceeds what the format allows outside (see
         ``simattn export --require-delegated``); None where the format cannot tell."""
         return None
+
+    def profile(self, path: PathLike, x: torch.Tensor, threads: Optional[int] = None, calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+        """Where the written file's time goes in its runtime, from ``calls`` profiled runs on ``x`` of its own
+        (profiling slows the calls it records): ``non_linear_share`` (time outside matmul/GEMM/convolution
+        kernels), ``non_delegated_share`` (outside ``delegates_to``), ``profile_ops``, or a ``profile_note`` saying
+        why there are none. Empty where the runtime cannot say."""
+        return {}
 
     def files(self, path: PathLike) -> List[Path]:
         """Every file or folder that makes up the exported ``path`` (OpenVINO: the .xml and its .bin)."""

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
@@ -36,12 +38,14 @@ from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
 from ..utils.io import atomic_path
-from .base import Exported, Format, OnOps, Program, capture, capture_fixed, dims, quiet_loggers, quiet_stderr
+from .base import (PROFILE_CALLS, Exported, Format, OnOps, Program, capture, capture_fixed, dims, quiet_loggers,
+                   quiet_stderr)
 from .ops import GraphAudit, aten_op_counts
 
 __all__ = ["FORMAT", "ExecuTorchFormat", "PTE_METADATA_METHOD", "quantize_pt2e", "lower_executorch",
            "delegation_summary", "pte_input_shape", "set_executorch_threads", "XNNPACK_DECOMPOSITIONS",
-           "for_xnnpack", "fold_input_free", "ALLOWED_OUTSIDE", "outside_allowance", "delegation_line"]
+           "for_xnnpack", "fold_input_free", "ALLOWED_OUTSIDE", "outside_allowance", "delegation_line",
+           "XNNPACK_LINEAR_PREFIXES", "executorch_profile"]
 
 PTE_METADATA_METHOD = "simattn_metadata"
 
@@ -362,6 +366,61 @@ def one_at_a_time(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torc
     return lambda x: torch.cat([torch.as_tensor(run(x[i:i + 1])) for i in range(len(x))])
 
 
+#: XNNPACK operator names (ETDump events inside a delegate call) that compute a matmul, GEMM or convolution
+XNNPACK_LINEAR_PREFIXES = ("Fully Connected", "Batch Matrix Multiply", "Convolution", "Deconvolution")
+def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PROFILE_CALLS,
+                       work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """Shares of a ``.pte``'s time from an ETDump (the pybindings' ``enable_etdump``, read with
+    ``executorch.devtools.Inspector``) over ``calls`` runs on ``x`` after one warm-up (the thread pool as the
+    timed program left it): ``non_delegated_share`` = 1 − (time in ``DELEGATE_CALL`` events) / (time in
+    ``Method::execute``), i.e. portable kernels plus the runtime's own dispatch between calls; ``non_linear_share``
+    = 1 − (time of XNNPACK's matmul/GEMM/convolution operators, :data:`XNNPACK_LINEAR_PREFIXES`) / execute time,
+    when the delegate reports its operators (the sums that :mod:`simattn.deploy.executorch` rewrites as GEMMs with
+    columns of ones, LayerNorm's among them, are such operators). Empty with a ``profile_note`` when this build
+    cannot trace."""
+    try:
+        from executorch.devtools import Inspector
+        from executorch.extension.pybindings import portable_lib
+    except ImportError as e:
+        return {"profile_note": f"executorch.devtools is not importable here ({e})"}
+    etdump = Path(work_dir or tempfile.gettempdir()) / "profile.etdp"
+    try:
+        with quiet_stderr():
+            module = portable_lib._load_for_executorch(str(path), enable_etdump=True)
+            args = [x.contiguous()]
+            module.forward(args)
+            if hasattr(module, "has_etdump") and not module.has_etdump():
+                return {"profile_note": "this ExecuTorch build records no ETDump (no event tracer in the pybindings)"}
+            for _ in range(calls):
+                module.forward(args)
+            module.write_etdump_result_to_file(str(etdump))
+            with warnings.catch_warnings():  # no debug buffer was asked for; the Inspector warns that it is absent
+                warnings.simplefilter("ignore")
+                inspector = Inspector(etdump_path=str(etdump))
+    except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
+        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
+    finally:
+        etdump.unlink(missing_ok=True)
+    total = delegate = linear = 0.0
+    delegate_ops = False
+    for block in inspector.event_blocks:
+        for event in block.events:
+            raw = sum(event.perf_data.raw) if event.perf_data is not None else 0.0
+            if event.name == "Method::execute":
+                total += raw
+            elif event.name == "DELEGATE_CALL":
+                delegate += raw
+            elif event.is_delegated_op:
+                delegate_ops = True
+                linear += raw if str(event.name).startswith(XNNPACK_LINEAR_PREFIXES) else 0.0
+    if not total:
+        return {"profile_note": "ExecuTorch's ETDump holds no Method::execute events"}
+    out = {"non_delegated_share": min(1.0, max(0.0, 1 - delegate / total))}
+    if delegate_ops:
+        out["non_linear_share"] = min(1.0, max(0.0, 1 - linear / total))
+    return out
+
+
 class ExecuTorchFormat(Format):
     name, runtime, suffixes, extra = "executorch", "executorch", (".pte",), "edge"
     packages = ("executorch", "torchao")
@@ -391,6 +450,11 @@ class ExecuTorchFormat(Format):
         with atomic_path(path) as tmp:
             Path(tmp).write_bytes(buffer)
         return Exported(Path(path), audit, None, notes, info={"delegation": summary})
+
+    def profile(self, path, x: torch.Tensor, threads: Optional[int] = None, calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+        """:func:`executorch_profile` (on the thread pool the last opened program set)."""
+        return executorch_profile(path, x, calls, work_dir)
 
     def delegation(self, path, exported: Optional[Exported] = None) -> Optional[Dict[str, Any]]:
         """:func:`delegation_summary` of the lowering that wrote ``path`` (a ``.pte`` keeps no trace of what was

@@ -14,6 +14,8 @@ Metadata: the weights' record (:mod:`simattn.models.weights`), one ``metadata_pr
 """
 from __future__ import annotations
 
+import json
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -27,12 +29,13 @@ from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
 from ..utils.io import atomic_path
-from .base import ExportError, Exported, Format, OnOps, Program, first_line, quiet_loggers
+from .base import PROFILE_CALLS, ExportError, Exported, Format, OnOps, Program, first_line, quiet_loggers
 from .ops import GraphAudit
 
 __all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "check_opset", "ExportResult", "load_onnx", "export_onnx",
            "ort_session", "run_onnx", "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES",
-           "FLOAT_OUTPUT_OP_TYPES", "INT8_KERNELS", "ort_delegation",
+           "FLOAT_OUTPUT_OP_TYPES", "INT8_KERNELS", "ort_delegation", "ORT_LINEAR_OPS", "ort_profile",
+           "order_gelu_for_onnxruntime",
            "quantize_static_int8", "quantize_dynamic_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -147,6 +150,52 @@ def _export_torchscript(model, example, path, opset, output_names, dynamic_spati
 _EXPORT_FNS = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
 
 
+def _constant(name: str, producers: Dict[str, Any], initializers: Dict[str, Any]):
+    """The value of a graph input that is an initializer or a Constant node's output, else None."""
+    from onnx import numpy_helper
+
+    if name in initializers:
+        return numpy_helper.to_array(initializers[name])
+    node = producers.get(name)
+    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def order_gelu_for_onnxruntime(proto) -> int:
+    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as ``(x · (1 + erf(x / √2))) ·
+    0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or BiasGelu kernel instead of five
+    elementwise passes; the same standard ops, the same value up to one rounding). Returns how many were reordered."""
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    initializers = {init.name: init for init in graph.initializer}
+    readers: Dict[str, List[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+
+    def only_reader(name: str, op_type: str):
+        nodes = readers.get(name, [])
+        return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type else None
+
+    count = 0
+    for erf in [node for node in graph.node if node.op_type == "Erf"]:
+        div = producers.get(erf.input[0])
+        add = only_reader(erf.output[0], "Add")
+        half = add and only_reader(add.output[0], "Mul")
+        outer = half and only_reader(half.output[0], "Mul")
+        if div is None or div.op_type != "Div" or outer is None or div.input[0] not in outer.input:
+            continue
+        other = [name for name in half.input if name != add.output[0]]
+        value = _constant(other[0], producers, initializers) if len(other) == 1 else None
+        if value is None or value.size != 1 or float(value.reshape(())) != 0.5:
+            continue
+        half.input[:] = [div.input[0], add.output[0]]  # x · (1 + erf)
+        outer.input[:] = [half.output[0], other[0]]  # · 0.5
+        count += 1
+    return count
+
+
 def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, batch: int = 2, opset: int = 18,
                 exporter: str = "auto", dynamic_spatial: bool = True,
                 spatial_multiple: Optional[int] = None) -> ExportResult:
@@ -174,6 +223,7 @@ def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, ba
                 with torch.no_grad(), quiet_loggers("onnxscript"):
                     _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial, spatial_multiple)
                 proto = onnx.load(str(tmp), load_external_data=False)
+                order_gelu_for_onnxruntime(proto)
                 _write_metadata(proto, record)
                 onnx.save(proto, str(tmp))
         except Exception as e:  # exporters raise many types; keep the first line for the report
@@ -439,6 +489,48 @@ def ort_delegation(path: str | Path) -> Dict[str, Any]:
             "qdq_left": len(qdq), "beyond_allowance": dict(sorted(unfused.items())), "line": line}
 
 
+#: onnxruntime op types that compute a matmul, GEMM or convolution (fp32, int8 and fused variants); the rest of the
+#: node time (norms, softmax/SimA's normalization, elementwise, reshapes, (de)quantize) is ``non_linear_share``
+ORT_LINEAR_OPS = frozenset({
+    "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QGemm",
+    "DynamicQuantizeMatMul", "MatMulNBits", "QLinearConv", "Conv", "FusedConv", "ConvInteger", "NhwcFusedConv"})
+def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: Optional[int], calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+    """``non_linear_share`` of an ONNX file in onnxruntime: with ``SessionOptions.enable_profiling`` (a session of
+    its own, same threads as the timed one, CPU provider), ``calls`` runs on ``x`` after one warm-up; of the summed
+    node kernel time (the profile's ``Node`` events), the share in ops other than :data:`ORT_LINEAR_OPS`. Also
+    ``profile_ops``: the five op types with the most node time, as ``op: share``."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.intra_op_num_threads = threads or 0
+    opts.inter_op_num_threads = 1
+    opts.enable_profiling = True
+    opts.profile_file_prefix = str(Path(work_dir or tempfile.gettempdir()) / "ort_profile")
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    feed = {session.get_inputs()[0].name: x.detach().cpu().numpy()}
+    session.run(None, feed)
+    for _ in range(calls):
+        session.run(None, feed)
+    profile = Path(session.end_profiling())
+    try:
+        events = json.loads(profile.read_text())
+    finally:
+        profile.unlink(missing_ok=True)
+    by_op: Dict[str, float] = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time") and "op_name" in args:
+            by_op[args["op_name"]] = by_op.get(args["op_name"], 0.0) + float(e.get("dur", 0))
+    total = sum(by_op.values())
+    if not total:
+        return {"profile_note": "onnxruntime's profile listed no node times"}
+    top = sorted(by_op.items(), key=lambda kv: -kv[1])[:5]
+    return {"non_linear_share": sum(t for op, t in by_op.items() if op not in ORT_LINEAR_OPS) / total,
+            "profile_ops": ", ".join(f"{op} {t / total:.2f}" for op, t in top)}
+
+
 class OnnxFormat(Format):
     name, runtime, suffixes, extra = "onnx", "onnxruntime", (".onnx",), "export"
     packages = ("onnx", "onnxruntime", "onnxscript")
@@ -447,6 +539,11 @@ class OnnxFormat(Format):
     one_image = False
     description = "onnxruntime"
     delegates_to = "onnxruntime's int8 kernels"
+
+    def profile(self, path, x: torch.Tensor, threads: Optional[int] = None, calls: int = PROFILE_CALLS,
+                work_dir: Optional[str] = None) -> Dict[str, Any]:
+        """:func:`ort_profile`."""
+        return ort_profile(path, x, threads, calls, work_dir)
 
     def delegation(self, path, exported: Optional[Exported] = None) -> Optional[Dict[str, Any]]:
         """:func:`ort_delegation` of the written file."""
