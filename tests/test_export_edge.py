@@ -66,11 +66,9 @@ def _files(folder):
 
 
 def _check_delegation(delegation):
-    """LayerNorm, SimA's token sums and the q/k/v unbind run inside XNNPACK: at most 2 delegate calls, and outside
-    them at most the class token's expand and select."""
-    outside = delegation["not_delegated"]
-    assert delegation["subgraphs"] <= 2, delegation
-    assert sum(outside.values()) <= 2 and set(outside) <= {"expand_copy_default", "select_copy_int"}, delegation
+    """LayerNorm, SimA's token sums, the q/k/v unbind and the class token's select and expand run inside XNNPACK:
+    one delegate call and nothing outside it."""
+    assert delegation["subgraphs"] == 1 and delegation["not_delegated"] == {}, delegation
 
 
 def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys):
