@@ -161,3 +161,25 @@ def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
         raise AssertionError(f"no oracle for attention kind {kind!r}")
     out = out.transpose(1, 2).reshape(B, N, C)
     return out @ m.proj.weight.T + m.proj.bias
+
+
+class LargestCopy(torch.utils._python_dispatch.TorchDispatchMode):
+    """The largest floating tensor (elements) that a copying op produces while active: clones, dtype copies,
+    ``copy_`` and reshapes that could not be views (the interpreter's own host copies of whole storages are bytes,
+    not counted)."""
+
+    COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.contiguous", "aten._unsafe_view", "aten.reshape")
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = str(func.overloadpacket)
+        source = args[1] if name == "aten.copy_" else args[0] if args else None
+        if (name in self.COPIES and torch.is_tensor(out) and out.is_floating_point()
+                and (name != "aten.reshape" or out.untyped_storage().data_ptr()
+                     != source.untyped_storage().data_ptr())):
+            self.largest = max(self.largest, out.numel())
+        return out

@@ -16,7 +16,7 @@ from simattn.attention.softmax import softmax_attention
 from simattn.attention.xca import xca_attention
 from simattn.attention.xnorm import xnorm_attention
 
-from attention_cases import CASES, H, assert_grads_close, assert_ratio, module_oracle, qkv
+from attention_cases import CASES, H, LargestCopy, assert_grads_close, assert_ratio, module_oracle, qkv
 
 # small tensors: one intra-op thread is fastest on a shared CPU
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -274,25 +274,6 @@ def test_sima_fast_path_does_not_materialize_normalized_qk(monkeypatch):
     assert calls == []
 
 
-class _Calls(torch.utils._python_dispatch.TorchDispatchMode):
-    """The aten ops a call runs, and the largest floating-point copy it makes (elements)."""
-
-    def __enter__(self):
-        self.ops, self.largest_copy = [], 0
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        name = str(func.overloadpacket).removeprefix("aten.")
-        self.ops.append(name)
-        src = args[1] if name == "copy_" else args[0] if args else None
-        if (name in ("reshape", "clone", "copy_", "contiguous", "_unsafe_view") and torch.is_tensor(out)
-                and out.is_floating_point() and (name == "copy_" or out.untyped_storage().data_ptr()
-                                                 != src.untyped_storage().data_ptr())):
-            self.largest_copy = max(self.largest_copy, out.numel())
-        return out
-
-
 # (B, H, N, d): batch 1 and small items (the general path), and large items with B > 1 (one batch item at a time
 # on the strided views)
 INFERENCE_SHAPES = [(1, 4, 65, 16), (3, 4, 65, 16), (1, 2, 300, 32), (2, 2, 300, 32)]
@@ -324,13 +305,13 @@ def test_sima_inference_per_item_copies_nothing():
     """Large items with B > 1 from one fused projection: without autograd no copy of q, k or v is made (the general
     path copies them into (B·H, N, d) blocks, as it does with autograd on)."""
     large = torch.randn(2, 300, 3, 2, 32).permute(2, 0, 3, 1, 4).unbind(0)
-    with torch.inference_mode(), _Calls() as calls:
+    with torch.inference_mode(), LargestCopy() as calls:
         sima_attention(*large)
-    assert calls.largest_copy < large[0].numel() // 2, calls.ops
+    assert calls.largest < large[0].numel() // 2, calls.largest
     leaves = [t.detach().requires_grad_() for t in large]
-    with _Calls() as grad_calls:
+    with LargestCopy() as grad_calls:
         sima_attention(*leaves)
-    assert grad_calls.largest_copy >= large[0].numel()
+    assert grad_calls.largest >= large[0].numel()
 
 
 def test_sima_captured_graph_keeps_the_general_path():

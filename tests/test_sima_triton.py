@@ -16,7 +16,7 @@ from simattn.attention import SimAAttention, create_attention
 from simattn.attention import reference as R
 from simattn.attention.sima import resolve_sima_backend, sima_attention
 
-from attention_cases import assert_grads_close, error_ratio, rms
+from attention_cases import LargestCopy, assert_grads_close, error_ratio, rms
 
 pytest.importorskip("triton")
 
@@ -127,30 +127,13 @@ def test_zero_channels_clamp_to_eps(device, triton_mode):
     _compare(qkv, leaves)
 
 
-class _LargestCopy(torch.utils._python_dispatch.TorchDispatchMode):
-    """The largest floating tensor (elements) that a copying op produces while active (the interpreter's own host
-    copies of whole storages are bytes, not counted)."""
-
-    COPIES = ("aten.clone", "aten._to_copy", "aten.copy_", "aten.contiguous")
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if str(func.overloadpacket) in self.COPIES and torch.is_tensor(out) and out.is_floating_point():
-            self.largest = max(self.largest, out.numel())
-        return out
-
-
 def test_fused_qkv_views_are_not_copied(monkeypatch):
     """The kernels read q, k, v through their strides: forward and backward copy nothing of their size."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     (q, k, v), leaves = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), "cpu", "qkv")
     assert not q.is_contiguous()
     mask = torch.ones(2, 40, dtype=torch.bool)
-    with _LargestCopy() as rec:
+    with LargestCopy() as rec:
         out = sima_attention(q, k, v, backend="triton", mask=mask)
         # gradients of the views themselves: stacking them into the fused tensor's gradient is autograd's copy
         grads = torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

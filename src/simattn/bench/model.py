@@ -72,7 +72,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -755,18 +754,16 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
 def _time_floor(run: _Runner, work_dir: str) -> Dict[str, Any]:
     """The linear floor of ``run``'s model (:func:`linear_floor` at the latency batch), run as ``run`` runs the
     model (eager, compiled, or exported, quantized and opened by the same registry entry at the same threads),
-    timed the same way: ``floor_ms`` (p50), ``floor_p10_ms``, ``floor_p90_ms``, ``floor_linears`` and
-    ``of_floor`` (the model's p50 / the floor's)."""
+    timed the same way: ``floor_ms`` (p50), ``floor_p10_ms``, ``floor_p90_ms`` and ``floor_linears``."""
     spec = run.spec
     b1 = spec.latency_batch
-    torch.manual_seed(0)
-    with torch.no_grad(), run.autocast():
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), run.autocast():  # the same fresh weights every run
+        torch.manual_seed(0)
         floor = linear_floor(run.model, run.inputs(b1))
     floor_run = _Runner(spec, work_dir, model=floor, like=run, stem="floor")
     t = floor_run.time(floor_run.infer_fn(b1))
-    out = {"floor_ms": t["median_ms"], "floor_p10_ms": t["p10_ms"], "floor_p90_ms": t["p90_ms"],
-           "floor_linears": len(floor.layers)}
-    return out
+    return {"floor_ms": t["median_ms"], "floor_p10_ms": t["p10_ms"], "floor_p90_ms": t["p90_ms"],
+            "floor_linears": len(floor.layers)}
 
 
 def _worker_main(spec_json: str) -> int:

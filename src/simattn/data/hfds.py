@@ -57,7 +57,6 @@ def _datasets():
     return datasets
 
 
-
 def open_hfds_split(root, split: str):
     """``(dataset, root, split name used)``: split ``split`` of the dataset saved in ``root``, with one-line errors
     for a missing folder, a folder that is no saved dataset, and a missing split (naming the splits there)."""
@@ -74,7 +73,8 @@ def open_hfds_split(root, split: str):
     try:
         loaded = datasets.load_from_disk(str(root))
     except Exception as e:  # corrupt json, missing arrow files: datasets raises many kinds
-        raise ValueError(f"hfds folder {root} cannot be loaded: {type(e).__name__}: {first_line(e, limit=300)}") from None
+        raise ValueError(f"hfds folder {root} cannot be loaded: {type(e).__name__}: "
+                         f"{first_line(e, limit=300)}") from None
     if isinstance(loaded, datasets.DatasetDict):
         key = split if split in loaded else _SPLIT_ALIASES.get(split)
         if key not in loaded:
@@ -290,7 +290,8 @@ class _HFSegmentation(FileSegmentationDataset):
         try:
             image = np.array(_rgb(open_stored_image(row[self.image_column], self.root)))
         except Exception as e:
-            raise ValueError(f"cannot read image {image_name}: {type(e).__name__}: {first_line(e, limit=300)}") from None
+            raise ValueError(f"cannot read image {image_name}: {type(e).__name__}: "
+                             f"{first_line(e, limit=300)}") from None
         raw = read_index_mask(lambda: open_stored_image(row[self.mask_column], self.root), mask_name,
                               image.shape[:2])
         return image, self.map_labels(raw, mask_name)

@@ -59,7 +59,6 @@ def _state_name(split: str) -> str:
     return f"{split}.packing.json"
 
 
-
 # ------------------------------------------------------------------------------------------------ image bytes
 def _png(img) -> bytes:
     buf = io.BytesIO()
@@ -196,7 +195,7 @@ def _shards_source(task: str, data_dir, split: str, encode: str, quality: int) -
     first sample)."""
     from PIL import Image
 
-    from .shards import open_shards
+    from .shards import is_local, open_shards
     ds = open_shards(data_dir, split, None, task)
     reading: Dict[str, Any] = {"next": None, "samples": None}
 
@@ -227,8 +226,7 @@ def _shards_source(task: str, data_dir, split: str, encode: str, quality: int) -
                  "label_ids": list(ds.label_ids)}
     # the folder of local shards is the input an output may not be (pipe: and remote URLs name none here)
     first = ds.urls[0]
-    local = not first.startswith("pipe:") and "://" not in first
-    inputs = {"--data-dir": os.path.dirname(os.path.abspath(first))} if local else {}
+    inputs = {"--data-dir": os.path.dirname(os.path.abspath(first))} if is_local(first) else {}
     return PackSource(ds.name, task, list(ds.classes), len(ds), members, inputs, extra=extra)
 
 

@@ -107,7 +107,6 @@ def cityscapes_table() -> Tuple[List[str], List[Tuple[int, int, int]], List[int]
     return [c.name for c in train], [tuple(c.color) for c in train], [c.id for c in train], lut
 
 
-
 def read_index_mask(open_mask: Callable[[], Any], where: str, image_hw: Tuple[int, int],
                     image: str = "its image") -> np.ndarray:
     """The stored values of the index mask ``open_mask()`` opens (a PIL image) for an image of ``image_hw`` (H, W);

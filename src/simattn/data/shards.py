@@ -58,8 +58,6 @@ class ShardError(ValueError):
         super().__init__(message)
 
 
-
-
 # ------------------------------------------------------------------------------------------------ locating shards
 def _is_pipe(url: str) -> bool:
     return url.startswith("pipe:")
@@ -73,6 +71,11 @@ def _pipe_target(url: str) -> Tuple[List[str], int]:
             return tokens, i
     raise ValueError(f"--data-dir {quoted(url)}: a pipe: URL must name its shard (a word ending in .tar), e.g. "
                      "'pipe:cat /data/train-{000000..000009}.tar'")
+
+
+def is_local(url: str) -> bool:
+    """Whether a shard URL names a file on this machine (not a ``pipe:`` command or a remote URL)."""
+    return not _is_pipe(url) and "://" not in url
 
 
 def shard_name(url: str) -> str:
@@ -165,7 +168,8 @@ def resolve_shards(root: Any, split: str) -> Tuple[Dict[str, Any], List[str], Li
         try:
             urls = [u for u in expand_urls(text) if u.strip()]
         except Exception as e:  # unbalanced braces
-            raise ValueError(f"--data-dir {quoted(text)}: not a shard pattern ({first_line(e, with_type=True)})") from None
+            raise ValueError(f"--data-dir {quoted(text)}: not a shard pattern "
+                             f"({first_line(e, with_type=True)})") from None
         if not urls:
             raise ValueError(f"--data-dir {quoted(text)}: the pattern names no shard")
         if not _is_pipe(text) and not urls[0].endswith(".tar"):
@@ -191,7 +195,7 @@ def resolve_shards(root: Any, split: str) -> Tuple[Dict[str, Any], List[str], Li
             names, lengths = _split_entry(info, split, where)
             urls = [_with_name(urls[0], n) for n in names]
     for url in urls:
-        if not _is_pipe(url) and "://" not in url:
+        if is_local(url):
             _check_local_shard(url)
     return info, urls, lengths, where
 
@@ -311,8 +315,8 @@ class ShardDataset(IterableDataset):
             except StopIteration:
                 break
             except Exception as e:  # tarfile.ReadError (truncated), a failing pipe command, a duplicate member
-                raise ShardError(f"shard {name} cannot be read ({first_line(e, with_type=True)}): it is truncated or no tar "
-                                 "file; pack it again") from None
+                raise ShardError(f"shard {name} cannot be read ({first_line(e, with_type=True)}): it is truncated "
+                                 "or no tar file; pack it again") from None
             if count >= expected:
                 raise ShardError(f"shard {name} holds more samples than the {expected} _info.json records for it: "
                                  "the info does not match the shards")

@@ -368,6 +368,8 @@ def one_at_a_time(run: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torc
 
 #: XNNPACK operator names (ETDump events inside a delegate call) that compute a matmul, GEMM or convolution
 XNNPACK_LINEAR_PREFIXES = ("Fully Connected", "Batch Matrix Multiply", "Convolution", "Deconvolution")
+
+
 def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PROFILE_CALLS,
                        work_dir: Optional[str] = None) -> Dict[str, Any]:
     """Shares of a ``.pte``'s time from an ETDump (the pybindings' ``enable_etdump``, read with

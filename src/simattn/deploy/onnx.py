@@ -163,9 +163,10 @@ def _constant(name: str, producers: Dict[str, Any], initializers: Dict[str, Any]
 
 
 def order_gelu_for_onnxruntime(proto) -> int:
-    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as ``(x · (1 + erf(x / √2))) ·
-    0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or BiasGelu kernel instead of five
-    elementwise passes; the same standard ops, the same value up to one rounding). Returns how many were reordered."""
+    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as
+    ``(x · (1 + erf(x / √2))) · 0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or
+    BiasGelu kernel instead of five elementwise passes; the same standard ops, the same value up to one rounding).
+    Returns how many were reordered."""
     graph = proto.graph
     producers = {out: node for node in graph.node for out in node.output}
     initializers = {init.name: init for init in graph.initializer}
@@ -448,8 +449,6 @@ def ort_delegation(path: str | Path) -> Dict[str, Any]:
     DequantizeLinear output, i.e. were meant to be int8 but run in float with their Q/DQ standing around them
     (``qdq_left`` of those); float ops elsewhere (SimA's norms, the residual adds) are float by design. A float
     file (no Q/DQ) runs every op in the CPU execution provider: nothing is left out."""
-    import tempfile
-
     import onnx
     import onnxruntime as ort
 
@@ -494,6 +493,8 @@ def ort_delegation(path: str | Path) -> Dict[str, Any]:
 ORT_LINEAR_OPS = frozenset({
     "MatMul", "Gemm", "FusedMatMul", "FusedGemm", "QLinearMatMul", "MatMulInteger", "MatMulIntegerToFloat", "QGemm",
     "DynamicQuantizeMatMul", "MatMulNBits", "QLinearConv", "Conv", "FusedConv", "ConvInteger", "NhwcFusedConv"})
+
+
 def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: Optional[int], calls: int = PROFILE_CALLS,
                 work_dir: Optional[str] = None) -> Dict[str, Any]:
     """``non_linear_share`` of an ONNX file in onnxruntime: with ``SessionOptions.enable_profiling`` (a session of

@@ -20,8 +20,8 @@ import re
 
 import yaml
 
-__all__ = ["first_line", "parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT", "load_yaml",
-           "MAX_YAML_NODES"]
+__all__ = ["first_line", "parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT",
+           "load_yaml", "MAX_YAML_NODES"]
 
 #: one sentence for ``--help`` texts
 OPTIONS_HELP = ("KEY=VALUE items; values are YAML (3, 1e-3, true, null, [a, b], {k: v}), dotted keys nest "
