@@ -183,3 +183,16 @@ class LargestCopy(torch.utils._python_dispatch.TorchDispatchMode):
                      != source.untyped_storage().data_ptr())):
             self.largest = max(self.largest, out.numel())
         return out
+
+
+class OpCalls(torch.utils._python_dispatch.TorchDispatchMode):
+    """How many times each aten op (by overload packet, e.g. ``'aten.abs'``) runs while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.counts[name] = self.counts.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))

@@ -16,7 +16,7 @@ from simattn.attention.softmax import softmax_attention
 from simattn.attention.xca import xca_attention
 from simattn.attention.xnorm import xnorm_attention
 
-from attention_cases import CASES, H, LargestCopy, assert_grads_close, assert_ratio, module_oracle, qkv
+from attention_cases import CASES, H, LargestCopy, OpCalls, assert_grads_close, assert_ratio, module_oracle, qkv
 
 # small tensors: one intra-op thread is fastest on a shared CPU
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -346,6 +346,35 @@ def test_sima_output_bound():
         out = sima_attention(q.half(), q.half(), v.half())
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert out.abs().max().item() == pytest.approx(d * 5000.0)
+
+
+@pytest.mark.parametrize("b,n", [(1, 65), (3, 65), (2, 300)])
+def test_sima_module_takes_both_norms_in_one_reduction(b, n):
+    """Eager, the module takes the l1 norms of q and k in one reduction over its fused projection, with and
+    without autograd (large items with B > 1 then run one batch item at a time), and stays the oracle's in values
+    and gradients; with a mask or a hook it runs the functional op, one reduction per norm."""
+    torch.manual_seed(n + b)
+    m = create_attention("sima", 64, num_heads=4, qkv_bias=True).double()
+    x = torch.randn(b, n, 64, dtype=torch.float64, requires_grad=True)
+    expected = module_oracle(m, x)
+    for context in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+        with context(), OpCalls() as calls:
+            out = m(x)
+        assert calls.counts.get("aten.abs") == 1, calls.counts
+        assert_ratio(out, expected, 1e-12, f"{context.__name__} B={b} N={n}")
+    g = torch.randn_like(out)
+    leaves = [x, m.qkv.weight]
+    assert_grads_close(torch.autograd.grad(out, leaves, g), torch.autograd.grad(expected, leaves, g), 1e-10,
+                       ["x", "qkv.weight"], "fused norms")
+    with torch.no_grad(), OpCalls() as calls:
+        m(x, attn_mask=torch.ones(b, n, dtype=torch.bool))
+    assert calls.counts.get("aten.abs") == 2, calls.counts
+    handle = m.qk_hook.register_forward_hook(lambda *a: None)
+    with torch.no_grad(), OpCalls() as calls:
+        out = m(x)
+    handle.remove()
+    assert calls.counts.get("aten.abs") == 2, calls.counts
+    assert_ratio(out, expected, 1e-12, "with a hook")
 
 
 def test_sima_module_hook_point_sees_normalized_qk():

@@ -49,6 +49,8 @@ class TokenAttention(nn.Module):
     uses_grid: bool = False
     #: Whether ``attend`` takes that grid as ``grid_size`` (SOFT pools its landmarks on it).
     attend_uses_grid: bool = False
+    #: Whether :meth:`attend_fused` may compute the attention from ``x`` itself, past :meth:`project` (eager only).
+    fuses_projection: bool = False
 
     def __init__(
             self,
@@ -117,15 +119,25 @@ class TokenAttention(nn.Module):
             if traced is not None:
                 return traced
             self._check_call(x, attn_mask, is_causal)
-        B, N, C = x.shape
+            if self.fuses_projection and attn_mask is None:
+                fused = self.attend_fused(x)
+                if fused is not None:
+                    return self._output(fused, x)
         q, k, v = self.project(x)
-        out = self._attend(q, k, v, attn_mask, is_causal, grid_size)
-        out = out.transpose(1, 2).reshape(B, N, C)
-        out = self.norm(out)
+        return self._output(self._attend(q, k, v, attn_mask, is_causal, grid_size), x)
+
+    def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """The (B, H, N, d) attention output straight from x (B, N, C) without a mask, for kinds that gain from seeing
+        the fused projection (``fuses_projection``); None where the kind's fused path does not apply."""
+        return None
+
+    def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The attention output (B, H, N, d) → heads merged, normed, gated and projected (B, N, C)."""
+        B, N, C = x.shape
+        out = self.norm(out.transpose(1, 2).reshape(B, N, C))
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
-        out = self.proj(out)
-        return self.proj_drop(out)
+        return self.proj_drop(self.proj(out))
 
     def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
         """ValueError for an input or an option this kind cannot take (skipped while FX traces)."""

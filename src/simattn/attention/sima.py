@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
                       range_safe_dtype, resolve_masks)
@@ -98,65 +99,74 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
                            out_dtype=dt if autocast else q.dtype)
     order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    if (not autocast and order == "kv_first" and mask is None and q_mask is None and q.dtype in _WIDE
-            and q.dtype == k.dtype == v.dtype and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
-                                                                                   or v.requires_grad))
-            and _per_item(q, k, v) and eager()):
-        return _kv_first_per_item(q, k, v, eps)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     out_dtype = q.dtype
-    B, H, n_q, d = q.shape
-    n_k, d_v = k.shape[-2], v.shape[-1]
     acc = torch.promote_types(q.dtype, torch.float32)  # norms and the d×d matrix: fp32 or better
     with no_autocast(q):
         q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
         s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
         s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
-        # are copied here; running each head's strided view instead measured slower than the copy.
-        q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
-        # Each norm divides on its own, never s_q s_k, nor a reciprocal that a small norm takes past fp16's range
-        # (see the module docstring): kᵀv / s_k is at most max|v|, q / s_q at most 1.
-        if order == "kv_first":
-            kv = torch.bmm(cast(k3, acc).transpose(1, 2), cast(v3, acc))  # (B·H, d, dv), fp32: sums over all tokens
-            kv = kv / s_k.reshape(B * H, d, 1) / s_q.reshape(B * H, d, 1)
-            out = torch.bmm(cast(q3, dt), cast(kv, dt))
-        else:
-            # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
-            s_q, s_k = s_q.reshape(B * H, 1, d), s_k.reshape(B * H, 1, d)
-            if n_q <= n_k:
-                attn = torch.bmm(cast(cast(q3, acc) / s_q / s_k, dt), cast(k3, dt).transpose(1, 2))
-            else:
-                attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) / s_k / s_q, dt).transpose(1, 2))
-            out = torch.bmm(attn, cast(v3, dt))
-        out = out.view(B, H, n_q, d_v)
+        if not autocast and _runs_per_item(q, k, v, order):
+            return _kv_first_per_item(q, k, v, s_q, s_k)
+        out = _normalized_product(q, k, v, s_q, s_k, order, dt, acc)
     return out if autocast else cast(out, out_dtype)
+
+
+def _normalized_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
+                        order: str, dt: torch.dtype, acc: torch.dtype) -> torch.Tensor:
+    """q̂(k̂ᵀv) or (q̂k̂ᵀ)v from q, k, v (B, H, N, d) and their l1 norms s_q, s_k (B, H, d), which divide the d×d
+    matrix (or the shorter operand) instead of q and k; products in ``dt``, the d×d matrix in ``acc``."""
+    B, H, n_q, d = q.shape
+    n_k, d_v = k.shape[-2], v.shape[-1]
+    # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
+    # are copied here; running each head's strided view instead measured slower than the copy.
+    q3, k3, v3 = q.reshape(B * H, n_q, d), k.reshape(B * H, n_k, d), v.reshape(B * H, n_k, d_v)
+    # Each norm divides on its own, never s_q s_k, nor a reciprocal that a small norm takes past fp16's range
+    # (see the module docstring): kᵀv / s_k is at most max|v|, q / s_q at most 1.
+    if order == "kv_first":
+        kv = torch.bmm(cast(k3, acc).transpose(1, 2), cast(v3, acc))  # (B·H, d, dv), fp32: sums over all tokens
+        kv = kv / s_k.reshape(B * H, d, 1) / s_q.reshape(B * H, d, 1)
+        out = torch.bmm(cast(q3, dt), cast(kv, dt))
+    else:
+        # Scale the shorter operand; the N×N product of q̂ and k̂ lies in [-d, d].
+        s_q, s_k = s_q.reshape(B * H, 1, d), s_k.reshape(B * H, 1, d)
+        if n_q <= n_k:
+            attn = torch.bmm(cast(cast(q3, acc) / s_q / s_k, dt), cast(k3, dt).transpose(1, 2))
+        else:
+            attn = torch.bmm(cast(q3, dt), cast(cast(k3, acc) / s_k / s_q, dt).transpose(1, 2))
+        out = torch.bmm(attn, cast(v3, dt))
+    return out.view(B, H, n_q, d_v)
 
 
 _WIDE = (torch.float32, torch.float64)
 #: elements per batch item (N·H·d) from which running each batch item on the strided views of a fused projection
 #: beats copying them into (B·H, N, d) blocks: about 25 µs of launches per item against about 0.6 ns per copied
-#: element (measured on an AVX-512 Xeon); below it, and at batch 1, the general path is as fast
+#: element (measured on an AVX-512 Xeon); below it the general path is as fast
 _PER_ITEM_ELEMENTS = 2 ** 14
 
 
-def _per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether :func:`_kv_first_per_item` pays: on a CPU (a GPU copies faster than it launches), B > 1, large
-    items, and views that (B·H, N, d) would copy."""
+def _runs_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> bool:
+    """Whether :func:`_kv_first_per_item` runs (autocast off): eager q̂(k̂ᵀv) in fp32/fp64 without autograd, on a
+    CPU (a GPU copies faster than it launches), B > 1, large items, and views that (B·H, N, d) would copy."""
     B, H = q.shape[:2]
+    if B == 1 or order != "kv_first" or q.device.type != "cpu":
+        return False
+    if not (q.dtype in _WIDE and q.dtype == k.dtype == v.dtype) or (
+            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        return False
     large = max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
-    return (q.device.type == "cpu" and B > 1 and large
-            and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)))
+    return large and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)) and eager()
 
 
-def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: torch.Tensor,
+                       s_k: torch.Tensor) -> torch.Tensor:
     """q̂(k̂ᵀv) without autograd, one batch item at a time on the strided (H, N, d) views of a fused projection:
-    no copy of q, k or v. The same operations and rounding as the general path, with the divisions in place."""
+    no copy of q, k or v. The output (B, H, N, dv) is laid out token-major, (B, N, H, dv) in memory, so merging
+    the heads after it is a view. The same operations and rounding as :func:`_normalized_product`."""
     B, H, n_q, _ = q.shape
-    s_q = q.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)  # (B, H, d, 1)
-    s_k = k.abs().sum(-2).clamp_min_(eps).unsqueeze(-1)
-    out = q.new_empty(B, H, n_q, v.shape[-1])
+    s_q, s_k = s_q.unsqueeze(-1), s_k.unsqueeze(-1)  # (B, H, d, 1)
+    out = q.new_empty(B, n_q, H, v.shape[-1]).transpose(1, 2)
     for b in range(B):
         kv = torch.bmm(k[b].transpose(1, 2), v[b]).div_(s_k[b]).div_(s_q[b])
         torch.bmm(q[b], kv, out=out[b])
@@ -195,6 +205,26 @@ class SimAAttention(TokenAttention):
         self.eps = eps
         self.backend = backend
         self.qk_hook = HookPoint()
+
+    fuses_projection = True
+
+    def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton: both l1 norms in one
+        reduction over the q and k columns of the fused projection (at small token counts SimA is bound by the
+        number of ops it launches); None otherwise, and :meth:`attend` runs."""
+        if (self.backend == "triton" or x.dtype not in _WIDE or torch.is_autocast_enabled(x.device.type)
+                or self.qk_hook.has_hooks or not isinstance(self.q_norm, nn.Identity)
+                or not isinstance(self.k_norm, nn.Identity) or not eager()):
+            return None
+        B, N, C = x.shape
+        H, d = self.num_heads, self.head_dim
+        qkv = self.qkv(x)
+        s = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d)  # (B, 2, H, d): s_q, s_k
+        q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        order = resolve_sima_order(self.order, N, N, d)
+        if _runs_per_item(q, k, v, order):
+            return _kv_first_per_item(q, k, v, s[:, 0], s[:, 1])
+        return _normalized_product(q, k, v, s[:, 0], s[:, 1], order, x.dtype, x.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript: q̂(k̂ᵀv) in fp32; the fast path's choices are Python
