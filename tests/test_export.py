@@ -307,6 +307,53 @@ def test_compare_latency_keeps_each_files_best_median(monkeypatch):
         latency.compare_latency("a.onnx", "b.onnx")
 
 
+def test_linear_layers_become_one_gemm_each(tmp_path):
+    """MatMul(x, W) + b with constant W and b becomes one Gemm (x flattened to 2-D, the output reshaped back to x's
+    leading dims), whichever side of the Add the bias is on, at any batch and length; a product of two
+    activations, a MatMul whose output has another reader and a bias that is not one value per output stay as
+    written; the outputs do not change."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from simattn.deploy.onnx import linears_as_gemm
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("W", (6, 5)), ("b", (5,)), ("W2", (5, 4)), ("b2", (4,)), ("b_row", (1, 5)))]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="lin1"), helper.make_node("Add", ["h", "b"], ["h1"]),
+        helper.make_node("MatMul", ["h1", "W2"], ["h2"], name="lin2"), helper.make_node("Add", ["b2", "h2"], ["h3"]),
+        helper.make_node("MatMul", ["h3", "t"], ["act"], name="activations"),
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="shared"), helper.make_node("Add", ["m", "b"], ["m1"]),
+        helper.make_node("Mul", ["m", "m1"], ["m2"]),
+        helper.make_node("MatMul", ["x", "W"], ["r"], name="row_bias"), helper.make_node("Add", ["r", "b_row"], ["r1"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "N", 6]),
+                     helper.make_tensor_value_info("t", TensorProto.FLOAT, ["B", 4, 3])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "N", c]) for n, c in (("act", 3), ("m2", 5),
+                                                                                         ("r1", 5))], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(proto)
+    before, after = str(tmp_path / "before.onnx"), str(tmp_path / "after.onnx")
+    onnx.save(proto, before)
+    assert linears_as_gemm(proto) == 2
+    onnx.save(proto, after)
+    onnx.checker.check_model(proto)
+    gemm_inputs = sorted(n.input[1] for n in proto.graph.node if n.op_type == "Gemm")
+    matmuls = sorted(n.name for n in proto.graph.node if n.op_type == "MatMul")
+    assert gemm_inputs == ["W", "W2"] and matmuls == ["activations", "row_bias", "shared"]
+    for batch, tokens in ((1, 7), (3, 2)):
+        feed = {"x": rng.standard_normal((batch, tokens, 6)).astype(np.float32),
+                "t": rng.standard_normal((batch, 4, 3)).astype(np.float32)}
+        expected = ort.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, feed)
+        got = ort.InferenceSession(after, providers=["CPUExecutionProvider"]).run(None, feed)
+        for e, g in zip(expected, got):
+            assert e.shape == g.shape
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+
+
 def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(tmp_path):
     """The exporter writes exact GELU as x·(0.5·(1+erf(x/√2))), which onnxruntime leaves as five elementwise ops;
     reordered to (x·(1+erf(x/√2)))·0.5 its optimizer runs one (Bias)Gelu kernel per MLP: no Erf is left in the

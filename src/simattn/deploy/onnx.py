@@ -35,7 +35,7 @@ from .ops import GraphAudit
 __all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "check_opset", "ExportResult", "load_onnx", "export_onnx",
            "ort_session", "run_onnx", "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES",
            "FLOAT_OUTPUT_OP_TYPES", "INT8_KERNELS", "ort_delegation", "ORT_LINEAR_OPS", "ort_profile",
-           "order_gelu_for_onnxruntime",
+           "order_gelu_for_onnxruntime", "linears_as_gemm",
            "quantize_static_int8", "quantize_dynamic_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -197,6 +197,57 @@ def order_gelu_for_onnxruntime(proto) -> int:
     return count
 
 
+def linears_as_gemm(proto) -> int:
+    """Rewrite each linear layer the exporter wrote as ``MatMul(x, W) + b`` (W a 2-D constant, b a 1-D constant,
+    x of any rank) as ``Reshape(Gemm(Flatten(x), W, b), x's leading dims + [out])``: one GEMM with its bias instead
+    of a product and a separate pass over the output to add the bias. Static int8 then quantizes it into
+    onnxruntime's QGemm, which adds the bias inside the int8 kernel (MatMulIntegerToFloat, made from a quantized
+    MatMul, leaves the add as its own pass). Returns how many were rewritten."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    initializers = {init.name: init for init in graph.initializer}
+    readers: Dict[str, List[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    graph_outputs = {o.name for o in graph.output}
+    replaced: Dict[int, List[Any]] = {}  # id(MatMul node) → the nodes in its place; the Add goes
+    dropped = set()
+    for node in graph.node:
+        if node.op_type != "MatMul" or node.output[0] in graph_outputs:
+            continue
+        weight = _constant(node.input[1], producers, initializers)
+        add = readers.get(node.output[0], [])
+        if weight is None or weight.ndim != 2 or len(add) != 1 or add[0].op_type != "Add":
+            continue
+        add = add[0]
+        bias_name = next((i for i in add.input if i != node.output[0]), None)
+        bias = _constant(bias_name, producers, initializers) if bias_name is not None else None
+        if bias is None or bias.shape != (weight.shape[1],) or list(add.input).count(node.output[0]) != 1:
+            continue
+        base = node.output[0]
+        out_dim = f"{base}_gemm_out_dim"
+        graph.initializer.append(numpy_helper.from_array(np.array([weight.shape[1]], np.int64), out_dim))
+        replaced[id(node)] = [
+            helper.make_node("Flatten", [node.input[0]], [f"{base}_2d"], name=f"{node.name}_flatten", axis=-1),
+            helper.make_node("Gemm", [f"{base}_2d", node.input[1], bias_name], [f"{base}_gemm"],
+                             name=f"{node.name}_gemm"),
+            helper.make_node("Shape", [node.input[0]], [f"{base}_lead"], name=f"{node.name}_lead", end=-1),
+            helper.make_node("Concat", [f"{base}_lead", out_dim], [f"{base}_shape"], name=f"{node.name}_shape",
+                             axis=0),
+            helper.make_node("Reshape", [f"{base}_gemm", f"{base}_shape"], [add.output[0]],
+                             name=f"{node.name}_reshape"),
+        ]
+        dropped.add(id(add))
+    if replaced:
+        nodes = [n for node in graph.node if id(node) not in dropped for n in replaced.get(id(node), [node])]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return len(replaced)
+
+
 def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, batch: int = 2, opset: int = 18,
                 exporter: str = "auto", dynamic_spatial: bool = True,
                 spatial_multiple: Optional[int] = None) -> ExportResult:
@@ -225,6 +276,7 @@ def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, ba
                     _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial, spatial_multiple)
                 proto = onnx.load(str(tmp), load_external_data=False)
                 order_gelu_for_onnxruntime(proto)
+                linears_as_gemm(proto)
                 _write_metadata(proto, record)
                 onnx.save(proto, str(tmp))
         except Exception as e:  # exporters raise many types; keep the first line for the report
@@ -374,7 +426,7 @@ def _copy_metadata(src_proto, dst: Path) -> None:
 def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Tensor, batch_size: int = 16) -> Path:
     """Write a static int8 copy of the ONNX model ``src`` to ``dst`` (atomically): QDQ format, per-channel int8
     weights, activation scales calibrated (min-max) on ``calibration`` (preprocessed images), only
-    :data:`QDQ_OP_TYPES` quantized; ``src``'s simattn metadata is carried over."""
+    :data:`QDQ_OP_TYPES` with a constant weight quantized; ``src``'s simattn metadata is carried over."""
     import tempfile
 
     import onnx
@@ -383,6 +435,12 @@ def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Te
     proto = onnx.load(str(src))
     del proto.graph.value_info[:]  # stale initializer shapes from the dynamo exporter (see quantize_dynamic_int8)
     name = proto.graph.input[0].name
+    # Products of two activations (the attention's own matmuls) stay float: a few percent of the model's
+    # multiply-adds, where quantizing both inputs costs more QuantizeLinear passes than the int8 product saves.
+    constants = {init.name for init in proto.graph.initializer} | {
+        out for node in proto.graph.node if node.op_type == "Constant" for out in node.output}
+    activation_products = [node.name for node in proto.graph.node
+                           if node.op_type == "MatMul" and node.name and not set(node.input) & constants]
     batches = [calibration[i:i + batch_size].numpy() for i in range(0, len(calibration), batch_size)]
 
     class Reader(CalibrationDataReader):
@@ -403,7 +461,8 @@ def quantize_static_int8(src: str | Path, dst: str | Path, calibration: torch.Te
             # sums, so full-range weights gave other answers there (6 % of digits flipped on a Haswell) than on
             # a VNNI CPU; at 7 bits both give the same predictions.
             quantize_static(str(plain), str(tmp), Reader(), quant_format=QuantFormat.QDQ,
-                            op_types_to_quantize=list(QDQ_OP_TYPES), per_channel=True, reduce_range=True,
+                            op_types_to_quantize=list(QDQ_OP_TYPES), nodes_to_exclude=activation_products,
+                            per_channel=True, reduce_range=True,
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                             # the int8 layers' outputs go on in float, and each quantized input gets its own
                             # Q/DQ pair, so the other readers of a tensor (SimA's norms, the residual) read float;
