@@ -307,11 +307,12 @@ def test_compare_latency_keeps_each_files_best_median(monkeypatch):
         latency.compare_latency("a.onnx", "b.onnx")
 
 
-def test_linear_layers_become_one_gemm_each(tmp_path):
+@pytest.mark.parametrize("tokens", ["N", 7])
+def test_linear_layers_become_one_gemm_each(tmp_path, tokens):
     """MatMul(x, W) + b with constant W and b becomes one Gemm (x flattened to 2-D, the output reshaped back to x's
-    leading dims), whichever side of the Add the bias is on, at any batch and length; a product of two
-    activations, a MatMul whose output has another reader and a bias that is not one value per output stay as
-    written; the outputs do not change."""
+    leading dims: constants where only the batch is unknown, read from x where more is), whichever side of the Add
+    the bias is on, at any batch and length; a product of two activations, a MatMul whose output has another reader
+    and a bias that is not one value per output stay as written; the outputs do not change."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
@@ -330,9 +331,9 @@ def test_linear_layers_become_one_gemm_each(tmp_path):
         helper.make_node("MatMul", ["x", "W"], ["r"], name="row_bias"), helper.make_node("Add", ["r", "b_row"], ["r1"]),
     ]
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "N", 6]),
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", tokens, 6]),
                      helper.make_tensor_value_info("t", TensorProto.FLOAT, ["B", 4, 3])],
-        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", "N", c]) for n, c in (("act", 3), ("m2", 5),
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["B", tokens, c]) for n, c in (("act", 3), ("m2", 5),
                                                                                          ("r1", 5))], inits)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     onnx.checker.check_model(proto)
@@ -344,8 +345,9 @@ def test_linear_layers_become_one_gemm_each(tmp_path):
     gemm_inputs = sorted(n.input[1] for n in proto.graph.node if n.op_type == "Gemm")
     matmuls = sorted(n.name for n in proto.graph.node if n.op_type == "MatMul")
     assert gemm_inputs == ["W", "W2"] and matmuls == ["activations", "row_bias", "shared"]
-    for batch, tokens in ((1, 7), (3, 2)):
-        feed = {"x": rng.standard_normal((batch, tokens, 6)).astype(np.float32),
+    assert sum(n.op_type == "Shape" for n in proto.graph.node) == (2 if tokens == "N" else 0)
+    for batch, n in ((1, 7), (3, 7 if tokens == 7 else 2)):
+        feed = {"x": rng.standard_normal((batch, n, 6)).astype(np.float32),
                 "t": rng.standard_normal((batch, 4, 3)).astype(np.float32)}
         expected = ort.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, feed)
         got = ort.InferenceSession(after, providers=["CPUExecutionProvider"]).run(None, feed)

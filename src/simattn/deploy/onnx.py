@@ -203,9 +203,16 @@ def linears_as_gemm(proto) -> int:
     of a product and a separate pass over the output to add the bias. Static int8 then quantizes it into
     onnxruntime's QGemm, which adds the bias inside the int8 kernel (MatMulIntegerToFloat, made from a quantized
     MatMul, leaves the add as its own pass). Returns how many were rewritten."""
+    import onnx
     from onnx import helper, numpy_helper
 
     graph = proto.graph
+    try:  # x's leading dims where they are known: a fixed-size export reshapes to constants, no Shape/Concat
+        inferred = onnx.shape_inference.infer_shapes(proto).graph
+        shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+                  for v in [*inferred.value_info, *inferred.input] if v.type.tensor_type.HasField("shape")}
+    except Exception:  # shape inference is an optimization here, never a requirement
+        shapes = {}
     producers = {out: node for node in graph.node for out in node.output}
     initializers = {init.name: init for init in graph.initializer}
     readers: Dict[str, List[Any]] = {}
@@ -228,18 +235,22 @@ def linears_as_gemm(proto) -> int:
         if bias is None or bias.shape != (weight.shape[1],) or list(add.input).count(node.output[0]) != 1:
             continue
         base = node.output[0]
-        out_dim = f"{base}_gemm_out_dim"
-        graph.initializer.append(numpy_helper.from_array(np.array([weight.shape[1]], np.int64), out_dim))
-        replaced[id(node)] = [
+        rewritten = [
             helper.make_node("Flatten", [node.input[0]], [f"{base}_2d"], name=f"{node.name}_flatten", axis=-1),
             helper.make_node("Gemm", [f"{base}_2d", node.input[1], bias_name], [f"{base}_gemm"],
-                             name=f"{node.name}_gemm"),
-            helper.make_node("Shape", [node.input[0]], [f"{base}_lead"], name=f"{node.name}_lead", end=-1),
-            helper.make_node("Concat", [f"{base}_lead", out_dim], [f"{base}_shape"], name=f"{node.name}_shape",
-                             axis=0),
-            helper.make_node("Reshape", [f"{base}_gemm", f"{base}_shape"], [add.output[0]],
-                             name=f"{node.name}_reshape"),
-        ]
+                             name=f"{node.name}_gemm")]
+        lead = shapes.get(node.input[0])
+        if lead and len(lead) >= 2 and None not in lead[1:-1]:  # only the first dim unknown: -1 stands for it
+            graph.initializer.append(numpy_helper.from_array(
+                np.array([-1, *lead[1:-1], weight.shape[1]], np.int64), f"{base}_shape"))
+        else:
+            graph.initializer.append(numpy_helper.from_array(np.array([weight.shape[1]], np.int64), f"{base}_out"))
+            rewritten += [
+                helper.make_node("Shape", [node.input[0]], [f"{base}_lead"], name=f"{node.name}_lead", end=-1),
+                helper.make_node("Concat", [f"{base}_lead", f"{base}_out"], [f"{base}_shape"],
+                                 name=f"{node.name}_shape", axis=0)]
+        replaced[id(node)] = rewritten + [helper.make_node("Reshape", [f"{base}_gemm", f"{base}_shape"],
+                                                           [add.output[0]], name=f"{node.name}_reshape")]
         dropped.add(id(add))
     if replaced:
         nodes = [n for node in graph.node if id(node) not in dropped for n in replaced.get(id(node), [node])]
