@@ -194,6 +194,8 @@ class SimAAttention(TokenAttention):
     ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
     """
 
+    fuses_projection = True
+
     def __init__(self, dim: int, num_heads: int = 8, *, order: str = "auto", eps: float = 1e-12,
                  backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
@@ -205,8 +207,6 @@ class SimAAttention(TokenAttention):
         self.eps = eps
         self.backend = backend
         self.qk_hook = HookPoint()
-
-    fuses_projection = True
 
     def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
         """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton: both l1 norms in one
