@@ -303,11 +303,14 @@ def test_sima_inference_matches_oracle_on_fused_views(shape, dtype):
 
 def test_sima_inference_per_item_copies_nothing():
     """Large items with B > 1 from one fused projection: without autograd no copy of q, k or v is made (the general
-    path copies them into (B·H, N, d) blocks, as it does with autograd on)."""
+    path copies them into (B·H, N, d) blocks, as it does with autograd on), and the output needs none to merge its
+    heads."""
     large = torch.randn(2, 300, 3, 2, 32).permute(2, 0, 3, 1, 4).unbind(0)
     with torch.inference_mode(), LargestCopy() as calls:
-        sima_attention(*large)
+        out = sima_attention(*large)
     assert calls.largest < large[0].numel() // 2, calls.largest
+    merged = out.transpose(1, 2).reshape(2, 300, 64)  # token-major output: merging the heads is a view
+    assert merged.data_ptr() == out.data_ptr()
     leaves = [t.detach().requires_grad_() for t in large]
     with LargestCopy() as grad_calls:
         sima_attention(*leaves)
