@@ -162,18 +162,24 @@ def _constant(name: str, producers: Dict[str, Any], initializers: Dict[str, Any]
     return None
 
 
-def order_gelu_for_onnxruntime(proto) -> int:
-    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as
-    ``(x · (1 + erf(x / √2))) · 0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or
-    BiasGelu kernel instead of five elementwise passes; the same standard ops, the same value up to one rounding).
-    Returns how many were reordered."""
-    graph = proto.graph
+def _graph_index(graph) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, List[Any]]]:
+    """The node that makes each tensor, the initializers by name, and the nodes that read each tensor."""
     producers = {out: node for node in graph.node for out in node.output}
     initializers = {init.name: init for init in graph.initializer}
     readers: Dict[str, List[Any]] = {}
     for node in graph.node:
         for name in node.input:
             readers.setdefault(name, []).append(node)
+    return producers, initializers, readers
+
+
+def order_gelu_for_onnxruntime(proto) -> int:
+    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as
+    ``(x · (1 + erf(x / √2))) · 0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or
+    BiasGelu kernel instead of five elementwise passes; the same standard ops, the same value up to one rounding).
+    Returns how many were reordered."""
+    graph = proto.graph
+    producers, initializers, readers = _graph_index(graph)
 
     def only_reader(name: str, op_type: str):
         nodes = readers.get(name, [])
@@ -213,12 +219,7 @@ def linears_as_gemm(proto) -> int:
                   for v in [*inferred.value_info, *inferred.input] if v.type.tensor_type.HasField("shape")}
     except Exception:  # shape inference is an optimization here, never a requirement
         shapes = {}
-    producers = {out: node for node in graph.node for out in node.output}
-    initializers = {init.name: init for init in graph.initializer}
-    readers: Dict[str, List[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    producers, initializers, readers = _graph_index(graph)
     graph_outputs = {o.name for o in graph.output}
     replaced: Dict[int, List[Any]] = {}  # id(MatMul node) → the nodes in its place; the Add goes
     dropped = set()
