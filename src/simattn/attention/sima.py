@@ -219,12 +219,12 @@ class SimAAttention(TokenAttention):
         B, N, C = x.shape
         H, d = self.num_heads, self.head_dim
         qkv = self.qkv(x)
-        s = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d)  # (B, 2, H, d): s_q, s_k
+        s_q, s_k = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d).unbind(1)  # (B, H, d) each
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         order = resolve_sima_order(self.order, N, N, d)
         if _runs_per_item(q, k, v, order):
-            return _kv_first_per_item(q, k, v, s[:, 0], s[:, 1])
-        return _normalized_product(q, k, v, s[:, 0], s[:, 1], order, x.dtype, x.dtype)
+            return _kv_first_per_item(q, k, v, s_q, s_k)
+        return _normalized_product(q, k, v, s_q, s_k, order, x.dtype, x.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():  # TorchScript: q̂(k̂ᵀv) in fp32; the fast path's choices are Python

@@ -122,7 +122,7 @@ class BenchSpec:
     ``img_size``: N (N×N) or [H, W]; ``head`` (a key of :data:`HEADS`) wraps ``model`` as the backbone of that
     segmenter (:data:`SEG_CLASSES` classes; logits at the input size). ``floor``: with latency, also time the
     model's linear layers alone (:func:`linear_floor`) through the same runtime and precision; ``profile``: with
-    latency on a runtime that can profile (:data:`PROFILED_RUNTIMES`), the shares of :func:`runtime_profile`.
+    latency on an exported runtime, the shares of :func:`runtime_profile` (where the runtime can say).
     """
 
     model: str
@@ -670,18 +670,14 @@ def linear_floor(model: nn.Module, x: torch.Tensor) -> LinearFloor:
 
 # ------------------------------------------------------------------------------------------------ runtime profiles
 
-#: runtimes whose files report where their time goes (:meth:`simattn.deploy.base.Format.profile`)
-PROFILED_RUNTIMES = ("onnxruntime", "executorch")
-
-
 def runtime_profile(runtime: str, path: Union[str, Path], x: torch.Tensor, threads: int,
                     work_dir: Optional[str] = None) -> Dict[str, Any]:
     """The profiled shares of an exported file's time in its runtime (the format's
     :meth:`~simattn.deploy.base.Format.profile`), from runs of their own (profiling slows the calls it records), or
-    a ``profile_note`` saying why there are none."""
+    a ``profile_note`` saying why there are none; empty for runtimes that cannot say."""
     from .. import deploy
 
-    return deploy.get(runtime).profile(path, x, threads, work_dir=work_dir) if runtime in PROFILED_RUNTIMES else {}
+    return deploy.get(runtime).profile(path, x, threads, work_dir=work_dir)
 
 
 def measure(spec: BenchSpec) -> Dict[str, Any]:
@@ -1328,7 +1324,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                        repeats=args.repeats, max_time=args.max_time, runtime=runtime, compile=args.compile,
                        compile_backend=args.compile_backend or "inductor", quantize=quantize,
                        channels_last=args.channels_last, onnx_exporter=args.onnx_exporter or "auto", head=args.head,
-                       floor=floor, profile="latency" in measures and runtime in PROFILED_RUNTIMES)
+                       floor=floor, profile="latency" in measures and runtime != "torch")
              for runtime, quantize in variants
              for m in args.models for label, kind, attn_kwargs in attns for s in map(parse_size, args.img_size)
              for p in args.precision]

@@ -38,6 +38,7 @@ from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
 from ..utils.io import atomic_path
+from ..utils.values import first_line
 from .base import (PROFILE_CALLS, Exported, Format, OnOps, Program, capture, capture_fixed, dims, quiet_loggers,
                    quiet_stderr)
 from .ops import GraphAudit, aten_op_counts
@@ -400,7 +401,7 @@ def executorch_profile(path: Union[str, Path], x: torch.Tensor, calls: int = PRO
                 warnings.simplefilter("ignore")
                 inspector = Inspector(etdump_path=str(etdump))
     except Exception as e:  # noqa: BLE001 - a build without event tracing fails in several ways
-        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({str(e).splitlines()[0][:200]})"}
+        return {"profile_note": f"ExecuTorch could not write or read an ETDump here ({first_line(e, limit=200)})"}
     finally:
         etdump.unlink(missing_ok=True)
     total = delegate = linear = 0.0

@@ -306,9 +306,9 @@ def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, ba
     raise ExportError(f"could not export {type(model).__name__} to ONNX: " + "; ".join(notes))
 
 
-def ort_session(path: str | Path, threads: Optional[int] = None, quiet: bool = False):
-    """An onnxruntime CPU session; ``threads`` fixes intra-op threads (None = onnxruntime's default); ``quiet``
-    silences onnxruntime's own error log (for probing runs whose errors the caller reports itself)."""
+def _session_options(threads: Optional[int], quiet: bool):
+    """onnxruntime SessionOptions with ``threads`` intra-op threads (None = onnxruntime's default) and, ``quiet``,
+    only fatal errors logged."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -317,7 +317,16 @@ def ort_session(path: str | Path, threads: Optional[int] = None, quiet: bool = F
     if threads:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    return opts
+
+
+def ort_session(path: str | Path, threads: Optional[int] = None, quiet: bool = False):
+    """An onnxruntime CPU session; ``threads`` fixes intra-op threads (None = onnxruntime's default); ``quiet``
+    silences onnxruntime's own error log (for probing runs whose errors the caller reports itself)."""
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), sess_options=_session_options(threads, quiet),
+                                providers=["CPUExecutionProvider"])
 
 
 def run_onnx(session, x: torch.Tensor) -> np.ndarray:
@@ -574,10 +583,7 @@ def ort_profile(path: Union[str, Path], x: torch.Tensor, threads: Optional[int],
     ``profile_ops``: the five op types with the most node time, as ``op: share``."""
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.intra_op_num_threads = threads or 0
-    opts.inter_op_num_threads = 1
+    opts = _session_options(threads, quiet=True)
     opts.enable_profiling = True
     opts.profile_file_prefix = str(Path(work_dir or tempfile.gettempdir()) / "ort_profile")
     session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
