@@ -117,13 +117,3 @@ def test_several_sizes_keep_the_line_plot(figures, tmp_path):
     named = [ln for ln in ax.lines if not ln.get_label().startswith("_")]
     assert len(named) == 2 * 3 and all(len(ln.get_xdata()) == 2 for ln in named)
     assert "sima (onnxruntime int8)" in {ln.get_label() for ln in named}
-
-
-def test_executorch_rows_get_the_delegated_share_from_an_etdump():
-    pytest.importorskip("executorch")
-    spec = BenchSpec(model=TINY_MODEL, attn="sima", img_size=16, model_kwargs={**TINY, "depth": 1},
-                     runtime="executorch", measures=("latency",), warmup=0, repeats=2, threads=1, profile=True)
-    row = bench_model.measure(spec)
-    assert "profile_note" not in row, row.get("profile_note")
-    # every op runs in one XNNPACK call: what is outside it is the runtime's own dispatch around that call
-    assert 0 < row["non_delegated_share"] < 1 and 0 < row["non_linear_share"] <= 1
