@@ -356,6 +356,89 @@ def test_linear_layers_become_one_gemm_each(tmp_path, tokens):
             np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
 
 
+def _fused_projection_graph(unbind: str, shape: str, extra_reader: bool = False, perm=(2, 0, 3, 1, 4)):
+    """x (B, N, 6) → Gemm to 3·4 columns → (B, N, 3, 2, 2) → permute → q, k, v as the exporters unbind them
+    (``unbind``: Slice + Squeeze, or Gather), the shapes constants or read from x (``shape``); out = q·k + v."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    const = lambda value, name: numpy_helper.from_array(np.array(value, np.int64), name)  # noqa: E731
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 12)).astype(np.float32), "W"),
+             numpy_helper.from_array(rng.standard_normal(12).astype(np.float32), "b"), const([0], "zero")]
+    nodes = [helper.make_node("Flatten", ["x"], ["x2"], axis=-1), helper.make_node("Gemm", ["x2", "W", "b"], ["g"])]
+    if shape == "constant":
+        inits += [const([-1, 5, 12], "shape3"), const([-1, 5, 3, 2, 2], "shape5")]
+    else:
+        inits += [const([12], "width"), const([3, 2, 2], "heads")]
+        nodes += [helper.make_node("Shape", ["x"], ["lead"], end=2),
+                  helper.make_node("Concat", ["lead", "width"], ["shape3"], axis=0),
+                  helper.make_node("Concat", ["lead", "heads"], ["shape5"], axis=0)]
+    nodes += [helper.make_node("Reshape", ["g", "shape3"], ["g3"]), helper.make_node("Reshape", ["g3", "shape5"], ["g5"]),
+              helper.make_node("Transpose", ["g5"], ["p"], perm=list(perm))]
+    for i, name in enumerate("qkv"):
+        if unbind == "gather":
+            inits.append(const(i, f"i{i}"))
+            nodes.append(helper.make_node("Gather", ["p", f"i{i}"], [name], axis=0))
+        else:
+            inits += [const([i], f"s{i}"), const([i + 1], f"e{i}")]
+            nodes += [helper.make_node("Slice", ["p", f"s{i}", f"e{i}", "zero"], [f"{name}1"]),
+                      helper.make_node("Squeeze", [f"{name}1", "zero"], [name])]
+    nodes += [helper.make_node("Mul", ["q", "k"], ["qk"]), helper.make_node("Add", ["qk", "v"], ["out"])]
+    outputs = [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", "H", "N", "d"])]
+    if extra_reader:
+        nodes.append(helper.make_node("Neg", ["p"], ["p_neg"]))
+        outputs.append(helper.make_tensor_value_info("p_neg", TensorProto.FLOAT, [3, "B", "H", "N", "d"]))
+    tokens = 5 if shape == "constant" else "N"
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", tokens, 6])],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize("unbind, shape", [("slice", "constant"), ("gather", "constant"), ("slice", "read")])
+def test_fused_projection_becomes_three_gemms(tmp_path, unbind, shape):
+    """A fused q/k/v projection that is reshaped to (B, N, 3, H, d), permuted and unbound becomes three Gemms on W's
+    and b's column thirds, each reshaped and transposed to (B, H, N, d): no Slice, Squeeze or Gather of the
+    permuted tensor is left, the fused W and b leave the file, the shape is constant or read at run time as the
+    export had it, and the outputs do not change at any batch (and length, where it is dynamic)."""
+    import onnx
+    import onnxruntime as ort
+
+    from simattn.deploy.onnx import fused_projection_as_three_gemms
+
+    proto = _fused_projection_graph(unbind, shape)
+    onnx.checker.check_model(proto)
+    before, after = str(tmp_path / "before.onnx"), str(tmp_path / "after.onnx")
+    onnx.save(proto, before)
+    assert fused_projection_as_three_gemms(proto) == 1
+    onnx.checker.check_model(proto, full_check=True)
+    onnx.save(proto, after)
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("Gemm") == 3 and ops.count("Transpose") == 3 and not {"Slice", "Squeeze"} & set(ops)
+    # (B, N, H, d) from x's leading dims where the export read them at run time; the 5-D shape's nodes are gone
+    assert ops.count("Shape") == (1 if shape == "read" else 0)
+    assert ops.count("Concat") == (1 if shape == "read" else 0)
+    assert not {"W", "b", "heads"} & {i.name for i in proto.graph.initializer}
+    rng = np.random.default_rng(2)
+    for batch, n in ((1, 5), (3, 5 if shape == "constant" else 7)):
+        feed = {"x": rng.standard_normal((batch, n, 6)).astype(np.float32)}
+        expected = ort.InferenceSession(before, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        got = ort.InferenceSession(after, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        assert got.shape == expected.shape == (batch, 2, n, 2)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["other_reader", "other_perm"])
+def test_fused_projection_stays_when_not_only_unbound_heads(case):
+    """The permuted projection read by anything besides the three pieces, or permuted another way, stays one Gemm."""
+    from simattn.deploy.onnx import fused_projection_as_three_gemms
+
+    proto = _fused_projection_graph("slice", "constant", extra_reader=case == "other_reader",
+                                    perm=(2, 0, 3, 1, 4) if case == "other_reader" else (2, 0, 1, 3, 4))
+    nodes = [n.op_type for n in proto.graph.node]
+    assert fused_projection_as_three_gemms(proto) == 0
+    assert [n.op_type for n in proto.graph.node] == nodes and {i.name for i in proto.graph.initializer} >= {"W", "b"}
+
+
 def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(tmp_path):
     """The exporter writes exact GELU as x·(0.5·(1+erf(x/√2))), which onnxruntime leaves as five elementwise ops;
     reordered to (x·(1+erf(x/√2)))·0.5 its optimizer runs one (Bias)Gelu kernel per MLP: no Erf is left in the

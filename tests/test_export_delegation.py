@@ -104,9 +104,9 @@ def test_onnx_int8_linear_ops_fuse_in_onnxruntime(tmp_path, capsys, monkeypatch)
     assert code == 0 and "not delegated: nothing, every int8 linear op fused" in printed
     delegation = json.loads((tmp_path / "m8.onnx.json").read_text())["delegation"]
     assert delegation["not_delegated"] == {} and delegation["qdq_left"] == 0
-    # every linear layer (qkv, proj, fc1, fc2 and the head) one QGemm with its bias inside; the attention's own
-    # products of two activations stay float
-    assert delegation["fused"] == {"QGemm": 5, "QLinearConv": 1}
+    # every linear layer one QGemm with its bias inside (the fused qkv projection three: q, k and v; then proj,
+    # fc1, fc2 and the head); the attention's own products of two activations stay float
+    assert delegation["fused"] == {"QGemm": 7, "QLinearConv": 1}
     # a Conv whose output stays float keeps its Q/DQ: onnxruntime runs it in float, and the export is refused
     monkeypatch.setattr(onnx_format, "FLOAT_OUTPUT_OP_TYPES", onnx_format.QDQ_OP_TYPES)
     code, printed, err = _export(capsys, tmp_path, *args, "-o", str(tmp_path / "gated.onnx"))
