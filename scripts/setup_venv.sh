@@ -12,3 +12,6 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # Quiet unless it fails; the editable install is fast when everything is already there.
 .venv/bin/python -m pip install -q -c constraints.txt -e "$spec"
+# SimA's compiled CPU kernel, once per machine and torch version (seconds when it is built already). Without a C++
+# compiler it says so and SimA runs in torch: set-up does not fail for it.
+.venv/bin/simattn build-kernels || true

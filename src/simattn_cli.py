@@ -24,12 +24,14 @@ COMMANDS = {
     "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
     "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
     "data": ("simattn.data.cli", "dataset tools: pack any dataset into webdataset shards (timm's _info.json)"),
+    "build-kernels": ("simattn.attention.sima_cpu", "compile SimA's CPU kernel for this machine (setup runs it)"),
 }
 
 
 def usage() -> str:
     lines = ["usage: simattn <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    width = max(map(len, COMMANDS))
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run 'simattn <command> --help' for a command's options."]
     return "\n".join(lines)
 

@@ -156,15 +156,21 @@ def test_module_backend_triton_matches_torch(monkeypatch):
 
 
 # ---------------------------------------------------------------- options and errors
-def test_auto_is_torch_until_measured_on_a_gpu():
+def test_auto_is_the_cpu_kernel_where_built_and_never_triton_until_measured_on_a_gpu(monkeypatch):
+    from simattn.attention import sima_cpu
+
     q = torch.zeros(1, 1, 4, 8)
+    monkeypatch.setattr(sima_cpu, "available", lambda: False)
     assert resolve_sima_backend("auto", q) == "torch"
+    monkeypatch.setattr(sima_cpu, "available", lambda: True)
+    assert resolve_sima_backend("auto", q) == "cpp"
+    assert resolve_sima_backend("auto", q.to("meta")) == "torch"  # other devices: torch, not Triton
     assert "backend='auto'" in repr(SimAAttention(16, num_heads=2))
 
 
 def test_bad_backend_is_one_line_naming_the_choices():
     q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
-    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; expected one of auto, torch, triton") as info:
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; expected one of auto, torch, triton, cpp") as info:
         sima_attention(q, k, v, backend="cuda")
     assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match="unknown backend 'fast'"):

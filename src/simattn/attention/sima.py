@@ -10,7 +10,8 @@ the reciprocal of a small norm) can exceed fp16's range (65504) where neither no
 run this graph as written.
 
 ``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`) on CUDA, or on
-CPU under ``TRITON_INTERPRET=1``.
+CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32 inference
+(:mod:`simattn.attention.sima_cpu`); ``'auto'`` takes it wherever it is built and applies.
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -33,15 +34,16 @@ from torch import nn
 
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
                       range_safe_dtype, resolve_masks)
+from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order",
-           "resolve_sima_backend", "SimAAttention"]
+           "resolve_sima_backend", "cpp_refusal", "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
-_BACKENDS = ("auto", "torch", "triton")
+_BACKENDS = ("auto", "torch", "triton", "cpp")
 
 
 def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
@@ -56,14 +58,43 @@ def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
 
 
 def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
-    """The implementation SimA runs on ``q``'s device: ``'torch'`` or ``'triton'``.
+    """The implementation SimA tries first on ``q``'s device: ``'torch'``, ``'triton'`` or ``'cpp'``.
 
-    ``'auto'`` is torch everywhere: the Triton kernels have not been timed on a GPU yet, and auto picks Triton only
-    where ``simattn bench attention --device cuda`` measures it faster.
+    ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built (:func:`cpp_refusal` then says whether
+    it applies to a call; where not, torch runs), and torch elsewhere: the Triton kernels have not been timed on a
+    GPU yet, and auto picks Triton only where ``simattn bench attention --device cuda`` measures it faster.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
-    return "torch" if backend == "auto" else backend
+    if backend != "auto":
+        return backend
+    return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
+
+
+def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, masked: bool) -> Optional[str]:
+    """Why the compiled CPU kernel cannot run this call (None where it can): it computes q̂(k̂ᵀv) in fp32 on CPU
+    tensors with unit stride along d, eagerly, without a mask, autocast or anything that needs gradients."""
+    if not sima_cpu.available():
+        return f"is not built: {sima_cpu.unavailable_reason()}"
+    if not (q.device.type == k.device.type == v.device.type == "cpu"):
+        return "runs on CPU tensors only"
+    if not (q.dtype == k.dtype == v.dtype == torch.float32):
+        return f"takes float32 q, k and v, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if order != "kv_first":
+        return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {order!r}"
+    if masked:
+        return "takes no mask"
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
+    if torch.is_autocast_enabled("cpu"):
+        return "runs without autocast"
+    if q.shape != k.shape or 0 in q.shape or 0 in v.shape:
+        return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return "needs unit stride along the last dim"
+    if not eager():
+        return "runs eagerly only (not traced, scripted, compiled or exported)"
+    return None
 
 
 def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
@@ -79,7 +110,8 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         q_mask: explicit keep-mask (B, Nq) over queries (cross-attention).
         eps: lower bound of the l1 norms (``F.normalize`` semantics).
         backend: ``'torch'``, ``'triton'`` (fused kernels for the q̂(k̂ᵀv) order, any length: CUDA tensors, or CPU
-            ones under ``TRITON_INTERPRET=1``) or ``'auto'`` (:func:`resolve_sima_backend`).
+            ones under ``TRITON_INTERPRET=1``), ``'cpp'`` (the compiled CPU kernel, see :func:`cpp_refusal` for
+            where it applies) or ``'auto'`` (:func:`resolve_sima_backend`).
 
     Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
     """
@@ -87,7 +119,15 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     autocast = torch.is_autocast_enabled(q.device.type)
-    if resolve_sima_backend(backend, q) == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
+    chosen = resolve_sima_backend(backend, q)
+    if chosen == "cpp":
+        refusal = cpp_refusal(q, k, v, resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1]),
+                              mask is not None or q_mask is not None)
+        if refusal is None:
+            return sima_cpu.sima_kv_first(q, k, v, eps)
+        if backend == "cpp":
+            raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
+    if chosen == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
         if order not in ("auto", "kv_first"):
             raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
                              f"{order!r}; use backend='torch' for it")
@@ -188,7 +228,7 @@ class SimAAttention(TokenAttention):
     """SimA multi-head attention with timm's ``Attention`` constructor signature.
 
     Extra options: ``order`` ('auto' | 'kv_first' | 'qk_first'), ``eps`` (l1 norm floor), ``backend``
-    ('auto' | 'torch' | 'triton', see :func:`sima_attention`).
+    ('auto' | 'torch' | 'triton' | 'cpp', see :func:`sima_attention`).
     The official code builds ``attn_drop`` but never applies it (the q̂(k̂ᵀv) order forms no weight matrix), so
     ``attn_drop > 0`` is rejected here rather than silently ignored.
     ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
@@ -209,9 +249,10 @@ class SimAAttention(TokenAttention):
         self.qk_hook = HookPoint()
 
     def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton: both l1 norms in one
-        reduction over the q and k columns of the fused projection (at small token counts SimA is bound by the
-        number of ops it launches); None otherwise, and :meth:`attend` runs."""
+        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton: the compiled CPU kernel
+        where it applies, else both l1 norms in one reduction over the q and k columns of the fused projection (at
+        small token counts SimA is bound by the number of ops it launches); None otherwise, and :meth:`attend`
+        runs."""
         if (self.backend == "triton" or x.dtype not in _WIDE or torch.is_autocast_enabled(x.device.type)
                 or self.qk_hook.has_hooks or not isinstance(self.q_norm, nn.Identity)
                 or not isinstance(self.k_norm, nn.Identity) or not eager()):
@@ -219,9 +260,14 @@ class SimAAttention(TokenAttention):
         B, N, C = x.shape
         H, d = self.num_heads, self.head_dim
         qkv = self.qkv(x)
-        s_q, s_k = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d).unbind(1)  # (B, H, d) each
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         order = resolve_sima_order(self.order, N, N, d)
+        if self.backend != "torch" and resolve_sima_backend(self.backend, x) == "cpp":
+            if cpp_refusal(q, k, v, order, masked=False) is None:
+                return sima_cpu.sima_kv_first(q, k, v, self.eps)
+            if self.backend == "cpp":
+                return None  # sima_attention says why
+        s_q, s_k = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d).unbind(1)  # (B, H, d) each
         if _runs_per_item(q, k, v, order):
             return _kv_first_per_item(q, k, v, s_q, s_k)
         return _normalized_product(q, k, v, s_q, s_k, order, x.dtype, x.dtype)

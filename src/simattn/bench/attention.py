@@ -36,17 +36,19 @@ import torch
 
 from ..attention import (elu_attention, relu_attention, sima_attention, sima_attention_reference, soft_attention,
                          softmax_attention, xca_attention, xnorm_attention)
+from ..attention import sima_cpu
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
-from .report import WIDE_SPREAD, relative_spread, spread_warning
+from .report import WIDE_SPREAD, cpu_info, relative_spread, spread_warning
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
 #: (label, fn). 'sima_official' is the official normalize-then-multiply formulation, the baseline for SimA's fold.
 KINDS: Dict[str, Callable] = {
     "softmax": softmax_attention,
-    "sima": sima_attention,
+    "sima": sima_attention,  # SimA's 'auto' backend: the compiled CPU kernel where it is built (see sima_note)
+    "sima_torch": lambda q, k, v: sima_attention(q, k, v, backend="torch"),
     "sima_official": sima_attention_reference,
     "elu": elu_attention,
     "relu": relu_attention,
@@ -168,10 +170,20 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def sima_note() -> str:
+    """Which implementation the CPU sweep's ``sima`` row runs."""
+    if sima_cpu.available():
+        return "sima: SimA's CPU kernel (backend 'auto'); sima_torch: the same op in torch ops (backend 'torch')"
+    return f"sima: SimA in torch ops, as sima_torch (its CPU kernel: {sima_cpu.unavailable_reason()})"
+
+
 def table_notes(rows: List[dict]) -> List[str]:
-    """What the ratio columns mean, and a warning line when some timing's spread is wide."""
+    """What the ratio columns mean, which SimA implementation ran, and a warning line when some timing's spread is
+    wide."""
     notes = ["x vs SDPA, x vs official SimA: reference time / time (> 1 is faster); x floor: time / SimA's two "
              "matmuls alone (sima_matmuls), the least any SimA implementation can take here"]
+    if any(r["kind"] == "sima" for r in rows):
+        notes.append(sima_note())
     warning = spread_warning({f"{r['kind']} N={r['tokens']}": r["spread"] for r in rows}, WIDE_SPREAD)
     return notes + ([warning] if warning else [])
 
@@ -440,7 +452,9 @@ def main(argv: List[str]) -> int:
             args.kinds.insert(0, required)  # the ratios are against these
     threads = set_threads(args.threads)
     allocator = keep_freed_memory() if args.keep_freed_memory else "system allocator defaults"
-    print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads, "
+    cpu = cpu_info()
+    print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads "
+          f"({cpu.get('cpu_name') or 'CPU name unknown'}: {', '.join(cpu.get('cpu_features') or ['no feature list'])}), "
           f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
     rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
                getattr(torch, args.dtype), args.max_seconds, args.layout, args.rounds)
@@ -449,7 +463,8 @@ def main(argv: List[str]) -> int:
     print("\n".join(notes))
     atomic_write_json({
         "config": {**vars(args), "threads": threads, "allocator": allocator, "torch": torch.__version__,
-                   "machine": platform.machine(), "processor": platform.processor(), "wide_spread": WIDE_SPREAD},
+                   "machine": platform.machine(), "processor": platform.processor(), **cpu,
+                   "sima_cpu_kernel": sima_cpu.available(), "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
     }, args.out)
     print(f"wrote {args.out}")
