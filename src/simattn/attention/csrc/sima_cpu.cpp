@@ -145,7 +145,10 @@ at::Tensor sima_kv_first(const at::Tensor& q, const at::Tensor& k, const at::Ten
         for (int64_t j = 0; j < e; ++j) row[j] = row[j] / s_k / s_q;
       }
     }
-    for (int64_t s = n0; s < n1; s += kBlock) {  // out rows (rows×e) = q_block · kv, a block of every head at a time
+    // out rows (rows×e) = q_block · kv, a block of every head at a time, last block first: the blocks the first
+    // pass read last are the ones still in cache
+    const int64_t last = n0 + (n1 - n0 - 1) / kBlock * kBlock;
+    for (int64_t s = last; s >= n0; s -= kBlock) {
       const int64_t rows = std::min(kBlock, n1 - s);
       for (int64_t h = h0; h < h1; ++h)
         gemm_rm(false, rows, e, d, qs.row(b, h, s), qs.sn, first + (h - h0) * per_head + 2 * d, e, 0.f,
