@@ -373,7 +373,8 @@ def _fused_projection_graph(unbind: str, shape: str, extra_reader: bool = False,
         nodes += [helper.make_node("Shape", ["x"], ["lead"], end=2),
                   helper.make_node("Concat", ["lead", "width"], ["shape3"], axis=0),
                   helper.make_node("Concat", ["lead", "heads"], ["shape5"], axis=0)]
-    nodes += [helper.make_node("Reshape", ["g", "shape3"], ["g3"]), helper.make_node("Reshape", ["g3", "shape5"], ["g5"]),
+    nodes += [helper.make_node("Reshape", ["g", "shape3"], ["g3"]),
+              helper.make_node("Reshape", ["g3", "shape5"], ["g5"]),
               helper.make_node("Transpose", ["g5"], ["p"], perm=list(perm))]
     for i, name in enumerate("qkv"):
         if unbind == "gather":

@@ -8,8 +8,8 @@ backend runs it only where nothing asks for gradients.
 
 It is built once per machine and torch version with ``torch.utils.cpp_extension`` (a C++ compiler with OpenMP, and
 ninja) into ``$SIMATTN_KERNEL_DIR`` (default ``~/.cache/simattn/kernels``), by ``scripts/setup_venv.sh`` or
-``simattn build-kernels``. Where it is not built SimA runs in torch; nothing builds it implicitly,
-since a first call that compiles for half a minute would be a surprise.
+``simattn build-kernels``. Where it is not built SimA runs in torch; nothing builds it implicitly: a first call
+that stops to compile would be a surprise.
 """
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ NAME = "simattn_sima_cpu"
 
 def _flags() -> List[str]:
     """-fopenmp: ATen's parallel_for and the simd loops are OpenMP pragmas (the library joins torch's own libgomp).
-    AVX2 only where this CPU has it (torch reports AVX2 or AVX512); the capability is part of the build's name, so
-    a machine without it never loads a library built with it."""
+    AVX2 only where this CPU has it (torch reports AVX2 or AVX512); the flags are part of the build's name, so a
+    machine without AVX2 never loads a library built with it."""
     flags = ["-O3", "-fopenmp"]
     if platform.machine().lower() in ("x86_64", "amd64") and \
             torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         flags += ["-mavx2", "-mfma"]
     return flags
+
 
 _lock = threading.Lock()
 _loaded: Optional[bool] = None  # None: not tried in this process
@@ -93,7 +94,7 @@ def unavailable_reason() -> str:
 
 
 def build(verbose: bool = False) -> Path:
-    """Compile the kernel for this torch (about half a minute) unless it is built, load it and return its path.
+    """Compile the kernel for this torch (about 10 s) unless it is built, load it and return its path.
     Raises RuntimeError naming what is missing (a C++ compiler, ninja) or what failed."""
     path = library_path()
     if not path.exists():

@@ -34,9 +34,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..attention import (elu_attention, relu_attention, sima_attention, sima_attention_reference, soft_attention,
-                         softmax_attention, xca_attention, xnorm_attention)
-from ..attention import sima_cpu
+from ..attention import (elu_attention, relu_attention, sima_attention, sima_attention_reference, sima_cpu,
+                         soft_attention, softmax_attention, xca_attention, xnorm_attention)
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
@@ -453,9 +452,10 @@ def main(argv: List[str]) -> int:
     threads = set_threads(args.threads)
     allocator = keep_freed_memory() if args.keep_freed_memory else "system allocator defaults"
     cpu = cpu_info()
+    features = ", ".join(cpu.get("cpu_features") or ["no feature list"])
     print(f"simattn bench attention: torch {torch.__version__}, device {args.device}, {threads} CPU threads "
-          f"({cpu.get('cpu_name') or 'CPU name unknown'}: {', '.join(cpu.get('cpu_features') or ['no feature list'])}), "
-          f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
+          f"({cpu.get('cpu_name') or 'CPU name unknown'}: {features}), H={args.heads} d={args.head_dim} "
+          f"{args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
     rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
                getattr(torch, args.dtype), args.max_seconds, args.layout, args.rounds)
     print(format_table(rows))
