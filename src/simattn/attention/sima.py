@@ -90,8 +90,8 @@ def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, m
         return "runs without autocast"
     if q.shape != k.shape or 0 in q.shape or 0 in v.shape:
         return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
-        return "needs unit stride along the last dim"
+    if any(t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] for t in (q, k, v)):
+        return "needs unit stride along the last dim and token rows that do not overlap"
     if not eager():
         return "runs eagerly only (not traced, scripted, compiled or exported)"
     return None

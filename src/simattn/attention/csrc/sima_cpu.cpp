@@ -76,6 +76,8 @@ at::Tensor sima_kv_first(const at::Tensor& q, const at::Tensor& k, const at::Ten
               "sima_kv_first: q and k must have one shape, and v the same (B, H, N)");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "sima_kv_first: unit stride along d");
   TORCH_CHECK(d > 0, "sima_kv_first: q and k need at least one channel");
+  TORCH_CHECK(q.stride(2) >= d && k.stride(2) >= d && v.stride(2) >= e,
+              "sima_kv_first: token rows must not overlap (BLAS leading dimensions)");
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   TORCH_CHECK(std::max({N, d, e, q.stride(2), k.stride(2), v.stride(2), H * e}) <= kIntMax,
               "sima_kv_first: sizes past BLAS's 32-bit integers");
