@@ -75,12 +75,14 @@ def test_kernel_matches_the_reference(kernel, b, n, h, d, layout, threads):
 
 
 def test_kernel_floors_zero_norms_at_eps(kernel):
-    """A channel that is zero in every token has norm 0: the floor eps applies, as in F.normalize, and the output
-    stays finite; v with another width than q and k."""
+    """A channel that is zero in every token has norm 0, and one of tiny entries a norm below eps: the floor eps
+    applies to both, as in F.normalize (the tiny channel's output term is a fraction of what it would be
+    unfloored: 9e-5 / 1e-3, about 1/11), and the output stays finite; v with another width than q and k."""
     q, k, _ = _views(1, 9, 2, 4, "contiguous", seed=1)
     v = torch.randn(1, 2, 9, 6)
     q[..., 0] = 0
     k[..., 1] = 0
+    k[..., 2] = 1e-5 * k[..., 2].sign()  # l1 norm 9e-5 < eps
     out = kernel.sima_kv_first(q, k, v, 1e-3)
     assert out.shape == (1, 2, 9, 6) and torch.isfinite(out).all()
     _close(out, q, k, v, eps=1e-3)
