@@ -71,6 +71,11 @@ def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
     return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
 
 
+def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether autograd records this call (the CPU kernel and the per-item path have no backward)."""
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
 def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, masked: bool) -> Optional[str]:
     """Why the compiled CPU kernel cannot run this call (None where it can): it computes q̂(k̂ᵀv) in fp32 on CPU
     tensors with unit stride along d, eagerly, without a mask, autocast or anything that needs gradients."""
@@ -84,7 +89,7 @@ def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, m
         return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {order!r}"
     if masked:
         return "takes no mask"
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if _needs_grad(q, k, v):
         return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
     if torch.is_autocast_enabled("cpu"):
         return "runs without autocast"
@@ -120,9 +125,9 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     autocast = torch.is_autocast_enabled(q.device.type)
     chosen = resolve_sima_backend(backend, q)
+    resolved = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
     if chosen == "cpp":
-        refusal = cpp_refusal(q, k, v, resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1]),
-                              mask is not None or q_mask is not None)
+        refusal = cpp_refusal(q, k, v, resolved, mask is not None or q_mask is not None)
         if refusal is None:
             return sima_cpu.sima_kv_first(q, k, v, eps)
         if backend == "cpp":
@@ -138,7 +143,6 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         dt = range_safe_dtype(q)
         return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
                            out_dtype=dt if autocast else q.dtype)
-    order = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     out_dtype = q.dtype
     acc = torch.promote_types(q.dtype, torch.float32)  # norms and the d×d matrix: fp32 or better
@@ -147,9 +151,9 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
         s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
         s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        if not autocast and _runs_per_item(q, k, v, order):
+        if not autocast and _runs_per_item(q, k, v, resolved):
             return _kv_first_per_item(q, k, v, s_q, s_k)
-        out = _normalized_product(q, k, v, s_q, s_k, order, dt, acc)
+        out = _normalized_product(q, k, v, s_q, s_k, resolved, dt, acc)
     return out if autocast else cast(out, out_dtype)
 
 
@@ -192,8 +196,7 @@ def _runs_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str
     B, H = q.shape[:2]
     if B == 1 or order != "kv_first" or q.device.type != "cpu":
         return False
-    if not (q.dtype in _WIDE and q.dtype == k.dtype == v.dtype) or (
-            torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+    if not (q.dtype in _WIDE and q.dtype == k.dtype == v.dtype) or _needs_grad(q, k, v):
         return False
     large = max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
     return large and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)) and eager()
@@ -262,7 +265,7 @@ class SimAAttention(TokenAttention):
         qkv = self.qkv(x)
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         order = resolve_sima_order(self.order, N, N, d)
-        if self.backend != "torch" and resolve_sima_backend(self.backend, x) == "cpp":
+        if resolve_sima_backend(self.backend, x) == "cpp":
             if cpp_refusal(q, k, v, order, masked=False) is None:
                 return sima_cpu.sima_kv_first(q, k, v, self.eps)
             if self.backend == "cpp":

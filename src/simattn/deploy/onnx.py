@@ -21,7 +21,7 @@ import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -173,6 +173,13 @@ def _graph_index(graph) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, List[
     return producers, initializers, readers
 
 
+def _only_reader(readers: Dict[str, List[Any]], name: str, op_type: str, outputs: Iterable[str] = ()):
+    """The node that alone reads tensor ``name``, if it is an ``op_type`` and ``name`` is not one of ``outputs``
+    (graph outputs a rewrite must leave as they are); else None."""
+    nodes = readers.get(name, [])
+    return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type and name not in outputs else None
+
+
 def _known_dims(proto) -> Dict[str, List[Optional[int]]]:
     """Each tensor's dims as onnx shape inference knows them (None where a dim is symbolic); empty when inference
     fails, as the rewrites that ask only use what it knows."""
@@ -196,8 +203,7 @@ def order_gelu_for_onnxruntime(proto) -> int:
     producers, initializers, readers = _graph_index(graph)
 
     def only_reader(name: str, op_type: str):
-        nodes = readers.get(name, [])
-        return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type else None
+        return _only_reader(readers, name, op_type)
 
     count = 0
     for erf in [node for node in graph.node if node.op_type == "Erf"]:
@@ -235,10 +241,9 @@ def linears_as_gemm(proto) -> int:
         if node.op_type != "MatMul" or node.output[0] in graph_outputs:
             continue
         weight = _constant(node.input[1], producers, initializers)
-        add = readers.get(node.output[0], [])
-        if weight is None or weight.ndim != 2 or len(add) != 1 or add[0].op_type != "Add":
+        add = _only_reader(readers, node.output[0], "Add")
+        if weight is None or weight.ndim != 2 or add is None:
             continue
-        add = add[0]
         bias_name = next((i for i in add.input if i != node.output[0]), None)
         bias = _constant(bias_name, producers, initializers) if bias_name is not None else None
         if bias is None or bias.shape != (weight.shape[1],) or list(add.input).count(node.output[0]) != 1:
@@ -291,8 +296,7 @@ def _head_pieces(tensor: str, producers, initializers, readers) -> Optional[Dict
         elif node.op_type == "Slice" and node.input[0] == tensor and len(node.input) in (4, 5):
             start, end, axes = value(node, 1), value(node, 2), value(node, 3)
             step = value(node, 4) if len(node.input) == 5 else np.ones(1, np.int64)
-            squeeze = readers.get(node.output[0], [])
-            squeeze = squeeze[0] if len(squeeze) == 1 and squeeze[0].op_type == "Squeeze" else None
+            squeeze = _only_reader(readers, node.output[0], "Squeeze")
             dropped = value(squeeze, 1) if squeeze is not None else None
             if any(v is None or v.size != 1 for v in (start, end, axes, step, dropped)):
                 return None
@@ -323,9 +327,7 @@ def fused_projection_as_three_gemms(proto) -> int:
     graph_outputs = {o.name for o in graph.output}
 
     def only_reader(name: str, op_type: str):
-        nodes = readers.get(name, [])
-        found = nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type else None
-        return None if found is None or name in graph_outputs else found
+        return _only_reader(readers, name, op_type, graph_outputs)
 
     replaced: Dict[int, List[Any]] = {}
     dropped = set()
