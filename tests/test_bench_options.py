@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from simattn.bench import attention, data, model, paper
+from simattn.bench import attention, data, paper
+from simattn.bench.model import cli as model
 from simattn.bench.cli import _bench_options
 
 BENCHES = {"attention": attention, "data": data, "model": model, "paper": paper}

@@ -9,7 +9,7 @@ BENCHES = {
     "attention": ("simattn.bench.attention", "attention kinds vs softmax SDPA and the official SimA, by token count"),
     "data": ("simattn.bench.data", "decode + augment throughput of a folder, tar shards and a saved HF dataset of "
                                    "the same images, beside the model's training throughput"),
-    "model": ("simattn.bench.model", "latency, throughput, exp/FLOP counts and memory of registered models"),
+    "model": ("simattn.bench.model.cli", "latency, throughput, exp/FLOP counts and memory of registered models"),
     "paper": ("simattn.bench.paper", "regenerate the SimA paper's Table 3 and Figure A1 on this machine"),
 }
 

@@ -273,7 +273,8 @@ def run_loaders(copies: Dict[str, Path], split: str, transform, batch_size: int,
 def model_row(cfg, img_size: int, batch_size: int, device: str, threads: int, rounds: int, repeats: int,
               max_time: float, in_process: bool, timeout: Optional[float]) -> Dict[str, Any]:
     """The recipe's model: images/s of its training step (:mod:`simattn.bench.model`'s train-throughput)."""
-    from .model import BenchSpec, run_specs
+    from .model.spec import BenchSpec
+    from .model.workers import run_specs
 
     spec = BenchSpec(model=cfg.model, model_kwargs=dict(cfg.model_kwargs), img_size=img_size, device=device,
                      threads=threads, batch_size=batch_size, measures=("train-throughput",), warmup=1,

@@ -10,7 +10,7 @@
   q̂(k̂ᵀv) and φ(q)(φ(k)ᵀv) are extra, labelled rows.
 * Figure A1: whole models, inference latency. Left: DeiT-S vs SimA (dim 384) as the resolution grows, SimA in
   (q̂k̂ᵀ)v order so both are O(N²D). Right: XCiT vs SimA as the channel dim grows at 224 px, SimA in q̂(k̂ᵀv)
-  order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.run_specs`).
+  order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.workers.run_specs`).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
 comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
@@ -32,7 +32,8 @@ from torch import nn
 from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
 from ..attention.elu import elu_attention_reference
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
-from .model import BenchSpec, run_specs
+from .model.spec import BenchSpec
+from .model.workers import run_specs
 from .cli import check_bench_flags, check_out, refuse_unused
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
@@ -398,7 +399,7 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     if bad:
         raise ValueError(f"--dims {' '.join(map(str, bad))}: the XCiT panel's dims must be multiples of 8 (8 heads)")
     if args.only in (None, "figure_a1"):  # a model the sizes or dims do not fit: one line now, not after Table 3
-        from .model import check_builds
+        from .model.runner import check_builds
 
         check_builds(figure_a1_specs(args, 1, args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8})[0])
     return args
