@@ -259,7 +259,7 @@ def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--runtime", "torch", "tensorrt"], "--runtime 'tensorrt': expected some of torch, onnxruntime, executorch"),
+    (["--runtime", "torch", "tensorrt"], "'tensorrt' not allowed; allowed: some of torch, onnxruntime, executorch"),
     (["--runtime", "torch", "--int8"], "--int8 needs --runtime onnxruntime or executorch"),
     (["--runtime", "executorch", "--measure", "memory"], "--runtime executorch measures latency"),
 ])

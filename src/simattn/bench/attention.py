@@ -371,14 +371,14 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         "config": {**vars(args), "device_name": torch.cuda.get_device_name(device), "hbm_gbps": peak,
                    "hbm_source": source, "torch": torch.__version__, "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
-    }, args.out)
-    print(f"wrote {args.out}")
+    }, args.output)
+    print(f"wrote {args.output}")
     return 0
 
 
 def _options():
     """Every option of ``bench attention`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
-    from ..utils.recipe import Opt, check_path, maybe
+    from ..utils.recipe import Opt, maybe
     from .cli import shared, some_of
     counts = dict(type=maybe(int), low=1)
     return {
@@ -409,7 +409,7 @@ def _options():
         "device": shared("device", help="cpu, or cuda[:i] for the GPU sweep"),
         "dtype": Opt(None, "float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)",
                      type=maybe(str), choices=["float32", "bfloat16", "float16"]),
-        "out": Opt("runs/bench_attention.json", "JSON results file", check=check_path),
+        "output": shared("output", "runs/bench_attention.json", "JSON results file"),
     }
 
 
@@ -431,7 +431,7 @@ def main(argv: List[str]) -> int:
     else:
         refuse_unused(args, ["batch", "passes", "hbm_gbps"], "to --device cuda (the CPU sweep's batch is 8 at "
                                                              "N = 197, 1 elsewhere, forward only)")
-    check_out(args.out, folder=False)
+    check_out(args.output, folder=False)
     args.batch = args.batch or 8
     args.passes = args.passes or list(PASSES)
     args.max_seconds = args.max_seconds or 10.0
@@ -466,6 +466,6 @@ def main(argv: List[str]) -> int:
                    "machine": platform.machine(), "processor": platform.processor(), **cpu,
                    "sima_cpu_kernel": sima_cpu.available(), "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
-    }, args.out)
-    print(f"wrote {args.out}")
+    }, args.output)
+    print(f"wrote {args.output}")
     return 0

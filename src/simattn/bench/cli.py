@@ -25,7 +25,7 @@ def xcit_models() -> List[str]:
 def _bench_options():
     """The options several benchmarks take, each declared once (type, range, help); a benchmark picks them with
     :func:`shared`, giving its own default and help where they differ."""
-    from ..utils.recipe import Opt, check_device, maybe
+    from ..utils.recipe import Opt, check_device, check_path, maybe
     count = dict(type=maybe(int), low=1)
     seconds = dict(type=maybe(float), low=0.0, low_open=True)
     return {
@@ -36,6 +36,7 @@ def _bench_options():
         "rounds": Opt(None, "interleaved timing rounds (median reported)", **count),
         "max_time": Opt(None, "stop a measurement's timed runs after this (s)", **seconds),
         "timeout": Opt(None, "seconds before a worker is abandoned", **seconds),
+        "output": Opt(None, "where the results go", type=maybe(str), check=check_path, flags=("--out",)),
     }
 
 
@@ -83,15 +84,15 @@ def refuse_unused(args, unused: List[str], why: str) -> None:
 
 
 def check_out(path, folder: bool) -> None:
-    """``--out``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
+    """``--output``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
     or a folder where a file is."""
     from pathlib import Path
 
     out = Path(path)
     if folder and out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; the benchmark writes a folder of results there")
+        raise ValueError(f"--output {out} is a file; the benchmark writes a folder of results there")
     if not folder and out.is_dir():
-        raise ValueError(f"--out {out} is a folder; the benchmark writes a JSON file there")
+        raise ValueError(f"--output {out} is a folder; the benchmark writes a JSON file there")
 
 
 def require_cuda(device: str) -> None:

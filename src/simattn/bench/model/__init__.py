@@ -53,11 +53,18 @@ quadratically; fused SDPA's does not). Examples::
     simattn bench model --attn sima softmax --compile --measure latency throughput
     simattn bench model --attn sima softmax --head fpn --img-size 512 1024 1024x2048 --measure latency memory
 
-On a GPU (``--device cuda``; bf16 autocast unless ``--precision`` says otherwise; peak memory from
-``torch.cuda.max_memory_allocated``), SimA against its softmax twin, with SimA's Triton kernels as a third entry::
+On a GPU (``--device cuda``; bf16 autocast unless ``--precision`` says otherwise, over the forward and loss of a
+training step as a GPU user trains, then backward and the optimizer step; peak memory from
+``torch.cuda.max_memory_allocated``), ``--preset gpu`` is the table GPU users read: DeiT-S with SimA against its
+softmax twin (SDPA, flash where torch picks it) at 224, 512 and 1024 px, and with a Semantic FPN head at 512×512 and
+1024×2048; training and inference images/s at a batch that starts at the preset's per-size batch
+(:data:`~.cli.GPU_GRID`) and halves on CUDA out-of-memory until a step fits (``--fill-batch``; the rows name the
+batch, ``train_batch``/``infer_batch``, and its peak memory, ``*_ips_peak_mb``); tables name the GPU, torch and
+Triton, and the figure draws SimA against softmax per size. Flags beside the preset still apply, e.g. SimA's
+Triton kernels as a third entry::
 
-    simattn bench model --device cuda --attn sima triton=sima softmax --attn-kwargs triton.backend=triton \
-        --img-size 224 512 1024 --measure throughput train-throughput memory
+    simattn bench model --preset gpu --output runs/gpu_table
+    simattn bench model --preset gpu --attn sima triton=sima softmax --attn-kwargs triton.backend=triton
 
 Without a CUDA device, ``--device cuda`` stops at once with a one-line error (exit code 2).
 

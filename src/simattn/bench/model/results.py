@@ -2,8 +2,9 @@
 the figure."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import markdown_table, new_figure, relative_spread, save_figure, spread_warning, write_csv, \
     write_json, write_text
@@ -98,6 +99,10 @@ _PANELS = [
      "peak memory (MB): forward filled, train step outlined", "log"),
     ("exp_softmax", "exp_total", "exp evaluations / forward: softmax solid, all dashed",
      "exp evaluations / forward: softmax filled, all outlined", "symlog"),
+    ("train_ips", None, "training images/s (batch in the table)", "training images/s", "log"),
+    ("infer_ips", None, "inference images/s (batch in the table)", "inference images/s", "log"),
+    ("train_ips_peak_mb", "infer_ips_peak_mb", "peak CUDA memory at the throughput batch (MB): training solid, "
+     "inference dashed", "peak CUDA memory at the throughput batch (MB): training filled, inference outlined", "log"),
 ]
 
 
@@ -169,79 +174,102 @@ def plot_bars(rows: Sequence[Dict[str, Any]], path: Path, title: str = "", basel
     base_series = next((n for n in series if any(r.get("label") == baseline and series_of[id(r)] == n
                                                  for r in measured)), None)
     panels = [p for p in _PANELS if any(r.get(p[0]) is not None or r.get(p[1]) is not None for r in measured)]
-    width = 0.8 / max(1, len(series))
     panel_width = max(5.2, 1.0 + 0.75 * len(groups) * max(1, len(series)))
     ncols = 2 if len(panels) > 1 and panel_width <= 7 else 1  # narrow panels side by side, wide ones stacked
     nrows = -(-max(1, len(panels)) // ncols)
     fig, axes = new_figure(ncols, nrows, size=panel_width)
     fig.set_size_inches(panel_width * ncols, 4.8 * nrows)
-    colors = [f"C{i % 10}" for i in range(len(series))]
     sizes = ", ".join(dict.fromkeys(f"{size_text(r['img_size'])} px" for r in measured))
     models = list(dict.fromkeys(r["model"] + (f" + {r['head']}" if r.get("head") else "") for r in measured))
     what = f"{models[0]} at {sizes}" if len(models) == 1 else sizes
-    for ax, (key, second, _, ylabel, scale) in zip(axes, panels):
-        used = [g for g in groups if any(at.get((g, n), {}).get(key) is not None for n in series)]
-        top = 0.0
-        floor_drawn = False
-        for i, name in enumerate(series):
-            xs, values, lo, hi, rs = [], [], [], [], []
-            for gi, g in enumerate(used):
-                r = at.get((g, name))
-                if r is None or r.get(key) is None:
-                    continue
-                xs.append(gi - 0.4 + width * (i + 0.5))
-                values.append(r[key])
-                rs.append(r)
-                prefix = key.split("_")[0]
-                p10, p90 = r.get(f"{prefix}_p10_ms"), r.get(f"{prefix}_p90_ms")
-                timed = key.endswith("_ms") and p10 is not None and p90 is not None
-                lo.append(max(0.0, r[key] - p10) if timed else 0.0)
-                hi.append(max(0.0, p90 - r[key]) if timed else 0.0)
-            if not xs:
-                continue
-            if not key.endswith("_ms"):  # the second key (train-step memory, all exp) outlined behind
-                outline = [(x, r[second]) for x, r in zip(xs, rs) if r.get(second) is not None]
-                if outline:
-                    ax.bar(*zip(*outline), width * 0.92, fill=False, edgecolor=colors[i], hatch="//", linewidth=1)
-                    top = max(top, max(v for _, v in outline))
-            ax.bar(xs, values, width * 0.92, color=colors[i], label=name,
-                   yerr=[lo, hi] if any(lo) or any(hi) else None, error_kw={"elinewidth": 0.8, "capsize": 2})
-            top = max(top, max(v + h for v, h in zip(values, hi)))
-            if key != "infer_p50_ms":
-                continue
-            for x, v, h, r in zip(xs, values, hi, rs):
-                if r.get("floor_ms") is not None:
-                    ax.hlines(r["floor_ms"], x - width * 0.46, x + width * 0.46, colors="black", linewidth=2.2,
-                              label=None if floor_drawn else "linear floor (floor_ms)")
-                    floor_drawn = True
-                lines = []
-                eager = at.get((_group_name({**r, "runtime": "eager"}), name))
-                if eager is not None and eager is not r and eager.get(key):
-                    lines.append(f"{eager[key] / v:.2f}× eager")
-                base = at.get((_group_name(r), base_series)) if base_series not in (None, name) else None
-                if base is not None and base.get(key):
-                    lines.append(f"{base[key] / v:.2f}× {baseline}")
-                if lines:
-                    ax.annotate("\n".join(lines), (x, v + h), xytext=(0, 3), textcoords="offset points",
-                                ha="center", va="bottom", fontsize=7, rotation=90)
-        ax.set_xticks(range(len(used)))
-        ax.set_xticklabels(used, fontsize=8)
-        ax.set_xlim(-0.6, len(used) - 0.4)
-        ax.set_ylabel(ylabel, fontsize=8)
-        if scale == "symlog":
-            ax.set_yscale("symlog", linthresh=1.0)
-        else:
-            ax.set_ylim(0, top * (1.45 if key == "infer_p50_ms" else 1.1) or 1.0)
-        ax.set_title(what + ("\nabove each bar: its speed-up over eager PyTorch and over the same runtime's "
-                             f"{baseline}" if key == "infer_p50_ms" else ""), fontsize=8)
-        ax.grid(True, axis="y", alpha=0.3)
-        # below the group names, where no bar or annotation can be
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(series) + 1, frameon=False)
+    for ax, panel in zip(axes, panels):
+        _bar_panel(ax, panel, _BarGrid(series, groups, at, base_series, baseline), what)
     for ax in axes[len(panels):]:
         ax.set_axis_off()
     if title:
         fig.suptitle(title, fontsize=9)
     save_figure(fig, path)
+
+
+@dataclass
+class _BarGrid:
+    """The bar plot's rows by (group, series), and the series the others are compared with."""
+    series: List[str]
+    groups: List[str]
+    at: Dict[Tuple[str, str], Dict[str, Any]]
+    base_series: Optional[str]
+    baseline: str
+
+    @property
+    def width(self) -> float:
+        return 0.8 / max(1, len(self.series))
+
+
+def _bar_panel(ax, panel: Tuple, grid: _BarGrid, what: str) -> None:
+    """One panel of :func:`plot_bars`: ``panel`` is an entry of :data:`_PANELS`."""
+    key, second, _, ylabel, scale = panel
+    used = [g for g in grid.groups if any(grid.at.get((g, n), {}).get(key) is not None for n in grid.series)]
+    width, top, floor_drawn = grid.width, 0.0, False
+    for i, name in enumerate(grid.series):
+        rs = [(gi, grid.at[(g, name)]) for gi, g in enumerate(used) if grid.at.get((g, name), {}).get(key) is not None]
+        if not rs:
+            continue
+        xs = [gi - 0.4 + width * (i + 0.5) for gi, _ in rs]
+        rs = [r for _, r in rs]
+        values = [r[key] for r in rs]
+        prefix = key.split("_")[0]
+        timed = [key.endswith("_ms") and r.get(f"{prefix}_p10_ms") is not None and r.get(f"{prefix}_p90_ms")
+                 is not None for r in rs]
+        lo = [max(0.0, r[key] - r[f"{prefix}_p10_ms"]) if t else 0.0 for r, t in zip(rs, timed)]
+        hi = [max(0.0, r[f"{prefix}_p90_ms"] - r[key]) if t else 0.0 for r, t in zip(rs, timed)]
+        color = f"C{i % 10}"
+        if not key.endswith("_ms"):  # the second key (train-step memory, all exp) outlined behind
+            outline = [(x, r[second]) for x, r in zip(xs, rs) if r.get(second) is not None]
+            if outline:
+                ax.bar(*zip(*outline), width * 0.92, fill=False, edgecolor=color, hatch="//", linewidth=1)
+                top = max(top, max(v for _, v in outline))
+        ax.bar(xs, values, width * 0.92, color=color, label=name,
+               yerr=[lo, hi] if any(lo) or any(hi) else None, error_kw={"elinewidth": 0.8, "capsize": 2})
+        top = max(top, max(v + h for v, h in zip(values, hi)))
+        if key == "infer_p50_ms":
+            floor_drawn = _annotate_latency(ax, name, list(zip(xs, values, hi, rs)), grid, floor_drawn)
+    ax.set_xticks(range(len(used)))
+    ax.set_xticklabels(used, fontsize=8)
+    ax.set_xlim(-0.6, len(used) - 0.4)
+    ax.set_ylabel(ylabel, fontsize=8)
+    if scale == "symlog":
+        ax.set_yscale("symlog", linthresh=1.0)
+    else:
+        ax.set_ylim(0, top * (1.45 if key == "infer_p50_ms" else 1.1) or 1.0)
+    ax.set_title(what + ("\nabove each bar: its speed-up over eager PyTorch and over the same runtime's "
+                         f"{grid.baseline}" if key == "infer_p50_ms" else ""), fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    # below the group names, where no bar or annotation can be
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(grid.series) + 1, frameon=False)
+
+
+def _annotate_latency(ax, name: str, bars: Sequence[Tuple[float, float, float, Dict[str, Any]]], grid: _BarGrid,
+                      floor_drawn: bool) -> bool:
+    """On the latency panel, for each bar (x, value, upper whisker, row) of series ``name``: the linear floor as
+    a black line, and above it the speed-ups over eager PyTorch and over the baseline series. Returns whether the
+    floor's legend entry exists."""
+    width = grid.width
+    for x, v, h, r in bars:
+        if r.get("floor_ms") is not None:
+            ax.hlines(r["floor_ms"], x - width * 0.46, x + width * 0.46, colors="black", linewidth=2.2,
+                      label=None if floor_drawn else "linear floor (floor_ms)")
+            floor_drawn = True
+        lines = []
+        eager = grid.at.get((_group_name({**r, "runtime": "eager"}), name))
+        if eager is not None and eager is not r and eager.get("infer_p50_ms"):
+            lines.append(f"{eager['infer_p50_ms'] / v:.2f}× eager")
+        base = grid.at.get((_group_name(r), grid.base_series)) if grid.base_series not in (None, name) else None
+        if base is not None and base.get("infer_p50_ms"):
+            lines.append(f"{base['infer_p50_ms'] / v:.2f}× {grid.baseline}")
+        if lines:
+            ax.annotate("\n".join(lines), (x, v + h), xytext=(0, 3), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=7, rotation=90)
+    return floor_drawn
 
 
 RESULT_COLUMNS = ["model", "head", "label", "attn", "attn_kwargs", "runtime", "sima_order", "img_size", "tokens",
@@ -250,9 +278,10 @@ RESULT_COLUMNS = ["model", "head", "label", "attn", "attn_kwargs", "runtime", "s
                   "non_linear_share", "non_delegated_share", "profile_ops", "profile_note", "attn_share",
                   "attn_core_share", "attn_share_runs",
                   "infer_ips", "infer_ips_p10", "infer_ips_p90", "train_p50_ms", "train_p10_ms", "train_p90_ms",
-                  "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "gflops",
+                  "train_min_ms", "train_ips", "train_ips_p10", "train_ips_p90", "batch_size", "infer_batch",
+                  "train_batch", "infer_ips_peak_mb", "train_ips_peak_mb", "gflops",
                   "attn_gflops", "exp_total", "exp_softmax", "exp_activation", "exp_calls", "op_calls",
-                  "peak_fwd_mb", "peak_train_mb", "onnx_max_abs_diff", "runtime_max_abs_diff", "runtime_threads",
+                  "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff", "runtime_threads",
                   "rounds", "error"]
 
 
@@ -267,9 +296,21 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
     write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
     write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
-    plot_results(rows, paths["png"], title=f"{meta.get('device')} · {meta.get('threads')} threads · "
-                                          f"torch {meta.get('torch')}", baseline=baseline)
+    plot_results(rows, paths["png"], title=machine_line(meta).rstrip("."), baseline=baseline)
     return paths
+
+
+def machine_line(meta: Dict[str, Any]) -> str:
+    """What ran the sweep, as the tables' first line: the device (the GPU's name on CUDA; else the CPU and its
+    vector features), threads, and the torch and Triton versions."""
+    if meta.get("gpu"):
+        where = f"GPU {meta['gpu']} ({meta.get('device')})"
+    else:
+        features = f" (CPU {meta.get('cpu_name')}; {', '.join(meta['cpu_features'])})" if meta.get("cpu_features") \
+            else ""
+        where = f"Device {meta.get('device')}{features}"
+    triton = f", Triton {meta['triton']}" if meta.get("triton") else ""
+    return f"{where}, {meta.get('threads')} threads, torch {meta.get('torch')}{triton}."
 
 
 def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any]], meta: Dict[str, Any],
@@ -277,15 +318,16 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
     """Results and speedups as markdown tables, and a warning line when some timing's spread is wide."""
     cols = ["model", "head", "label", "runtime", "img_size", "tokens", "precision", "infer_p50_ms", "infer_p10_ms",
             "infer_p90_ms", "floor_ms", "floor_p10_ms", "floor_p90_ms", "of_floor", "non_linear_share",
-            "non_delegated_share", "attn_share", "attn_core_share", "infer_ips", "infer_ips_p10", "infer_ips_p90",
-            "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_ips", "train_ips_p10", "train_ips_p90", "gflops",
+            "non_delegated_share", "attn_share", "attn_core_share", "infer_batch", "infer_ips", "infer_ips_p10",
+            "infer_ips_p90", "infer_ips_peak_mb", "train_p50_ms", "train_p10_ms", "train_p90_ms", "train_batch",
+            "train_ips", "train_ips_p10", "train_ips_p90", "train_ips_peak_mb", "gflops",
             "attn_gflops", "exp_softmax", "exp_total", "peak_fwd_mb", "peak_train_mb", "runtime_max_abs_diff",
             "runtime_threads", "error"]
     present = [c for c in cols if any(r.get(c) not in (None, "") for r in rows)]
-    features = f" (CPU {meta.get('cpu_name')}; {', '.join(meta['cpu_features'])})" if meta.get("cpu_features") \
-        else ""
-    parts = [f"Device {meta.get('device')}{features}, {meta.get('threads')} threads, torch {meta.get('torch')}. Times "
-             f"in ms (p50 = median; p10/p90 beside it), throughput in images/s."
+    parts = [f"{machine_line(meta)} Times in ms (p50 = median; p10/p90 beside it), throughput in images/s."
+             + (" infer_batch/train_batch: the batch the throughput ran at (halved from batch_size on CUDA "
+                "out-of-memory until it fit); *_ips_peak_mb: the peak CUDA memory of those calls."
+                if "train_batch" in present or "infer_batch" in present else "")
              + (" attn_share: measured share of the eager forward's time inside the attention modules (forward "
                 "hooks; attn_core_share: without their qkv/output projections)." if "attn_share" in present else "")
              + (f" Segmentation heads have {SEG_CLASSES} classes." if "head" in present else "")

@@ -2,11 +2,12 @@
 training step."""
 from __future__ import annotations
 
+import gc
 import json
 import math
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -119,6 +120,31 @@ def _first_tensor(out: Any) -> torch.Tensor:
     return out
 
 
+def deployed_program(model: nn.Module, runtime: str, record: Any, stem: Path, x: torch.Tensor, *,
+                     quantize: Optional[str], calibration: Optional[torch.Tensor], threads: int,
+                     exporter: str = "auto") -> Tuple[Any, Path, float]:
+    """Export → int8 → open → parity, through the registry entry of ``runtime``'s format (:mod:`simattn.deploy`,
+    the one ``simattn export`` uses): ``model`` (eval) written to ``stem`` + the format's suffix at its record's
+    fixed input size; int8 (``quantize='static'``, calibrated on ``calibration``) of the model before export or of
+    the written file, whichever the format quantizes; opened on ``threads`` CPU threads; and its largest absolute
+    difference from ``model`` on ``x``. Returns (program: batch → first output, the file it runs, that
+    difference)."""
+    from ... import deploy
+
+    fmt = deploy.get(runtime)
+    options = {"exporter": exporter} if "exporter" in fmt.options else {}
+    path = stem.with_name(stem.name + fmt.suffixes[0])
+    from_file = bool(quantize) and fmt.quantizes == "file"
+    fmt.export(model, path, record, quantize=None if from_file else quantize, calibration=calibration,
+               fixed_size=True, verify=False, **options)
+    if from_file:
+        path = fmt.quantize(path, calibration, quantize, dst=stem.with_name(f"{stem.name}_int8{path.suffix}"))
+    program = fmt.open(path, threads)
+    with torch.no_grad():
+        max_abs_diff = float((program(x) - _first_tensor(model(x))).abs().max())
+    return program, Path(path), max_abs_diff
+
+
 class Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
@@ -142,7 +168,6 @@ class Runner:
                       else self.model)
         self.deployed = None  # the exported file's program (batch -> first output) for the other runtimes
         self.deployed_path: Optional[Path] = None  # the file it runs
-        self.onnx_max_abs_diff: Optional[float] = None
         self.runtime_max_abs_diff: Optional[float] = None
         self.runtime_threads: Optional[int] = None
         if spec.runtime != "torch":
@@ -151,37 +176,21 @@ class Runner:
         self.scaler = None
 
     def _deploy(self, work_dir: str) -> None:
-        """The model exported through its format's registry entry (:mod:`simattn.deploy`; int8: static, calibrated
-        on digits), opened at --threads, and checked against PyTorch on one input."""
-        from ... import deploy
+        """The model as its runtime runs it (:func:`deployed_program`), with the record ``simattn export`` writes
+        and, for an int8 row, digits to calibrate on."""
         from ...data.images import resolve_data_config
         from ...models.weights import export_record
 
-        fmt = deploy.get(self.spec.runtime)
-        model = self.model.eval()
         data_config = {**resolve_data_config(self.source), "input_size": self.shape}
         name, kwargs = model_args(self.spec)
         record = export_record(name, kwargs, data_config,
                                attention=getattr(self.source, "attn_type", self.spec.attn),
                                producer="simattn bench model" + (f" ({self.stem})" if self.stem != "model" else ""))
-        calibration = self._calibration(data_config) if self.spec.quantize else None
-        options = {"exporter": self.spec.onnx_exporter} if "exporter" in fmt.options else {}
-        path = Path(work_dir) / f"{self.stem}{fmt.suffixes[0]}"
-        from_file = bool(self.spec.quantize) and fmt.quantizes == "file"
-        fmt.export(model, path, record, quantize=None if from_file else self.spec.quantize, calibration=calibration,
-                   fixed_size=True, verify=False, **options)
-        if from_file:
-            path = fmt.quantize(path, calibration, self.spec.quantize,
-                                dst=Path(work_dir) / f"{self.stem}_int8{path.suffix}")
-        self.deployed_path = Path(path)
-        self.deployed = fmt.open(path, self.spec.threads)
+        self.deployed, self.deployed_path, self.runtime_max_abs_diff = deployed_program(
+            self.model.eval(), self.spec.runtime, record, Path(work_dir) / self.stem, self.inputs(1),
+            quantize=self.spec.quantize, calibration=self._calibration(data_config) if self.spec.quantize else None,
+            threads=self.spec.threads, exporter=self.spec.onnx_exporter)
         self.runtime_threads = self.deployed.threads
-        x = self.inputs(1)
-        with torch.no_grad():
-            ref = _first_tensor(self.model(x))
-            self.runtime_max_abs_diff = float((self.deployed(x) - ref).abs().max())
-        if fmt.name == "onnx":  # the column the first onnxruntime rows had
-            self.onnx_max_abs_diff = self.runtime_max_abs_diff
 
     def _calibration(self, data_config) -> torch.Tensor:
         """Digits (train split) at the model's input size and normalization: int8 rows are calibrated on real
@@ -255,3 +264,20 @@ class Runner:
     def time(self, fn) -> Dict[str, float]:
         s = self.spec
         return time_fn(fn, warmup=s.warmup, repeats=s.repeats, device=self.device, max_time=s.max_time)
+
+
+def largest_fitting_batch(run_batch: Callable[[int], Any], batch: int) -> int:
+    """The first of ``batch``, ``batch // 2``, ..., 1 at which ``run_batch(b)`` (one call, e.g. a training step)
+    runs without CUDA running out of memory; batch 1's out-of-memory error is raised."""
+    while True:
+        try:
+            run_batch(batch)
+            return batch
+        except torch.cuda.OutOfMemoryError:
+            if batch == 1:
+                raise
+        # out of the except block, so the failed call's frames (and the tensors they hold) are gone
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        batch //= 2

@@ -9,7 +9,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ...utils.recipe import Opt, check_fields, option
 from ...utils.values import quoted
+from ..cli import shared, some_of
 
 PRECISIONS: Dict[str, Optional[torch.dtype]] = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 MEASURES = ("latency", "throughput", "train-latency", "train-throughput", "counts", "memory")
@@ -24,54 +26,113 @@ HEADS = {"fpn": "semantic_fpn", "upernet": "upernet"}
 SEG_CLASSES = 150
 
 
+def runtimes() -> List[str]:
+    """``torch`` and the runtime of every registered deployment format that runs on this machine."""
+    from ... import deploy
+    return ["torch", *deploy.runtimes()]
+
+
+def int8_runtimes() -> List[str]:
+    """Runtimes with an int8 row (--int8): their format has static int8 of the matmul-type layers."""
+    from ... import deploy
+    return [f.runtime for f in deploy.formats().values() if f.runs_here and "static" in f.quantize_modes]
+
+
+def _check_model(name: str) -> Optional[str]:
+    import timm
+
+    from ...models import list_models
+    if timm.is_model(name):
+        return None
+    return f"unknown model {name!r} (not registered with timm; simattn models: {', '.join(list_models())})"
+
+
+def _check_attention(kind: str) -> Optional[str]:
+    from ...attention import list_attentions
+    if kind == DEFAULT_ATTN or kind in list_attentions():
+        return None
+    return f"unknown attention {kind!r}; known: {DEFAULT_ATTN}, {', '.join(list_attentions())}"
+
+
 @dataclass
 class BenchSpec:
-    """One model configuration, measured by one worker.
+    """One model configuration, measured by one worker. Each field is an option of the one option mechanism
+    (:mod:`simattn.utils.recipe`: type, default, allowed values, help); ``simattn bench model``'s flags are made
+    from them, and every spec is checked when made (:meth:`check`), so a bad one is a one-line ValueError before
+    any worker starts."""
 
-    ``attn``: attention kind passed as ``attn_type`` (``'default'`` keeps the model's own), ``attn_kwargs`` its
-    options (e.g. ``{'fused': False}`` for explicit softmax). ``sima_order`` forces every SimA module's matmul
-    order. ``model_kwargs`` go to :func:`~simattn.models.factory.create_model` (e.g. ``depth``, ``act_layer``,
-    ``attn_kwargs``). ``latency_batch`` is the batch of the latency timings (1 unless a caller needs otherwise).
-    ``runtime``: ``'torch'`` (eager, or ``compile`` for ``torch.compile``) or ``'onnxruntime'`` (the model exported
-    with ``onnx_exporter``); ``channels_last`` runs the model and its inputs in channels-last memory format.
-    ``img_size``: N (N×N) or [H, W]; ``head`` (a key of :data:`HEADS`) wraps ``model`` as the backbone of that
-    segmenter (:data:`SEG_CLASSES` classes; logits at the input size). ``floor``: with latency, also time the
-    model's linear layers alone (:func:`linear_floor`) through the same runtime and precision; ``profile``: with
-    latency on an exported runtime, the shares of :func:`runtime_profile` (where the runtime can say).
-    """
-
-    model: str
-    attn: str = DEFAULT_ATTN
-    attn_kwargs: Dict[str, Any] = field(default_factory=dict)
-    img_size: Union[int, List[int]] = 224
-    precision: str = "fp32"
-    device: str = "cpu"
-    threads: int = 1
-    batch_size: int = 8
-    latency_batch: int = 1
-    sima_order: Optional[str] = None
-    model_kwargs: Dict[str, Any] = field(default_factory=dict)
-    measures: Tuple[str, ...] = MEASURES
-    warmup: int = 2
-    repeats: int = 10
-    max_time: float = 30.0
-    label: str = ""
-    runtime: str = "torch"
-    compile: bool = False
-    compile_backend: str = "inductor"
-    channels_last: bool = False
-    onnx_exporter: str = "auto"
-    quantize: Optional[str] = None  # 'static': int8 row of an exported runtime
-    head: Optional[str] = None
-    floor: bool = False  # with latency: time the model's linear layers alone (:class:`LinearFloor`) too
-    profile: bool = False  # with latency on onnxruntime/executorch: the profiled shares of the runtime's time
+    model: str = field(metadata={"opt": Opt(help="registered model name", check=_check_model)})
+    attn: str = option(DEFAULT_ATTN, f"attention kind passed as attn_type ('{DEFAULT_ATTN}' keeps the model's own)",
+                       check=_check_attention)
+    attn_kwargs: Dict[str, Any] = option(factory=dict, help="options of the attention kind (e.g. fused: false)")
+    img_size: Union[int, List[int]] = option(224, "input size: N (N×N px) or [H, W]", low=1, length=2)
+    precision: str = option("fp32", "fp32, or bf16/fp16 autocast", choices=list(PRECISIONS))
+    device: str = field(default="cpu", metadata={"opt": shared("device")})
+    threads: int = field(default=1, metadata={"opt": shared("threads", 1)})
+    batch_size: int = option(8, "batch of the throughput measurements", low=1)
+    fill_batch: bool = option(False, "halve the throughput batch on CUDA out-of-memory until a call fits (the "
+                                     "batch used is in the row)")
+    latency_batch: int = option(1, "batch of the latency measurements", low=1)
+    sima_order: Optional[str] = option(None, f"force this SimA order ({', '.join(SIMA_ORDERS)}) on every SimA module",
+                                       choices=list(SIMA_ORDERS))
+    model_kwargs: Dict[str, Any] = option(factory=dict, help="create_model kwargs (depth, act_layer, ...)")
+    measures: List[str] = option(factory=lambda: list(MEASURES), help=f"what to measure: some of "
+                                 f"{', '.join(MEASURES)}", check=some_of(list(MEASURES)))
+    warmup: int = option(2, "untimed runs before each measurement", low=0)
+    repeats: int = field(default=10, metadata={"opt": shared("repeats", 10, "timed runs per measurement (at least)")})
+    max_time: float = field(default=30.0, metadata={"opt": shared("max_time", 30.0)})
+    label: str = option("", "the row's name (default: the attention kind, or the model for its own)")
+    runtime: str = option("torch", "what runs the model: torch, or a deployment format's runtime (the model "
+                                   "exported and run there; inference only)", choices=runtimes)
+    compile: bool = option(False, "time the torch.compile'd model (runtime torch)")
+    compile_backend: str = option("inductor", "torch.compile backend with --compile (see "
+                                              "torch._dynamo.list_backends())")
+    channels_last: bool = option(False, "model and inputs in channels-last memory format (runtime torch)")
+    onnx_exporter: str = option("auto", "torch.onnx exporter for --runtime onnxruntime (auto: dynamo, else "
+                                        "TorchScript)", choices=["auto", "dynamo", "torchscript"])
+    quantize: Optional[str] = option(None, "static: the int8 row of an exported runtime, calibrated on digits",
+                                     choices=["static"])
+    head: Optional[str] = option(None, f"wrap the model as the backbone of this segmentation head ({SEG_CLASSES} "
+                                       "classes, logits at the input size)", choices=list(HEADS))
+    floor: bool = option(False, "with latency: time the model's linear layers alone (the linear floor) too")
+    profile: bool = option(False, "with latency on an exported runtime: the profiled shares of the runtime's time")
 
     def __post_init__(self) -> None:
-        self.measures = tuple(self.measures)
-        if isinstance(self.img_size, (list, tuple)):  # a square H×W is N
+        check_fields(self)
+        if isinstance(self.img_size, list):  # a square H×W is N
             h, w = self.img_size
             self.img_size = h if h == w else [h, w]
         self.label = self.label or _default_label(self)
+        self.check()
+
+    def check(self) -> None:
+        """The rules between options (each option's own values are checked by its declaration); one-line
+        ValueErrors for what would otherwise fail deep inside a worker."""
+        if self.attn == DEFAULT_ATTN and self.attn_kwargs:
+            raise ValueError("attention options need an attention kind, e.g. --attn softmax --attn-kwargs "
+                             "softmax.fused=false")
+        if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r} requested but CUDA is not available")
+        if self.compile:
+            from torch._dynamo import list_backends
+
+            if self.compile_backend not in list_backends(exclude_tags=()):
+                raise ValueError(f"--compile-backend {self.compile_backend!r} is not one of "
+                                 f"{', '.join(list_backends(exclude_tags=()))}")
+        if self.quantize is not None and self.runtime not in int8_runtimes():
+            raise ValueError(f"int8 ({self.quantize!r}) is measured for --runtime {' and '.join(int8_runtimes())}, "
+                             f"not {self.runtime}")
+        if self.runtime == "torch":
+            return
+        if self.compile or self.channels_last:
+            raise ValueError(f"--compile and --channels-last apply to --runtime torch, not {self.runtime}")
+        if self.precision != "fp32" or torch.device(self.device).type != "cpu":
+            raise ValueError(f"--runtime {self.runtime} runs fp32 on cpu, got precision {self.precision!r} on "
+                             f"{self.device!r}")
+        other = set(self.measures) - set(DEPLOYED_MEASURES)
+        if other:
+            raise ValueError(f"--runtime {self.runtime} measures {', '.join(DEPLOYED_MEASURES)} only, not "
+                             f"{', '.join(sorted(other))}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -138,18 +199,6 @@ def check_sizes(values: Sequence[Any]) -> Optional[str]:
     return None
 
 
-def runtimes() -> List[str]:
-    """``torch`` and the runtime of every registered deployment format that runs on this machine."""
-    from ... import deploy
-    return ["torch", *deploy.runtimes()]
-
-
-def int8_runtimes() -> List[str]:
-    """Runtimes with an int8 row (--int8): their format has static int8 of the matmul-type layers."""
-    from ... import deploy
-    return [f.runtime for f in deploy.formats().values() if f.runs_here and "static" in f.quantize_modes]
-
-
 def runtime_name(spec: BenchSpec) -> str:
     """What ran the timed calls: 'eager', 'compiled', or the runtime ('executorch int8' for an int8 row), with
     ', channels-last' when set."""
@@ -158,59 +207,3 @@ def runtime_name(spec: BenchSpec) -> str:
     else:
         name = spec.runtime + (" int8" if spec.quantize else "")
     return name + (", channels-last" if spec.channels_last else "")
-
-
-def validate_spec(spec: BenchSpec) -> None:
-    """One-line ValueErrors for what would otherwise fail deep inside a worker."""
-    import timm
-
-    from ...attention import list_attentions
-    from ...models import list_models
-
-    if not timm.is_model(spec.model):
-        raise ValueError(f"unknown model {spec.model!r} (not registered with timm; simattn models: "
-                         f"{', '.join(list_models())})")
-    if spec.attn != DEFAULT_ATTN and spec.attn not in list_attentions():
-        raise ValueError(f"unknown attention {spec.attn!r}; known: {DEFAULT_ATTN}, {', '.join(list_attentions())}")
-    if spec.attn == DEFAULT_ATTN and spec.attn_kwargs:
-        raise ValueError("attention options need an attention kind, e.g. --attn softmax --attn-kwargs "
-                         "softmax.fused=false")
-    if spec.precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {spec.precision!r}; expected one of {', '.join(PRECISIONS)}")
-    if spec.sima_order is not None and spec.sima_order not in SIMA_ORDERS:
-        raise ValueError(f"unknown SimA order {spec.sima_order!r}; expected one of {', '.join(SIMA_ORDERS)}")
-    bad = set(spec.measures) - set(MEASURES)
-    if bad:
-        raise ValueError(f"unknown measure(s) {', '.join(sorted(bad))}; expected some of {', '.join(MEASURES)}")
-    if spec.head is not None and spec.head not in HEADS:
-        raise ValueError(f"unknown segmentation head {spec.head!r}; expected one of {', '.join(HEADS)}")
-    if min(size_hw(spec.img_size)) <= 0 or spec.batch_size <= 0 or spec.latency_batch <= 0 or spec.repeats <= 0:
-        raise ValueError(f"image size, batch sizes and repeats must be positive, got img_size={spec.img_size}, "
-                         f"batch_size={spec.batch_size}, latency_batch={spec.latency_batch}, repeats={spec.repeats}")
-    if spec.warmup < 0 or not spec.max_time > 0 or spec.threads < 1:
-        raise ValueError(f"warmup must be >= 0, max_time > 0 and threads >= 1, got warmup={spec.warmup}, "
-                         f"max_time={spec.max_time}, threads={spec.threads}")
-    device = torch.device(spec.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {spec.device!r} requested but CUDA is not available")
-    if spec.compile:
-        from torch._dynamo import list_backends
-
-        if spec.compile_backend not in list_backends(exclude_tags=()):
-            raise ValueError(f"--compile-backend {spec.compile_backend!r} is not one of "
-                             f"{', '.join(list_backends(exclude_tags=()))}")
-    if spec.runtime not in runtimes():
-        raise ValueError(f"--runtime {spec.runtime!r} is not one of {', '.join(runtimes())}")
-    if spec.quantize is not None and (spec.quantize != "static" or spec.runtime not in int8_runtimes()):
-        raise ValueError(f"int8 ({spec.quantize!r}) is measured for --runtime {' and '.join(int8_runtimes())} "
-                         f"(static), not {spec.runtime}")
-    if spec.runtime != "torch":
-        if spec.compile or spec.channels_last:
-            raise ValueError(f"--compile and --channels-last apply to --runtime torch, not {spec.runtime}")
-        if spec.precision != "fp32" or device.type != "cpu":
-            raise ValueError(f"--runtime {spec.runtime} runs fp32 on cpu, got precision {spec.precision!r} on "
-                             f"{spec.device!r}")
-        other = set(spec.measures) - set(DEPLOYED_MEASURES)
-        if other:
-            raise ValueError(f"--runtime {spec.runtime} measures {', '.join(DEPLOYED_MEASURES)} only, not "
-                             f"{', '.join(sorted(other))}")

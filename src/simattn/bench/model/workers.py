@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -17,8 +17,8 @@ import torch
 from ...utils.timing import keep_freed_memory, set_threads, sync
 from ..report import progress
 from .probes import attention_share, runtime_profile, time_floor
-from .runner import Runner, token_count
-from .spec import BenchSpec, runtime_name, size_text, validate_spec
+from .runner import Runner, largest_fitting_batch, token_count
+from .spec import BenchSpec, runtime_name, size_text
 
 _RESULT_TAG = "SIMATTN_BENCH_RESULT "
 MB = 2 ** 20
@@ -26,14 +26,11 @@ MB = 2 ** 20
 
 def measure(spec: BenchSpec) -> Dict[str, Any]:
     """Measure one configuration in this process and return its result row (what a worker sends back)."""
-    validate_spec(spec)
     with tempfile.TemporaryDirectory(prefix="simattn_bench_") as work_dir:
         return _measure(spec, work_dir)
 
 
 def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
-    from ..counters import count_flops, peak_memory, trace_ops
-
     threads = set_threads(spec.threads)
     allocator = keep_freed_memory()
     torch.manual_seed(0)
@@ -48,17 +45,29 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
         "device": spec.device, "threads": threads, "allocator": allocator, "batch_size": spec.batch_size,
         "latency_batch": spec.latency_batch, "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
     }
-    if run.onnx_max_abs_diff is not None:
-        row["onnx_max_abs_diff"] = run.onnx_max_abs_diff
     if run.runtime_max_abs_diff is not None:
         row["runtime_max_abs_diff"] = run.runtime_max_abs_diff
         row["runtime_threads"] = run.runtime_threads
-    b1 = spec.latency_batch
+    row.update(_counts_and_memory(run))
+    for prefix, measure, make_fn in (("infer", "", run.infer_fn), ("train", "train-", run.train_fn)):
+        if measure + "latency" in spec.measures:
+            row.update(_latency(run, prefix, make_fn, work_dir))
+        if measure + "throughput" in spec.measures:
+            row.update(_throughput(run, prefix, make_fn))
+    sync(run.device)
+    return row
+
+
+def _counts_and_memory(run: Runner) -> Dict[str, Any]:
+    """Exp-like evaluations, op calls and FLOPs of one eager forward, and the peak memory of a forward and of a
+    steady-state eager training step, at the latency batch (what ``spec.measures`` asks for)."""
+    from ..counters import count_flops, peak_memory, trace_ops
+
+    spec, b1, row = run.spec, run.spec.latency_batch, {}
     if "counts" in spec.measures:
         infer = run.infer_fn(b1, timed=False)
-        trace = trace_ops(infer)
-        row.update({k: v for k, v in trace.summary().items()})
-        flops = count_flops(infer, model)
+        row.update(trace_ops(infer).summary())
+        flops = count_flops(infer, run.model)
         row["gflops"] = flops.total / 1e9 / b1
         row["attn_gflops"] = flops.attention / 1e9 / b1
     if "memory" in spec.measures:
@@ -68,28 +77,43 @@ def _measure(spec: BenchSpec, work_dir: str) -> Dict[str, Any]:
         step()  # optimizer state exists from here on: measure a steady-state step
         row["peak_train_mb"] = peak_memory(step, run.device) / MB
         run.timed = timed
-    for prefix, measure, make_fn in (("infer", "", run.infer_fn), ("train", "train-", run.train_fn)):
-        if measure + "latency" in spec.measures:
-            t = run.time(make_fn(b1))
-            row.update({f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p10_ms": t["p10_ms"],
-                        f"{prefix}_p90_ms": t["p90_ms"], f"{prefix}_min_ms": t["min_ms"],
-                        f"{prefix}_runs": t["runs"]})
-            if prefix == "infer" and spec.runtime == "torch" and not spec.compile:
-                # the eager forward just timed, again with the attention modules timed inside it
-                row.update(attention_share(model, run.infer_fn(b1), run.device, spec.repeats, spec.max_time))
-            if prefix == "infer" and spec.floor:
-                row.update(time_floor(run, work_dir))
-                row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
-            if prefix == "infer" and spec.profile and run.deployed_path is not None:
-                row.update(runtime_profile(spec.runtime, run.deployed_path, run.inputs(b1), spec.threads, work_dir))
-        if measure + "throughput" in spec.measures:
-            t = run.time(make_fn(spec.batch_size))
-            ips = spec.batch_size * 1e3
-            row.update({f"{prefix}_ips": ips / t["median_ms"], f"{prefix}_ips_p10": ips / t["p90_ms"],
-                        f"{prefix}_ips_p90": ips / t["p10_ms"]})
-    sync(run.device)
     return row
 
+
+def _latency(run: Runner, prefix: str, make_fn, work_dir: str) -> Dict[str, Any]:
+    """Latency at the latency batch (p50, p10, p90, min), and after the inference timing the probes that go with
+    it: the attention share (eager torch), the linear floor and the runtime profile (where the spec asks)."""
+    spec, b1 = run.spec, run.spec.latency_batch
+    t = run.time(make_fn(b1))
+    row = {f"{prefix}_p50_ms": t["median_ms"], f"{prefix}_p10_ms": t["p10_ms"], f"{prefix}_p90_ms": t["p90_ms"],
+           f"{prefix}_min_ms": t["min_ms"], f"{prefix}_runs": t["runs"]}
+    if prefix != "infer":
+        return row
+    if spec.runtime == "torch" and not spec.compile:
+        # the eager forward just timed, again with the attention modules timed inside it
+        row.update(attention_share(run.model, run.infer_fn(b1), run.device, spec.repeats, spec.max_time))
+    if spec.floor:
+        row.update(time_floor(run, work_dir))
+        row["of_floor"] = row["infer_p50_ms"] / row["floor_ms"]
+    if spec.profile and run.deployed_path is not None:
+        row.update(runtime_profile(spec.runtime, run.deployed_path, run.inputs(b1), spec.threads, work_dir))
+    return row
+
+
+def _throughput(run: Runner, prefix: str, make_fn) -> Dict[str, Any]:
+    """Images/s at the spec's batch (with ``fill_batch``: the largest of it, its half, ... that fits in CUDA
+    memory), the batch used, and on CUDA the peak memory of those calls."""
+    spec = run.spec
+    batch = largest_fitting_batch(lambda b: make_fn(b)(), spec.batch_size) if spec.fill_batch else spec.batch_size
+    if run.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(run.device)
+    t = run.time(make_fn(batch))
+    ips = batch * 1e3
+    row = {f"{prefix}_ips": ips / t["median_ms"], f"{prefix}_ips_p10": ips / t["p90_ms"],
+           f"{prefix}_ips_p90": ips / t["p10_ms"], f"{prefix}_batch": batch}
+    if run.device.type == "cuda":
+        row[f"{prefix}_ips_peak_mb"] = torch.cuda.max_memory_allocated(run.device) / MB
+    return row
 
 
 def worker_main(spec_json: str) -> int:
@@ -135,8 +159,6 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
     configurations alike) and each timing is the median over rounds (``<key>_rounds`` keeps every round's value;
     ``*_min_ms`` is the minimum over rounds); counts and memory are measured once.
     """
-    for spec in specs:
-        validate_spec(spec)
     jobs = [(r, i) for r in range(rounds) for i in range(len(specs))]
     results: List[List[Dict[str, Any]]] = [[] for _ in specs]
 
@@ -150,7 +172,7 @@ def run_specs(specs: Sequence[BenchSpec], *, rounds: int = 1, in_process: bool =
         spec = specs[i]
         if r > 0:  # timings again; counts, memory and profiles once
             timed = tuple(m for m in spec.measures if m not in ("counts", "memory"))
-            spec = BenchSpec(**{**asdict(spec), "measures": timed, "profile": False})
+            spec = dataclasses.replace(spec, measures=timed, profile=False)
         row = measure(spec) if in_process else _run_worker(spec, timeout)
         if "error" in row:
             print(f"  failed: {describe((r, i))}: {row['error']}", file=sys.stderr, flush=True)
