@@ -6,9 +6,9 @@ every output row is a convex combination of them. Linear in N; 2·N·d exps per 
 
 Released code (cmsflash/efficient-attention, ``EfficientAttention``): the same formula on (n, c, h·w) maps, one head
 at a time, inside a module with 1×1-conv projections and a residual; no scale on q or k, no mask. Checked on fixed
-inputs (B 2, H 3, N 20, d 16, fp64): max |ours − released| = @EFF_ERR@ (the released attention core, its 1×1 convs set
-to identity). The paper defines no mask; here a key mask removes tokens from the key softmax and the sum, which
-equals running on the kept tokens.
+inputs (B 2, H 3, N 20, d 16, fp64; its convs given our q, k, v projections, the residual taken off): max |ours −
+released| = 4.4e-16 (the reference: 3.3e-16). The paper defines no mask; here a key mask removes tokens from the
+key softmax and the sum, which equals running on the kept tokens.
 """
 from __future__ import annotations
 

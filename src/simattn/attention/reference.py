@@ -267,7 +267,8 @@ def performer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, featu
     D = diag(A 1)."""
     def phi(x):
         x = x / x.shape[-1] ** 0.25
-        return torch.exp(x @ features.transpose(-2, -1) - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(features.shape[0])
+        logits = x @ features.transpose(-2, -1) - (x * x).sum(-1, keepdim=True) / 2
+        return torch.exp(logits) / math.sqrt(features.shape[0])
 
     attn = phi(q) @ _keep(phi(k), mask).transpose(-2, -1)
     return (attn @ v) / attn.sum(-1, keepdim=True)
