@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_count, check_qkv, matmul_dtype
+from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import linformer_reference as linformer_attention_reference
@@ -70,8 +70,11 @@ def linformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, pr
 
 def _project(k: torch.Tensor, v: torch.Tensor, proj_k: torch.Tensor,
              proj_v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    dt = matmul_dtype(k)
-    return torch.matmul(proj_k.to(dt), k.to(dt)), torch.matmul(proj_v.to(dt), v.to(dt))
+    """E k and F v, each a sum over the N tokens, in fp32 (fp64 for fp64 inputs); returned in the dtype the
+    softmax's matmuls run in."""
+    dt, acc = matmul_dtype(k), acc_dtype(k)
+    with no_autocast(k):
+        return (torch.matmul(proj_k.to(acc), k.to(acc)).to(dt), torch.matmul(proj_v.to(acc), v.to(acc)).to(dt))
 
 
 def window_projection(x: torch.Tensor, grid_size: Tuple[int, int], weights: torch.Tensor,
