@@ -12,7 +12,9 @@ The pseudo-inverse is the paper's iteration (Razavi et al.), ``num_iters`` = 6 s
 released code: Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ))), from Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞). Softmax rows sum to 1, so
 ‖A‖∞ = 1 and Z₀ = Aᵀ / (max column sum), per (batch, head) as the released code's ``init_option='exact'``; its
 default ``'original'`` takes that maximum over the whole batch (one item's result then depends on the others),
-which is not followed. All of it runs in fp32 (fp64 for fp64 inputs) under autocast.
+which is not followed. The iteration converges cubically once it starts, but from that Z₀ six steps leave a
+landmark kernel with condition number ~10² far from its pseudo-inverse (20 steps reach it): the published method is
+the six-step one, so six is the default. All of it runs in fp32 (fp64 for fp64 inputs) under autocast.
 
 Released code (mlpen/Nystromformer, ``LRA/code/attention_nystrom.py`` ``NystromAttention``, 1-D segment means):
 checked on fixed inputs (B 2, H 3, N 20, d 16, fp64), its 5 segment means being our pooling on a 1×N grid with
