@@ -43,7 +43,7 @@ __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEY
            "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
            "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer",
            "check_device", "check_auto_augment", "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe",
-           "add_option_flags", "checked_flags", "command_parser", "quoted", "load_yaml", "MAX_YAML_NODES"]
+           "add_option_flags", "checked_flags", "flag_name", "command_parser", "quoted", "load_yaml", "MAX_YAML_NODES"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -72,6 +72,7 @@ class Opt:
     allowed: Optional[str] = None
     const: Any = None  # the value of a bare ``--flag`` (``--resume`` alone is ``auto``)
     flags: Tuple[str, ...] = ()  # more flag names besides the generated one (``--to`` for ``convert.to``)
+    required: bool = False  # a command's flag that must be given (commands without recipes only)
 
     @property
     def hint(self) -> Any:
@@ -546,7 +547,9 @@ def recipe_to_save(config: Any) -> Dict[str, Any]:
 
 # ----- the command line: one flag per option ---------------------------------------------------------------------------
 
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
+    """The command-line flag of option ``name``: ``grad_accum_steps`` → ``--grad-accum-steps``,
+    ``convert.transfer_lr`` → ``--convert.transfer-lr``."""
     return "--" + name.replace("_", "-")
 
 
@@ -563,15 +566,19 @@ def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
     are read as YAML (paths as typed: as YAML, '' would be null and 2024 a number) and left unchecked, so that a bad
     one is the one-line error of :func:`check_value` rather than argparse's usage text."""
     from .values import parse_value
-    names = [_flag(name), *spec.flags]
+    names = [flag_name(name), *spec.flags]
     shown = f" (default {spec.default!r})" if spec.default is not None else ""
     help_ = (spec.help + shown).strip()
     metavar = name.rsplit(".", 1)[-1].upper()
-    if spec.hint is bool:
+    if spec.required:
+        parser.add_argument(*names, dest=name, type=str if spec.check is check_path else parse_value, required=True,
+                            metavar=metavar, help=help_)
+    elif spec.hint is bool:
         parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_)
     elif _is_free(spec):
+        merged = " (items merge into the recipe's; see --set for the values)" if default is argparse.SUPPRESS else ""
         parser.add_argument(*names, dest=name, nargs="+", action="extend", default=default, metavar="KEY=VALUE",
-                            help=f"{spec.help} (items merge into the recipe's; see --set for the values)".strip())
+                            help=f"{spec.help}{merged}".strip())
     elif _is_list(spec):
         parser.add_argument(*names, dest=name, nargs="+", type=parse_value, default=default, metavar=metavar,
                             help=help_)
@@ -588,7 +595,7 @@ def _flag_value(name: str, spec: Opt, value: Any) -> Any:
     """What a flag's text means: KEY=VALUE items as a mapping, one list literal (or null) as the list itself."""
     from .values import parse_assignments
     if _is_free(spec) and isinstance(value, list):
-        return parse_assignments(value, what=f"{_flag(name)} item")
+        return parse_assignments(value, what=f"{flag_name(name)} item")
     if _is_list(spec) and isinstance(value, list) and len(value) == 1 and (value[0] is None or
                                                                           isinstance(value[0], list)):
         return value[0]
@@ -677,5 +684,5 @@ def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:
         value = getattr(args, name)
         return copy.deepcopy(spec.default) if value is None and _is_free(spec) else value
 
-    return {name: check_value(_flag(name), spec, _flag_value(name, spec, given(name, spec)))
+    return {name: check_value(flag_name(name), spec, _flag_value(name, spec, given(name, spec)))
             for name, spec in specs.items()}
