@@ -12,7 +12,7 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
 from .config import DetectConfig
 
 __all__ = ["main"]
@@ -45,6 +45,8 @@ def main(argv: List[str]) -> int:
         for split, n, seed in (("train", args.train_images, args.seed), ("val", args.val_images, args.seed + 1)):
             images, ann = make_shapes_dataset(args.output, split, n, args.size, seed=seed)
             print(f"{split}: {n} images in {images}, annotations {ann}")
+        return 0
+    if print_config_if_asked(DetectConfig, args):
         return 0
     from ..utils.extras import require
     require("pycocotools", f"simattn detect {args.action}")
