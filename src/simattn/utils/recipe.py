@@ -587,12 +587,12 @@ def _given(path: str, value: Any, source: str) -> str:
     return f"{path} {quoted(value)} ({source})"
 
 
-def _drop_replaced(schema: type, before: Dict[str, Any], values: Dict[str, Any], update: Mapping[str, Any],
-                   origins: Dict[str, List[str]], source: str) -> List[str]:
+def _drop_replaced(schema: type, defaults: Dict[str, Any], before: Dict[str, Any], values: Dict[str, Any],
+                   update: Mapping[str, Any], origins: Dict[str, List[str]], source: str) -> List[str]:
     """Reset to their defaults the options of a choice this layer replaced that the new value does not take and
     that this layer did not set; a free-form mapping this layer added items to keeps only those. Returns one note
     per replaced choice naming what was dropped."""
-    defaults, named = dataclasses.asdict(schema()), set(_named(update, schema))
+    named = set(_named(update, schema))
     dropped: Dict[str, List[str]] = {}
     for path, spec in option_paths(schema).items():
         if not spec.belongs_to:
@@ -615,9 +615,9 @@ def _drop_replaced(schema: type, before: Dict[str, Any], values: Dict[str, Any],
             f"; dropped what belonged to that: {', '.join(names)}" for choice, names in dropped.items()]
 
 
-def _check_belonging(schema: type, values: Mapping[str, Any], origins: Mapping[str, List[str]]) -> None:
+def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str, Any],
+                     origins: Mapping[str, List[str]]) -> None:
     """A one-line ValueError for an option set (away from its default) for a choice it does not apply to."""
-    defaults = dataclasses.asdict(schema())
     for path, spec in option_paths(schema).items():
         if not spec.belongs_to:
             continue
@@ -637,8 +637,9 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
     layers set for the replaced value (options declared with ``Opt.belongs_to``), with a note; an option that does
     not apply to the final choice is a one-line ValueError naming where it was set."""
     from .values import parse_assignments
-    values = dataclasses.asdict(schema())
-    origins: Dict[str, List[str]] = {path: ["default"] for path in option_paths(schema)}
+    defaults = dataclasses.asdict(schema())
+    paths = option_paths(schema)
+    values, origins = defaults, {path: ["default"] for path in paths}
     layers: List[Tuple[str, Optional[Path], Mapping[str, Any]]] = []
     if recipe is not None:
         layers = [(f"recipe {recipe_name(str(path))}", path, data) for path, data in _recipe_layers(str(recipe), schema)]
@@ -652,13 +653,13 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
             values = _merge(values, update, schema)
         except ValueError as e:
             raise ValueError(f"{e} (in recipe {path})" if path else str(e)) from None
-        notes += _drop_replaced(schema, before, values, update, origins, source)
+        notes += _drop_replaced(schema, defaults, before, values, update, origins, source)
         for name in _named(update, schema):  # a free-form mapping given items keeps the others it had
-            kept = _is_free(option_paths(schema)[name]) and set(_leaf(values, name)) - set(_leaf(update, name) or {})
+            kept = _is_free(paths[name]) and set(_leaf(values, name)) - set(_leaf(update, name) or {})
             origins[name] = [*(s for s in origins[name] if s != source), source] if kept else [source]
     if recipe is not None and "recipe" in _specs(schema):
         values["recipe"] = str(recipe)
-    _check_belonging(schema, values, origins)
+    _check_belonging(schema, defaults, values, origins)
     return Resolved(schema, values, origins, notes)
 
 
