@@ -1,6 +1,6 @@
 """``simattn detect``: Mask R-CNN training and COCO box/mask AP evaluation on COCO-layout data.
 
-    simattn detect shapes [--output data/shapes]                    # a tiny synthetic COCO-layout dataset
+    simattn detect shapes [--output data/shapes]                 # a tiny synthetic COCO-layout dataset
     simattn detect train --config detect_shapes_cpu [--epochs 2 --set model.fpn_channels=64 ...] [--output DIR] [--resume]
     simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/last.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\

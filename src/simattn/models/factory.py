@@ -22,7 +22,8 @@ from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
+__all__ = ["create_model", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
+           "checkpoint_filter_for",
            "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
 

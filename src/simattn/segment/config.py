@@ -14,6 +14,7 @@ __all__ = ["SegmentConfig", "SegmentEval", "SEGMENT_DATASETS"]
 
 #: dataset names :func:`simattn.data.segmentation.create_segmentation_dataset` reads
 SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder", "wds", "hfds"]
+ON_DISK = [name for name in SEGMENT_DATASETS if name != "digits"]  # the embedded digit scenes need no folder
 
 
 @dataclass
@@ -50,7 +51,7 @@ class SegmentConfig(EngineConfig):
                                      "(shards) | hfds (saved Hugging Face dataset: image + mask columns)",
                           choices=SEGMENT_DATASETS)
     data_dir: Optional[str] = option(None, "dataset root in its standard layout (not used by digits)",
-                                     check=check_path, belongs_to=("dataset", *SEGMENT_DATASETS[1:]))
+                                     check=check_path, belongs_to=("dataset", *ON_DISK))
     train_split: str = option("train", "split to train on")
     val_split: str = option("val", "split to evaluate on")
     dataset_kwargs: Dict[str, Any] = option(factory=dict, help="the reader's own options (digits: canvas, "

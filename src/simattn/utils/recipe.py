@@ -24,8 +24,9 @@ From that one declaration come:
   and ``overwrite`` say where a run goes, not what it does, and are left out.
 
 Options whose default is an empty mapping (``model_kwargs``) are free-form keyword arguments for a library call;
-overrides merge into them key by key and ``null`` or ``{}`` empties them. Commands without recipes (validate, export, viz,
-bench, demo) declare :class:`Opt` mappings and use :func:`add_option_flags` and :func:`checked_flags`.
+overrides merge into them key by key and ``null`` or ``{}`` empties them. Commands without recipes (validate, export,
+viz, bench, demo) declare :class:`Opt` mappings and use :func:`add_option_flags` and :func:`checked_flags`; their
+option names become flags through :func:`flag_name`, the one place that does.
 """
 from __future__ import annotations
 
@@ -611,8 +612,8 @@ def _drop_replaced(schema: type, defaults: Dict[str, Any], before: Dict[str, Any
             _set_leaf(values, path, copy.deepcopy(default))
             origins[path] = ["default"]
         dropped.setdefault(choice, []).append(f"{path} {quoted(old)} ({where})")
-    return [f"{_given(choice, _leaf(values, choice), source)} replaces {_given(choice, _leaf(before, choice), origins[choice][-1])}"
-            f"; dropped what belonged to that: {', '.join(names)}" for choice, names in dropped.items()]
+    return [f"{_given(choice, _leaf(values, choice), source)} replaces "
+            f"{_given(choice, _leaf(before, choice), origins[choice][-1])}; dropped what belonged to that: {', '.join(names)}" for choice, names in dropped.items()]
 
 
 def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str, Any],
@@ -642,7 +643,8 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
     values, origins = defaults, {path: ["default"] for path in paths}
     layers: List[Tuple[str, Optional[Path], Mapping[str, Any]]] = []
     if recipe is not None:
-        layers = [(f"recipe {recipe_name(str(path))}", path, data) for path, data in _recipe_layers(str(recipe), schema)]
+        layers = [(f"recipe {recipe_name(str(path))}", path, data)
+                  for path, data in _recipe_layers(str(recipe), schema)]
     if overrides:
         update = overrides if isinstance(overrides, Mapping) else parse_assignments(overrides, what="--set item")
         layers.append(("flag", None, update))
