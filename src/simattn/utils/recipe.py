@@ -613,7 +613,8 @@ def _drop_replaced(schema: type, defaults: Dict[str, Any], before: Dict[str, Any
             origins[path] = ["default"]
         dropped.setdefault(choice, []).append(f"{path} {quoted(old)} ({where})")
     return [f"{_given(choice, _leaf(values, choice), source)} replaces "
-            f"{_given(choice, _leaf(before, choice), origins[choice][-1])}; dropped what belonged to that: {', '.join(names)}" for choice, names in dropped.items()]
+            f"{_given(choice, _leaf(before, choice), origins[choice][-1])}; dropped what belonged to that: "
+            f"{', '.join(names)}" for choice, names in dropped.items()]
 
 
 def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str, Any],
