@@ -208,3 +208,29 @@ def test_recipe_layers_resolve_in_order_and_origins_follow_them():
     assert resolved.origins["lr"] == ["flag"] and resolved.origins["batch_size"] == ["recipe convert_digits"]
     assert resolved.origins["model"] == ["recipe digits_cpu"] and resolved.origins["drop"] == ["default"]
     assert resolved.notes == [] and recipe_overrides(TrainConfig, _parse("train", [])[1]) == {}
+
+
+def test_a_recipe_bent_to_another_dataset_runs(tmp_path, capsys, one_thread):
+    """A segmentation recipe written for images on disk, pointed at the embedded digit scenes: its folder and its
+    reader's options are dropped (a note), the user's own reader options kept, and the run trains and scores."""
+    pytest.importorskip("segmentation_models_pytorch")
+    recipe = tmp_path / "my_folder_recipe.yaml"
+    recipe.write_text("base: seg_digits_cpu\ndataset: folder\ndata_dir: /data/my_masks\n"
+                      "dataset_kwargs: {classes_file: /data/my_masks/classes.txt}\n")
+    tiny = ["--model-kwargs", "img_size=64", "patch_size=16", "embed_dim=32", "depth=4", "num_heads=2",
+            "decoder_channels=16", "segmentation_channels=32", "--crop-size", "[64, 64]", "--img-scale", "[64, 64]",
+            "--epochs", "1", "--max-updates", "1", "--batch-size", "4", "--threads", "1"]
+    code = simattn_main(["segment", "-c", str(recipe), "--dataset", "digits", "--set",
+                         "dataset_kwargs={canvas: 64, num_train: 8, num_val: 4}", *tiny,
+                         "--output", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    # the user's recipe replaced its base's dataset (dropping the digit scenes' options), then the flag replaced it
+    base, flag = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert base.startswith("note: dataset 'folder' (recipe my_folder_recipe) replaces dataset 'digits' (recipe "
+                           "seg_digits_cpu)") and "digits_per_scene" in base
+    assert flag.startswith("note: --dataset digits replaces dataset 'folder' (recipe my_folder_recipe)")
+    assert "data_dir '/data/my_masks'" in flag and "classes_file" in flag
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["dataset"] == "digits" and saved["data_dir"] is None
+    assert saved["dataset_kwargs"] == {"canvas": 64, "num_train": 8, "num_val": 4}
