@@ -299,8 +299,7 @@ def test_bad_options_are_one_line_errors_before_any_work(argv, says, tmp_path, c
 ])
 def test_inputs_that_need_more_memory_than_the_machine_has_are_refused(argv, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    err = _one_line_error(capsys, simattn_main([*argv, "--out" if argv[0] in ("detect", "viz") else "--output",
-                                                 str(tmp_path / "out")]))
+    err = _one_line_error(capsys, simattn_main([*argv, "--output", str(tmp_path / "out")]))
     assert "would need at least" in err and "GiB available" in err
     assert not (tmp_path / "out").exists()
 

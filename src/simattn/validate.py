@@ -28,6 +28,7 @@ import torch
 from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
 from .utils.global_state import restores_global_state
 from .utils.io import atomic_write_json, check_outputs
+from .utils.recipe import flag_name
 from .utils.runlog import use_tqdm
 
 __all__ = ["validate_weights", "resolve_device", "main"]
@@ -65,10 +66,6 @@ SEGMENTATION_ONLY = ("mode", "crop_size", "stride", "flip", "scales", "save_pred
 #: the options that only classifiers take, with their defaults
 CLASSIFICATION_ONLY = {"img_size": None, "crop_pct": None, "interpolation": None, "batch_size": 64, "amp": False,
                        "amp_dtype": "bfloat16", "channels_last": False}
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 @restores_global_state  # threads= and the data pipeline's seeding stay inside the call
@@ -115,7 +112,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                                                       "interpolation": interpolation, "batch_size": batch_size,
                                                       "amp": amp, "amp_dtype": amp_dtype,
                                                       "channels_last": channels_last})
-    given = [_flag(k) for k, v in seg_options.items() if v is not None]
+    given = [flag_name(k) for k, v in seg_options.items() if v is not None]
     if given:
         raise ValueError(f"{', '.join(given)} applies to segmentation weights only; {weights.name} holds a "
                          "classifier")
@@ -184,7 +181,7 @@ def _validate_segmentation(source, model: Optional[str], model_kwargs: Optional[
     from .segment.config import SEGMENT_DATASETS
     from .segment.validation import validate_segmentation
 
-    given = [_flag(k) for k, v in classification.items() if v != CLASSIFICATION_ONLY[k]]
+    given = [flag_name(k) for k, v in classification.items() if v != CLASSIFICATION_ONLY[k]]
     if given:
         raise ValueError(f"{', '.join(given)} applies to classifiers only; {source.path.name} holds a segmenter "
                          "(images are resized as its run evaluated; --scales, --mode slide and --crop-size change "

@@ -18,10 +18,12 @@ import torch
 from torch import nn
 
 from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors
+from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
+__all__ = ["create_model", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
+           "checkpoint_filter_for",
            "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
 
@@ -46,17 +48,23 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
 
 
-def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
+def model_options(weights_required: bool = False) -> Dict[str, Opt]:
     """The model-source options of every command that loads a model (``export``, ``viz``, ``validate``):
-    ``--model``, ``--weights``, ``--use-ema`` and ``--model-kwargs`` (see :func:`load_model`)."""
-    parser.add_argument("--model", help="registered model name (default: the name stored with --weights)")
-    parser.add_argument("--weights", required=weights_required,
-                        help="weights: a .safetensors file written by simattn, a training checkpoint (.pth), or a "
+    ``model``, ``weights``, ``use_ema`` and ``model_kwargs`` (see :func:`load_model`)."""
+    return {
+        "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
+        "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), or a "
                              "bare state dict with --model" + ("" if weights_required else
-                                                                "; random weights when omitted"))
-    parser.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
-    parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                        help=MODEL_KWARGS_HELP)
+                                                                "; random weights when omitted"),
+                       type=maybe(str), check=check_path, required=weights_required),
+        "use_ema": Opt(False, "load the EMA weights of a training checkpoint"),
+        "model_kwargs": Opt({}, MODEL_KWARGS_HELP),
+    }
+
+
+def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
+    """The flags of :func:`model_options` (``--model``, ``--weights``, ``--use-ema``, ``--model-kwargs``)."""
+    add_option_flags(parser, model_options(weights_required))
 
 
 #: the one description of ``--model-kwargs`` (every command that builds a model)

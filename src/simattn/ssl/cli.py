@@ -11,7 +11,7 @@ import dataclasses
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
 from .config import SslConfig
 
 __all__ = ["main"]
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
+    if print_config_if_asked(SslConfig, args):
+        return 0
     cfg = recipe_from_args(SslConfig, args)
     if args.action == "train":
         from ..utils.extras import require
