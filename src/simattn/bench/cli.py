@@ -77,7 +77,9 @@ def check_bench_flags(args, specs: Dict[str, Any]) -> None:
 def refuse_unused(args, unused: List[str], why: str) -> None:
     """A one-line ValueError when any of the options ``unused`` (attribute names, None or False when not given)
     was given: ``why`` says what they apply to."""
-    given = ["--" + name.replace("_", "-") for name in unused
+    from ..utils.recipe import flag_name
+
+    given = [flag_name(name) for name in unused
              if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ...models.factory import parse_model_kwargs
-from ...utils.recipe import Opt, maybe, option_paths
+from ...utils.recipe import Opt, flag_name, maybe, option_paths
 from ...utils.timing import set_threads
 from ...utils.values import OPTIONS_HELP, parse_assignments
 from ..cli import check_bench_flags, check_out, refuse_unused, require_cuda, shared
@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "configuration in its own subprocess.", options)
     add_option_flags(p.add_mutually_exclusive_group(), order)
     for name, opt in tri_state.items():
-        p.add_argument("--" + name.replace("_", "-"), action=argparse.BooleanOptionalAction, default=None,
+        p.add_argument(flag_name(name), action=argparse.BooleanOptionalAction, default=None,
                        help=opt.help)
     # sizes are read as text (YAML would read 0x10 as the number 16); check_sizes reads N and HxW
     next(a for a in p._actions if a.dest == "img_size").type = str
@@ -173,7 +173,7 @@ def _apply_preset(args: argparse.Namespace) -> None:
     error."""
     if args.preset is None:
         return
-    given = ["--" + name.replace("_", "-") for name in ("img_size", "head", "batch_size")
+    given = [flag_name(name) for name in ("img_size", "head", "batch_size")
              if getattr(args, name) is not None]
     if given:
         raise ValueError(f"--preset {args.preset} sets the sizes, heads and batches of its table; drop "
