@@ -224,3 +224,32 @@ def test_a_segmenters_folder_names_its_task_classes_and_palette_and_scores_the_s
     expected = _validate(capsys, str(weights))
     result = _validate(capsys, f"local-dir:{tmp_path / 'hub'}")
     assert result["miou"] == expected["miou"] and result["per_class"] == expected["per_class"]
+
+
+def test_a_detectors_folder_names_its_task_classes_and_palette_and_rebuilds_the_same_detector(tmp_path):
+    import dataclasses
+
+    pytest.importorskip("pycocotools")
+    from simattn.detect.config import DetectConfig
+    from simattn.detect.model import DETECTION_TASK, build_mask_rcnn, load_detector
+    section = {"backbone": "sima_deit_tiny_patch16_224", "backbone_weights": None, "drop_path_rate": 0.0,
+               "backbone_kwargs": {"img_size": 64, "patch_size": 16, "embed_dim": 32, "depth": 4, "num_heads": 2},
+               "out_indices": [0, 1, 2, 3], "strides": [4, 8, 16, 32], "fpn_channels": 16, "box_head_dim": 32,
+               "mask_head_channels": 8, "min_size": 64, "max_size": 64, "maskrcnn": {}}
+    section = {**dataclasses.asdict(DetectConfig().model), **section}  # the recipe's model section, tiny
+    torch.manual_seed(0)
+    detector = build_mask_rcnn(section, num_classes=3).eval()
+    categories = [{"id": 1, "name": "square"}, {"id": 2, "name": "disc"}]
+    torch.save({"task": "simattn detect", "model_name": section["backbone"], "model_kwargs": section,
+                "model": detector.state_dict(), "task_state": {"categories": categories}}, tmp_path / "last.pth")
+    _save(tmp_path / "last.pth", tmp_path / "hub")
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["task"] == DETECTION_TASK and config["label_names"] == ["background", "square", "disc"]
+    assert len(config["palette"]) == 3 and config["category_ids"] == [1, 2]
+    loaded, record = load_detector(f"local-dir:{tmp_path / 'hub'}")
+    assert record.extra["classes"] == config["label_names"]
+    image = [torch.rand(3, 64, 64)]
+    with torch.no_grad():
+        expected, got = detector(image)[0], loaded(image)[0]
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in detector.state_dict().items())

@@ -104,6 +104,7 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
 
 def run_save(argv: List[str]) -> Dict[str, Any]:
     """``simattn hub save`` with arguments ``argv``; returns what was written (``folder``, ``files``, ``pushed``)."""
+    from .detect.model import detector_config, load_detector
     from .models.factory import attention_kind, load_model
     from .models.hub import hub_config, resolve_weights, save_hub_folder
     from .models.weights import read_weights_record
@@ -112,15 +113,20 @@ def run_save(argv: List[str]) -> Dict[str, Any]:
     args = checked_flags(build_save_parser().parse_args(argv), save_options())
     _check_inputs(args)
     path = resolve_weights(args["weights"])
-    record = read_weights_record(path)
-    if record is None:
-        raise ValueError(f"weights {args['weights']} do not name their model (no simattn record): hub save takes "
-                         "files simattn wrote (train, segment, ssl, convert)")
-    model, spec = load_model(None, path, use_ema=args["use_ema"])
-    record.model_kwargs = dict(spec["config"])
-    record.num_classes = getattr(model, "num_classes", record.num_classes)
+    detector = load_detector(path, use_ema=args["use_ema"])
+    if detector is not None:  # not a timm model: its folder is read by simattn detect
+        model, record = detector
+        config = detector_config(model, record)
+    else:
+        record = read_weights_record(path)
+        if record is None:
+            raise ValueError(f"weights {args['weights']} do not name their model (no simattn record): hub save "
+                             "takes files simattn wrote (train, segment, detect, ssl, convert)")
+        model, spec = load_model(None, path, use_ema=args["use_ema"])
+        record.model_kwargs = dict(spec["config"])
+        record.num_classes = getattr(model, "num_classes", record.num_classes)
+        config = hub_config(model, record.model, record.data_config, **_task_entries(record))
     run = _run_facts(path)
-    config = hub_config(model, record.model, record.data_config, **_task_entries(record))
     card = model_card(record, config, run, params=sum(p.numel() for p in model.parameters()),
                       attention=attention_kind(model), repo=args["push"])
     metadata = record.to_metadata()
@@ -206,6 +212,9 @@ def _metrics(record, summary: Mapping[str, Any]) -> Dict[str, Any]:
     found: Dict[str, Any] = {}
     for section in ("final", "best", "ema"):
         found.update(_scalars(summary.get(section), f"{section} "))
+    evaluation = summary.get("eval") if isinstance(summary.get("eval"), Mapping) else {}
+    for section in ("bbox", "segm"):  # a detector's last COCO evaluation
+        found.update(_scalars(evaluation.get(section), f"{section} "))
     if not found:
         found.update(_scalars(record.extra.get("metrics")))
         found.update(_scalars({k: record.extra[k] for k in ("miou", "epoch") if k in record.extra}))
@@ -237,12 +246,15 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
     from . import __version__
 
     summary = run.get("summary") or {}
-    segmenter = record.extra.get("task") == "semantic_segmentation"
-    task = "image-segmentation" if segmenter else "image-classification"
+    kind = {"semantic_segmentation": "segmenter", "instance_segmentation": "detector"}.get(
+        record.extra.get("task"), "classifier")
+    task = {"segmenter": "image-segmentation", "detector": "object-detection"}.get(kind, "image-classification")
     dataset = _dataset(record, summary, run.get("recipe"))
     attention = attention or record.extra.get("attention") or record.model_kwargs.get("attn_type")
     size = (config.get("pretrained_cfg") or {}).get("input_size")
-    details: Dict[str, Any] = {"Model type": "Semantic segmentation" if segmenter else "Image classification",
+    details: Dict[str, Any] = {"Model type": {"segmenter": "Semantic segmentation",
+                                              "detector": "Object detection and instance segmentation (Mask R-CNN)"
+                                              }.get(kind, "Image classification"),
                                "Architecture": record.model, "Params (M)": f"{params / 1e6:.2f}"}
     if record.model_kwargs.get("backbone"):
         details["Backbone"] = record.model_kwargs["backbone"]
@@ -257,8 +269,9 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
     usage = ("```python\nimport simattn  # registers the SimA families with timm\nimport timm\n\n"
              f"model = timm.create_model({load!r}, pretrained=True).eval()\n```\n\n"
              f"Or with the simattn commands: `simattn validate --weights {load}`.\n")
-    if segmenter:
-        usage = (f"```bash\nsimattn validate --weights {load}\n```\n\nThe segmenter loads through simattn "
+    if kind != "classifier":
+        command = "validate" if kind == "segmenter" else "detect eval --config RECIPE"
+        usage = (f"```bash\nsimattn {command} --weights {load}\n```\n\nThe {kind} loads through simattn "
                  "(`--weights`), which rebuilds it from the record in `model.safetensors`.\n")
     text = generate_readme({"tags": [task, "timm", "simattn"] + ([attention] if attention else []),
                             "description": f"{record.model} trained with {record.producer or 'simattn'} "
