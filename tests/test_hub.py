@@ -13,7 +13,7 @@ import torch
 
 import simattn  # noqa: F401  (registers the models)
 from simattn.cli import main as simattn_main
-from simattn.models.factory import create_model, load_model
+from simattn.models.factory import create_model, load_initial_weights, load_model
 from simattn.models.weights import read_weights_record, save_weights, weights_metadata
 
 from cli_inputs import one_line_error
@@ -75,8 +75,12 @@ def test_timm_and_simattn_rebuild_every_family_from_the_folder_with_the_same_log
     with torch.no_grad():
         expected = checkpoint(x)
         assert torch.equal(from_timm(x), expected) and torch.equal(from_simattn(x), expected)
-    config = json.loads((tmp_path / "hub" / "config.json").read_text())
     name, kwargs = FAMILIES[family]
+    started = create_model(name, num_classes=10, **kwargs)  # --initial-checkpoint, model.weights, ...
+    report = load_initial_weights(started, f"local-dir:{tmp_path / 'hub'}")
+    assert not (report.missing or report.reset or report.unexpected)
+    assert all(torch.equal(v, started.state_dict()[k]) for k, v in checkpoint.state_dict().items())
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert config["architecture"] == name and config["num_classes"] == 10
     assert config["num_features"] == checkpoint.num_features
     assert {k: config["model_args"][k] for k in kwargs if k != "img_size"} == \
