@@ -207,6 +207,12 @@ def test_the_folder_is_new_or_replaced_whole(tmp_path, capsys):
     err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(inside), "--output", str(out),
                                                "--overwrite"]))
     assert "inside --output" in err and inside.exists()
+    err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", f"local-dir:{out}", "--output", str(out),
+                                               "--overwrite"]))
+    assert "inside --output" in err
+    err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(weights), "--output",
+                                               str(tmp_path / "new"), "--private"]))
+    assert "--private applies to --push only" in err and not (tmp_path / "new").exists()
     err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(weights), "--output",
                                                str(weights / "x")]))
     assert "is under" in err and "a file" in err

@@ -76,14 +76,17 @@ def _usage() -> str:
 def _check_inputs(args: Mapping[str, Any]) -> None:
     """The one-line refusals that come before any work."""
     from . import deploy
-    from .models.hub import hub_name
+    from .models.hub import hub_name, resolve_weights
     from .utils.io import check_new_folder
 
     if args["weights"] is None:
         raise ValueError("--weights is required (simattn hub save --weights W.safetensors --output DIR)")
     if args["output"] is None and args["push"] is None:
         raise ValueError("--output DIR or --push ORG/NAME is required: where the folder goes")
-    if hub_name(args["weights"]) is None:
+    if args["private"] and args["push"] is None:
+        raise ValueError("--private applies to --push only (the repository it creates)")
+    source = hub_name(args["weights"])
+    if source is None:
         if deploy.for_path(args["weights"]) is not None:
             raise ValueError(f"--weights {args['weights']} is an exported file; hub save takes the weights it was "
                              "exported from (.safetensors, or a run's last.pth)")
@@ -91,7 +94,8 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
             raise FileNotFoundError(f"weights file not found: {args['weights']}")
     if args["output"] is not None:
         check_new_folder(args["output"], args["overwrite"])
-        weights = os.path.realpath(args["weights"])
+        local = source is None or source[0] == "local-dir"  # (an hf-hub download lies in the Hub's cache)
+        weights = os.path.realpath(resolve_weights(args["weights"]) if local else args["weights"])
         folder = os.path.realpath(args["output"])
         if args["overwrite"] and os.path.commonpath([weights, folder]) == folder:
             raise ValueError(f"--weights {args['weights']} is inside --output {args['output']}, which --overwrite "
