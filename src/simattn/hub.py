@@ -9,9 +9,9 @@ The folder (:mod:`simattn.models.hub`) holds timm's ``config.json`` (architectur
 ``num_features``, ``model_args``, ``pretrained_cfg`` with the preprocessing; for a segmenter also the task, class
 names and palette), ``model.safetensors`` with the weights record, and a ``README.md`` model card: the run's
 metrics, data and recipe (from the record and the ``summary.json`` / ``config.yaml`` beside the weights), and the
-simattn, timm and torch versions. After ``import simattn``, ``timm.create_model("local-dir:DIR", pretrained=True)``
-rebuilds a classifier with the same logits, and every simattn command takes ``--weights local-dir:DIR`` or
-``--weights hf-hub:ORG/NAME``. ``--push`` uploads the folder with ``huggingface_hub`` (a token from ``HF_TOKEN`` or
+simattn, timm and torch versions. After ``import simattn``, timm's ``create_model`` given ``local-dir:DIR`` and
+``pretrained=True`` rebuilds a classifier with the same logits, and every simattn command takes
+``--weights local-dir:DIR`` or ``--weights hf-hub:ORG/NAME``. ``--push`` uploads the folder with ``huggingface_hub`` (a token from ``HF_TOKEN`` or
 ``hf auth login``).
 """
 from __future__ import annotations
@@ -139,8 +139,7 @@ def run_save(argv: List[str]) -> Dict[str, Any]:
         folder = save_hub_folder(model, config, metadata, args["output"], card, overwrite=args["overwrite"])
         result["folder"] = str(folder)
         print(f"wrote {folder} (config.json, model.safetensors, README.md); load it with "
-              f"timm.create_model('local-dir:{folder}', pretrained=True) after import simattn, or --weights "
-              f"local-dir:{folder}", flush=True)
+              f"{_how_to_load(f'local-dir:{folder}', record)}", flush=True)
         if args["push"] is not None:
             result["pushed"] = push_folder(folder, args["push"], private=args["private"])
     else:
@@ -148,9 +147,16 @@ def run_save(argv: List[str]) -> Dict[str, Any]:
             folder = save_hub_folder(model, config, metadata, Path(tmp) / "folder", card)
             result["pushed"] = push_folder(folder, args["push"], private=args["private"])
     if result["pushed"]:
-        print(f"uploaded to {result['pushed']}; load it with timm.create_model('hf-hub:{args['push']}', "
-              f"pretrained=True) after import simattn, or --weights hf-hub:{args['push']}", flush=True)
+        print(f"uploaded to {result['pushed']}; load it with {_how_to_load(f'hf-hub:' + args['push'], record)}",
+              flush=True)
     return result
+
+
+def _how_to_load(name: str, record) -> str:
+    """How the folder ``name`` is opened: by timm (a classifier) and by every simattn command's ``--weights``."""
+    from .models.hub import timm_loader
+    simattn_only = record.extra.get("task") in ("semantic_segmentation", "instance_segmentation")
+    return f"--weights {name}" if simattn_only else f"{timm_loader(name)} after import simattn, or --weights {name}"
 
 
 def push_folder(folder: Path, repo_id: str, *, private: bool = False) -> str:
@@ -248,6 +254,7 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
     from timm.models._hub import generate_readme
 
     from . import __version__
+    from .models.hub import timm_loader
 
     summary = run.get("summary") or {}
     kind = {"semantic_segmentation": "segmenter", "instance_segmentation": "detector"}.get(
@@ -271,7 +278,7 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
         details["Dataset"] = dataset
     load = f"hf-hub:{repo}" if repo else "local-dir:PATH/TO/THIS/FOLDER"
     usage = ("```python\nimport simattn  # registers the SimA families with timm\nimport timm\n\n"
-             f"model = timm.create_model({load!r}, pretrained=True).eval()\n```\n\n"
+             f"model = {timm_loader(load)}.eval()\n```\n\n"
              f"Or with the simattn commands: `simattn validate --weights {load}`.\n")
     if kind != "classifier":
         command = "validate" if kind == "segmenter" else "detect eval --config RECIPE"

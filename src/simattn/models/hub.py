@@ -21,13 +21,18 @@ from torch import nn
 
 from ..utils.io import atomic_folder, save_safetensors
 
-__all__ = ["HUB_PREFIXES", "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME", "hub_name", "resolve_weights",
+__all__ = ["HUB_PREFIXES", "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME", "hub_name", "timm_loader", "resolve_weights",
            "hub_config", "save_hub_folder"]
 
 #: the model names timm reads from a folder (``local-dir:``) or a Hub repository (``hf-hub:``)
 HUB_PREFIXES = ("local-dir:", "hf-hub:")
 #: the files of a folder (timm's names)
 WEIGHTS_NAME, CONFIG_NAME, CARD_NAME = "model.safetensors", "config.json", "README.md"
+
+
+def timm_loader(name: str) -> str:
+    """The Python line that loads the folder ``name`` (``local-dir:DIR``, ``hf-hub:ORG/NAME``) with timm."""
+    return f"timm.create_model({name!r}, pretrained=True)"
 
 
 def hub_name(weights: Union[str, Path, None]) -> Optional[Tuple[str, str]]:
