@@ -263,3 +263,20 @@ def test_a_detectors_folder_names_its_task_classes_and_palette_and_rebuilds_the_
         expected, got = detector(image)[0], loaded(image)[0]
     assert all(torch.equal(expected[k], got[k]) for k in expected)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in detector.state_dict().items())
+
+
+def test_a_save_that_fails_midway_leaves_the_old_folder_as_it_was(tmp_path, capsys, monkeypatch):
+    from simattn.models import hub
+    weights = _weights(tmp_path)
+    _save(weights, tmp_path / "hub")
+    before = {p.name: p.read_bytes() for p in (tmp_path / "hub").iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(hub, "save_safetensors", full_disk)
+    err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(weights), "--output",
+                                               str(tmp_path / "hub"), "--overwrite"]))
+    assert "No space left" in err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "hub").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deit.safetensors", "hub"]  # no temporary folder left
