@@ -60,7 +60,9 @@ def main(argv: List[str]) -> int:
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     name = recipe_name(args.config) or "detect"
-    out = results_folder(cfg.output, args.weights, f"{name}_eval", "detect_eval")
+    from ..models.hub import resolve_weights
+    beside = str(resolve_weights(args.weights)) if args.weights else None  # a hub folder's model.safetensors
+    out = results_folder(cfg.output, beside, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(cfg, args.weights)
     print(json_dumps(_ap_summary(results)), flush=True)  # shown before anything is written
     atomic_write_json({"weights": args.weights, **results}, out / "eval.json")

@@ -49,6 +49,7 @@ def main(argv: List[str]) -> int:
 def _evaluate(cfg: SslConfig, args, name: str) -> int:
     from ..engine.dist import init_distributed
     from ..models.factory import load_initial_weights
+    from ..models.hub import resolve_weights
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     from .dino import build_backbone
@@ -60,7 +61,9 @@ def _evaluate(cfg: SslConfig, args, name: str) -> int:
         report = load_initial_weights(backbone, args.weights, model_name=cfg.model.name, use_ema=args.ema,
                                       strict=True)
         print(report.summary(), flush=True)
-    out = results_folder(cfg.output, args.weights, f"{name}_eval", "ssl_eval")
+    # the results go beside the weights file (a hub folder's, for local-dir: and hf-hub: names)
+    beside = str(resolve_weights(args.weights)) if args.weights else None
+    out = results_folder(cfg.output, beside, f"{name}_eval", "ssl_eval")
     results = evaluate_backbone(backbone, cfg, device=device)
     results = {"model": cfg.model.name, "weights": args.weights or "random init", **results}
     print(json_dumps(results), flush=True)  # shown before anything is written
