@@ -99,10 +99,20 @@ def test_imports_only_go_down_the_layers():
              "models": {"attention", "models", "utils"},
              "data": {"data", "utils"},
              "deploy": {"deploy", "models", "utils"},
-             "engine": {"engine", "data", "models", "attention", "utils"}}
+             "engine": {"engine", "data", "models", "attention", "utils"},
+             "classify": {"classify", "engine", "data", "models", "attention", "utils"}}
     wrong = sorted(f"{name} imports {dep}" for name, deps in _graph().items() if _layer(name) in below
                    for dep in deps if dep.startswith("simattn.") and _layer(dep) not in below[_layer(name)])
     assert wrong == []
+
+
+def test_convert_imports_nothing_from_train():
+    """What train and convert share (classification options, data, evaluation, the task) is in classify/."""
+    graph = _graph()
+    wrong = sorted(f"{name} imports {dep}" for name, deps in graph.items() if _layer(name) == "convert"
+                   for dep in deps if _layer(dep) == "train")
+    assert wrong == []
+    assert any(_layer(dep) == "classify" for name, deps in graph.items() if _layer(name) == "convert" for dep in deps)
 
 
 def _files_containing(text: str) -> List[str]:

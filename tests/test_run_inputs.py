@@ -230,7 +230,7 @@ def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     # a recipe that shares values through aliases is still read
     (tmp_path / "ok.yaml").write_text("base: digits_cpu\nscale: &s [1.0, 1.0]\nratio: *s\n")
-    from simattn.train.config import load_config
+    from simattn.classify.config import load_config
     assert load_config(str(tmp_path / "ok.yaml")).ratio == [1.0, 1.0]
 
 

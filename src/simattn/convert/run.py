@@ -21,9 +21,9 @@ from ..engine.core import session
 from ..engine.data import build_eval_loader
 from ..engine.dist import barrier
 from ..engine.stages import StagedRun
-from ..train.evaluation import evaluate
-from ..train.task import Trainer, open_datasets
-from ..train.transforms import build_transform, data_config_for
+from ..classify.evaluation import evaluate
+from ..classify.task import Trainer, open_datasets
+from ..classify.transforms import build_transform, data_config_for
 from ..utils.io import atomic_path, atomic_write_json
 from .config import ConvertConfig
 from .report import write_report

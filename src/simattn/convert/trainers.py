@@ -1,4 +1,4 @@
-"""The two conversion stages as runs of the training engine (:class:`simattn.train.task.Trainer`), so they get
+"""The two conversion stages as runs of the training engine (:class:`simattn.classify.task.Trainer`), so they get
 its optimizers, schedules, AMP, DDP, exact kill-and-resume and atomic checkpoints.
 
 Stage 1, attention transfer (:class:`TransferTrainer`), with one of two targets (``transfer_target``):
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..train.task import Trainer
+from ..classify.task import Trainer
 from .student import LAYOUT_PARAMS, attention_modules
 
 __all__ = ["TransferTrainer", "DistillTrainer", "transfer_parameters", "transfer_loss", "distill_loss"]

@@ -5,7 +5,7 @@ import argparse
 from typing import List, Optional
 
 from ..utils.recipe import recipe_from_args, recipe_parser
-from .config import TrainConfig
+from ..classify.config import TrainConfig
 
 __all__ = ["main", "build_parser"]
 
@@ -19,6 +19,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     cfg = recipe_from_args(TrainConfig, build_parser().parse_args(argv))
-    from .task import train
+    from ..classify.task import train
     train(cfg)
     return 0

@@ -1,4 +1,5 @@
-"""``simattn train``: image classification as a task of the engine (:mod:`simattn.engine.core`).
+"""Image classification as a task of the engine (:mod:`simattn.engine.core`): ``simattn train`` runs it, and
+``simattn convert``'s stages extend it.
 
 The task supplies the data (a dataset ``train`` reads, its classes), the model (the recipe's, or a
 ``model_factory``), timm's transforms, Mixup and loss, top-1/top-5 evaluation with ``best.safetensors`` whenever
