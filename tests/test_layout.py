@@ -120,14 +120,15 @@ def _files_containing(text: str) -> List[str]:
 
 
 def test_each_concern_has_one_home():
-    from simattn.engine.core import Engine  # noqa: F401  DDP wrapping, AMP and loss scaling
+    from simattn.engine.core import Engine  # noqa: F401  DDP wrapping
+    from simattn.engine.amp import MixedPrecision  # noqa: F401  AMP and loss scaling
     from simattn.engine.dist import init_distributed  # noqa: F401  process-group set-up
     from simattn.utils.recipe import load_recipe, command_parser, recipe_parser  # noqa: F401  recipes, parsers
 
     assert _files_containing("init_process_group(") == ["simattn/engine/dist.py"]
     assert _files_containing('"WORLD_SIZE"') == ["simattn/engine/dist.py"]
     assert _files_containing("DistributedDataParallel(") == ["simattn/engine/core.py"]
-    assert _files_containing("GradScaler(") == ["simattn/engine/core.py"]
+    assert _files_containing("GradScaler(") == ["simattn/engine/amp.py"]
     assert _files_containing("argparse.ArgumentParser(") == ["simattn/utils/recipe.py"]
     assert set(_files_containing("yaml.safe_load(") + _files_containing("yaml.load(")) <= {
         "simattn/utils/values.py", "simattn/utils/recipe.py"}
