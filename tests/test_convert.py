@@ -109,7 +109,8 @@ def test_transfer_loss_matches_each_layer_to_the_teachers(timm_teacher, tmp_path
         net, kwargs, _ = build_student(spec, "sima", num_classes=n, init_from=path)
         return net, kwargs
 
-    trainer = TransferTrainer(cfg, DistInfo(), teacher=teacher, model_factory=factory, metadata={}, target=target)
+    trainer = TransferTrainer(cfg, DistInfo(), teacher=teacher, model_factory=factory, metadata={},
+                              target=target).build()
     student = trainer.model
     # move the student's attention away from the teacher's so that the loss is not zero
     with torch.no_grad():

@@ -99,10 +99,20 @@ def test_imports_only_go_down_the_layers():
              "models": {"attention", "models", "utils"},
              "data": {"data", "utils"},
              "deploy": {"deploy", "models", "utils"},
-             "engine": {"engine", "data", "models", "attention", "utils"}}
+             "engine": {"engine", "data", "models", "attention", "utils"},
+             "classify": {"classify", "engine", "data", "models", "attention", "utils"}}
     wrong = sorted(f"{name} imports {dep}" for name, deps in _graph().items() if _layer(name) in below
                    for dep in deps if dep.startswith("simattn.") and _layer(dep) not in below[_layer(name)])
     assert wrong == []
+
+
+def test_convert_imports_nothing_from_train():
+    """What train and convert share (classification options, data, evaluation, the task) is in classify/."""
+    graph = _graph()
+    wrong = sorted(f"{name} imports {dep}" for name, deps in graph.items() if _layer(name) == "convert"
+                   for dep in deps if _layer(dep) == "train")
+    assert wrong == []
+    assert any(_layer(dep) == "classify" for name, deps in graph.items() if _layer(name) == "convert" for dep in deps)
 
 
 def _files_containing(text: str) -> List[str]:
@@ -110,14 +120,15 @@ def _files_containing(text: str) -> List[str]:
 
 
 def test_each_concern_has_one_home():
-    from simattn.engine.core import Engine  # noqa: F401  DDP wrapping, AMP and loss scaling
+    from simattn.engine.core import Engine  # noqa: F401  DDP wrapping
+    from simattn.engine.amp import MixedPrecision  # noqa: F401  AMP and loss scaling
     from simattn.engine.dist import init_distributed  # noqa: F401  process-group set-up
     from simattn.utils.recipe import load_recipe, command_parser, recipe_parser  # noqa: F401  recipes, parsers
 
     assert _files_containing("init_process_group(") == ["simattn/engine/dist.py"]
     assert _files_containing('"WORLD_SIZE"') == ["simattn/engine/dist.py"]
     assert _files_containing("DistributedDataParallel(") == ["simattn/engine/core.py"]
-    assert _files_containing("GradScaler(") == ["simattn/engine/core.py"]
+    assert _files_containing("GradScaler(") == ["simattn/engine/amp.py"]
     assert _files_containing("argparse.ArgumentParser(") == ["simattn/utils/recipe.py"]
     assert set(_files_containing("yaml.safe_load(") + _files_containing("yaml.load(")) <= {
         "simattn/utils/values.py", "simattn/utils/recipe.py"}

@@ -23,7 +23,7 @@ from simattn.segment.config import SegmentConfig
 from simattn.ssl.cli import _parser as ssl_parser
 from simattn.ssl.config import SslConfig
 from simattn.train.cli import build_parser as train_parser
-from simattn.train.config import TrainConfig
+from simattn.classify.config import TrainConfig
 from simattn.utils.io import load_checkpoint
 from simattn.utils.recipe import (RUN_KEYS, list_recipes, load_recipe, option_paths, recipe_from_args,
                                   recipe_overrides, recipe_to_save)

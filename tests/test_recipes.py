@@ -14,7 +14,7 @@ from simattn.convert.config import ConvertConfig
 from simattn.detect.config import DetectConfig
 from simattn.segment.config import SegmentConfig
 from simattn.ssl.config import SslConfig
-from simattn.train.config import TrainConfig
+from simattn.classify.config import TrainConfig
 from simattn.utils.recipe import list_recipes, load_recipe, merge_recipe, recipe_to_save
 
 # option, bad value, what the message must say is allowed

@@ -218,7 +218,40 @@ def test_trainer_hooks_reach_checkpoints_and_metadata(tmp_path):
     assert torch.load(out / "last.pth", weights_only=True)["task_state"]["seen"] == 2 * 64
     assert read_safetensors_metadata(out / "final.safetensors")["teacher"] == "sima_deit_tiny_patch16_224"
     trainer = _Distill(_cfg(out, epochs=2, resume="auto"), model_factory=factory)
-    assert trainer.loaded_extra == {"seen": 2 * 64}
+    assert trainer.loaded_extra is None  # the constructor only stores
+    assert trainer.build().loaded_extra == {"seen": 2 * 64}
+
+
+def test_a_task_constructor_only_stores_and_run_builds_in_order(tmp_path):
+    calls = []
+
+    class Late(Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.note = "set after the engine's constructor"  # nothing was built or resumed yet
+
+        def setup(self):
+            calls.append(("setup", self.note))
+            super().setup()
+
+        def create_model(self):
+            calls.append(("model", hasattr(self, "num_classes")))
+            return super().create_model()
+
+        def train_dataset(self):
+            calls.append(("data", hasattr(self, "model")))
+            return super().train_dataset()
+
+        def started(self):
+            calls.append(("started", hasattr(self, "optimizer") and (self.out / "config.yaml").is_file()))
+
+    out = tmp_path / "late"
+    Late(_cfg(out))
+    assert not out.exists() and calls == []
+    result = train(_cfg(out), trainer_cls=Late)
+    assert calls == [("setup", "set after the engine's constructor"), ("model", True), ("data", True),
+                     ("started", True)]
+    assert (out / "final.safetensors").is_file() and result.summary["updates"] == 2
 
 
 def test_ssl_and_detect_follow_the_same_folder_rules(tmp_path, capsys):
@@ -239,7 +272,7 @@ def test_ssl_and_detect_follow_the_same_folder_rules(tmp_path, capsys):
 def test_initial_checkpoint_starts_the_model_from_other_weights(run_a, tmp_path):
     from safetensors.torch import load_file
     weights = run_a.output / "final.safetensors"
-    trainer = Trainer(_cfg(tmp_path / "init", initial_checkpoint=str(weights), num_classes=None))
+    trainer = Trainer(_cfg(tmp_path / "init", initial_checkpoint=str(weights), num_classes=None)).build()
     saved = load_file(str(weights))
     own = trainer.model.state_dict()
     assert all(torch.equal(own[k], v) for k, v in saved.items())
@@ -247,4 +280,4 @@ def test_initial_checkpoint_starts_the_model_from_other_weights(run_a, tmp_path)
     records = [json.loads(x) for x in (tmp_path / "init" / "metrics.jsonl").read_text().splitlines()]
     assert records[0]["type"] == "initial_weights" and records[0]["path"] == str(weights)
     with pytest.raises(FileNotFoundError, match="initial weights not found"):
-        Trainer(_cfg(tmp_path / "init2", initial_checkpoint=str(tmp_path / "nope.safetensors")))
+        Trainer(_cfg(tmp_path / "init2", initial_checkpoint=str(tmp_path / "nope.safetensors"))).build()

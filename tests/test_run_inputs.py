@@ -136,6 +136,39 @@ def test_the_lock_is_taken_under_the_check_and_given_back(tmp_path):
     release_run_folders(keep=held)
 
 
+def test_the_lock_dies_with_its_process_while_a_forked_child_lives_on(tmp_path):
+    """A run killed with SIGKILL whose forked children (data-loader workers) outlive it: its folder is free at once."""
+    from simattn.utils.runs import check_not_in_use, held_run_folders, lock_run_folder, release_run_folders
+    out = tmp_path / "run"
+    out.mkdir()
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        from simattn.utils.runs import lock_run_folder
+        lock_run_folder(sys.argv[1])
+        child = os.fork()
+        if child == 0:  # as a data-loader worker forked by the run: it lives on after the run is killed
+            time.sleep(120)
+            os._exit(0)
+        print(child, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    # the child keeps the pipe open: read the one line, not to the end
+    run = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    line = run.stdout.readline()
+    run.stdout.close()
+    assert run.wait(timeout=60) == -signal.SIGKILL and line.strip().isdigit(), line
+    child = int(line)
+    try:
+        os.kill(child, 0)  # the child is still alive (else this test could not fail)
+        held = held_run_folders()
+        check_not_in_use(out)
+        assert lock_run_folder(out) is True
+        release_run_folders(keep=held)
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
 # ---------------------------------------------------------------- paths and sizes
 def test_an_empty_output_is_refused_not_replaced_by_the_default_folder(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
@@ -200,7 +233,7 @@ def test_a_yaml_alias_bomb_is_refused_in_one_short_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     # a recipe that shares values through aliases is still read
     (tmp_path / "ok.yaml").write_text("base: digits_cpu\nscale: &s [1.0, 1.0]\nratio: *s\n")
-    from simattn.train.config import load_config
+    from simattn.classify.config import load_config
     assert load_config(str(tmp_path / "ok.yaml")).ratio == [1.0, 1.0]
 
 

@@ -18,7 +18,7 @@ from simattn.validate import validate_weights
 from simattn.cli import main as simattn_main
 from simattn.train import cli as train_cli
 from simattn import validate as validate_mod
-from simattn.train.task import build_model, build_optimizer, build_scheduler
+from simattn.classify.task import build_model, build_optimizer, build_scheduler
 from simattn.utils.io import read_safetensors_metadata
 from simattn.utils.recipe import recipe_from_args
 
@@ -289,7 +289,7 @@ def test_resumed_sampler_replays_the_rest_of_the_epoch_and_augmentations_are_see
 
     from simattn.data import DigitsDataset
     from simattn.engine.data import ResumableSampler, SeededSamples
-    from simattn.train.transforms import build_transform
+    from simattn.classify.transforms import build_transform
 
     cfg = load_config(None, {"scale": [0.1, 1.0], "hflip": 0.5})  # strong enough to tell draws apart on 8x8 images
     data_config = {"input_size": [3, 16, 16], "interpolation": "bilinear", "mean": [0.5] * 3, "std": [0.5] * 3,
@@ -336,7 +336,7 @@ def test_evaluate_counts_top1_top5_and_the_mean_loss():
     """evaluate's sums against a direct count: the rank of the target among the classes, and the batch-mean loss."""
     import torch.nn.functional as F
     from torch import nn
-    from simattn.train.evaluation import evaluate
+    from simattn.classify.evaluation import evaluate
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(64, 8, generator=g)
     target = torch.randint(0, 8, (64,), generator=g)

@@ -57,7 +57,7 @@ def test_two_process_gloo_ddp_keeps_ranks_identical(tmp_path):
     assert summary["final"]["samples"] == 359
     # and they trained: the weights moved away from the initialisation both ranks started from
     from simattn.train import load_config
-    from simattn.train.task import build_model
+    from simattn.classify.task import build_model
     torch.manual_seed(1)
     cfg = load_config(None, {"model": "sima_deit_tiny_patch16_224", "model_kwargs": {
         "img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 2, "num_heads": 2}, "drop_path": 0.1})

@@ -93,8 +93,8 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     from .data.factory import create_dataset, dataset_classes
     from .engine.data import build_eval_loader
     from .segment.validation import check_predictions_dir, segmentation_source
-    from .train.evaluation import evaluate
-    from .train.transforms import build_transform
+    from .classify.evaluation import evaluate
+    from .classify.transforms import build_transform
 
     from . import deploy
 
@@ -232,8 +232,8 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     from .data.factory import create_dataset, dataset_classes
     from .deploy import DeployedModel, read_metadata
     from .engine.data import build_eval_loader
-    from .train.evaluation import evaluate
-    from .train.transforms import build_transform
+    from .classify.evaluation import evaluate
+    from .classify.transforms import build_transform
 
     given = [o for o, v in (("--model", model), ("--model-kwargs", model_kwargs), ("--use-ema", use_ema),
                             ("--amp", amp), ("--channels-last", channels_last)) if v]

@@ -468,10 +468,10 @@ def _check_inputs(args) -> Tuple[List[str], Dict[str, Path]]:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn bench data``."""
     from ..models.factory import parse_model_kwargs
-    from ..train.task import build_model
-    from ..train.transforms import build_transform, data_config_for
+    from ..classify.task import build_model
+    from ..classify.transforms import build_transform, data_config_for
     from ..utils.timing import set_threads
-    from ..train import load_config
+    from ..classify import load_config
 
     args = build_parser().parse_args(argv)
     check_bench_flags(args, _options())

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
-from ..train.config import TrainConfig
+from ..classify.config import TrainConfig
 from ..utils.recipe import load_recipe, option, section
 
 __all__ = ["ConvertConfig", "ConvertOptions", "StageConfig", "load_convert_recipe"]

@@ -15,15 +15,15 @@ import dataclasses
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..engine.core import session
 from ..engine.data import build_eval_loader
 from ..engine.dist import barrier
 from ..engine.stages import StagedRun
-from ..train.evaluation import evaluate
-from ..train.task import Trainer, open_datasets
-from ..train.transforms import build_transform, data_config_for
+from ..classify.evaluation import evaluate
+from ..classify.task import Trainer, open_datasets
+from ..classify.transforms import build_transform, data_config_for
 from ..utils.io import atomic_path, atomic_write_json
 from .config import ConvertConfig
 from .report import write_report
@@ -97,6 +97,26 @@ def _convert(cfg: ConvertConfig, stages: StagedRun, teacher_weights: str, model:
         f"{results['zero_shot']['top1']:.2f}%", flush=True)
     del student_model
 
+    stage_results, stage_times = _run_stages(cfg, stages, base, spec, teacher, teacher_weights, metadata, say)
+    results.update(stage_results)
+    results["final"] = dict(results["distill"]["final"], weights=str(out / "final.safetensors"))
+    results["stage_time_s"] = stage_times
+    if dist.is_main:
+        with atomic_path(out / "final.safetensors") as tmp:
+            shutil.copyfile(out / STAGES["distill"] / "final.safetensors", tmp)
+        atomic_write_json(results, out / "results.json")
+        say(write_report(results, out), flush=True)
+    barrier()
+    return results
+
+
+def _run_stages(cfg: ConvertConfig, stages: StagedRun, base, spec: Dict[str, Any], teacher, teacher_weights: str,
+                metadata: Dict[str, Any], say) -> Tuple[Dict[str, Any], Dict[str, float]]:
+    """Stage 1 (when it has epochs), stage 2 and, with ``compare``, the baselines, each skipped or resumed as its
+    folder says; returns their results and the seconds each stage run here took."""
+    options, kind, out = cfg.convert, cfg.convert.to, stages.out
+    results: Dict[str, Any] = {}
+
     def from_file(path: Optional[Path]):
         def factory(stage_cfg, n_classes):
             net, kwargs, _ = build_student(spec, kind, options.attn_kwargs, num_classes=n_classes, init_from=path)
@@ -139,15 +159,7 @@ def _convert(cfg: ConvertConfig, stages: StagedRun, teacher_weights: str, model:
                                                       model_factory=from_file(teacher_path)))
         results["scratch"] = _stage_result(run_stage("scratch", Trainer, dict(epochs=cfg.epochs),
                                                      model_factory=from_file(None)))
-    results["final"] = dict(results["distill"]["final"], weights=str(out / "final.safetensors"))
-    results["stage_time_s"] = stage_times
-    if dist.is_main:
-        with atomic_path(out / "final.safetensors") as tmp:
-            shutil.copyfile(out / STAGES["distill"] / "final.safetensors", tmp)
-        atomic_write_json(results, out / "results.json")
-        say(write_report(results, out), flush=True)
-    barrier()
-    return results
+    return results, stage_times
 
 
 def _stage_result(summary: Dict[str, Any], offset: int = 0) -> Dict[str, Any]:

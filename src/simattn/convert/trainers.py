@@ -1,4 +1,4 @@
-"""The two conversion stages as runs of the training engine (:class:`simattn.train.task.Trainer`), so they get
+"""The two conversion stages as runs of the training engine (:class:`simattn.classify.task.Trainer`), so they get
 its optimizers, schedules, AMP, DDP, exact kill-and-resume and atomic checkpoints.
 
 Stage 1, attention transfer (:class:`TransferTrainer`), with one of two targets (``transfer_target``):
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..train.task import Trainer
+from ..classify.task import Trainer
 from .student import LAYOUT_PARAMS, attention_modules
 
 __all__ = ["TransferTrainer", "DistillTrainer", "transfer_parameters", "transfer_loss", "distill_loss"]
@@ -91,10 +91,13 @@ class _WithTeacher(Trainer):
 
     def __init__(self, cfg, dist, *, teacher: nn.Module, model_factory: ModelFactory,
                  metadata: Dict[str, Any]) -> None:
-        # set before the engine's constructor, which builds the model and may resume
-        self.teacher = teacher.to(dist.device).eval()
-        self._metadata = dict(metadata)
         super().__init__(cfg, dist, model_factory=model_factory)
+        self.teacher = teacher
+        self._metadata = dict(metadata)
+
+    def setup(self) -> None:
+        super().setup()
+        self.teacher.to(self.device).eval()  # before the student: stage 1 hooks into both
 
     def export_metadata(self) -> Dict[str, Any]:
         return dict(self._metadata)
@@ -108,12 +111,12 @@ class TransferTrainer(_WithTeacher):
                  target: str = "attention") -> None:
         if target not in TARGETS:
             raise ValueError(f"transfer_target {target!r}: allowed: {', '.join(TARGETS)}")
+        super().__init__(cfg, dist, teacher=teacher, model_factory=model_factory, metadata=metadata)
         self.transfer_params, self.loss_kind, self.target = tuple(params), loss, target
         self._teacher_in: Dict[int, torch.Tensor] = {}
         self._teacher_out: Dict[int, torch.Tensor] = {}
         self._student_out: Dict[int, torch.Tensor] = {}
         self._active = False
-        super().__init__(cfg, dist, teacher=teacher, model_factory=model_factory, metadata=metadata)
 
     def build_model(self, num_classes: int):
         model, kwargs = super().build_model(num_classes)
@@ -170,8 +173,8 @@ class DistillTrainer(_WithTeacher):
 
     def __init__(self, cfg, dist, *, teacher: nn.Module, model_factory: ModelFactory, metadata: Dict[str, Any],
                  alpha: float = 0.5, tau: float = 1.0) -> None:
-        self.alpha, self.tau = float(alpha), float(tau)
         super().__init__(cfg, dist, teacher=teacher, model_factory=model_factory, metadata=metadata)
+        self.alpha, self.tau = float(alpha), float(tau)
 
     def compute_loss(self, images: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         logits = self.forward_model(images)

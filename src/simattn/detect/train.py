@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Mapping, Optional
 
-from ..engine.core import Engine, option_value, run
+from ..engine.core import Engine, run
 from ..engine.dist import DistInfo, init_distributed
 from ..engine.log import plot_history
 from ..utils.io import load_checkpoint, load_weights
@@ -43,11 +43,6 @@ def load_datasets(data: Mapping[str, Any], need_train: bool = True) -> Dict[str,
     return out
 
 
-#: options a resumed run must share with its checkpoint (the network and the data it learns from)
-_SAME_RUN = ("model.backbone", "model.backbone_kwargs", "model.out_indices", "model.min_size", "model.max_size",
-             "data.train_images", "data.train_annotations")
-
-
 class DetectionTrainer(Engine):
     """Mask R-CNN on a registered backbone as a task of the engine."""
 
@@ -60,10 +55,12 @@ class DetectionTrainer(Engine):
 
     model_option = "model.backbone"
     input_options = ("model.backbone_weights",)
+    same_run_options = ("model.backbone", "model.backbone_kwargs", "model.out_indices", "model.min_size",
+                        "model.max_size", "data.train_images", "data.train_annotations")
 
     def __init__(self, cfg: DetectConfig, dist: Optional[DistInfo] = None) -> None:
-        self.last_ap: Optional[Dict[str, Any]] = None
         super().__init__(cfg, dist)
+        self.last_ap: Optional[Dict[str, Any]] = None
 
     def setup(self) -> None:
         self.datasets = load_datasets(dataclasses.asdict(self.cfg.data))
@@ -101,9 +98,6 @@ class DetectionTrainer(Engine):
         if record.get("bbox_AP") is None:
             return ""
         return f", box AP {record['bbox_AP']:.2f}, mask AP {record['segm_AP']:.2f}"
-
-    def same_run(self) -> Dict[str, Any]:
-        return {name: option_value(self.cfg, name) for name in _SAME_RUN}
 
     def task_state(self) -> Dict[str, Any]:
         return {"categories": self.categories, "eval": self.last_ap}

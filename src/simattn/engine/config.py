@@ -1,7 +1,7 @@
 """The engine's options: how every training task runs (batch per process, accumulation, EMA, precision, compile,
 clipping, optimizer and schedule, seeds, workers, threads, the run folder), declared once.
 
-Every task's schema extends :class:`EngineConfig` with what it trains (:class:`simattn.train.config.TrainConfig`,
+Every task's schema extends :class:`EngineConfig` with what it trains (:class:`simattn.classify.config.TrainConfig`,
 :class:`simattn.convert.config.ConvertConfig`, :class:`simattn.ssl.config.SslConfig`,
 :class:`simattn.detect.config.DetectConfig`), so an engine option is the same key, flag and meaning in every task.
 """

@@ -1,37 +1,44 @@
-"""The one training engine: every command that trains (``train``, ``ssl``, ``detect``, both ``convert`` stages) is a
-task run by :class:`Engine`.
+"""The one training engine: every command that trains (``train``, ``ssl``, ``detect``, ``segment``, both ``convert``
+stages) is a task run by :class:`Engine`.
 
 The engine owns the run: the process group (:mod:`simattn.engine.dist`), world size, rank and device, the DDP wrap,
-SyncBatchNorm, AMP (its dtype and loss scaling), gradient accumulation and clipping, the weight EMA, the non-finite
-guard, the run folder (:mod:`simattn.utils.runs`), the config check, the one checkpoint (``last.pth``,
-:mod:`simattn.engine.state`) and its same-run check on resume, the reproducible data stream
-(:mod:`simattn.engine.data`), ``metrics.jsonl``, ``summary.json``/``summary.csv``, ``config.yaml`` and progress; a
-command made of several runs (convert's stages) runs them through :mod:`simattn.engine.stages`. One process or many
-(``torchrun``: each rank a shard of the data, rank 0 writes). Checkpoints hold the full state, per-rank RNG states
-and the position in the epoch, so a run killed at any point and resumed from its last checkpoint ends with the same
-weights and metrics as one that was never interrupted.
+SyncBatchNorm, mixed precision (:mod:`simattn.engine.amp`), gradient accumulation and clipping, the weight EMA, the
+non-finite guard, the run folder (:mod:`simattn.utils.runs`), the config check, the one checkpoint (``last.pth``) and
+its same-run check on resume (:mod:`simattn.engine.state`), the reproducible data stream (:mod:`simattn.engine.data`),
+``metrics.jsonl``, ``summary.json``/``summary.csv``, ``config.yaml`` and progress; a command made of several runs
+(convert's stages) runs them through :mod:`simattn.engine.stages`. One process or many (``torchrun``: each rank a
+shard of the data, rank 0 writes). Checkpoints hold the full state, per-rank RNG states and the position in the
+epoch, so a run killed at any point and resumed from its last checkpoint ends with the same weights and metrics as
+one that was never interrupted.
 
-A task is a subclass that supplies what differs:
+The constructor only stores the options (a task's own constructor stores its fields, before or after
+``super().__init__``). :meth:`Engine.run` builds the run (:meth:`Engine.build`) and trains it; building calls the
+task's methods in this order, each once, with what the earlier ones made already in place:
 
-- ``setup()``: open the data (before the model: the data may decide its head);
-- ``create_model()`` → (model, record): the network the optimizer trains (with its initial weights unless
-  ``self.resuming``) and the ``create_model`` kwargs that rebuild it;
-- ``train_dataset()`` → the training dataset, its transform set (and ``collate_fn``);
-- ``batch_loss(batch)`` → loss, or (loss, {name: part}); ``to_device(batch)`` → (batch on the device, samples);
-- ``evaluate()`` → metrics of the current weights (keys as the history shows them);
-- ``finish(summary)`` → what the task exports at the end (weights, plots);
-- ``same_run()`` → what a resumed run must share with its checkpoint;
-- ``task_state()``/``load_task_state(state)``: the task's own progress in ``last.pth``.
+1. the run folder is resolved and checked and the resume checkpoint read (``self.resuming``, ``self.out``);
+2. ``setup()``: open the data (before the model: the data may decide its head);
+3. ``create_model()`` → (model, record): the network the optimizer trains (with its initial weights unless
+   ``self.resuming``) and the ``create_model`` kwargs that rebuild it;
+4. ``train_dataset()`` → the training dataset, its transform set (the model exists by now);
+5. the engine places the model (device, SyncBN, EMA) and builds the optimizer and schedule (``build_optimizer()``/
+   ``build_scheduler()``, overridable);
+6. on resume, the checkpoint's state goes back in, the task's through ``load_task_state(state)``;
+7. the run folder is claimed, ``started()`` runs, and the model is compiled / wrapped in DDP.
 
-Optional: ``started()`` (once the run folder is claimed), ``on_epoch_start()``, ``before_step()`` (gradients
-final, before the optimizer step), ``after_update()``, ``epoch_extra()`` and ``summary_extra()`` (more entries for
-the records), ``describe_eval(record)``, ``build_optimizer()``/``build_scheduler()``. Declarations: ``producer``,
-``task_name``, ``task_files``, ``csv_columns``, ``model_option`` and ``input_options`` (dotted option names).
+Then every step: ``to_device(batch)`` → (batch on the device, samples) and ``batch_loss(batch)`` → loss, or (loss,
+{name: part}); every evaluated epoch ``evaluate()`` → metrics (keys as the history shows them); at the end
+``finish(summary)``: what the task exports (weights, plots). ``task_state()`` is the task's own progress in
+``last.pth``.
+
+Optional: ``on_epoch_start()``, ``before_step()`` (gradients final, before the optimizer step), ``after_update()``,
+``epoch_extra()`` and ``summary_extra()`` (more entries for the records), ``describe_eval(record)`` and
+``same_run_facts()`` (what the run derives that a resumed run must share: the class count the data gives).
+Declarations: ``producer``, ``task_name``, ``task_files``, ``csv_columns``, ``model_option``, ``input_options``
+(options naming the run's input files) and ``same_run_options`` (options a resumed run must share with its
+checkpoint), each option a dotted name.
 
 ``cfg`` is the task's schema, an :class:`~simattn.engine.config.EngineConfig` subclass: the engine reads its run,
-batch, optimizer, schedule, precision and checkpoint options, the same in every task. Attributes a subclass needs
-(a teacher model, ...) are set before calling ``super().__init__``, since the constructor already resumes (and so
-calls ``load_task_state``).
+batch, optimizer, schedule, precision and checkpoint options, the same in every task.
 """
 from __future__ import annotations
 
@@ -53,38 +60,25 @@ from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
 from ..utils.global_state import preserved_global_state
-from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
-from ..utils.recipe import flag_name, quoted, recipe_name, recipe_to_save
+from ..utils.io import atomic_write_json, atomic_write_text, check_finite_weights
+from ..utils.recipe import flag_name, recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
 from ..utils.runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_run_folder, held_run_folders,
                           release_run_folders, resolve_output)
 from ..utils.timing import set_threads
+from .amp import MixedPrecision
 from .config import EngineConfig, scaled_lr
 from .data import build_train_loader
 from .dist import (DistInfo, all_finite, all_reduce_mean, barrier, broadcast_buffers, cleanup_distributed,
                    init_distributed)
 from .log import MetricsLog
-from .state import capture_rng_state, load_train_state, restore_rng_state, save_train_state
+from .state import load_train_state, resume_path, resume_run, save_run
 
-__all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "autocast", "grad_scaler", "build_optimizer",
-           "build_scheduler", "scaled_lr", "option_value"]
+__all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "build_optimizer", "build_scheduler", "scaled_lr",
+           "option_value"]
 
 #: the files the engine writes into every run folder (a task adds its own: ``Engine.task_files``)
 ENGINE_FILES = ("last.pth", "metrics.jsonl", "summary.json", "summary.csv", "config.yaml")
-
-
-def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
-    """``torch.autocast`` for ``device`` in ``dtype`` ('float16' | 'bfloat16'), or a no-op when not ``enabled``."""
-    if not enabled:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
-
-
-def grad_scaler(device: torch.device, enabled: bool, dtype: str = "float16") -> Optional[torch.amp.GradScaler]:
-    """The loss scaler fp16 autocast needs (None for bf16, fp32, or when not ``enabled``)."""
-    if not enabled or dtype != "float16":
-        return None
-    return torch.amp.GradScaler(device.type)
 
 
 def build_optimizer(cfg: EngineConfig, model: nn.Module, world_size: int = 1) -> Tuple[torch.optim.Optimizer, float]:
@@ -159,10 +153,47 @@ class Engine:
     model_option = "model"
     #: options whose values are input files of the run (the run folder must not replace them)
     input_options: Tuple[str, ...] = ()
+    #: options a resumed run must share with its checkpoint (the network, the data it learns from)
+    same_run_options: Tuple[str, ...] = ()
 
     def __init__(self, cfg: EngineConfig, dist: Optional[DistInfo] = None) -> None:
-        dist = dist if dist is not None else init_distributed(cfg.device, cfg.dist_timeout)
-        self.cfg, self.dist, self.device = cfg, dist, dist.device
+        """Store the options; nothing is read or built before :meth:`build` (``dist``: the process group, else
+        joined or created there)."""
+        self.cfg, self.dist = cfg, dist
+        self.built = False
+
+    def build(self) -> "Engine":
+        """Build the run, once: the checked folder, the data, the model, the optimizer, the resumed state and the
+        claimed folder, in the order of the module docstring (:meth:`run` calls it). Returns the engine."""
+        if self.built:
+            return self
+        resume_state = self._prepare()
+        self.setup()
+        # identical initial weights on every rank; the per-rank seed for training randomness comes after
+        torch.manual_seed(self.cfg.seed)
+        self.model, self.model_kwargs = self.create_model()
+        random_seed(self.cfg.seed, self.dist.rank)
+        self._build_loader(self.train_dataset())
+        self._place_model()
+        self.optimizer, self.lr = self.build_optimizer()
+        self.scheduler, self.num_epochs = self.build_scheduler()
+        self.precision = MixedPrecision(self.device, self.cfg.amp, self.cfg.amp_dtype)
+        self._start_position()
+        keep_records = resume_run(self, self.resume_path, resume_state) if resume_state is not None else None
+        self._claim_folder(keep_records)  # only now (the resume checkpoint was valid) may files in the folder change
+        self.started()
+        self.forward_model = self._wrap_model()
+        self.built = True
+        return self
+
+    def _prepare(self) -> Optional[Dict[str, Any]]:
+        """The process group, device and run folder, checked before any work; returns the state of the checkpoint
+        to resume (read, not applied) or None."""
+        cfg = self.cfg
+        if self.dist is None:
+            self.dist = init_distributed(cfg.device, cfg.dist_timeout)
+        dist = self.dist
+        self.device = dist.device
         set_threads(cfg.threads)
         self.show_bars = use_tqdm(dist.is_main)
         self.model_name = option_value(cfg, self.model_option)
@@ -170,23 +201,17 @@ class Engine:
         self.sync_bn = cfg.sync_bn and dist.distributed
         if self.sync_bn and self.device.type != "cuda":
             raise ValueError("sync_bn needs CUDA (SyncBatchNorm has no CPU implementation)")
-        # where the run writes, checked before any work (nothing is written until the resume state proved valid)
-        self.resume_path = self._resume_path()
+        self.resume_path = resume_path(cfg)
         self.resuming = self.resume_path is not None
         self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), self.task_name, self.resume_path)
         if dist.is_main:  # another live run there: refused now rather than after the model and data are built
             check_not_in_use(self.out)
         check_run_folder(self.out, self.resume_path, cfg.overwrite)
-        resume_state = load_train_state(self.resume_path, self.producer) if self.resuming else None
+        return load_train_state(self.resume_path, self.producer) if self.resuming else None
 
-        self.setup()
-        # identical initial weights on every rank; the per-rank seed for training randomness comes after
-        torch.manual_seed(cfg.seed)
-        self.model, self.model_kwargs = self.create_model()
-        random_seed(cfg.seed, dist.rank)
-
-        train_set = self.train_dataset()
-        self.train_loader, self.sampler = build_train_loader(train_set, cfg, dist, self.pin_memory,
+    def _build_loader(self, train_set) -> None:
+        cfg = self.cfg
+        self.train_loader, self.sampler = build_train_loader(train_set, cfg, self.dist, self.pin_memory,
                                                              self.collate_fn)
         self.updates_per_epoch = len(self.train_loader) // cfg.grad_accum_steps
         if cfg.steps_per_epoch:
@@ -195,6 +220,10 @@ class Engine:
             raise ValueError(f"an epoch has {len(self.train_loader)} batches, fewer than grad_accum_steps="
                              f"{cfg.grad_accum_steps}: lower batch_size or grad_accum_steps")
 
+    def _place_model(self) -> None:
+        """The model on the device in the recipe's layout (channels_last, gradient checkpointing, SyncBN), and its
+        EMA."""
+        cfg = self.cfg
         self.model.to(self.device)
         if cfg.channels_last:
             self.model.to(memory_format=torch.channels_last)
@@ -208,11 +237,8 @@ class Engine:
             with _weight_norm_detached(self.model):  # ModelEmaV3 deep-copies the model
                 self.ema = ModelEmaV3(self.model, decay=cfg.model_ema_decay, use_warmup=cfg.model_ema_warmup)
 
-        self.optimizer, self.lr = self.build_optimizer()
-        self.scheduler, self.num_epochs = self.build_scheduler()
-        self.scaler = grad_scaler(self.device, cfg.amp, cfg.amp_dtype)
-
-        # run state (a fresh run; _resume overwrites it)
+    def _start_position(self) -> None:
+        """The run state of a fresh run (resuming overwrites it)."""
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
         self.loss_sum, self.samples = 0.0, 0
         self.part_sums: Dict[str, float] = {}
@@ -220,9 +246,10 @@ class Engine:
         self.train_time_base, self._segment_start = 0.0, time.perf_counter()
         self.last_eval: Optional[Dict[str, Any]] = None
         self.history: List[Dict[str, Any]] = []
-        keep_records = self._resume(resume_state) if resume_state is not None else None
 
-        # only now (the resume checkpoint was valid) may files in the run folder change
+    def _claim_folder(self, keep_records: Optional[int]) -> None:
+        """Claim the run folder (main process), open metrics.jsonl (continued on resume) and write config.yaml."""
+        cfg, dist = self.cfg, self.dist
         in_place = self.resuming and self.resume_path.resolve().parent == self.out.resolve()
         barrier()
         if dist.is_main:
@@ -234,14 +261,15 @@ class Engine:
         self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
         if dist.is_main:
             atomic_write_text(yaml.safe_dump(recipe_to_save(cfg), sort_keys=False), self.out / "config.yaml")
-        self.started()
 
-        self.forward_model = torch.compile(self.model) if cfg.compile else self.model
-        if dist.distributed:
+    def _wrap_model(self) -> nn.Module:
+        """What the steps call: the model, compiled when asked, in DDP when distributed."""
+        forward_model = torch.compile(self.model) if self.cfg.compile else self.model
+        if self.dist.distributed:
             from torch.nn.parallel import DistributedDataParallel
-            self.forward_model = DistributedDataParallel(
-                self.forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-
+            forward_model = DistributedDataParallel(
+                forward_model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return forward_model
     @property
     def run_files(self) -> Tuple[str, ...]:
         return ENGINE_FILES + tuple(self.task_files)
@@ -283,8 +311,9 @@ class Engine:
     def finish(self, summary: Dict[str, Any]) -> None:
         """Export the task's results (main process; weights are checked finite before)."""
 
-    def same_run(self) -> Dict[str, Any]:
-        """What a resumed run must share with its checkpoint (the network, the data it learns from)."""
+    def same_run_facts(self) -> Dict[str, Any]:
+        """What the run derives (no option holds it) that a resumed run must share with its checkpoint, e.g. the
+        class count the data gives; added to the values of ``same_run_options``."""
         return {}
 
     def task_state(self) -> Dict[str, Any]:
@@ -293,7 +322,8 @@ class Engine:
         return {}
 
     def load_task_state(self, state: Dict[str, Any]) -> None:
-        """Restore what :meth:`task_state` saved (called while resuming, inside the constructor)."""
+        """Restore what :meth:`task_state` saved (called while resuming, once the model, data and optimizer are
+        built and before ``started()``)."""
 
     # ----- optional
     def started(self) -> None:
@@ -326,121 +356,15 @@ class Engine:
     def build_scheduler(self):
         return build_scheduler(self.cfg, self.optimizer, self.updates_per_epoch)
 
-    # ----- checkpoints
-    def _resume_path(self) -> Optional[Path]:
-        if self.cfg.resume is None:
-            return None
-        if self.cfg.resume == "auto":
-            if not self.cfg.output:
-                raise ValueError("--resume without a path continues <output>/last.pth, so it needs --output (or "
-                                 "give the checkpoint: --resume RUN/last.pth)")
-            return Path(self.cfg.output) / "last.pth"
-        return Path(self.cfg.resume)
-
-    def _check_same_run(self, path: Path, state: Dict[str, Any]) -> None:
-        """Refuse to resume a checkpoint of another network or data (a one-line CheckpointError naming them)."""
-        saved, mine = state.get("same_run") or {}, self.same_run()
-        diffs = [f"{key} {quoted(saved.get(key))} vs {quoted(value)}" for key, value in mine.items()
-                 if saved.get(key) != value]
-        if diffs:
-            raise CheckpointError(f"cannot resume {path}: the checkpoint and this run differ in {'; '.join(diffs)} "
-                                  "(checkpoint vs this run); resume with the run's own options (its config.yaml), "
-                                  "or start a new run from its weights")
-
-    def _resume(self, state: Dict[str, Any]) -> int:
-        path = self.resume_path
-        self._check_same_run(path, state)
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as e:
-            raise CheckpointError(f"{path}: the weights do not fit this run's model: {str(e).splitlines()[0]}") \
-                from None
-        if self.ema is not None:
-            if "model_ema" not in state:
-                raise CheckpointError(f"{path} has no EMA weights but this run keeps an EMA (model_ema)")
-            self.ema.module.load_state_dict(state["model_ema"])
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            if self.scaler is not None and state.get("scaler"):
-                self.scaler.load_state_dict(state["scaler"])
-        except (ValueError, KeyError, RuntimeError) as e:
-            raise CheckpointError(f"{path}: optimizer state does not fit this run: {e}") from None
-        # timm schedulers are a pure function of the step: the saved state only differs from the one just built
-        # when the recipe changed (e.g. more epochs), and then the new recipe is the one to follow
-        saved_sched = state.get("scheduler")
-        if self.scheduler is not None and saved_sched:
-            ignore = ("metric",)
-            current = {k: v for k, v in self.scheduler.state_dict().items() if k not in ignore}
-            if {k: v for k, v in saved_sched.items() if k not in ignore} != current and self.dist.is_main:
-                print(f"note: the learning-rate schedule differs from the one in {path}; following this run's "
-                      "recipe", flush=True)
-        self.epoch, self.step_in_epoch = int(state["epoch"]), int(state["step_in_epoch"])
-        if self.epoch > self.num_epochs or (self.epoch == self.num_epochs and self.step_in_epoch):
-            raise CheckpointError(f"{path} has trained {self.epoch} epoch(s) (+{self.step_in_epoch} steps) but this "
-                                  f"run has {self.num_epochs}: resume with at least {self.epoch + 1} epochs, or start a "
-                                  "new run from its weights")
-        self.global_step = int(state["global_step"])
-        self.last_eval = state.get("last_eval")
-        self.history = list(state.get("history", []))
-        self.nonfinite_skipped = int(state.get("nonfinite_skipped", 0))
-        self.train_time_base = float(state.get("train_time_s", 0.0))
-        self.load_task_state(dict(state.get("task_state") or {}))
-        ranks = state.get("ranks", [])
-        saved_world = int(state.get("world_size", 1))
-        saved_batch = (state.get("config") or {}).get("batch_size")
-        if saved_world != self.dist.world_size or saved_batch != self.cfg.batch_size:
-            if self.dist.is_main:
-                print(f"warning: {path} was written with {saved_world} process(es) × batch {saved_batch}; this run "
-                      f"uses {self.dist.world_size} × {self.cfg.batch_size}: the data order cannot continue exactly",
-                      flush=True)
-        if self.dist.rank < len(ranks):
-            mine = ranks[self.dist.rank]
-            restore_rng_state(mine["rng"])
-            self.loss_sum, self.samples = float(mine["loss_sum"]), int(mine["samples"])
-            self.part_sums = dict(mine.get("part_sums") or {})
-        if self.scheduler is not None:
-            self.scheduler.step(self.epoch)
-            self.scheduler.step_update(self.global_step)
-        if self.dist.is_main:
-            print(f"resumed from {path}: epoch {self.epoch + 1}, update {self.step_in_epoch}/{self.updates_per_epoch}"
-                  f" (global update {self.global_step})", flush=True)
-        return int(state.get("metrics_records", 0))
-
     def train_time(self) -> float:
         """Seconds spent training, over every session of this run (resumed ones included)."""
         return self.train_time_base + time.perf_counter() - self._segment_start
 
-    def _save_state(self) -> None:
-        """Write last.pth (rank 0) from every rank's RNG state and partial-epoch sums (a collective call)."""
-        mine = {"rng": capture_rng_state(), "loss_sum": float(self.loss_sum), "samples": int(self.samples),
-                "part_sums": dict(self.part_sums)}
-        if self.dist.distributed:
-            ranks: List[Any] = [None] * self.dist.world_size
-            torch_dist.all_gather_object(ranks, mine)
-        else:
-            ranks = [mine]
-        if not self.dist.is_main:
-            return
-        state = {
-            "task": self.producer, "model_name": self.model_name, "model_kwargs": self.model_kwargs,
-            "config": self.cfg.to_dict(), "same_run": self.same_run(),
-            "data_config": getattr(self, "data_config", None),
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
-            "updates_per_epoch": self.updates_per_epoch, "world_size": self.dist.world_size, "ranks": ranks,
-            "last_eval": self.last_eval, "history": self.history,
-            "nonfinite_skipped": self.nonfinite_skipped,
-            "metrics_records": self.log.records, "train_time_s": self.train_time(),
-            "task_state": self.task_state(),
-        }
-        check_finite_weights(self.model, "the model")
-        if self.ema is not None:
-            check_finite_weights(self.ema.module, "the EMA model")
-            state["model_ema"] = self.ema.module.state_dict()
-        save_train_state(self.out / "last.pth", state)
+    # ----- checkpoints (written and taken back by :mod:`simattn.engine.state`)
+    def same_run(self) -> Dict[str, Any]:
+        """What a resumed run must share with its checkpoint: the values of ``same_run_options`` and
+        :meth:`same_run_facts` (the checkpoint records them; resuming compares)."""
+        return {**{name: option_value(self.cfg, name) for name in self.same_run_options}, **self.same_run_facts()}
 
     # ----- training
     def _train_epoch(self) -> None:
@@ -472,7 +396,7 @@ class Engine:
         # DDP: all-reduce gradients only on the micro-batch that completes an update
         no_sync = self.dist.distributed and not update
         with self.forward_model.no_sync() if no_sync else contextlib.nullcontext():
-            with autocast(self.device, cfg.amp, cfg.amp_dtype):
+            with self.precision.autocast():
                 out = self.batch_loss(batch)
             loss, parts = out if isinstance(out, tuple) else (out, {})
             # one host sync per micro-batch: a non-finite loss must never reach the weights
@@ -480,21 +404,12 @@ class Engine:
                 self._skip_nonfinite(float(loss.detach()), parts)
                 return
             step_now = update and not self._skip_update
-            scaled = loss / cfg.grad_accum_steps
-            if self.scaler is not None:
-                self.scaler.scale(scaled).backward()
-            else:
-                scaled.backward()
+            self.precision.backward(loss / cfg.grad_accum_steps)
             if step_now:
-                if self.scaler is not None:
-                    self.scaler.unscale_(self.optimizer)
+                self.precision.unscale(self.optimizer)
                 self._clip(params)
                 self.before_step()
-                if self.scaler is not None:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
+                self.precision.step(self.optimizer)
         self._pending_loss += loss.detach().double() * n
         for name, value in parts.items():
             self._pending_parts[name] = self._pending_parts.get(name, 0) + value.detach().double() * n
@@ -550,7 +465,7 @@ class Engine:
         if (cfg.checkpoint_every_steps and self.global_step % cfg.checkpoint_every_steps == 0
                 and self.step_in_epoch < self.updates_per_epoch):  # at the epoch end, the epoch checkpoint follows
             self._flush_pending()
-            self._save_state()
+            save_run(self)
             self.log.info(f"checkpoint: {self.out / 'last.pth'} (epoch {self.epoch + 1}, update "
                           f"{self.step_in_epoch}/{self.updates_per_epoch})")
 
@@ -595,6 +510,8 @@ class Engine:
         return self.is_last_epoch() or bool(every and (self.epoch + 1) % every == 0)
 
     def run(self) -> RunResult:
+        """Build the run (:meth:`build`), train it to its last epoch, evaluate, checkpoint, and finish."""
+        self.build()
         log = self.log
         log.info(self.describe())
         self._segment_start = time.perf_counter()
@@ -632,7 +549,7 @@ class Engine:
             self.epoch, self.step_in_epoch = self.epoch + 1, 0
             self.loss_sum, self.samples, self.part_sums = 0.0, 0, {}
             if last or self.epoch % self.cfg.checkpoint_every_epochs == 0:
-                self._save_state()
+                save_run(self)
         return self._finish(self.train_time())
 
     #: the history key a plateau schedule follows

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import default_collate
 
-from ..engine.core import Engine, RunResult, option_value, run
+from ..engine.core import Engine, RunResult, run
 from ..engine.dist import DistInfo
 from ..engine.log import format_table, plot_history
 from ..engine.state import export_weights, weights_metadata
@@ -71,10 +71,6 @@ def dataset_record(dataset, cfg: SegmentConfig) -> Dict[str, Any]:
             "ignore_index": int(dataset.ignore_index)}
 
 
-#: options a resumed run must share with its checkpoint (the network and the data it learns from)
-_SAME_RUN = ("model", "model_kwargs", "dataset", "data_dir", "train_split", "dataset_kwargs", "crop_size")
-
-
 class SegmentationTrainer(Engine):
     """A segmenter on a registered backbone as a task of the engine."""
 
@@ -85,12 +81,13 @@ class SegmentationTrainer(Engine):
     scheduler_metric = "val_miou"
     collate_fn = staticmethod(default_collate)  # (image, mask) pairs of one crop size
     input_options = ("initial_checkpoint",)
+    same_run_options = ("model", "model_kwargs", "dataset", "data_dir", "train_split", "dataset_kwargs", "crop_size")
 
     def __init__(self, cfg: SegmentConfig, dist: Optional[DistInfo] = None) -> None:
+        super().__init__(cfg, dist)
         self.best: Dict[str, Any] = {"miou": -1.0, "epoch": -1}
         self.last_scores: Optional[Dict[str, Any]] = None
         self.initial_weights: Optional[str] = None
-        super().__init__(cfg, dist)
 
     def setup(self) -> None:
         cfg = self.cfg
@@ -163,9 +160,6 @@ class SegmentationTrainer(Engine):
         if record.get("val_miou") is None:
             return ""
         return f", val mIoU {record['val_miou']:.2f} mAcc {record['val_macc']:.2f} aAcc {record['val_aacc']:.2f}"
-
-    def same_run(self) -> Dict[str, Any]:
-        return {name: option_value(self.cfg, name) for name in _SAME_RUN}
 
     def task_state(self) -> Dict[str, Any]:
         return {"best": self.best, "scores": self.last_scores}

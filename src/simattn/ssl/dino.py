@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional
 import torch
 from torch import nn
 
-from ..engine.core import Engine, option_value, run
+from ..engine.core import Engine, run
 from ..engine.log import plot_history
 from ..utils.recipe import recipe_to_save
 from .config import SslConfig
@@ -143,11 +143,6 @@ def _evaluate(teacher: DinoNetwork, cfg: SslConfig, device: torch.device, random
     return evaluate_backbone(teacher.backbone, cfg, device=device, recalibrate_bn=random_init or cfg.eval.recalibrate_bn)
 
 
-#: options a resumed run must share with its checkpoint (the network and the data it learns from)
-_SAME_RUN = ("model.name", "model.kwargs", "head.output_dim", "data.name", "data.root", "data.global_crop_size",
-             "data.local_crop_size")
-
-
 class DinoTrainer(Engine):
     """DINO as a task of the engine: the student is the trained model; the teacher, the centering and the
     schedules of weight decay, teacher momentum and temperature are the task's."""
@@ -160,13 +155,15 @@ class DinoTrainer(Engine):
 
     model_option = "model.name"
     input_options = ("model.weights",)
+    same_run_options = ("model.name", "model.kwargs", "head.output_dim", "data.name", "data.root",
+                        "data.global_crop_size", "data.local_crop_size")
 
     def __init__(self, cfg: SslConfig, dist=None) -> None:
+        super().__init__(cfg, dist)
         self.random_init: Optional[Dict[str, Any]] = None
         self.schedules = dataclasses.asdict(cfg.dino)
         self.teacher_temp = _teacher_temp(self.schedules, 0)
         self.weight_decay, self.momentum = cfg.weight_decay, cfg.dino.momentum_teacher
-        super().__init__(cfg, dist)
 
     def create_model(self):
         from lightly.loss import DINOLoss
@@ -235,9 +232,6 @@ class DinoTrainer(Engine):
     def describe_eval(self, record: Dict[str, Any]) -> str:
         shown = [f"{k} {record[k]:.2f}%" for k in ("knn_top1", "linear_top1") if record.get(k) is not None]
         return (", " + ", ".join(shown)) if shown else ""
-
-    def same_run(self) -> Dict[str, Any]:
-        return {name: option_value(self.cfg, name) for name in _SAME_RUN}
 
     def task_state(self) -> Dict[str, Any]:
         return {"teacher": self.teacher.state_dict(), "dino_loss": self.criterion.state_dict(),

@@ -1,4 +1,5 @@
-"""Training: ``simattn train`` (YAML recipes, DDP, AMP, exact resume) as the classification task of the engine.
+"""Training: ``simattn train`` (YAML recipes, DDP, AMP, exact resume), the command on the classification task of
+the engine (:mod:`simattn.classify`).
 
 Python use::
 
@@ -6,7 +7,6 @@ Python use::
     result = train(load_config("digits_cpu", {"epochs": 2, "output": "runs/try"}))
     result.summary["final"]["top1"]
 """
-from .config import TrainConfig, find_recipe, list_recipes, load_config, scaled_lr
-from .task import Trainer, TrainResult, train
+from ..classify import TrainConfig, Trainer, TrainResult, find_recipe, list_recipes, load_config, scaled_lr, train
 
 __all__ = ["TrainConfig", "Trainer", "TrainResult", "find_recipe", "list_recipes", "load_config", "scaled_lr", "train"]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
+from ..classify.config import TrainConfig
 from ..utils.recipe import print_config_if_asked, recipe_from_args, recipe_parser
-from .config import TrainConfig
 
 __all__ = ["main", "build_parser"]
 
@@ -22,6 +22,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     if print_config_if_asked(TrainConfig, args):
         return 0
     cfg = recipe_from_args(TrainConfig, args)
-    from .task import train
+    from ..classify.task import train
     train(cfg)
     return 0

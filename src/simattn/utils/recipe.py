@@ -4,7 +4,7 @@ A task declares its options as one dataclass whose fields are :func:`option` fie
 allowed values: a range, a list of choices, or a check such as timm's auto-augment parser) and :func:`section`
 fields (a nested dataclass of the same kind, e.g. ``convert.transfer_lr``). The engine's options are
 :class:`simattn.engine.config.EngineConfig`; every training task's schema extends it
-(:class:`~simattn.train.config.TrainConfig`, :class:`~simattn.convert.config.ConvertConfig`,
+(:class:`~simattn.classify.config.TrainConfig`, :class:`~simattn.convert.config.ConvertConfig`,
 :class:`~simattn.ssl.config.SslConfig`, :class:`~simattn.detect.config.DetectConfig`), and may change the defaults
 of the options it inherits (:func:`task_defaults`) but never their meaning.
 

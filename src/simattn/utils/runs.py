@@ -45,6 +45,19 @@ _held: Dict[str, int] = {}
 _LOCK_PATIENCE_S = 1.0
 
 
+def _forget_held_in_child() -> None:
+    """In a forked child: close the inherited lock descriptors (the parent keeps its locks; the child holds none)."""
+    for fd in _held.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_in_child)
+
+
 def default_output(name: Optional[str], task: str, root: str = "runs") -> Path:
     """``runs/<name or task>/<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3`` ... appended if that folder exists."""
     base = Path(root) / (name or task) / time.strftime("%Y%m%d-%H%M%S")

@@ -230,7 +230,7 @@ class Runner:
         if self.optimizer is None:
             self.optimizer = create_optimizer_v2(self.model, "adamw", lr=1e-4, weight_decay=0.05)
             # fp16 training needs loss scaling; the scaler's checks are part of the real step's cost.
-            from ...engine.core import grad_scaler
+            from ...engine.amp import grad_scaler
 
             self.scaler = grad_scaler(self.device, self.dtype == torch.float16)
         x = self.inputs(batch)

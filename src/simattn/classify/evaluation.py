@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..engine.dist import all_reduce_mean
-from ..engine.core import autocast
+from ..engine.amp import autocast
 from ..utils.runlog import progress
 
 __all__ = ["evaluate"]

@@ -1,4 +1,5 @@
-"""``simattn train``: image classification as a task of the engine (:mod:`simattn.engine.core`).
+"""Image classification as a task of the engine (:mod:`simattn.engine.core`): ``simattn train`` runs it, and
+``simattn convert``'s stages extend it.
 
 The task supplies the data (a dataset ``train`` reads, its classes), the model (the recipe's, or a
 ``model_factory``), timm's transforms, Mixup and loss, top-1/top-5 evaluation with ``best.safetensors`` whenever
@@ -78,15 +79,16 @@ class Trainer(Engine):
     task_files = ("best.safetensors", "final.safetensors", "final_ema.safetensors")
     csv_columns = {"eval_loss": "val_loss", "eval_top1": "val_top1", "eval_top5": "val_top5"}
     input_options = ("initial_checkpoint",)
+    same_run_options = ("model", "model_kwargs", "data_dir", "model_ema")
 
     def __init__(self, cfg: TrainConfig, dist: Optional[DistInfo] = None,
                  model_factory: Optional[Callable[[TrainConfig, int], Tuple[nn.Module, Dict[str, Any]]]] = None
                  ) -> None:
+        super().__init__(cfg, dist)
         self._model_factory = model_factory
         self.best: Dict[str, Any] = {"top1": -1.0, "epoch": -1}
         self.train_skipped = 0
         self.initial_weights: Optional[Dict[str, Any]] = None
-        super().__init__(cfg, dist)
 
     # ----- the task
     def setup(self) -> None:
@@ -161,11 +163,9 @@ class Trainer(Engine):
         """The loss of one micro-batch (runs under autocast; ``target`` is soft when Mixup is on)."""
         return self.criterion(self.forward_model(images), target)
 
-    def same_run(self) -> Dict[str, Any]:
-        return {"model": self.cfg.model, "model_kwargs": self.cfg.model_kwargs,
-                "dataset": str(self.cfg.dataset).lower(), "data_dir": self.cfg.data_dir,
-                "num_classes": self.num_classes, "input size": list(self.data_config["input_size"]),
-                "model_ema": self.cfg.model_ema}
+    def same_run_facts(self) -> Dict[str, Any]:
+        return {"dataset": str(self.cfg.dataset).lower(),  # dataset names are case-insensitive
+                "num_classes": self.num_classes, "input size": list(self.data_config["input_size"])}
 
     def export_metadata(self) -> Dict[str, Any]:
         """More metadata for every exported safetensors file (JSON-encodable values)."""

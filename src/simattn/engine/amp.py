@@ -1,0 +1,59 @@
+"""Mixed precision for the engine and its tasks: ``torch.autocast`` in the recipe's dtype and, for fp16, the loss
+scaling that keeps small gradients from flushing to zero (bf16 and fp32 need none)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Optional
+
+import torch
+
+__all__ = ["autocast", "grad_scaler", "MixedPrecision"]
+
+
+def autocast(device: torch.device, enabled: bool, dtype: str = "float16"):
+    """``torch.autocast`` for ``device`` in ``dtype`` ('float16' | 'bfloat16'), or a no-op when not ``enabled``."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def grad_scaler(device: torch.device, enabled: bool, dtype: str = "float16") -> Optional[torch.amp.GradScaler]:
+    """The loss scaler fp16 autocast needs (None for bf16, fp32, or when not ``enabled``)."""
+    if not enabled or dtype != "float16":
+        return None
+    return torch.amp.GradScaler(device.type)
+
+
+class MixedPrecision:
+    """The autocast and loss scaling of one training run (``enabled``: the recipe's ``amp``; ``dtype``: its
+    ``amp_dtype``). Without a scaler each call is the plain fp32 step."""
+
+    def __init__(self, device: torch.device, enabled: bool, dtype: str = "float16") -> None:
+        self.device, self.enabled, self.dtype = device, enabled, dtype
+        self.scaler = grad_scaler(device, enabled, dtype)
+
+    def autocast(self):
+        return autocast(self.device, self.enabled, self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Bring the gradients back to their true scale (before clipping or changing them)."""
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step (the scaler skips it when the fp16 gradients overflowed) and the scale's update."""
+        if self.scaler is None:
+            optimizer.step()
+            return
+        self.scaler.step(optimizer)
+        self.scaler.update()
+
+    def state_dict(self) -> Optional[Dict[str, Any]]:
+        return self.scaler.state_dict() if self.scaler is not None else None
+
+    def load_state_dict(self, state: Optional[Dict[str, Any]]) -> None:
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
