@@ -21,7 +21,7 @@ from simattn.segment.config import SEGMENT_DATASETS, SegmentConfig
 from simattn.ssl.cli import _parser as ssl_parser
 from simattn.ssl.config import SslConfig
 from simattn.train.cli import build_parser as train_parser
-from simattn.train.config import TrainConfig
+from simattn.classify.config import TrainConfig
 from simattn.utils.recipe import (config_yaml, list_recipes, load_recipe, option_paths, print_config_if_asked,
                                   recipe_from_args, recipe_overrides, resolve_recipe)
 
