@@ -66,6 +66,7 @@ SPLIT_MIN_TOKENS = 512
 _INTERPRETER_BLOCK = 32  # tokens per tile in the interpreter: small, so short test inputs span several tiles
 
 
+@torch.compiler.assume_constant_result
 def interpreting() -> bool:
     """Whether Triton runs kernels in its interpreter (``TRITON_INTERPRET=1``), read now."""
     return bool(triton.knobs.runtime.interpret)
