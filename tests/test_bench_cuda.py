@@ -100,7 +100,7 @@ def test_triton_crossover_is_where_triton_wins_from_then_on():
     assert bench.triton_crossover(errored) is None
 
 
-def test_write_backend_table_adds_this_gpu_and_keeps_the_others(tmp_path):
+def test_write_backend_table_adds_this_gpu_keeps_the_others_and_combines_sweeps(tmp_path):
     import json
 
     from simattn.attention import sima
@@ -108,14 +108,19 @@ def test_write_backend_table_adds_this_gpu_and_keeps_the_others(tmp_path):
     path = tmp_path / "table.json"
     rows = [_timed(kind, p, n, ms) for p in bench.PASSES for n in (197, 1025)
             for kind, ms in (("sima", 1.0), ("sima_triton", 0.5 if n == 1025 else 2.0))]
-    bench.write_backend_table(rows, "GPU A", str(path), {"torch": "x"})
+    bench.write_backend_table(rows, "GPU A", str(path), {"batch": 128})
     table = json.loads(path.read_text())
     assert table["default_min_tokens"] == sima.gpu_table()["default_min_tokens"]
-    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "torch": "x"}
-    bench.write_backend_table([dict(r, median_ms=0.1) if r["kind"] == "sima_triton" else r for r in rows],
-                              "GPU B", str(path), {})
+    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}]}
+    faster = [dict(r, median_ms=0.1) if r["kind"] == "sima_triton" else r for r in rows]
+    bench.write_backend_table(faster, "GPU B", str(path), {})
+    bench.write_backend_table(faster, "GPU A", str(path), {"batch": 8})  # a second sweep: the larger N stays
     table = json.loads(path.read_text())
-    assert table["gpus"]["GPU A"]["min_tokens"] == 1025 and table["gpus"]["GPU B"]["min_tokens"] == 197
+    assert table["gpus"]["GPU B"]["min_tokens"] == 197
+    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}, {"batch": 8}]}
+    slower = [dict(r, median_ms=9.0) if r["kind"] == "sima_triton" else r for r in rows]
+    bench.write_backend_table(slower, "GPU B", str(path), {})
+    assert json.loads(path.read_text())["gpus"]["GPU B"]["min_tokens"] is None
 
 
 def test_gpu_kinds_are_refused_on_cpu():

@@ -354,14 +354,23 @@ def triton_crossover(rows: List[dict]) -> Optional[int]:
 
 
 def write_backend_table(rows: List[dict], device_name: str, path: str, config: dict) -> dict:
-    """SimA's backend table at ``path`` (updated where it exists, else the package's) with this GPU's entry."""
+    """SimA's backend table at ``path`` (updated where it exists, else a copy of the package's) with this GPU's
+    entry: ``min_tokens`` from :func:`triton_crossover` and the sweep's ``config``. An entry for this GPU already in
+    the file is combined with this sweep (the larger ``min_tokens``, null where either is null; both configs), so
+    sweeps at several batch sizes into one new file give one conservative entry."""
     import json
     from pathlib import Path
 
     from ..attention.sima import gpu_table
 
     table = json.loads(Path(path).read_text()) if Path(path).exists() else dict(gpu_table())
-    table["gpus"] = {**table.get("gpus", {}), device_name: {"min_tokens": triton_crossover(rows), **config}}
+    least = triton_crossover(rows)
+    old = table.get("gpus", {}).get(device_name)
+    sweeps = [config]
+    if old is not None:
+        least = None if least is None or old["min_tokens"] is None else max(least, old["min_tokens"])
+        sweeps = old.get("sweeps", []) + sweeps
+    table["gpus"] = {**table.get("gpus", {}), device_name: {"min_tokens": least, "sweeps": sweeps}}
     atomic_write_json(table, path)
     return table
 
