@@ -198,7 +198,8 @@ def _apply(q, rows, w, z, eps, KIND: tl.constexpr, BF16_OUT: tl.constexpr, UPCAS
     return out
 
 
-def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr, H, n_x, n_z, d, e, chunk, n_bucket,
+def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr, H, n_x, n_z, d, e, chunk,
+                  n_bucket, p_bucket,
                   sxb, sxh, sxn, sxd, syb, syh, syn, sye, szb, szh, szn, szd, smxb, smxn, smzb, smzn,
                   HAS_XM: tl.constexpr, HAS_ZM: tl.constexpr, NORMS: tl.constexpr, HAS_Z: tl.constexpr,
                   KIND: tl.constexpr, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -235,7 +236,7 @@ def _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e
 
 
 def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_ptr, psq_ptr, o_ptr, kv_ptr, sq_ptr,
-                sk_ptr, H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket,
+                sk_ptr, H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SPLIT: tl.constexpr, SAVE: tl.constexpr,
                 KIND: tl.constexpr, NATIVE: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr,
@@ -275,7 +276,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
 
 
 def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, kv_ptr, sq_ptr, sk_ptr,
-                         H, n_q, n_k, d, e, eps, n_bucket,
+                         H, n_q, n_k, d, e, eps, n_bucket, p_bucket,
                          sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                          HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SAVE: tl.constexpr, KIND: tl.constexpr,
                          NATIVE: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -307,7 +308,7 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
 
 
 def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_ptr, part_ptr, dq_ptr, dk_ptr, dv_ptr,
-                H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket,
+                H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, sqmb, sqmn, skmb, skmn,
                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SPLIT: tl.constexpr, NATIVE: tl.constexpr,
                 BF16_DQ: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -372,7 +373,12 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
 
 
 _HELPERS = (_keep, _tile, _mm, _features, _stats, _sum_parts, _fold, _apply, _save_state)
-_TUNE_KEY = ["n_bucket", "d", "e"]
+# What the tuned configuration depends on: tokens per program and programs (n_bucket, p_bucket: powers of two, unused
+# in the kernels' bodies), head dims and the path; triton adds the tensor arguments' dtypes.
+_TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "KIND", "NORMS", "HAS_Z"],
+              "fwd": ["n_bucket", "p_bucket", "d", "e", "KIND", "SPLIT", "BF16_OUT"],
+              "one": ["n_bucket", "p_bucket", "d", "e", "KIND", "BF16_OUT"],
+              "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"]}
 
 
 def _loop_configs() -> List[triton.Config]:
@@ -383,8 +389,8 @@ def _loop_configs() -> List[triton.Config]:
 @functools.lru_cache(maxsize=None)
 def _kernels(interpret: bool) -> SimpleNamespace:
     """The kernels decorated under the current mode (``interpret`` is the cache key: it is what the mode is). On a
-    GPU the token tile, warps and stages are autotuned per :data:`_TUNE_KEY` (and the constexpr flags and argument
-    dtypes, which triton adds to the key); the one-tile kernel tunes its warps only."""
+    GPU the token tile, warps and stages are autotuned per :data:`_TUNE_KEYS`; the one-tile kernel tunes its warps
+    only (its tile is the whole head)."""
     scope = dict(globals())
 
     def jit(fn):
@@ -394,8 +400,9 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         scope[helper.__name__] = jit(helper)
     stats, fwd, one, bwd = (jit(f) for f in (_stats_kernel, _fwd_kernel, _fwd_one_tile_kernel, _bwd_kernel))
     if not interpret:
-        stats, fwd, bwd = (triton.autotune(_loop_configs(), key=_TUNE_KEY)(f) for f in (stats, fwd, bwd))
-        one = triton.autotune([triton.Config({}, num_warps=w) for w in (4, 8)], key=_TUNE_KEY)(one)
+        stats, fwd, bwd = (triton.autotune(_loop_configs(), key=_TUNE_KEYS[name])(f)
+                           for name, f in (("stats", stats), ("fwd", fwd), ("bwd", bwd)))
+        one = triton.autotune([triton.Config({}, num_warps=w) for w in (4, 8, 16)], key=_TUNE_KEYS["one"])(one)
     return SimpleNamespace(stats=stats, fwd=fwd, one=one, bwd=bwd)
 
 
@@ -459,6 +466,7 @@ def _partials(x, y, z, x_mask, z_mask, splits, chunk, kind, norms, native, prec,
     zm, zms = _u8(z_mask, x)
     _launch(_kernels(interpreting()).stats, (B * H, splits),
             (x, y, zz, xm, zm, part, s_x, s_z, H, n_x, zz.shape[-2] if has_z else 0, d, e, chunk, bucket,
+             _block(B * H * splits),
              *x.stride(), *y.stride(), *zz.stride(), *xms, *zms),
             dict(HAS_XM=x_mask is not None, HAS_ZM=z_mask is not None, NORMS=norms, HAS_Z=has_z, KIND=kind,
                  NATIVE=native, UPCAST=interpreting(), PREC=prec, BLOCK_D=_block(d), BLOCK_E=_block(e)),
@@ -492,8 +500,8 @@ def _forward(q, k, v, mask, q_mask, gamma, eps: float, kind: int, bf16: bool, ou
     ks = _kernels(interpreting())
     if one_tile:
         block = _block(max(n_q, n_k))
-        ks.one[(bh,)](q, k, v, qm, km, gamma, out, kv, s_q, s_k, H, n_q, n_k, d, e, eps, block, *strides,
-                      **flags, BLOCK=block)
+        ks.one[(bh,)](q, k, v, qm, km, gamma, out, kv, s_q, s_k, H, n_q, n_k, d, e, eps, block, _block(bh),
+                      *strides, **flags, BLOCK=block)
         return out, kv, s_q, s_k
     chunk = triton.cdiv(max(n_q, n_k), splits)
     bucket = _block(chunk)
@@ -503,7 +511,7 @@ def _forward(q, k, v, mask, q_mask, gamma, eps: float, kind: int, bf16: bool, ou
         part, psk, psq = _partials(k, v, q if sima else None, mask, q_mask if sima else None, splits, chunk, kind,
                                    kind != KINDS["xnorm"], native, prec, bucket)
     _launch(ks.fwd, (bh, splits), (q, k, v, qm, km, gamma, part, psk, psq, out, kv, s_q, s_k, H, n_q, n_k, d, e,
-                                   splits, chunk, eps, bucket, *strides),
+                                   splits, chunk, eps, bucket, _block(bh * splits), *strides),
             dict(flags, SPLIT=splits > 1), _INTERPRETER_BLOCK)
     return out, kv, s_q, s_k
 
@@ -528,6 +536,7 @@ def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
     km, kms = _u8(mask, q)
     _launch(_kernels(interpreting()).bwd, (bh, splits),
             (q, k, v, g, qm, km, kvn, s_q, s_k, part, dq, dk, dv, H, n_q, n_k, d, e, splits, chunk, eps, bucket,
+             _block(bh * splits),
              *q.stride(), *k.stride(), *v.stride(), *g.stride(), *qms, *kms),
             dict(HAS_QM=q_mask is not None, HAS_KM=mask is not None, SPLIT=splits > 1, NATIVE=native, BF16_DQ=bf16,
                  UPCAST=interpreting(), PREC=prec, BLOCK_D=_block(d), BLOCK_E=_block(e)),
