@@ -8,6 +8,7 @@ identically (at N = 1, the q and k gradients). fp32 round-off gives ~1e-7; a wro
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -294,6 +295,11 @@ def test_auto_on_a_gpu_follows_the_table_by_device_name(monkeypatch):
     assert [sima.gpu_backend("NVIDIA H200", n) for n in (196, 197)] == ["torch", "triton"]
     assert [sima.gpu_backend("NVIDIA A100-SXM4-80GB", n) for n in (4095, 4096)] == ["torch", "triton"]
     assert sima.gpu_backend("Slow GPU", 10 ** 6) == "torch"
+    # resolve_sima_backend on a (stand-in) CUDA tensor asks the device's name
+    monkeypatch.setattr(sima, "gpu_name", lambda device: "NVIDIA H200")
+    on_cuda = lambda n: SimpleNamespace(device=SimpleNamespace(type="cuda", index=0), shape=(1, 1, n, 64))  # noqa
+    assert [sima.resolve_sima_backend("auto", on_cuda(n)) for n in (196, 197)] == ["torch", "triton"]
+    assert sima.resolve_sima_backend("torch", on_cuda(10 ** 6)) == "torch"
 
 
 def test_auto_falls_back_to_torch_where_triton_refuses():

@@ -38,15 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
-                      range_safe_dtype, resolve_masks,
-                      triton_refusal as linear_triton_refusal)
+                      range_safe_dtype, resolve_masks, triton_refusal as linear_triton_refusal)
 from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order",
-           "resolve_sima_backend", "cpp_refusal", "triton_refusal", "triton_min_tokens", "gpu_table",
+           "resolve_sima_backend", "cpp_refusal", "triton_refusal", "triton_min_tokens", "gpu_backend", "gpu_table",
            "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
@@ -185,7 +184,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             return sima_cpu.sima_kv_first(q, k, v, eps)
         if backend == "cpp":
             raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
-    if chosen == "triton" and backend == "auto" and triton_refusal(q, k, v, resolved if order == "auto" else order):
+    if chosen == "triton" and backend == "auto" and triton_refusal(q, k, v, resolved):
         chosen = "torch"
     if chosen == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
         if order not in ("auto", "kv_first"):
