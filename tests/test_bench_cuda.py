@@ -123,6 +123,15 @@ def test_write_backend_table_adds_this_gpu_keeps_the_others_and_combines_sweeps(
     assert json.loads(path.read_text())["gpus"]["GPU B"]["min_tokens"] is None
 
 
+def test_write_table_is_for_the_gpu_sweep_and_needs_both_sima_kinds(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--write-table applies to --device cuda"):
+        bench.main(["--write-table", str(tmp_path / "t.json")])
+    monkeypatch.setattr(bench, "require_cuda", lambda device: None)  # past the CUDA check, before any work
+    with pytest.raises(ValueError, match="--write-table compares sima with sima_triton: add sima_triton to --kinds"):
+        bench.main(["--device", "cuda", "--kinds", "sima", "sdpa_flash", "--write-table", str(tmp_path / "t.json")])
+    assert not (tmp_path / "t.json").exists()
+
+
 def test_gpu_kinds_are_refused_on_cpu():
     with pytest.raises(ValueError, match="--kinds sima_triton: GPU kinds, for --device cuda"):
         bench.main(["--kinds", "sima_triton"])
