@@ -182,15 +182,15 @@ def _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, KIND: tl.constexpr):
 
 def _apply(q, rows, w, z, eps, KIND: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr,
            PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The epilogue on one query tile: q W (bf16 operands with BF16_OUT); ELU φ(q)W / (φ(q)·z + eps); XNorm
-    qW / (‖q‖₂ + eps) per row."""
+    """The epilogue on one query tile: q W (bf16 operands with BF16_OUT, W given in bf16); ELU φ(q)W / (φ(q)·z + eps);
+    XNorm qW / (‖q‖₂ + eps) per row."""
     zero = tl.full((BLOCK, BLOCK_E), 0.0, tl.float32)
     if KIND == 1:
         phi = _features(q, rows, KIND)
         den = tl.reduce(phi * z[None, :], 1, _SUM) + eps
         return _mm(phi, w, zero, False, UPCAST, PREC) / den[:, None]
     if BF16_OUT:
-        return _mm(q.to(tl.bfloat16), w.to(tl.bfloat16), zero, True, UPCAST, PREC)
+        return _mm(q.to(tl.bfloat16), w, zero, True, UPCAST, PREC)
     out = _mm(q, w, zero, False, UPCAST, PREC)
     if KIND == 2:
         qf = q.to(tl.float32)
@@ -265,6 +265,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
         if split == 0:
             _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps)
     w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, KIND)
+    if BF16_OUT:
+        w = w.to(tl.bfloat16)
     start = split * chunk
     for n0 in range(start, tl.minimum(n_q, start + chunk), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
@@ -301,8 +303,10 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
     s_q = tl.reduce(tl.abs(q.to(tl.float32)), 0, _SUM)
     if SAVE:
         _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps)
-    out = _apply(q, q_rows, _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, KIND), s_k, eps, KIND, BF16_OUT, UPCAST,
-                 PREC, BLOCK, BLOCK_E)
+    w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, KIND)
+    if BF16_OUT:
+        w = w.to(tl.bfloat16)
+    out = _apply(q, q_rows, w, s_k, eps, KIND, BF16_OUT, UPCAST, PREC, BLOCK, BLOCK_E)
     tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
 
@@ -342,7 +346,10 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
     t_q = tl.where(s_q_raw >= eps, r / s_q, 0.0)  # a norm clamped to eps is a constant: no sign term
     t_k = tl.where(s_k_raw >= eps, r / s_k, 0.0)
     w_q = tl.trans(kvn / s_q[:, None])
+    if BF16_DQ:
+        w_q = w_q.to(tl.bfloat16)
     w_k = dkvn / s_k[:, None]
+    w_kt = tl.trans(w_k)
     zero_d = tl.full((BLOCK, BLOCK_D), 0.0, tl.float32)
     start = split * chunk
     for n0 in range(start, tl.minimum(n_q, start + chunk), BLOCK):
@@ -351,7 +358,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
         g = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok)
         x = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok).to(tl.float32)
         if BF16_DQ:
-            gw = _mm(g.to(tl.bfloat16), w_q.to(tl.bfloat16), zero_d, True, UPCAST, PREC)
+            gw = _mm(g.to(tl.bfloat16), w_q, zero_d, True, UPCAST, PREC)
         else:
             gw = _mm(g, w_q, zero_d, False, UPCAST, PREC)
         dq = gw - tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)) * t_q[None, :]
@@ -362,7 +369,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
         rows = _keep(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
         y = _tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, rows, e_ok)
         x = _tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, rows, d_ok).to(tl.float32)
-        dk = _mm(y, tl.trans(w_k), zero_d, False, UPCAST, PREC) - tl.where(
+        dk = _mm(y, w_kt, zero_d, False, UPCAST, PREC) - tl.where(
             x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)) * t_k[None, :]
         dv = _mm(x, w_k, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
         in_range = (offs < n_k)[:, None]
