@@ -300,6 +300,9 @@ def test_auto_on_a_gpu_follows_the_table_by_device_name(monkeypatch):
     on_cuda = lambda n: SimpleNamespace(device=SimpleNamespace(type="cuda", index=0), shape=(1, 1, n, 64))  # noqa
     assert [sima.resolve_sima_backend("auto", on_cuda(n)) for n in (196, 197)] == ["torch", "triton"]
     assert sima.resolve_sima_backend("torch", on_cuda(10 ** 6)) == "torch"
+    # graphs exported for other runtimes keep torch ops: they could not run the kernels' custom ops
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: True)
+    assert sima.resolve_sima_backend("auto", on_cuda(10 ** 6)) == "torch"
 
 
 def test_auto_falls_back_to_torch_where_triton_refuses():

@@ -206,10 +206,18 @@ def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optiona
     return None
 
 
+def kernels_may_run() -> bool:
+    """Whether an implicit choice (``auto``) may take the fused Triton kernels: eagerly or under ``torch.compile``,
+    which sees their custom ops, but not into graphs made for other runtimes (``torch.export``, TorchScript, fx),
+    which could not run them."""
+    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or fx_tracing()
+                or torch.compiler.is_exporting())
+
+
 def triton_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *params: Any) -> bool:
     """Whether a forward-only fused kernel serves this call: CUDA tensors the kernels take, with nothing (q, k, v or
-    a tensor in ``params``) that needs a gradient."""
-    if q.device.type != "cuda" or triton_refusal(q, k, v) is not None:
+    a tensor in ``params``) that needs a gradient, outside graphs made for other runtimes (:func:`kernels_may_run`)."""
+    if q.device.type != "cuda" or not kernels_may_run() or triton_refusal(q, k, v) is not None:
         return False
     tensors = (q, k, v) + tuple(p for p in params if torch.is_tensor(p))
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))

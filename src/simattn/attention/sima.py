@@ -37,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
-                      range_safe_dtype, resolve_masks, triton_refusal as linear_triton_refusal)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager,
+                      kernels_may_run, no_autocast, range_safe_dtype, resolve_masks,
+                      triton_refusal as linear_triton_refusal)
 from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
@@ -69,14 +70,14 @@ def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
     ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built (:func:`cpp_refusal` then says whether
     it applies to a call; where not, torch runs); on CUDA the Triton kernels from the token count at which they
     measured faster than torch on this GPU (:func:`triton_min_tokens`; :func:`triton_refusal` then says whether they
-    apply), torch below it; torch on other devices.
+    apply), torch below it and in graphs exported for other runtimes; torch on other devices.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
     if backend != "auto":
         return backend
     if q.device.type == "cuda":
-        return gpu_backend(gpu_name(q.device), q.shape[-2])
+        return gpu_backend(gpu_name(q.device), q.shape[-2]) if kernels_may_run() else "torch"
     return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
 
 
