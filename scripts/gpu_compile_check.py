@@ -17,6 +17,8 @@ import time
 import timm
 import torch
 
+import simattn  # noqa: F401 - registers the SimA models with timm
+
 BOUND = 2e-2
 
 

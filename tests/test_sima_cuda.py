@@ -96,10 +96,11 @@ def test_elu_and_xnorm_take_the_fused_forward_without_gradients(dtype, monkeypat
     assert error_ratio(xn.cpu(), ref) <= TOL[dtype]
 
 
-def test_tuned_configs_are_reused():
+def test_tuned_configs_are_reused(monkeypatch):
     """The second call at the same sizes runs the cached configuration: no new tuning entry, no new compile."""
     from simattn.attention import sima_triton as st
 
+    monkeypatch.setenv("SIMATTN_TRITON_AUTOTUNE", "1")
     q, k, v = torch.randn(3, 4, 6, 1025, 64, device="cuda", dtype=torch.bfloat16).unbind(0)
     sima_attention(q, k, v, backend="triton")
     kernels = st._kernels(False)

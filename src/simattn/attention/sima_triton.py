@@ -44,9 +44,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import types
 from types import SimpleNamespace
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -388,16 +389,23 @@ _TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "KIND", "NORMS", "HAS_
               "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"]}
 
 
-def _loop_configs() -> List[triton.Config]:
-    return [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
-            for block, warps, stages in ((32, 4, 3), (64, 4, 3), (64, 8, 2), (128, 8, 2))]
+#: (tokens per tile, warps, pipeline stages) tried for the looping kernels; the first is the untuned default
+_LOOP_CONFIGS = ((64, 4, 3), (32, 4, 3), (64, 8, 2), (128, 8, 2))
+_ONE_TILE_WARPS = (8, 4, 16)
+
+
+def _tuning() -> bool:
+    """Whether launch configurations are autotuned on a GPU: yes unless ``SIMATTN_TRITON_AUTOTUNE=0``, which runs
+    each kernel in its first configuration without timing any (quick checks and tests, which compile each shape
+    once instead of once per configuration)."""
+    return os.environ.get("SIMATTN_TRITON_AUTOTUNE", "1") != "0"
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(interpret: bool) -> SimpleNamespace:
+def _kernels(interpret: bool, tune: bool = True) -> SimpleNamespace:
     """The kernels decorated under the current mode (``interpret`` is the cache key: it is what the mode is). On a
-    GPU the token tile, warps and stages are autotuned per :data:`_TUNE_KEYS`; the one-tile kernel tunes its warps
-    only (its tile is the whole head)."""
+    GPU the token tile, warps and stages are autotuned per :data:`_TUNE_KEYS` (``tune``; else the first
+    configuration); the one-tile kernel tunes its warps only (its tile is the whole head)."""
     scope = dict(globals())
 
     def jit(fn):
@@ -407,10 +415,17 @@ def _kernels(interpret: bool) -> SimpleNamespace:
         scope[helper.__name__] = jit(helper)
     stats, fwd, one, bwd = (jit(f) for f in (_stats_kernel, _fwd_kernel, _fwd_one_tile_kernel, _bwd_kernel))
     if not interpret:
-        stats, fwd, bwd = (triton.autotune(_loop_configs(), key=_TUNE_KEYS[name])(f)
+        loop = [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
+                for block, warps, stages in _LOOP_CONFIGS[:None if tune else 1]]
+        stats, fwd, bwd = (triton.autotune(loop, key=_TUNE_KEYS[name])(f)
                            for name, f in (("stats", stats), ("fwd", fwd), ("bwd", bwd)))
-        one = triton.autotune([triton.Config({}, num_warps=w) for w in (4, 8, 16)], key=_TUNE_KEYS["one"])(one)
+        warps = [triton.Config({}, num_warps=w) for w in _ONE_TILE_WARPS[:None if tune else 1]]
+        one = triton.autotune(warps, key=_TUNE_KEYS["one"])(one)
     return SimpleNamespace(stats=stats, fwd=fwd, one=one, bwd=bwd)
+
+
+def _ks() -> SimpleNamespace:
+    return _kernels(interpreting(), _tuning())
 
 
 # ------------------------------------------------------------------------------------------------ launchers
@@ -471,7 +486,7 @@ def _partials(x, y, z, x_mask, z_mask, splits, chunk, kind, norms, native, prec,
     zz = z if has_z else x
     xm, xms = _u8(x_mask, x)
     zm, zms = _u8(z_mask, x)
-    _launch(_kernels(interpreting()).stats, (B * H, splits),
+    _launch(_ks().stats, (B * H, splits),
             (x, y, zz, xm, zm, part, s_x, s_z, H, n_x, zz.shape[-2] if has_z else 0, d, e, chunk, bucket,
              _block(B * H * splits),
              *x.stride(), *y.stride(), *zz.stride(), *xms, *zms),
@@ -504,7 +519,7 @@ def _forward(q, k, v, mask, q_mask, gamma, eps: float, kind: int, bf16: bool, ou
     flags = dict(HAS_QM=q_mask is not None, HAS_KM=mask is not None, SAVE=save, KIND=kind, NATIVE=native,
                  BF16_OUT=bf16, UPCAST=interpreting(), PREC=prec, BLOCK_D=_block(d), BLOCK_E=_block(e))
     strides = (*q.stride(), *k.stride(), *v.stride(), *qms, *kms)
-    ks = _kernels(interpreting())
+    ks = _ks()
     if one_tile:
         block = _block(max(n_q, n_k))
         ks.one[(bh,)](q, k, v, qm, km, gamma, out, kv, s_q, s_k, H, n_q, n_k, d, e, eps, block, _block(bh),
@@ -541,7 +556,7 @@ def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
                                bucket)
     qm, qms = _u8(q_mask, q)
     km, kms = _u8(mask, q)
-    _launch(_kernels(interpreting()).bwd, (bh, splits),
+    _launch(_ks().bwd, (bh, splits),
             (q, k, v, g, qm, km, kvn, s_q, s_k, part, dq, dk, dv, H, n_q, n_k, d, e, splits, chunk, eps, bucket,
              _block(bh * splits),
              *q.stride(), *k.stride(), *v.stride(), *g.stride(), *qms, *kms),
