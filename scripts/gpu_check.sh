@@ -39,7 +39,7 @@ tail -3 "$OUT/tests.txt"
 for B in 128 8; do  # autotuned, as users run it
     stage "attention B=$B" 110 "$OUT/attention_b$B.txt" "$PY" -m simattn bench attention --device cuda \
         --heads 6 --head-dim 64 --batch "$B" --tokens 197 577 1025 4097 16385 --dtype bfloat16 \
-        --kinds sima sima_triton sdpa_flash --repeats 20 --rounds 1 --out "$OUT/attention_b$B.json" \
+        --kinds sima sima_triton sdpa_flash --repeats 20 --rounds 1 --output "$OUT/attention_b$B.json" \
         --write-table "$OUT/sima_gpu_table.json"
     grep -v "^  " "$OUT/attention_b$B.txt" | head -40
 done

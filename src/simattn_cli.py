@@ -24,6 +24,8 @@ COMMANDS = {
     "detect": ("simattn.detect.cli", "Mask R-CNN detection with a SimA backbone"),
     "convert": ("simattn.convert.cli", "turn a pretrained softmax ViT into a SimA (or other softmax-free) ViT"),
     "data": ("simattn.data.cli", "dataset tools: pack any dataset into webdataset shards (timm's _info.json)"),
+    "hub": ("simattn.hub", "share weights as timm does: a local-dir:/hf-hub: folder (config.json, model.safetensors, "
+                           "model card), --push to the Hugging Face Hub"),
     "build-kernels": ("simattn.attention.sima_cpu", "compile SimA's CPU kernel for this machine (setup runs it)"),
 }
 

@@ -10,7 +10,12 @@ import torch
 import torch.nn.functional as F
 
 from simattn.attention import reference as R
+from simattn.attention.cosformer import cosformer_attention
+from simattn.attention.efficient import efficient_attention
 from simattn.attention.elu import elu_attention
+from simattn.attention.linformer import linformer_attention
+from simattn.attention.nystrom import nystrom_attention
+from simattn.attention.performer import orthogonal_random_features, performer_attention
 from simattn.attention.relu import ACTIVATIONS, relu_attention
 from simattn.attention.sima import sima_attention
 from simattn.attention.soft import soft_attention
@@ -42,6 +47,38 @@ def _with(fn, **fixed):
     return call
 
 
+def _acc(t):
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def _linformer_projections(n, like):
+    """Fixed E, F (⌈n/2⌉, n) for n keys, in fp32 for low-precision inputs (as a module's parameters stay)."""
+    g = torch.Generator().manual_seed(n)
+    e, f = (torch.randn((n + 1) // 2, n, generator=g, dtype=torch.float64) / math.sqrt(n) for _ in range(2))
+    return e.to(like.device, _acc(like)), f.to(like.device, _acc(like))
+
+
+def _linformer_fast(q, k, v, **kw):
+    e, f = _linformer_projections(k.shape[-2], k)
+    return linformer_attention(q, k, v, proj_k=e, proj_v=f, **kw)
+
+
+def _linformer_oracle(q, k, v, **kw):
+    e, f = _linformer_projections(k.shape[-2], k)
+    return R.linformer_reference(q, k, v, e, f, **kw)
+
+
+PERFORMER_FEATURES = orthogonal_random_features(24, 16, torch.Generator().manual_seed(0), dtype=torch.float64)
+
+
+def _performer_fast(q, k, v, **kw):
+    return performer_attention(q, k, v, features=PERFORMER_FEATURES.to(q.device, _acc(q)), **kw)
+
+
+def _performer_oracle(q, k, v, **kw):
+    return R.performer_reference(q, k, v, PERFORMER_FEATURES.to(q.device, _acc(q)), **kw)
+
+
 # name → (fast op, oracle, takes different query/key lengths, takes a key mask)
 CASES = {
     "sima_kv_first": (partial(sima_attention, order="kv_first"), partial(R.sima_reference, order="kv_first"), True, True),
@@ -56,7 +93,19 @@ CASES = {
                      True, True) for a in ACTIVATIONS},
     "relu_alpha0": (partial(relu_attention, alpha=0.0), partial(R.relu_reference, alpha=0.0), True, True),
     "soft": (_soft_fast, _soft_oracle, False, False),
+    "linformer": (_linformer_fast, _linformer_oracle, True, False),
+    "performer": (_performer_fast, _performer_oracle, True, True),
+    "nystrom": (partial(nystrom_attention, grid_size=SOFT_GRID, ratio=2),
+                partial(R.nystrom_reference, grid_size=SOFT_GRID, ratio=2), False, False),
+    "efficient": (efficient_attention, R.efficient_reference, True, True),
+    "cosformer": (cosformer_attention, R.cosformer_reference, True, True),
+    "cosformer_reweight": (partial(cosformer_attention, reweight=True, grid_size=SOFT_GRID),
+                           partial(R.cosformer_reference, grid_size=SOFT_GRID), False, False),
 }
+#: cases on the fixed SOFT_GRID (N = 20 tokens only)
+GRID_CASES = {"soft", "nystrom", "cosformer_reweight"}
+#: cases whose weights depend on token positions (not equivariant under a permutation of the tokens)
+POSITIONAL_CASES = GRID_CASES | {"linformer"}
 
 
 def qkv(b=2, n=20, d=16, nk=None, dtype=torch.float32, scale=1.0, requires_grad=False, seed=None):
@@ -131,6 +180,16 @@ def _soft_module_oracle(m, q, v, grid):
     return out
 
 
+def _linformer_module_oracle(m, q, k, v, grid):
+    proj_v = m.proj_k if m.proj_v is None else m.proj_v
+    if m.dense:
+        return R.linformer_reference(q, k, v, m.proj_k, proj_v)
+    prefix = q.shape[-2] - grid[0] * grid[1]
+    e = R.linformer_window_matrix_reference(grid, m.ratio, m.proj_k, prefix)
+    f = R.linformer_window_matrix_reference(grid, m.ratio, proj_v, prefix)
+    return R.linformer_reference(q, k, v, e, f)
+
+
 def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
     """The module's forward from its parameters and the kind's oracle, in plain torch."""
     B, N, C = x.shape
@@ -157,6 +216,19 @@ def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
         out = R.xnorm_reference(q, k, v, gamma_q=m.gamma_q, gamma_kv=m.gamma_kv, mask=mask, eps=m.eps)
     elif kind == "soft":
         out = _soft_module_oracle(m, q, v, grid_size)
+    elif kind == "linformer":
+        out = _linformer_module_oracle(m, q, k, v, grid_size)
+    elif kind == "performer":
+        out = R.performer_reference(q, k, v, m.features, mask=mask)
+    elif kind == "nystrom":
+        out = R.nystrom_reference(q, k, v, grid_size, ratio=m.ratio, num_prefix_tokens=N - grid_size[0] * grid_size[1],
+                                  num_iters=m.num_iters)
+    elif kind == "efficient":
+        out = R.efficient_reference(q, k, v, mask=mask)
+    elif kind == "cosformer":
+        grid = grid_size if m.reweight else None
+        prefix = N - grid_size[0] * grid_size[1] if m.reweight else 0
+        out = R.cosformer_reference(q, k, v, grid_size=grid, num_prefix_tokens=prefix, mask=mask, eps=m.eps)
     else:  # pragma: no cover - a kind registered without an oracle must get one here
         raise AssertionError(f"no oracle for attention kind {kind!r}")
     out = out.transpose(1, 2).reshape(B, N, C)

@@ -1,6 +1,8 @@
 """Attention kinds against their oracles (forward, input and parameter gradients, masks, causal), invariances,
 attention dropout, errors and modules. Precision: test_attention_precision.py; SOFT specifics: test_soft.py."""
 
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +10,12 @@ import torch.nn.functional as F
 import simattn  # noqa: F401  (registers everything)
 from simattn.attention import attention_class, create_attention, get_attention_class, list_attentions
 from simattn.attention import reference as R
+from simattn.attention.cosformer import cosformer_attention
+from simattn.attention.efficient import efficient_attention
 from simattn.attention.elu import elu_attention
+from simattn.attention.linformer import linformer_attention
+from simattn.attention.nystrom import nystrom_attention
+from simattn.attention.performer import performer_attention
 from simattn.attention.relu import relu_attention
 from simattn.attention.sima import resolve_sima_order, sima_attention
 from simattn.attention.soft import soft_attention
@@ -16,7 +23,8 @@ from simattn.attention.softmax import softmax_attention
 from simattn.attention.xca import xca_attention
 from simattn.attention.xnorm import xnorm_attention
 
-from attention_cases import CASES, H, LargestCopy, OpCalls, assert_grads_close, assert_ratio, module_oracle, qkv
+from attention_cases import (CASES, GRID_CASES, POSITIONAL_CASES, H, LargestCopy, OpCalls, assert_grads_close,
+                             assert_ratio, module_oracle, qkv)
 
 # small tensors: one intra-op thread is fastest on a shared CPU
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,7 +53,7 @@ def _check_against_oracle(fast, oracle, inputs, tol, what, grads=True, **kw):
 
 
 # ---------------------------------------------------------------- functional ops vs oracles
-FUNCTIONAL = [(name, n) for name in CASES for n in ((20,) if name == "soft" else (1, 7, 40))]  # N = 1, < d, > d
+FUNCTIONAL = [(name, n) for name in CASES for n in ((20,) if name in GRID_CASES else (1, 7, 40))]  # N = 1, < d, > d
 
 
 @pytest.mark.parametrize("name,n", FUNCTIONAL)
@@ -58,7 +66,7 @@ def test_functional_matches_oracle(name, n, dtype):
     _check_against_oracle(fast, oracle, (q, k, v), _tol(name, dtype), name, grads=grads)
 
 
-@pytest.mark.parametrize("name", [c for c in CASES if c != "soft"])
+@pytest.mark.parametrize("name", [c for c in CASES if c not in GRID_CASES])
 @pytest.mark.parametrize("b,n", [(1, 40), (3, 7)])
 def test_functional_on_fused_qkv_views(name, b, n):
     """q, k, v as every module produces them: strided views of one (B, N, 3, H, d) projection."""
@@ -144,7 +152,13 @@ MODULES = [
     ("soft", {"backward": "iterative", "num_prefix_tokens": 1}),
     ("soft", {"backward": "iterative", "landmarks": "conv", "v_conv_kernel": 3, "num_prefix_tokens": 0}),
     ("soft", {"backward": "iterative", "newton_init": "paper", "num_prefix_tokens": 0}),
+    ("linformer", {"num_prefix_tokens": 1}), ("linformer", {"ratio": 3, "share_kv": True, "num_prefix_tokens": 0}),
+    ("linformer", {"seq_len": 20, "proj_len": 7}),
+    ("performer", {"num_features": 20}), ("nystrom", {"num_prefix_tokens": 1}), ("efficient", {}),
+    ("cosformer", {}), ("cosformer", {"reweight": True, "num_prefix_tokens": 1}),
 ]
+#: kinds whose module test runs on the 4×5 grid (as ``grid_size``), after ``num_prefix_tokens`` tokens
+_ON_GRID = ("soft", "linformer", "nystrom")
 
 
 def test_every_registered_kind_has_a_module_oracle_case():
@@ -160,9 +174,9 @@ def test_module_matches_oracle(kind, options, dtype):
         if p.dim() <= 3 and p.numel() <= 48:
             p.data.add_(0.3 * torch.randn_like(p))
     n, calls = 20, [{}]
-    if kind == "soft":
-        n = 21 if m.num_prefix_tokens == 1 else 20
-        calls = [{"grid_size": (4, 5)}]
+    if kind in _ON_GRID or getattr(m, "reweight", False):
+        n = 20 + (getattr(m, "num_prefix_tokens", None) or 0)
+        calls = [{"grid_size": (4, 5)}] + ([{"grid_size": (4, 5), "mask": _mask(2, n)}] if m.supports_mask else [])
     elif m.supports_mask:
         calls.append({"mask": _mask(2, n)})
     if m.supports_causal:
@@ -190,7 +204,8 @@ def test_kinds_without_causal_support_raise(kind):
 
 
 # ---------------------------------------------------------------- attention dropout
-@pytest.mark.parametrize("kind", ["sima", "elu", "xnorm", "soft"])
+@pytest.mark.parametrize("kind", ["sima", "elu", "xnorm", "soft", "linformer", "performer", "nystrom", "efficient",
+                                  "cosformer"])
 def test_kinds_without_weight_matrix_reject_attn_drop(kind):
     cls = get_attention_class(kind)
     assert not cls.supports_attn_drop
@@ -409,7 +424,7 @@ def test_sima_hook_point_costs_nothing_when_unused(monkeypatch):
 
 
 # ---------------------------------------------------------------- invariances
-@pytest.mark.parametrize("name", [c for c in CASES if c != "soft"])
+@pytest.mark.parametrize("name", [c for c in CASES if c not in POSITIONAL_CASES])
 def test_token_permutation_equivariance(name):
     fast, _, _, _ = CASES[name]
     q, k, v = qkv(n=24, dtype=torch.float64)
@@ -421,7 +436,9 @@ def test_token_permutation_equivariance(name):
 
 # ---------------------------------------------------------------- errors
 @pytest.mark.parametrize("fn", [sima_attention, softmax_attention, xca_attention, elu_attention, relu_attention,
-                                xnorm_attention, soft_attention])
+                                xnorm_attention, soft_attention, efficient_attention, cosformer_attention,
+                                nystrom_attention, partial(linformer_attention, proj_k=torch.ones(5, 20)),
+                                partial(performer_attention, features=torch.ones(8, 16))])
 def test_bad_ranks_and_shapes(fn):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="shape"):

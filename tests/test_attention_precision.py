@@ -35,7 +35,8 @@ FP32_ISLAND = 1e-5  # forward bound where the op computes and returns fp32 under
 BOUNDS = {
     kind: {torch.float16: (FP32_ISLAND if kind in ("sima", "relu") else EPS[torch.float16], EPS[torch.float16]),
            torch.bfloat16: (EPS[torch.bfloat16], EPS[torch.bfloat16])}
-    for kind in ("sima", "softmax", "xca", "elu", "relu", "xnorm", "soft")
+    for kind in ("sima", "softmax", "xca", "elu", "relu", "xnorm", "soft", "linformer", "performer", "nystrom",
+                 "efficient", "cosformer")
 }
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no triton")

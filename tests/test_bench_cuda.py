@@ -150,7 +150,7 @@ def test_attention_sweep_on_cuda(tmp_path, monkeypatch):
 
 @CUDA
 def test_model_bench_on_cuda(tmp_path):
-    from simattn.bench import model as bench_model
+    from simattn.bench.model import cli as bench_model
 
     args = ["--device", "cuda", "--models", "sima_deit_small_patch16_224", "--img-size", "64",
             "--model-kwargs", "depth=1", "embed_dim=64", "num_heads=2", "--attn", "sima", "triton=sima", "softmax",

@@ -6,8 +6,10 @@ import torch
 from torch import nn
 
 import simattn  # noqa: F401  (registers the models)
-from simattn.bench import model as bench_model
-from simattn.bench.model import BenchSpec, LinearFloor, build_model, linear_calls, linear_floor
+from simattn.bench.model import cli as bench_model, results as bench_results
+from simattn.bench.model.probes import LinearFloor, linear_calls, linear_floor
+from simattn.bench.model.runner import build_model
+from simattn.bench.model.spec import BenchSpec
 
 TINY_MODEL = "sima_deit_tiny_patch16_224"
 TINY = {"patch_size": 4, "embed_dim": 32, "num_heads": 2}
@@ -89,7 +91,7 @@ def _rows(sizes, runtimes=("eager", "onnxruntime", "onnxruntime int8"), labels=(
 @pytest.fixture
 def figures(monkeypatch):
     kept = []
-    monkeypatch.setattr(bench_model, "save_figure", lambda fig, path: kept.append(fig))
+    monkeypatch.setattr(bench_results, "save_figure", lambda fig, path: kept.append(fig))
     yield kept
     import matplotlib.pyplot as plt
     for fig in kept:
@@ -97,7 +99,7 @@ def figures(monkeypatch):
 
 
 def test_one_size_plots_grouped_bars_with_floor_and_speedups(figures, tmp_path):
-    bench_model.plot_results(_rows([224]), tmp_path / "bars.png")
+    bench_results.plot_results(_rows([224]), tmp_path / "bars.png")
     ax = figures[0].axes[0]
     assert len(ax.patches) == 3 * 2  # runtimes × attention kinds
     assert [t.get_text() for t in ax.get_xticklabels()] == ["torch\nfp32", "onnxruntime\nfp32", "onnxruntime\nint8"]
@@ -110,7 +112,7 @@ def test_one_size_plots_grouped_bars_with_floor_and_speedups(figures, tmp_path):
 
 
 def test_several_sizes_keep_the_line_plot(figures, tmp_path):
-    bench_model.plot_results(_rows([224, 384]), tmp_path / "lines.png")
+    bench_results.plot_results(_rows([224, 384]), tmp_path / "lines.png")
     ax = figures[0].axes[0]
     assert not ax.patches
     # one line per attention kind and runtime, each through both sizes

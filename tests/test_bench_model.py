@@ -9,9 +9,12 @@ import pytest
 import simattn  # noqa: F401  (registers the models)
 from simattn.cli import main as simattn_main
 from simattn.attention import SimAAttention
-from simattn.bench import model as bench_model
+from simattn.bench.model import cli as bench_model
 from simattn.bench import paper as bench_paper
-from simattn.bench.model import BenchSpec, build_model, measure, speedups
+from simattn.bench.model.results import speedups
+from simattn.bench.model.runner import build_model
+from simattn.bench.model.spec import BenchSpec
+from simattn.bench.model.workers import measure, run_specs
 
 DEIT = "sima_deit_small_patch16_224"
 TINY = {"depth": 1, "embed_dim": 32, "num_heads": 2}
@@ -121,7 +124,7 @@ def test_compiled_and_onnxruntime_runtimes_on_a_tiny_model(tmp_path, capsys):
         assert "error" not in r and 0 < r["infer_p10_ms"] <= r["infer_p50_ms"] <= r["infer_p90_ms"]
     assert all(r["infer_ips"] > 0 for r in compiled)
     for r in ort:  # the exported graph computes the model's logits; counts are the eager model's
-        assert r["onnx_max_abs_diff"] < 1e-4 and "train_p50_ms" not in r and "infer_ips" not in r
+        assert r["runtime_max_abs_diff"] < 1e-4 and "train_p50_ms" not in r and "infer_ips" not in r
     assert {r["label"]: r["exp_softmax"] for r in ort} == {"sima": 0, "softmax": 1 * 2 * 5 * 5}
     with open(tmp_path / "ort" / "bench_model.csv", newline="") as f:
         assert [row["runtime"] for row in csv.DictReader(f)] == ["onnxruntime"] * 2
@@ -142,12 +145,12 @@ def test_speedups_pair_rows_with_the_baseline():
 
 def test_failed_worker_becomes_an_error_row(monkeypatch):
     def fake_run(cmd, **kwargs):
-        assert cmd[1:4] == ["-m", "simattn.bench.model", "--worker"]
-        assert BenchSpec.from_json(cmd[4]).model == DEIT and kwargs["env"]["OMP_NUM_THREADS"] == "1"
+        assert cmd[1:3] == ["-m", "simattn.bench.model.workers"]
+        assert BenchSpec.from_json(cmd[3]).model == DEIT and kwargs["env"]["OMP_NUM_THREADS"] == "1"
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="Traceback ...\nValueError: boom\n")
 
     monkeypatch.setattr(subprocess, "run", fake_run)
-    rows = bench_model.run_specs([BenchSpec(model=DEIT, model_kwargs=TINY)])
+    rows = run_specs([BenchSpec(model=DEIT, model_kwargs=TINY)])
     assert rows[0]["error"] == "ValueError: boom"
 
 

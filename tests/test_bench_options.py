@@ -4,7 +4,8 @@ import argparse
 
 import pytest
 
-from simattn.bench import attention, data, model, paper
+from simattn.bench import attention, data, paper
+from simattn.bench.model import cli as model
 from simattn.bench.cli import _bench_options
 
 BENCHES = {"attention": attention, "data": data, "model": model, "paper": paper}
@@ -31,3 +32,11 @@ def test_shared_options_keep_their_one_range(name):
         if dest in shared:
             assert (spec.low, spec.high, spec.low_open, spec.check) == \
                    (shared[dest].low, shared[dest].high, shared[dest].low_open, shared[dest].check), dest
+
+
+@pytest.mark.parametrize("name", BENCHES)
+def test_every_bench_writes_to_output_with_out_as_its_alias(name):
+    parser = BENCHES[name].build_parser()
+    assert parser.parse_args(["--output", "a"]).output == "a"
+    assert parser.parse_args(["--out", "b"]).output == "b"
+    assert not hasattr(parser.parse_args([]), "out")

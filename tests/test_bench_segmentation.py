@@ -9,8 +9,10 @@ import torch
 from torch import nn
 
 import simattn  # noqa: F401  (registers the models)
-from simattn.bench import model as bench_model
-from simattn.bench.model import BenchSpec, attention_share, build_model, parse_size
+from simattn.bench.model import cli as bench_model
+from simattn.bench.model.probes import attention_share
+from simattn.bench.model.runner import build_model
+from simattn.bench.model.spec import BenchSpec, parse_size
 from simattn.cli import main as simattn_main
 from simattn.models.segmentation import Segmenter
 

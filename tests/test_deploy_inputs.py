@@ -325,5 +325,5 @@ def test_bench_out_of_the_wrong_kind_is_refused_before_any_work(tmp_path, capsys
     else:
         out.mkdir()
     code = simattn_main(["bench", *argv, "--out", str(out)])
-    assert f"--out {out} is a {'file' if folder else 'folder'}" in _one_line_error(capsys, code)
+    assert f"--output {out} is a {'file' if folder else 'folder'}" in _one_line_error(capsys, code)
     assert (out.read_text() == "a file of the user's") if folder else not any(out.iterdir())

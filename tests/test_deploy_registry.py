@@ -207,7 +207,7 @@ def fake():
 
 
 def test_export_bench_and_validate_go_through_the_same_registry_entry(fake, weights, tmp_path, capsys):
-    from simattn.bench import model as bench_model
+    from simattn.bench.model import cli as bench_model
 
     out = tmp_path / "m.fake"
     assert simattn_main(["export", "--weights", str(weights), "--format", "fake", "-o", str(out)]) == 0
@@ -279,7 +279,7 @@ def test_tflite_export_validate_and_bench(weights, tmp_path, capsys):
     """TFLite through litert_torch (the ``tflite`` extra; it does not install beside this environment's packages
     without changing some of them, so the test runs where it is installed)."""
     pytest.importorskip("litert_torch")
-    from simattn.bench import model as bench_model
+    from simattn.bench.model import cli as bench_model
 
     out = tmp_path / "m.tflite"
     assert simattn_main(["export", "--weights", str(weights), "--format", "tflite", "-o", str(out)]) == 0

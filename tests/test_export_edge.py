@@ -236,7 +236,7 @@ def test_exp_like_aten_names():
 
 
 def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
-    from simattn.bench import model as bench_model
+    from simattn.bench.model import cli as bench_model
 
     args = ["--models", DEIT, "--img-size", "32", "--model-kwargs", "patch_size=8", "embed_dim=32", "depth=1",
             "num_heads=2", "--attn", "sima", "--threads", "1", "--in-process", "--measure", "latency",
@@ -259,7 +259,7 @@ def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--runtime", "torch", "tensorrt"], "--runtime 'tensorrt': expected some of torch, onnxruntime, executorch"),
+    (["--runtime", "torch", "tensorrt"], "'tensorrt' not allowed; allowed: some of torch, onnxruntime, executorch"),
     (["--runtime", "torch", "--int8"], "--int8 needs --runtime onnxruntime or executorch"),
     (["--runtime", "executorch", "--measure", "memory"], "--runtime executorch measures latency"),
 ])

@@ -121,3 +121,21 @@ def test_each_concern_has_one_home():
     assert _files_containing("argparse.ArgumentParser(") == ["simattn/utils/recipe.py"]
     assert set(_files_containing("yaml.safe_load(") + _files_containing("yaml.load(")) <= {
         "simattn/utils/values.py", "simattn/utils/recipe.py"}
+
+
+def test_bench_model_is_a_package_of_short_modules():
+    """``bench model``'s concerns each have a module (spec, runner, probes, workers, results, cli): no file over 900
+    lines and no function over 80."""
+    package = SRC / "simattn" / "bench" / "model"
+    assert not (SRC / "simattn" / "bench" / "model.py").exists()
+    assert {p.stem for p in package.glob("*.py")} == {"__init__", "spec", "runner", "probes", "workers", "results",
+                                                      "cli"}
+    long = []
+    for path in package.glob("*.py"):
+        text = path.read_text()
+        if len(text.splitlines()) > 900:
+            long.append(f"{path.name}: {len(text.splitlines())} lines")
+        long += [f"{path.name}: {node.name} has {node.end_lineno - node.lineno + 1} lines"
+                 for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                 and node.end_lineno - node.lineno + 1 > 80]
+    assert long == []

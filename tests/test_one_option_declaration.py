@@ -18,6 +18,8 @@ from simattn.convert.config import ConvertConfig
 from simattn.detect.cli import _parser as detect_parser
 from simattn.detect.config import DetectConfig
 from simattn.engine.config import EngineConfig
+from simattn.segment.cli import build_parser as segment_parser
+from simattn.segment.config import SegmentConfig
 from simattn.ssl.cli import _parser as ssl_parser
 from simattn.ssl.config import SslConfig
 from simattn.train.cli import build_parser as train_parser
@@ -32,6 +34,7 @@ COMMANDS = {
     "ssl": (ssl_parser, ["train"], SslConfig, "ssl_digits"),
     "detect": (detect_parser, ["train"], DetectConfig, "detect_shapes_cpu"),
     "convert": (convert_parser, ["--weights", "w.safetensors"], ConvertConfig, "convert_digits"),
+    "segment": (segment_parser, [], SegmentConfig, "seg_digits_cpu"),
 }
 
 
@@ -79,7 +82,7 @@ def test_each_flag_is_its_set_item(command):
 
 def test_engine_options_are_declared_once_and_tasks_only_change_defaults():
     engine = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    for schema in (TrainConfig, ConvertConfig, SslConfig, DetectConfig):
+    for schema in (TrainConfig, ConvertConfig, SslConfig, DetectConfig, SegmentConfig):
         for f in dataclasses.fields(schema):
             if f.name in engine:  # the same declaration (help, range, choices), at most another default
                 assert f.metadata["opt"] is engine[f.name].metadata["opt"], (schema.__name__, f.name)
@@ -91,7 +94,7 @@ def test_an_unknown_recipe_key_names_the_close_match(command, tmp_path, capsys):
     _, head, schema, recipe = COMMANDS[command]
     typo, meant = {"train": ("grad_acum_steps", "grad_accum_steps"), "ssl": ("dino.teacher_tmp", "teacher_temp"),
                    "detect": ("model.fpn_chanels", "fpn_channels"),
-                   "convert": ("convert.transfer_lr_", "transfer_lr")}[command]
+                   "convert": ("convert.transfer_lr_", "transfer_lr"), "segment": ("eval.strde", "stride")}[command]
     path = tmp_path / "recipe.yaml"
     section, _, key = typo.rpartition(".")
     path.write_text(yaml.safe_dump({"base": recipe, **({section: {key: 1}} if section else {key: 1})}))
@@ -103,7 +106,7 @@ def test_an_unknown_recipe_key_names_the_close_match(command, tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and f"did you mean '{meant}'" in err, err
 
 
-@pytest.mark.parametrize("schema", [TrainConfig, ConvertConfig, SslConfig, DetectConfig])
+@pytest.mark.parametrize("schema", [TrainConfig, ConvertConfig, SslConfig, DetectConfig, SegmentConfig])
 def test_saved_config_yaml_round_trips(schema, tmp_path):
     for name in list_recipes(schema):
         cfg = load_recipe(schema, name, {"output": str(tmp_path / "x"), "resume": "auto", "overwrite": True})
@@ -184,3 +187,10 @@ def test_convert_takes_accumulation_and_ema_in_both_forms(tmp_path, one_thread):
     # stage 2 keeps an EMA as asked; stage 1 trains only the attention blocks, without one
     assert "model_ema" in load_checkpoint(tmp_path / "set" / "distill" / "last.pth")
     assert "model_ema" not in load_checkpoint(tmp_path / "set" / "transfer" / "last.pth")
+
+
+def test_commands_that_write_take_output_and_keep_out_as_its_alias():
+    from simattn.viz.cli import build_parser as viz_parser
+    for parser, head in ((viz_parser(), []), (detect_parser(), ["shapes"])):
+        assert parser.parse_args([*head, "--output", "a"]).output == "a"
+        assert parser.parse_args([*head, "--out", "b"]).output == "b"

@@ -117,7 +117,7 @@ BACKBONE = ["--model-kwargs", "backbone=sima_deit_tiny_patch16_224"]
 
 @pytest.mark.parametrize("flags, message", [
     (["--model-kwargs", "backbone=null"], "needs backbone="),
-    ([*BACKBONE, "--dataset", "ade20k"], "needs data_dir"),
+    ([*BACKBONE, "--dataset", "ade20k"], "--dataset ade20k needs --data-dir"),
     ([*BACKBONE, "--model", "deeplab"], "model"),
 ])
 def test_bad_options_are_one_line_errors(tmp_path, capsys, flags, message):

@@ -240,7 +240,7 @@ def test_image_folder_skips_and_counts_unreadable_images(tmp_path, caplog):
 
 
 def test_dataset_errors_are_clear(tmp_path):
-    with pytest.raises(ValueError, match="unknown dataset 'imagenet22k'"):
+    with pytest.raises(ValueError, match="option 'dataset': got 'imagenet22k'; allowed: one of digits, folder"):
         train(tiny_config(tmp_path, dataset="imagenet22k"))
     with pytest.raises(FileNotFoundError, match="image folder not found"):
         train(tiny_config(tmp_path, dataset="folder", data_dir=str(tmp_path / "missing")))

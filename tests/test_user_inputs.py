@@ -56,8 +56,30 @@ def test_a_fifo_named_like_an_image_is_skipped_with_a_warning_not_read(tmp_path,
     os.mkfifo(tmp_path / "train" / "a" / "v.png")  # opening it for reading would block forever
     with caplog.at_level(logging.WARNING, logger="simattn.data.folder"):
         data = image_folder(tmp_path, "train")
-    assert len(data) == 2 and all(Path(p).name == "x.png" for p, _ in data.samples)
+        names = [Path(p).name for p, _ in data.samples]
+        assert names == ["v.png", "x.png", "x.png"]  # an unreadable sample: counted where images are skipped
+        assert data[0] is None and data[1] is not None
     assert any("v.png" in r.getMessage() and "not a regular file" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(60)
+def test_a_link_to_a_device_named_like_an_image_is_counted_as_skipped(tmp_path, capsys):
+    from simattn.models.factory import create_model
+    from simattn.models.weights import save_weights, weights_metadata
+    kwargs = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    save_weights(create_model("sima_deit_tiny_patch16_224", num_classes=2, **kwargs), tmp_path / "w.safetensors",
+                 weights_metadata("sima_deit_tiny_patch16_224", kwargs, producer="test", num_classes=2,
+                                  data_config={"input_size": [3, 16, 16], "mean": [0.5] * 3, "std": [0.5] * 3,
+                                               "crop_pct": 1.0, "interpolation": "bilinear"}))
+    for cls in ("a", "b"):
+        _png(tmp_path / "data" / "val" / cls / "x.png", size=16)
+    (tmp_path / "data" / "val" / "a" / "z.png").symlink_to("/dev/zero")  # reading it would never end
+    code = simattn_main(["validate", "--weights", str(tmp_path / "w.safetensors"), "--dataset", "folder",
+                         "--data-dir", str(tmp_path / "data"), "--threads", "1"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-2000:]
+    result = json.loads(out.out)
+    assert (result["samples"], result["skipped"]) == (2, 1)
 
 
 def test_a_symlink_loop_is_not_followed_but_a_link_to_another_folder_is(tmp_path, caplog):
@@ -299,8 +321,7 @@ def test_bad_options_are_one_line_errors_before_any_work(argv, says, tmp_path, c
 ])
 def test_inputs_that_need_more_memory_than_the_machine_has_are_refused(argv, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    err = _one_line_error(capsys, simattn_main([*argv, "--out" if argv[0] in ("detect", "viz") else "--output",
-                                                 str(tmp_path / "out")]))
+    err = _one_line_error(capsys, simattn_main([*argv, "--output", str(tmp_path / "out")]))
     assert "would need at least" in err and "GiB available" in err
     assert not (tmp_path / "out").exists()
 
@@ -314,6 +335,25 @@ def test_a_weights_record_claiming_a_huge_input_is_refused(digits_run, tmp_path,
     forged = tmp_path / "huge.safetensors"
     save_file(load_file(digits_run / "final.safetensors"), forged, metadata={**meta, "data_config": json.dumps(config)})
     err = _one_line_error(capsys, simattn_main(["validate", "--weights", str(forged)]))
+    assert "100000x100000" in err and "would need at least" in err
+
+
+def test_an_onnx_file_whose_record_claims_a_huge_input_is_refused_before_any_work(tmp_path, capsys):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    from simattn.models.weights import export_record
+    # a graph that takes any size (as a dynamic-axes export does), so only the record bounds it
+    graph = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["logits"], axes=[2, 3], keepdims=0)], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, "h", "w"])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", 3])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    record = export_record("sima_deit_tiny_patch16_224", {"num_classes": 10},
+                           {"input_size": [3, 100000, 100000], "mean": [0.5] * 3, "std": [0.5] * 3})
+    for key, value in record.to_metadata().items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(proto, tmp_path / "huge.onnx")
+    err = _one_line_error(capsys, simattn_main(["validate", "--weights", str(tmp_path / "huge.onnx")]))
     assert "100000x100000" in err and "would need at least" in err
 
 

@@ -116,7 +116,8 @@ def bounded(text: str, limit: int) -> str:
 
 
 def _prog(name: str, rest: List[str]) -> str:
-    """The command as typed, for error messages: ``simattn train``, or ``simattn bench model`` for a benchmark or ``simattn data pack``."""
-    if name in ("bench", "data") and rest and not rest[0].startswith("-"):
+    """The command as typed, for error messages: ``simattn train``, or with the subcommand of ``bench``, ``data``
+    and ``hub`` (``simattn bench model``)."""
+    if name in ("bench", "data", "hub") and rest and not rest[0].startswith("-"):
         return f"simattn {name} {rest[0]}"
     return f"simattn {name}"

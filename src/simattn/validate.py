@@ -26,8 +26,10 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
+from .models.hub import resolve_weights
 from .utils.global_state import restores_global_state
 from .utils.io import atomic_write_json, check_outputs
+from .utils.recipe import flag_name
 from .utils.runlog import use_tqdm
 
 __all__ = ["validate_weights", "resolve_device", "main"]
@@ -67,10 +69,6 @@ CLASSIFICATION_ONLY = {"img_size": None, "crop_pct": None, "interpolation": None
                        "amp_dtype": "bfloat16", "channels_last": False}
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 @restores_global_state  # threads= and the data pipeline's seeding stay inside the call
 def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwargs: Optional[Dict[str, Any]] = None, *,
                      dataset: Optional[str] = None, data_dir: Optional[str] = None, split: Optional[str] = None,
@@ -100,7 +98,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
 
     from . import deploy
 
-    weights = Path(weights)
+    weights = resolve_weights(weights)  # a local-dir: or hf-hub: folder's model.safetensors
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads}: expected an integer >= 1")
     check_predictions_dir(save_predictions)  # before any work
@@ -115,7 +113,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                                                       "interpolation": interpolation, "batch_size": batch_size,
                                                       "amp": amp, "amp_dtype": amp_dtype,
                                                       "channels_last": channels_last})
-    given = [_flag(k) for k, v in seg_options.items() if v is not None]
+    given = [flag_name(k) for k, v in seg_options.items() if v is not None]
     if given:
         raise ValueError(f"{', '.join(given)} applies to segmentation weights only; {weights.name} holds a "
                          "classifier")
@@ -184,7 +182,7 @@ def _validate_segmentation(source, model: Optional[str], model_kwargs: Optional[
     from .segment.config import SEGMENT_DATASETS
     from .segment.validation import validate_segmentation
 
-    given = [_flag(k) for k, v in classification.items() if v != CLASSIFICATION_ONLY[k]]
+    given = [flag_name(k) for k, v in classification.items() if v != CLASSIFICATION_ONLY[k]]
     if given:
         raise ValueError(f"{', '.join(given)} applies to classifiers only; {source.path.name} holds a segmenter "
                          "(images are resized as its run evaluated; --scales, --mode slide and --crop-size change "
@@ -249,6 +247,11 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     size = list(record.input_size)
     if img_size and [img_size, img_size] != size[1:]:
         raise ValueError(f"--img-size {img_size}: {path.name} was exported at {size[1]}x{size[2]} and takes only that")
+    from .utils.memory import check_memory, image_batch_bytes
+    # the record's size is what the images are resized to (a graph with dynamic axes takes any): refuse one that
+    # cannot fit before any image is read
+    check_memory(image_batch_bytes(batch_size, size[1], size[2], size[0]),
+                 f"{path.name}'s recorded input size {size[1]}x{size[2]} (a batch of {batch_size} images)")
     data = create_dataset(dataset, data_dir, split)
     n_classes = len(dataset_classes(data))
     recorded = record.num_classes

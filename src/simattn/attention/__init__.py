@@ -6,7 +6,13 @@
 from ._common import HookPoint
 from ._registry import attention_class, create_attention, get_attention_class, list_attentions, register_attention
 from .base import TokenAttention
+from .cosformer import CosFormerAttention, cosformer_attention, cosformer_attention_reference
+from .efficient import EfficientAttention, efficient_attention, efficient_attention_reference
 from .elu import ELUAttention, elu_attention, elu_attention_reference
+from .linformer import LinformerAttention, linformer_attention, linformer_attention_reference
+from .nystrom import NystromAttention, nystrom_attention, nystrom_attention_reference
+from .performer import (PerformerAttention, orthogonal_random_features, performer_attention,
+                        performer_attention_reference)
 from .relu import ReLUAttention, relu_attention, relu_attention_reference
 from .sima import SimAAttention, sima_attention, sima_attention_reference, sima_normalize
 from .soft import SoftAttention, pinv_residual, soft_attention
@@ -23,4 +29,10 @@ __all__ = [
     "ReLUAttention", "relu_attention", "relu_attention_reference",
     "XNormAttention", "xnorm_attention", "xnorm_attention_reference",
     "SoftAttention", "soft_attention", "pinv_residual",
+    "LinformerAttention", "linformer_attention", "linformer_attention_reference",
+    "PerformerAttention", "performer_attention", "performer_attention_reference",
+    "orthogonal_random_features",
+    "NystromAttention", "nystrom_attention", "nystrom_attention_reference",
+    "EfficientAttention", "efficient_attention", "efficient_attention_reference",
+    "CosFormerAttention", "cosformer_attention", "cosformer_attention_reference",
 ]

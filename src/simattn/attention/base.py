@@ -51,6 +51,14 @@ class TokenAttention(nn.Module):
     attend_uses_grid: bool = False
     #: Whether :meth:`attend_fused` may compute the attention from ``x`` itself, past :meth:`project` (eager only).
     fuses_projection: bool = False
+    #: Whether the constructor takes ``ratio``: a ratio×ratio reduction of the key grid (SOFT's and Nyströmformer's
+    #: landmarks, Linformer's key projection); the SOFT pyramid sets it per stage, as SOFT's Table 1 does.
+    takes_reduction_ratio: bool = False
+    #: How many exp-like evaluations one call makes, in SimA's Table 2 classes for H heads, N tokens, D = H·d
+    #: channels: ``'HN²'`` (every query-key pair), ``'HN'`` (every token against a fixed number of landmarks or
+    #: projected keys), ``'ND'`` (one per token and channel or random feature), ``'Hd²'`` (per head, the d×d channel
+    #: matrix: independent of N), ``'0'`` (none). Read by the comparison tables; the export audit counts the ops.
+    exp_complexity: str = "HN²"
 
     def __init__(
             self,

@@ -55,6 +55,8 @@ class ELUAttention(TokenAttention):
 
     No weight matrix is formed (φ(q)(φ(k)ᵀv)), so ``attn_drop > 0`` is rejected."""
 
+    exp_complexity = "ND"
+
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.eps = check_positive(type(self).__name__, "eps", eps)

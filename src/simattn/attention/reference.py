@@ -19,6 +19,8 @@ __all__ = [
     "sima_reference", "softmax_reference", "xca_reference", "elu_reference", "relu_reference", "RELU_H",
     "xnorm_reference", "gaussian_kernel_reference", "pool_landmarks_reference", "newton_inverse_reference",
     "soft_reference", "sima_class_attention_reference", "softmax_class_attention_reference",
+    "linformer_reference", "linformer_window_matrix_reference", "performer_reference", "nystrom_reference",
+    "efficient_reference", "cosformer_reference",
 ]
 
 
@@ -220,3 +222,123 @@ def soft_reference(q: torch.Tensor, v: torch.Tensor, grid_size: Tuple[int, int],
         inv = newton_inverse_reference(core, num_iters, init)
     s_hat = gaussian_kernel_reference(q, lm) @ inv @ gaussian_kernel_reference(lm, q)
     return s_hat @ v
+
+
+# ---------------------------------------------------------------------------------------------------- Linformer
+def linformer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, proj_k: torch.Tensor,
+                        proj_v: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Wang et al.: head = softmax(Q (E K)ᵀ / √d) (F V) with E, F (m, Nk) (or one per head, (H, m, Nk)) projecting
+    the keys and values to m tokens; F = E when ``proj_v`` is None (key-value sharing)."""
+    proj_v = proj_k if proj_v is None else proj_v
+    k_proj = torch.matmul(proj_k, k)
+    v_proj = torch.matmul(proj_v, v)
+    weights = torch.exp((q @ k_proj.transpose(-2, -1)) / math.sqrt(q.shape[-1]))
+    return (weights / weights.sum(-1, keepdim=True)) @ v_proj
+
+
+def linformer_window_matrix_reference(grid_size: Tuple[int, int], ratio: int, weights: torch.Tensor,
+                                      num_prefix_tokens: int = 0) -> torch.Tensor:
+    """The (P + m, P + H·W) matrix E of a window projection: prefix tokens kept, then one row per ratio×ratio window
+    of the grid (row-major, clipped at the edge) holding ``weights[r, c]`` at the window's token (r, c)."""
+    gh, gw = grid_size
+    rows = []
+    n = num_prefix_tokens + gh * gw
+    for p in range(num_prefix_tokens):
+        row = torch.zeros(n, dtype=weights.dtype, device=weights.device)
+        row[p] = 1
+        rows.append(row)
+    for top in range(0, gh, ratio):
+        for left in range(0, gw, ratio):
+            parts = []
+            for r in range(top, min(top + ratio, gh)):
+                for c in range(left, min(left + ratio, gw)):
+                    onehot = torch.zeros(n, dtype=weights.dtype, device=weights.device)
+                    onehot[num_prefix_tokens + r * gw + c] = 1
+                    parts.append(weights[r - top, c - left] * onehot)
+            rows.append(torch.stack(parts).sum(0))
+    return torch.stack(rows)
+
+
+# ---------------------------------------------------------------------------------------------------- Performer
+def performer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, features: torch.Tensor, *,
+                        mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Choromanski et al., FAVOR+: with x' = x / d^¼ and random features w_1..w_m (rows of ``features``),
+    φ(x) = exp(−‖x'‖²/2) / √m · (exp(w_1ᵀx'), …, exp(w_mᵀx')); A = φ(Q) φ(K)ᵀ (removed keys: 0), out = D⁻¹ A V with
+    D = diag(A 1)."""
+    def phi(x):
+        x = x / x.shape[-1] ** 0.25
+        logits = x @ features.transpose(-2, -1) - (x * x).sum(-1, keepdim=True) / 2
+        return torch.exp(logits) / math.sqrt(features.shape[0])
+
+    attn = phi(q) @ _keep(phi(k), mask).transpose(-2, -1)
+    return (attn @ v) / attn.sum(-1, keepdim=True)
+
+
+# ---------------------------------------------------------------------------------------------------- Nyströmformer
+def _nystrom_pinv_reference(a: torch.Tensor, num_iters: int) -> torch.Tensor:
+    """Razavi et al.'s iteration as the Nyströmformer paper writes it: Z₀ = Aᵀ / (‖A‖₁ ‖A‖∞),
+    Z ← ¼ Z (13I − AZ (15I − AZ (7I − AZ)))."""
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    norm_1 = a.abs().sum(-2).max(-1).values  # max column sum
+    norm_inf = a.abs().sum(-1).max(-1).values  # max row sum
+    z = a.transpose(-2, -1) / (norm_1 * norm_inf)[..., None, None]
+    for _ in range(num_iters):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+def nystrom_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid_size: Tuple[int, int], *,
+                      ratio: int = 2, num_prefix_tokens: int = 0, num_iters: int = 6) -> torch.Tensor:
+    """Xiong et al. with SOFT's 2-D landmarks: Q̃, K̃ = ratio×ratio average pooling of the grid tokens of Q, K;
+    out = softmax(QK̃ᵀ/√d) · pinv(softmax(Q̃K̃ᵀ/√d)) · softmax(Q̃Kᵀ/√d) · V, the pseudo-inverse by ``num_iters``
+    steps of the paper's iteration."""
+    def softmax_rows(logits):
+        e = torch.exp(logits - logits.max(-1, keepdim=True).values)
+        return e / e.sum(-1, keepdim=True)
+
+    scale = 1 / math.sqrt(q.shape[-1])
+    q_lm = pool_landmarks_reference(q, grid_size, ratio, num_prefix_tokens)
+    k_lm = pool_landmarks_reference(k, grid_size, ratio, num_prefix_tokens)
+    f = softmax_rows(q @ k_lm.transpose(-2, -1) * scale)
+    a = softmax_rows(q_lm @ k_lm.transpose(-2, -1) * scale)
+    b = softmax_rows(q_lm @ k.transpose(-2, -1) * scale)
+    return f @ _nystrom_pinv_reference(a, num_iters) @ b @ v
+
+
+# ---------------------------------------------------------------------------------------------------- Efficient
+def efficient_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Shen et al.: E(Q, K, V) = ρ_q(Q) (ρ_k(K)ᵀ V), ρ_q a softmax over each query's channels, ρ_k a softmax over
+    the (kept) tokens of each key channel."""
+    eq = torch.exp(q - q.max(-1, keepdim=True).values)
+    rho_q = eq / eq.sum(-1, keepdim=True)
+    ek = torch.exp(k - k.max(-2, keepdim=True).values)
+    if mask is not None:
+        ek = ek * mask[:, None, :, None].to(ek.dtype)
+    rho_k = ek / ek.sum(-2, keepdim=True)
+    return rho_q @ (rho_k.transpose(-2, -1) @ v)
+
+
+# ---------------------------------------------------------------------------------------------------- CosFormer
+def _cosformer_angles(n: int, grid_size: Tuple[int, int], num_prefix_tokens: int,
+                      dtype: torch.dtype, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Row and column angles π/2 · (index + 1) / (H or W) of each token (prefix tokens: 0)."""
+    gh, gw = grid_size
+    rows = [0.0] * num_prefix_tokens + [math.pi / 2 * (t // gw + 1) / gh for t in range(gh * gw)]
+    cols = [0.0] * num_prefix_tokens + [math.pi / 2 * (t % gw + 1) / gw for t in range(gh * gw)]
+    assert len(rows) == n
+    return torch.tensor(rows, dtype=dtype, device=device), torch.tensor(cols, dtype=dtype, device=device)
+
+
+def cosformer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                        grid_size: Optional[Tuple[int, int]] = None, num_prefix_tokens: int = 0,
+                        mask: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+    """Qin et al. with ReLU feature maps: A_ij = relu(q_i)·relu(k_j) (removed keys: 0); with ``grid_size`` the 2-D
+    re-weighting of SimA's appendix A.4, A_ij · cos(α_i − α_j) · cos(β_i − β_j) with the row and column angles
+    α, β = π/2 · index / (H or W) (1-based, as CosFormer's π i / 2M); out = A V / max(A 1, eps)."""
+    attn = _positive_part(q) @ _keep(_positive_part(k), mask).transpose(-2, -1)
+    if grid_size is not None:
+        a, b = _cosformer_angles(q.shape[-2], grid_size, num_prefix_tokens, q.dtype, q.device)
+        attn = attn * torch.cos(a[:, None] - a[None, :]) * torch.cos(b[:, None] - b[None, :])
+    return (attn @ v) / attn.sum(-1, keepdim=True).clamp_min(eps)

@@ -24,6 +24,8 @@ ACTIVATIONS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "relu6": F.relu6,
     "sigmoid": torch.sigmoid,
 }
+#: h that evaluate an exp-like function on every score (gelu's erf, softplus, sigmoid)
+_EXP_LIKE_H = ("gelu", "softplus", "sigmoid")
 # h(c·x) = c^p · h(x) for c > 0: the scale can be folded into the small operand instead of the N×N matrix.
 _HOMOGENEOUS_DEGREE = {"relu": 1, "identity": 1, "relu2": 2}
 
@@ -128,6 +130,7 @@ class ReLUAttention(TokenAttention):
     range, not round-off. The published qk-LayerNorm (``qk_norm=True``) bounds the scores.
     """
 
+    exp_complexity = "0"
     supports_attn_drop = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, activation: str = "relu", alpha: float = 1.0,
@@ -137,6 +140,8 @@ class ReLUAttention(TokenAttention):
         check_finite(type(self).__name__, "alpha", alpha)
         self.activation = activation
         self.alpha = alpha
+        if activation in _EXP_LIKE_H:
+            self.exp_complexity = "HN²"
         self.attn_weights = HookPoint()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

@@ -292,6 +292,7 @@ class SimAAttention(TokenAttention):
     ``qk_hook`` is a :class:`HookPoint` called with (q̂, k̂) only when a forward hook is registered on it.
     """
 
+    exp_complexity = "0"
     fuses_projection = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, order: str = "auto", eps: float = 1e-12,

@@ -34,7 +34,7 @@ from .base import TokenAttention
 
 __all__ = [
     "soft_attention", "gaussian_kernel", "newton_pinv", "pinv_residual",
-    "pool_landmarks", "infer_grid", "SoftAttention",
+    "pool_landmarks", "infer_grid", "scripted_grid", "SoftAttention",
 ]
 
 _BACKWARDS = ("exact", "iterative")
@@ -177,26 +177,27 @@ def _is_count(value, low: int) -> bool:
 
 
 def infer_grid(n: int, grid_size: Optional[Tuple[int, int]] = None,
-               num_prefix_tokens: Optional[int] = None) -> Tuple[Tuple[int, int], int]:
-    """((H, W), number of prefix tokens) for n tokens: from ``grid_size`` or a square grid with 0 or 1 prefix tokens."""
+               num_prefix_tokens: Optional[int] = None, name: str = "soft") -> Tuple[Tuple[int, int], int]:
+    """((H, W), number of prefix tokens) for n tokens: from ``grid_size`` or a square grid with 0 or 1 prefix tokens.
+    Every kind that works on the 2-D token grid (``uses_grid``) finds it here; ``name`` heads its errors."""
     if num_prefix_tokens is not None and not _is_count(num_prefix_tokens, 0):
-        raise ValueError(f"soft: num_prefix_tokens={num_prefix_tokens!r}; allowed: an integer >= 0")
+        raise ValueError(f"{name}: num_prefix_tokens={num_prefix_tokens!r}; allowed: an integer >= 0")
     if grid_size is not None:
         if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2 or not all(_is_count(s, 1) for s in grid_size):
-            raise ValueError(f"soft: grid_size={grid_size!r}; allowed: (H, W), two integers >= 1")
+            raise ValueError(f"{name}: grid_size={grid_size!r}; allowed: (H, W), two integers >= 1")
         gh, gw = grid_size
         prefix = n - gh * gw
         if prefix < 0 or (num_prefix_tokens is not None and prefix != num_prefix_tokens):
-            raise ValueError(f"soft: {n} tokens do not fit grid {gh}x{gw} with {num_prefix_tokens or 0} prefix tokens")
+            raise ValueError(f"{name}: {n} tokens do not fit grid {gh}x{gw} with {num_prefix_tokens or 0} prefix tokens")
         return (gh, gw), prefix
     for prefix in ((num_prefix_tokens,) if num_prefix_tokens is not None else (0, 1)):
         side = math.isqrt(max(n - prefix, 0))
         if side > 0 and side * side == n - prefix:
             return (side, side), prefix
-    raise ValueError(f"soft: cannot infer a square token grid from N={n}; pass grid_size=(H, W)")
+    raise ValueError(f"{name}: cannot infer a square token grid from N={n}; pass grid_size=(H, W)")
 
 
-def _scripted_grid(n: int, grid_size: Optional[Tuple[int, int]],
+def scripted_grid(n: int, grid_size: Optional[Tuple[int, int]],
                    num_prefix_tokens: Optional[int]) -> Tuple[Tuple[int, int], int]:
     """:func:`infer_grid` without its checks, for TorchScript (the eager path checks)."""
     if grid_size is not None:
@@ -271,11 +272,15 @@ class SoftAttention(TokenAttention):
     themselves (exact kernel, no conv). There is no token-token weight matrix, so ``attn_drop > 0`` is rejected.
     """
 
+    # 2·N·m + m² kernel exps per head with m landmarks fixed; SimA's Table 2 lists SOFT as HN², the count
+    # before the Nyström factorization
+    exp_complexity = "HN"
     supports_mask = False
     supports_cross_length = False
     separate_qk = False
     uses_grid = True
     attend_uses_grid = True
+    takes_reduction_ratio = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",
                  num_iters: int = 20, backward: str = "exact", newton_init: str = "released",
@@ -315,7 +320,7 @@ class SoftAttention(TokenAttention):
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         B, Hh, N, d = q.shape
         if torch.jit.is_scripting():
-            grid, prefix = _scripted_grid(N, grid_size, self.num_prefix_tokens)
+            grid, prefix = scripted_grid(N, grid_size, self.num_prefix_tokens)
         else:
             grid, prefix = infer_grid(N, grid_size, self.num_prefix_tokens)
         landmarks: Optional[torch.Tensor] = None

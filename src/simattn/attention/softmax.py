@@ -88,6 +88,7 @@ class SoftmaxAttention(TokenAttention):
     passes them through the ``attn_weights`` hook point (export- and inspection-friendly).
     """
 
+    exp_complexity = "HN²"
     supports_causal = True
     supports_attn_drop = True
 

@@ -64,6 +64,7 @@ class XCAttention(TokenAttention):
     (``qkv``, ``temperature``, ``proj``).
     """
 
+    exp_complexity = "Hd²"
     supports_cross_length = False
     supports_attn_drop = True
 

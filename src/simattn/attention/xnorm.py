@@ -73,6 +73,8 @@ class XNormAttention(TokenAttention):
     gradient of XN is γ/eps (1e6 with the default eps), beyond fp16's range: the normalization's, not round-off.
     """
 
+    exp_complexity = "0"
+
     def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.gamma_q = nn.Parameter(torch.ones(num_heads, 1, 1))

@@ -426,8 +426,8 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         "config": {**vars(args), "device_name": torch.cuda.get_device_name(device), "hbm_gbps": peak,
                    "hbm_source": source, **versions, "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
-    }, args.out)
-    print(f"wrote {args.out}")
+    }, args.output)
+    print(f"wrote {args.output}")
     if args.write_table:
         measured = {**versions, "dtype": args.dtype, "batch": args.batch, "heads": args.heads,
                     "head_dim": args.head_dim, "tokens": args.tokens, "passes": args.passes}
@@ -470,7 +470,7 @@ def _options():
         "device": shared("device", help="cpu, or cuda[:i] for the GPU sweep"),
         "dtype": Opt(None, "float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)",
                      type=maybe(str), choices=["float32", "bfloat16", "float16"]),
-        "out": Opt("runs/bench_attention.json", "JSON results file", check=check_path),
+        "output": shared("output", "runs/bench_attention.json", "JSON results file"),
         "write_table": Opt(None, "with --device cuda: also write SimA's backend table (sima_gpu_table.json's format) "
                                  "here, with this GPU's entry from this sweep (needs kinds sima and sima_triton)",
                            type=maybe(str), check=check_path),
@@ -495,7 +495,7 @@ def main(argv: List[str]) -> int:
     else:
         refuse_unused(args, ["batch", "passes", "hbm_gbps", "write_table"],
                       "to --device cuda (the CPU sweep's batch is 8 at N = 197, 1 elsewhere, forward only)")
-    check_out(args.out, folder=False)
+    check_out(args.output, folder=False)
     args.batch = args.batch or 8
     args.passes = args.passes or list(PASSES)
     args.max_seconds = args.max_seconds or 10.0
@@ -535,6 +535,6 @@ def main(argv: List[str]) -> int:
                    "machine": platform.machine(), "processor": platform.processor(), **cpu,
                    "sima_cpu_kernel": sima_cpu.available(), "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
-    }, args.out)
-    print(f"wrote {args.out}")
+    }, args.output)
+    print(f"wrote {args.output}")
     return 0

@@ -9,7 +9,7 @@ BENCHES = {
     "attention": ("simattn.bench.attention", "attention kinds vs softmax SDPA and the official SimA, by token count"),
     "data": ("simattn.bench.data", "decode + augment throughput of a folder, tar shards and a saved HF dataset of "
                                    "the same images, beside the model's training throughput"),
-    "model": ("simattn.bench.model", "latency, throughput, exp/FLOP counts and memory of registered models"),
+    "model": ("simattn.bench.model.cli", "latency, throughput, exp/FLOP counts and memory of registered models"),
     "paper": ("simattn.bench.paper", "regenerate the SimA paper's Table 3 and Figure A1 on this machine"),
 }
 
@@ -25,7 +25,7 @@ def xcit_models() -> List[str]:
 def _bench_options():
     """The options several benchmarks take, each declared once (type, range, help); a benchmark picks them with
     :func:`shared`, giving its own default and help where they differ."""
-    from ..utils.recipe import Opt, check_device, maybe
+    from ..utils.recipe import Opt, check_device, check_path, maybe
     count = dict(type=maybe(int), low=1)
     seconds = dict(type=maybe(float), low=0.0, low_open=True)
     return {
@@ -36,6 +36,7 @@ def _bench_options():
         "rounds": Opt(None, "interleaved timing rounds (median reported)", **count),
         "max_time": Opt(None, "stop a measurement's timed runs after this (s)", **seconds),
         "timeout": Opt(None, "seconds before a worker is abandoned", **seconds),
+        "output": Opt(None, "where the results go", type=maybe(str), check=check_path, flags=("--out",)),
     }
 
 
@@ -76,22 +77,24 @@ def check_bench_flags(args, specs: Dict[str, Any]) -> None:
 def refuse_unused(args, unused: List[str], why: str) -> None:
     """A one-line ValueError when any of the options ``unused`` (attribute names, None or False when not given)
     was given: ``why`` says what they apply to."""
-    given = ["--" + name.replace("_", "-") for name in unused
+    from ..utils.recipe import flag_name
+
+    given = [flag_name(name) for name in unused
              if getattr(args, name) is not None and getattr(args, name) is not False]
     if given:
         raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")
 
 
 def check_out(path, folder: bool) -> None:
-    """``--out``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
+    """``--output``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
     or a folder where a file is."""
     from pathlib import Path
 
     out = Path(path)
     if folder and out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; the benchmark writes a folder of results there")
+        raise ValueError(f"--output {out} is a file; the benchmark writes a folder of results there")
     if not folder and out.is_dir():
-        raise ValueError(f"--out {out} is a folder; the benchmark writes a JSON file there")
+        raise ValueError(f"--output {out} is a folder; the benchmark writes a JSON file there")
 
 
 def require_cuda(device: str) -> None:

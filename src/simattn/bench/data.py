@@ -22,7 +22,7 @@ Inputs: by default the bench builds the three copies itself in a temporary folde
 (``--images`` of them, resized to ``--store-size`` on their short side and encoded as ``--format``, byte-identical
 in all three copies), or takes existing copies with ``--folder``, ``--shards`` and ``--hfds``. Readers:
 ``create_dataset('folder' | 'wds' | 'hfds', ...)``, the ones training uses. Results go to
-``bench_data.{json,csv,md,png}`` in ``--out``. Example::
+``bench_data.{json,csv,md,png}`` in ``--output``. Example::
 
     simattn bench data --img-size 224 --images 1024 --workers 0 2 4 --rounds 3
 """
@@ -273,7 +273,8 @@ def run_loaders(copies: Dict[str, Path], split: str, transform, batch_size: int,
 def model_row(cfg, img_size: int, batch_size: int, device: str, threads: int, rounds: int, repeats: int,
               max_time: float, in_process: bool, timeout: Optional[float]) -> Dict[str, Any]:
     """The recipe's model: images/s of its training step (:mod:`simattn.bench.model`'s train-throughput)."""
-    from .model import BenchSpec, run_specs
+    from .model.spec import BenchSpec
+    from .model.workers import run_specs
 
     spec = BenchSpec(model=cfg.model, model_kwargs=dict(cfg.model_kwargs), img_size=img_size, device=device,
                      threads=threads, batch_size=batch_size, measures=("train-throughput",), warmup=1,
@@ -409,7 +410,7 @@ def _options():
         "timeout": shared("timeout", help="seconds before the model's worker process is abandoned"),
         "in_process": Opt(False, "time the model in this process (debugging)"),
         "seed": Opt(0, "seed of the loaders' shuffling", low=0),
-        "out": Opt("runs/bench_data", "output folder", check=check_path),
+        "output": shared("output", "runs/bench_data", "output folder"),
     }
 
 
@@ -474,8 +475,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     args = build_parser().parse_args(argv)
     check_bench_flags(args, _options())
-    args.out = Path(args.out)
-    check_out(args.out, folder=True)
+    args.output = Path(args.output)
+    check_out(args.output, folder=True)
     require_cuda(args.device)
     if not args.train_step:
         refuse_unused(args, ["in_process", "timeout"], "to the model's training step, which --no-train-step leaves "
@@ -531,7 +532,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                     if row.get("ips"):
                         row["of_model"] = row["ips"] / model_result["ips"]
                         row["starves"] = row["ips"] < model_result["ips"]
-        paths = write_results(rows, model_result, args.out, meta)
+        paths = write_results(rows, model_result, args.output, meta)
     finally:
         torch.set_num_threads(previous)
         if not args.copies:

@@ -10,12 +10,12 @@
   q̂(k̂ᵀv) and φ(q)(φ(k)ᵀv) are extra, labelled rows.
 * Figure A1: whole models, inference latency. Left: DeiT-S vs SimA (dim 384) as the resolution grows, SimA in
   (q̂k̂ᵀ)v order so both are O(N²D). Right: XCiT vs SimA as the channel dim grows at 224 px, SimA in q̂(k̂ᵀv)
-  order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.run_specs`).
+  order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.workers.run_specs`).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
 comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
 8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs: ``paper.md``, ``table3.{json,csv,png}``,
-``figure_a1.{json,csv,png}`` in ``--out``.
+``figure_a1.{json,csv,png}`` in ``--output``.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from torch import nn
 from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
 from ..attention.elu import elu_attention_reference
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
-from .model import BenchSpec, run_specs
+from .model.spec import BenchSpec
+from .model.workers import run_specs
 from .cli import check_bench_flags, check_out, refuse_unused
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
@@ -331,7 +332,7 @@ FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], 
 
 def _options():
     """Every option of ``bench paper`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
-    from ..utils.recipe import Opt, check_path, maybe
+    from ..utils.recipe import Opt, maybe
     from .cli import shared, some_of, xcit_models
     count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
     return {
@@ -356,7 +357,7 @@ def _options():
         "warmup_models": Opt(None, "Figure A1 untimed runs per model", type=maybe(int), low=0),
         "max_time": shared("max_time", help="cap (s) on one Figure A1 model's timed runs (default 60)"),
         "timeout": shared("timeout", help="seconds before a Figure A1 worker is abandoned"),
-        "out": Opt("runs/bench_paper", "output folder", check=check_path),
+        "output": shared("output", "runs/bench_paper", "output folder"),
     }
 
 
@@ -378,7 +379,7 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
         refuse_unused(args, list(FIGURE_A1_OPTIONS), "to Figure A1, which --only table3 leaves out")
     if args.only == "figure_a1":
         refuse_unused(args, list(TABLE3_OPTIONS), "to Table 3, which --only figure_a1 leaves out")
-    check_out(args.out, folder=True)
+    check_out(args.output, folder=True)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
         defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box
@@ -398,7 +399,7 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     if bad:
         raise ValueError(f"--dims {' '.join(map(str, bad))}: the XCiT panel's dims must be multiples of 8 (8 heads)")
     if args.only in (None, "figure_a1"):  # a model the sizes or dims do not fit: one line now, not after Table 3
-        from .model import check_builds
+        from .model.runner import check_builds
 
         check_builds(figure_a1_specs(args, 1, args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8})[0])
     return args
@@ -412,7 +413,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
           flush=True)
-    out = Path(args.out)
+    out = Path(args.output)
     sections = ["# SimA paper speed results on this machine",
                 "", f"{meta['device']} ({meta['cpu']}), {threads} threads, torch {meta['torch']}. "
                     f"Command: `{meta['command']}`", ""]

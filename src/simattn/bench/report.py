@@ -65,6 +65,12 @@ def machine_info(device: str, threads: int) -> Dict[str, Any]:
     info.update(cpu_info())
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        try:
+            import triton
+
+            info["triton"] = triton.__version__
+        except ImportError:  # no Triton: SimA runs its torch paths
+            pass
     return info
 
 

@@ -20,9 +20,9 @@ def build_parser() -> argparse.ArgumentParser:
         "2; --model and --model-kwargs name the teacher's network, which the student keeps) and the convert section "
         "(--convert.KEY or --set convert.KEY=VALUE; --to and --compare for short).",
         ConvertConfig, example="convert.transfer_epochs=2")
-    p.add_argument("--weights", required=True, metavar="TEACHER",
+    p.add_argument("--weights", metavar="TEACHER",
                    help="teacher weights: our .safetensors / last.pth, or timm/official DeiT, ViT, XCiT weights "
-                        "on disk (then pass --model)")
+                        "on disk (then pass --model); required unless --print-config")
     p.add_argument("--teacher-attn", metavar="KIND",
                    help="attention of the teacher when the weights do not record it (default softmax; pass xca for "
                         "XCiT weights)")
@@ -31,12 +31,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from ..utils.recipe import load_recipe, recipe_overrides
+    from ..utils.recipe import print_config_if_asked, recipe_from_args, recipe_overrides
     from .config import ConvertConfig
-    from .run import convert
     args = build_parser().parse_args(argv)
     overrides = recipe_overrides(ConvertConfig, args)
     # the teacher's network (the student is the same with another attention), not a recipe choice
     model, model_kwargs = overrides.pop("model", None), overrides.pop("model_kwargs", None) or {}
-    convert(load_recipe(ConvertConfig, args.config, overrides), args.weights, model, model_kwargs, args.teacher_attn)
+    if print_config_if_asked(ConvertConfig, args, overrides):
+        return 0
+    if not args.weights:
+        raise ValueError("--weights TEACHER is required: the weights of the softmax network to convert")
+    cfg = recipe_from_args(ConvertConfig, args, overrides)
+    from .run import convert
+    convert(cfg, args.weights, model, model_kwargs, args.teacher_attn)
     return 0

@@ -21,7 +21,8 @@ class ConvertOptions:
     """The ``convert:`` section of a recipe: what only conversion has."""
 
     to: str = option("sima", "attention kind of the student; it must keep the qkv/proj layout", flags=("--to",))
-    attn_kwargs: Dict[str, Any] = option(factory=dict, help="that kind's options (create_attention kwargs)")
+    attn_kwargs: Dict[str, Any] = option(factory=dict, help="that kind's options (create_attention kwargs)",
+                                         belongs_to=("to",))
     transfer_epochs: int = option(1, "stage 1's share of the epoch budget", low=0)
     transfer_lr: float = option(3e-3, "absolute learning rate of stage 1", low=0.0, low_open=True)
     transfer_batch_size: Optional[int] = option(None, "per process; null = batch_size", low=1)

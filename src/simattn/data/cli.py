@@ -63,12 +63,12 @@ def _usage() -> str:
 
 def run_pack(argv: List[str]) -> Dict[str, Any]:
     """``simattn data pack`` with arguments ``argv``; returns the split's summary."""
-    from ..utils.recipe import checked_flags
+    from ..utils.recipe import checked_flags, flag_name
     from .pack import DEFAULT_QUALITY, DEFAULT_SHARD_BYTES, check_split_name, format_bytes, open_source, pack
 
     specs = pack_options()
     args = checked_flags(build_pack_parser().parse_args(argv), specs)
-    missing = [f"--{k.replace('_', '-')}" for k in ("dataset", "split", "output") if args[k] is None]
+    missing = [flag_name(k) for k in ("dataset", "split", "output") if args[k] is None]
     if missing:
         raise ValueError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (simattn data pack "
                          "--dataset NAME [--data-dir D] --split S --output DIR)")

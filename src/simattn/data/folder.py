@@ -6,8 +6,9 @@ lazily in loader workers, so an unreadable image is replaced by ``None`` with a 
 validation loops add those counts up for their summaries.
 
 What counts as data: hidden folders and files (``.ipynb_checkpoints``, ``.DS_Store``) are neither classes nor
-images; only regular files with an image extension are samples (a FIFO, a device or a link to one named ``x.png``
-would block or never end, so it is skipped with a warning). Links to folders are followed only when they lead out of
+images; files with an image extension are samples, but only regular ones are read: a FIFO, a device or a link to
+one named ``x.png`` (reading would block or never end) or a dangling link is an unreadable sample, ``None`` with a
+warning, so that the skipped counts include it. Links to folders are followed only when they lead out of
 everything already walked: a link to a folder inside the dataset (another class, the split folder), to a folder
 above it, or to a folder the walk has already listed (by its real path) is skipped with a warning, so a link loop
 neither repeats images nor gives one class another's images. Images are decoded by
@@ -66,10 +67,12 @@ class _Walked:
 
 
 def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_EXTENSIONS,
-                walked: Optional[_Walked] = None) -> List[str]:
+                walked: Optional[_Walked] = None, unreadable: Optional[List[str]] = None) -> List[str]:
     """Every image file under ``directory`` (recursively, sorted): regular files with one of ``extensions``, hidden
     files and folders left out. Links to folders are followed only out of the folders already walked (``walked``:
-    shared by the classes of one dataset; by default ``directory`` alone) and the dataset's own folder."""
+    shared by the classes of one dataset; by default ``directory`` alone) and the dataset's own folder. Entries
+    with an image extension that are not regular files (a FIFO, a device, a link to one, a dangling link) are left
+    out with a warning, and appended to ``unreadable`` when given."""
     found: List[str] = []
     walked = walked if walked is not None else _Walked(directory)
 
@@ -87,6 +90,8 @@ def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_
                 info = os.stat(entry.path)  # follows links; a dangling link raises
             except OSError as e:
                 _logger.warning("skipping %s: %s", entry.path, e.strerror or e)
+                if unreadable is not None and entry.name.lower().endswith(extensions):
+                    unreadable.append(entry.path)
                 continue
             if stat.S_ISDIR(info.st_mode):
                 key = (info.st_dev, info.st_ino)
@@ -103,6 +108,8 @@ def list_images(directory: str | os.PathLike, extensions: Tuple[str, ...] = IMG_
                     found.append(entry.path)
                 else:
                     _logger.warning("skipping %s: not a regular file", entry.path)
+                    if unreadable is not None:
+                        unreadable.append(entry.path)
 
     top = os.stat(directory)
     walk(os.fspath(directory), frozenset({(top.st_dev, top.st_ino)}))
@@ -133,13 +140,16 @@ class SkippingImageFolder(ImageFolder):
         for name, index in sorted(class_to_idx.items(), key=lambda item: item[1]):
             folder = os.path.join(directory, name)
             why = walked.refuse(folder) if os.path.islink(folder) else None
+            unreadable: List[str] = []
             if why:  # a class folder that is a link to another class's images, or to a folder above the dataset
                 _logger.warning("class %s: skipping %s: %s", name, folder, why)
                 paths = []
             else:
-                paths = list_images(folder, extensions, walked)
+                paths = list_images(folder, extensions, walked, unreadable)
             if not paths:
                 empty.append(name)
+            else:  # the unreadable entries are samples that read as None, so that the skipped counts include them
+                paths = sorted(paths + unreadable)
             samples.extend((path, index) for path in paths)
         if empty and not allow_empty:
             raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}")
@@ -148,6 +158,8 @@ class SkippingImageFolder(ImageFolder):
     def __getitem__(self, index: int) -> Optional[Tuple[Any, int]]:
         path, target = self.samples[index]
         try:
+            if not stat.S_ISREG(os.stat(path).st_mode):  # opening a FIFO or device would block or never end
+                raise OSError("not a regular file")
             sample = self.loader(path)
         except Exception as e:  # PIL raises UnidentifiedImageError, OSError (truncated), ValueError, SyntaxError
             _logger.warning("skipping unreadable image %s: %s: %s", path, type(e).__name__, e)

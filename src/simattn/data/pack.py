@@ -91,6 +91,8 @@ def _decoded(data: bytes, where: str):
 
 
 def _read_bytes(path: str, where: str) -> bytes:
+    if not os.path.isfile(path):  # a FIFO or device named like an image: opening it would block or never end
+        raise ValueError(f"{where}: cannot read the file: not a regular file")
     try:
         with open(path, "rb") as f:
             return f.read()

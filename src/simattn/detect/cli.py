@@ -1,6 +1,6 @@
 """``simattn detect``: Mask R-CNN training and COCO box/mask AP evaluation on COCO-layout data.
 
-    simattn detect shapes [--out data/shapes]                    # a tiny synthetic COCO-layout dataset
+    simattn detect shapes [--output data/shapes]                 # a tiny synthetic COCO-layout dataset
     simattn detect train --config detect_shapes_cpu [--epochs 2 --set model.fpn_channels=64 ...] [--output DIR] [--resume]
     simattn detect eval  --config detect_shapes_cpu --weights runs/detect_shapes_cpu/<date-time>/last.pth
     torchrun --nproc_per_node=8 -m simattn detect train --config configs/detect_maskrcnn_sima_small_12_p16.yaml \\
@@ -12,7 +12,7 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
 from .config import DetectConfig
 
 __all__ = ["main"]
@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     add_recipe_options(ev, DetectConfig, example="data.val_images=/data/val2017", flags=False)
     ev.add_argument("--weights", required=True, help="the detection run's last.pth")
     shapes = sub.add_parser("shapes", help="write a tiny synthetic COCO-layout dataset (train and val splits)")
-    shapes.add_argument("--out", default=DEFAULT_SHAPES_ROOT,
+    shapes.add_argument("--output", "--out", default=DEFAULT_SHAPES_ROOT,
                         help=f"dataset folder (default {DEFAULT_SHAPES_ROOT}, where configs/detect_shapes_cpu.yaml "
                              "reads it)")
     shapes.add_argument("--train-images", type=int, default=16)
@@ -43,8 +43,10 @@ def main(argv: List[str]) -> int:
     if args.action == "shapes":
         from .shapes import make_shapes_dataset
         for split, n, seed in (("train", args.train_images, args.seed), ("val", args.val_images, args.seed + 1)):
-            images, ann = make_shapes_dataset(args.out, split, n, args.size, seed=seed)
+            images, ann = make_shapes_dataset(args.output, split, n, args.size, seed=seed)
             print(f"{split}: {n} images in {images}, annotations {ann}")
+        return 0
+    if print_config_if_asked(DetectConfig, args):
         return 0
     from ..utils.extras import require
     require("pycocotools", f"simattn detect {args.action}")
@@ -58,7 +60,9 @@ def main(argv: List[str]) -> int:
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     name = recipe_name(args.config) or "detect"
-    out = results_folder(cfg.output, args.weights, f"{name}_eval", "detect_eval")
+    from ..models.hub import resolve_weights
+    beside = str(resolve_weights(args.weights)) if args.weights else None  # a hub folder's model.safetensors
+    out = results_folder(cfg.output, beside, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(cfg, args.weights)
     print(json_dumps(_ap_summary(results)), flush=True)  # shown before anything is written
     atomic_write_json({"weights": args.weights, **results}, out / "eval.json")

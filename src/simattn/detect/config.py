@@ -15,9 +15,10 @@ __all__ = ["DetectConfig"]
 @dataclass
 class DetectModel:
     backbone: str = option("sima_small_12_p16")
-    backbone_kwargs: Dict[str, Any] = option(factory=dict, help="extra timm.create_model arguments")
+    backbone_kwargs: Dict[str, Any] = option(factory=dict, help="extra timm.create_model arguments",
+                                             belongs_to=("backbone",))
     backbone_weights: Optional[str] = option(None, "classification or DINO weights (.pth / .safetensors)",
-                                             check=check_path)
+                                             check=check_path, belongs_to=("backbone",))
     drop_path_rate: float = option(0.05, low=0.0, high=1.0, high_open=True)
     out_indices: List[int] = option(factory=lambda: [3, 5, 7, 11], help="blocks 4, 6, 8, 12 (1-based)", low=0,
                                     length=4)

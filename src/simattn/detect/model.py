@@ -1,13 +1,19 @@
 """Mask R-CNN (torchvision) with FPN on a registered transformer backbone (SimA DeiT, XCiT-SimA, ...)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 from torch import nn
 
 from .backbone import PyramidBackbone
 
-__all__ = ["build_body", "build_mask_rcnn"]
+__all__ = ["build_body", "build_mask_rcnn", "DETECTOR", "DETECTION_TASK", "load_detector", "detector_config"]
+
+#: the name a detector's weights record gives its network (not a timm model: simattn detect rebuilds it)
+DETECTOR = "mask_rcnn"
+#: the task a detector's record names (boxes and instance masks)
+DETECTION_TASK = "instance_segmentation"
 
 
 def build_body(model: Mapping[str, Any]) -> nn.Module:
@@ -52,3 +58,55 @@ def build_mask_rcnn(model: Mapping[str, Any], num_classes: int) -> nn.Module:
                     mask_head=MaskRCNNHeads(backbone.out_channels, (mask_dim,) * 4, 1),
                     mask_predictor=MaskRCNNPredictor(mask_dim, mask_dim, num_classes),
                     **model["maskrcnn"])
+
+
+def _record_of_state(state: Mapping[str, Any]):
+    """The weights record of a ``simattn detect`` train state: the recipe's ``model`` section, the categories
+    (class 0 is the background) and a palette to draw them with."""
+    from ..data.segmentation import color_palette
+    from ..models.weights import WeightsRecord
+    categories = (state.get("task_state") or {}).get("categories") or []
+    classes = ["background", *[str(c.get("name", c.get("id"))) for c in categories]]
+    return WeightsRecord(model=DETECTOR, model_kwargs=dict(state.get("model_kwargs") or {}),
+                         num_classes=len(classes), producer="simattn detect",
+                         extra={"task": DETECTION_TASK, "classes": classes,
+                                "category_ids": [c.get("id") for c in categories],
+                                "palette": [list(map(int, c)) for c in color_palette(len(classes))]})
+
+
+def load_detector(path: Union[str, Path], use_ema: bool = False) -> Optional[Tuple[nn.Module, Any]]:
+    """``(detector in eval mode, its weights record)`` from a ``simattn detect`` ``last.pth`` or a
+    ``.safetensors`` file with a detection record (``local-dir:``/``hf-hub:`` folders too); None for weights of
+    another task."""
+    from ..models.hub import resolve_weights
+    from ..models.weights import read_weights_record
+    from ..utils.io import load_checkpoint, load_weights
+    path = resolve_weights(path)
+    if path.suffix == ".safetensors":
+        record = read_weights_record(path)
+        if record is None or record.extra.get("task") != DETECTION_TASK:
+            return None
+    else:
+        state = load_checkpoint(path)
+        if state.get("task") != "simattn detect":
+            return None
+        record = _record_of_state(state)
+    section = {k: v for k, v in record.model_kwargs.items() if k != "num_classes"}
+    # the detector's weights replace everything, so the backbone's own initial weights are not loaded
+    model = build_mask_rcnn(dict(section, backbone_weights=None), int(record.num_classes))
+    load_weights(model, path, use_ema=use_ema)
+    record.model_kwargs = section
+    return model.eval(), record
+
+
+def detector_config(model: nn.Module, record) -> Dict[str, Any]:
+    """The ``config.json`` of a detector's folder, in timm's layout (timm cannot build it: simattn detect does)."""
+    section = record.model_kwargs
+    body = model.backbone.body
+    size = section.get("max_size")
+    return {"architecture": DETECTOR, "num_classes": record.num_classes, "num_features": model.backbone.out_channels,
+            "label_names": record.extra["classes"], "model_args": section,
+            "pretrained_cfg": {"input_size": [3, size, size] if size else None,
+                               "mean": list(body.pretrained_cfg["mean"]), "std": list(body.pretrained_cfg["std"]),
+                               "num_classes": record.num_classes},
+            **{k: record.extra[k] for k in ("task", "category_ids", "palette")}}

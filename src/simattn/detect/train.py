@@ -134,10 +134,17 @@ def train(cfg: DetectConfig) -> Dict[str, Any]:
 
 def evaluate_checkpoint(cfg: DetectConfig, weights: str, dist: Optional[DistInfo] = None) -> Dict[str, Any]:
     """Box and mask AP of a trained detector checkpoint on the recipe's val data."""
+    from ..models.hub import resolve_weights
+    from ..models.weights import read_weights_record
     device = (dist or init_distributed(cfg.device, cfg.dist_timeout)).device
     val = load_datasets(dataclasses.asdict(cfg.data), need_train=False)["val"]
-    checkpoint = load_checkpoint(weights)
-    saved = [c.get("id") for c in (checkpoint.get("task_state") or checkpoint).get("categories", [])]
+    weights = resolve_weights(weights)  # a local-dir: or hf-hub: folder's model.safetensors
+    if weights.suffix == ".safetensors":  # a detector saved by simattn hub save: its record names the categories
+        record = read_weights_record(weights)
+        saved = (record.extra.get("category_ids") if record is not None else None) or []
+    else:
+        checkpoint = load_checkpoint(weights)
+        saved = [c.get("id") for c in (checkpoint.get("task_state") or checkpoint).get("categories", [])]
     if saved and saved != val.cat_ids:
         raise ValueError(f"checkpoint categories {saved} differ from the val annotation categories {val.cat_ids}")
     # The detector's weights replace everything, so the backbone's own initial weights are not loaded.

@@ -54,7 +54,7 @@ from torch import nn
 
 from ..utils.global_state import preserved_global_state
 from ..utils.io import CheckpointError, atomic_write_json, atomic_write_text, check_finite_weights
-from ..utils.recipe import quoted, recipe_name, recipe_to_save
+from ..utils.recipe import flag_name, quoted, recipe_name, recipe_to_save
 from ..utils.runlog import progress, use_tqdm
 from ..utils.runs import (check_inputs_kept, check_not_in_use, check_run_folder, claim_run_folder, held_run_folders,
                           release_run_folders, resolve_output)
@@ -226,7 +226,7 @@ class Engine:
         in_place = self.resuming and self.resume_path.resolve().parent == self.out.resolve()
         barrier()
         if dist.is_main:
-            inputs = {_flag_name(name): option_value(cfg, name) for name in self.input_options}
+            inputs = {flag_name(name): option_value(cfg, name) for name in self.input_options}
             check_inputs_kept(self.out, self.run_files, inputs)
             claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files,
                              resume_from=self.resume_path)
@@ -693,7 +693,3 @@ def run(cfg: EngineConfig, engine_cls: type, **kwargs: Any) -> RunResult:
     """Run task ``engine_cls`` (an :class:`Engine` subclass) on ``cfg`` (single process, or DDP under torchrun)."""
     with session(cfg) as dist:
         return engine_cls(cfg, dist, **kwargs).run()
-
-
-def _flag_name(option: str) -> str:
-    return "--" + option.replace("_", "-")

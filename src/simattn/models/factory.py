@@ -18,10 +18,13 @@ import torch
 from torch import nn
 
 from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors
+from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
+from .hub import resolve_weights
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
+__all__ = ["create_model", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
+           "checkpoint_filter_for",
            "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
 
@@ -46,17 +49,24 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
 
 
-def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
+def model_options(weights_required: bool = False) -> Dict[str, Opt]:
     """The model-source options of every command that loads a model (``export``, ``viz``, ``validate``):
-    ``--model``, ``--weights``, ``--use-ema`` and ``--model-kwargs`` (see :func:`load_model`)."""
-    parser.add_argument("--model", help="registered model name (default: the name stored with --weights)")
-    parser.add_argument("--weights", required=weights_required,
-                        help="weights: a .safetensors file written by simattn, a training checkpoint (.pth), or a "
-                             "bare state dict with --model" + ("" if weights_required else
-                                                                "; random weights when omitted"))
-    parser.add_argument("--use-ema", action="store_true", help="load the EMA weights of a training checkpoint")
-    parser.add_argument("--model-kwargs", nargs="*", default=[], metavar="KEY=VALUE",
-                        help=MODEL_KWARGS_HELP)
+    ``model``, ``weights``, ``use_ema`` and ``model_kwargs`` (see :func:`load_model`)."""
+    return {
+        "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
+        "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), a "
+                             "bare state dict with --model, or a folder simattn hub save wrote (local-dir:DIR, "
+                             "hf-hub:ORG/NAME)" + ("" if weights_required else
+                                                                "; random weights when omitted"),
+                       type=maybe(str), check=check_path, required=weights_required),
+        "use_ema": Opt(False, "load the EMA weights of a training checkpoint"),
+        "model_kwargs": Opt({}, MODEL_KWARGS_HELP),
+    }
+
+
+def add_model_arguments(parser: Any, weights_required: bool = False) -> None:
+    """The flags of :func:`model_options` (``--model``, ``--weights``, ``--use-ema``, ``--model-kwargs``)."""
+    add_option_flags(parser, model_options(weights_required))
 
 
 #: the one description of ``--model-kwargs`` (every command that builds a model)
@@ -125,7 +135,8 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
 
     Args:
         model_name: a registered name; taken from the weights' record when None.
-        weights: a ``.safetensors`` file, a training checkpoint (``.pth``), or a bare state dict (needs a name).
+        weights: a ``.safetensors`` file, a training checkpoint (``.pth``), a bare state dict (needs a name), or
+            a folder timm reads (``local-dir:DIR``, ``hf-hub:ORG/NAME``: :mod:`simattn.models.hub`).
         model_kwargs: ``create_model`` kwargs; they override the ones recorded with the weights.
         use_ema: load the EMA weights of a training checkpoint.
 
@@ -137,9 +148,10 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "num_classes": None,
                             "producer": None, "extra": {}, "weights": None}
     if weights is not None:
-        path = Path(weights)
+        path = resolve_weights(weights)
         if not path.is_file():
             raise FileNotFoundError(f"weights file not found: {path}")
+        weights = path
         stored = model_spec_from_weights(path)
         if stored:
             if model_name is not None and stored["model"] != model_name:
@@ -240,7 +252,7 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     the model's tensors are missing than load (the weights are another architecture's).
     The model is only modified when no error is raised.
     """
-    path = Path(path)
+    path = resolve_weights(path)
     if not path.is_file():
         raise FileNotFoundError(f"initial weights not found: {path}")
     record = read_weights_record(path) if path.suffix == ".safetensors" else None

@@ -205,6 +205,7 @@ class Segmenter(nn.Module):
         else:
             self.decoder = UPerNetDecoder(encoder_channels, encoder_depth=5, decoder_channels=decoder_channels)
             head_channels = decoder_channels
+        self.num_features = head_channels  # the per-pixel features the classifier takes (timm's num_features)
         self.classifier = nn.Sequential(nn.Dropout2d(dropout), nn.Conv2d(head_channels, self.num_classes, 1))
         use_aux = head == "upernet" if aux_head is None else bool(aux_head)
         self.aux_head = FCNHead(self.neck.channels[2], aux_channels, self.num_classes) if use_aux else None

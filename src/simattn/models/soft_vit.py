@@ -39,7 +39,8 @@ Pooling ratios are fixed at build time from ``img_size`` (so that m ≤ ``num_la
 inputs of other sizes keep them, so m grows or shrinks with the input. Inputs must be multiples of 32.
 
 ``attn_type=`` (any registered kind) replaces the SOFT attention of stages 1-3, as in the paper's Table 1, where
-every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'softmax'``) sets stage 4.
+every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'softmax'``) sets stage 4. Kinds that
+reduce the key grid (``takes_reduction_ratio``: Linformer, Nyströmformer) get SOFT's per-stage ratio.
 """
 from __future__ import annotations
 
@@ -125,7 +126,9 @@ class SoftViT(PyramidTransformer):
         check_size_fits("SoftViT", *img_size, reductions[-1])  # the position embeddings are laid out for it
         grids = [(img_size[0] // r, img_size[1] // r) for r in reductions]
         sr_ratios = tuple(sr_ratios) if sr_ratios is not None else landmark_ratios(grids[:-1], num_landmarks)
-        is_soft = issubclass(get_attention_class(attn_type), SoftAttention)
+        attn_cls = get_attention_class(attn_type)
+        is_soft = issubclass(attn_cls, SoftAttention)
+        reduces = getattr(attn_cls, "takes_reduction_ratio", False)
         norm_layer, act_layer = _layer_norm, get_act_layer(act_layer)
 
         stages, in_dim = [], in_chans
@@ -134,9 +137,11 @@ class SoftViT(PyramidTransformer):
             if last:
                 attn_layer = attention_class(last_attn_type, **(last_attn_kwargs or {}))
             else:
-                # SOFT's per-stage options first, so the caller's attn_kwargs win.
-                stage_options = dict(ratio=sr_ratios[i], v_conv_kernel=v_conv_kernels[i], num_prefix_tokens=0) \
-                    if is_soft else {}
+                # the per-stage options first, so the caller's attn_kwargs win: the reduction ratio for every kind
+                # that reduces the key grid (Linformer's and Nyströmformer's equal SOFT's, as in SOFT's Table 1)
+                stage_options = dict(ratio=sr_ratios[i], num_prefix_tokens=0) if reduces else {}
+                if is_soft:
+                    stage_options["v_conv_kernel"] = v_conv_kernels[i]
                 attn_layer = attention_class(attn_type, **{**stage_options, **(attn_kwargs or {})})
             blocks = [GridBlock(dim, num_heads[i], attn_layer, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=rate,

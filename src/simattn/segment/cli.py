@@ -10,7 +10,7 @@ import argparse
 from typing import List, Optional
 
 from ..utils.io import json_dumps
-from ..utils.recipe import recipe_from_args, recipe_parser
+from ..utils.recipe import print_config_if_asked, recipe_from_args, recipe_parser
 from .config import SegmentConfig
 
 __all__ = ["main", "build_parser"]
@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    cfg = recipe_from_args(SegmentConfig, build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    if print_config_if_asked(SegmentConfig, args):
+        return 0
+    cfg = recipe_from_args(SegmentConfig, args)
     from .task import segment
     result = segment(cfg)
     if result.is_main:

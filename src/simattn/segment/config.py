@@ -14,6 +14,7 @@ __all__ = ["SegmentConfig", "SegmentEval", "SEGMENT_DATASETS"]
 
 #: dataset names :func:`simattn.data.segmentation.create_segmentation_dataset` reads
 SEGMENT_DATASETS = ["digits", "ade20k", "voc", "cityscapes", "folder", "wds", "hfds"]
+ON_DISK = [name for name in SEGMENT_DATASETS if name != "digits"]  # the embedded digit scenes need no folder
 
 
 @dataclass
@@ -21,8 +22,9 @@ class SegmentEval:
     """How validation predicts each image (mmseg's test modes)."""
     mode: str = option("whole", "whole image, or sliding windows of crop_size and stride", choices=["whole", "slide"])
     crop_size: Optional[List[int]] = option(None, "slide windows [h, w]; None = the training crop_size", low=1,
-                                            length=2)
-    stride: List[int] = option(factory=lambda: [341, 341], help="slide stride [h, w]", low=1, length=2)
+                                            length=2, belongs_to=("mode", "slide"))
+    stride: List[int] = option(factory=lambda: [341, 341], help="slide stride [h, w]", low=1, length=2,
+                               belongs_to=("mode", "slide"))
     flip: bool = option(False, "also predict the mirrored image and average")
     scales: List[float] = option(factory=lambda: [1.0], help="image scales to average (multi-scale testing)",
                                  low=0.0, low_open=True)
@@ -49,11 +51,12 @@ class SegmentConfig(EngineConfig):
                                      "(shards) | hfds (saved Hugging Face dataset: image + mask columns)",
                           choices=SEGMENT_DATASETS)
     data_dir: Optional[str] = option(None, "dataset root in its standard layout (not used by digits)",
-                                     check=check_path)
+                                     check=check_path, belongs_to=("dataset", *ON_DISK))
     train_split: str = option("train", "split to train on")
     val_split: str = option("val", "split to evaluate on")
     dataset_kwargs: Dict[str, Any] = option(factory=dict, help="the reader's own options (digits: canvas, "
-                                                               "num_train, num_val; folder, hfds: classes_file)")
+                                                               "num_train, num_val; folder, hfds: classes_file)",
+                                            belongs_to=("dataset",))
     crop_size: List[int] = option(factory=lambda: [512, 512], help="training crop [h, w]", low=1, length=2)
     img_scale: List[int] = option(factory=lambda: [2048, 512], help="resize bound [long side, short side] before the "
                                   "random ratio (and at test time)", low=1, length=2)
@@ -74,5 +77,5 @@ class SegmentConfig(EngineConfig):
             raise ValueError(f"option 'model_kwargs': got {quoted(self.model_kwargs)}; it needs backbone=<a "
                              "registered model> (--model-kwargs backbone=sima_deit_small_patch16_224)")
         if self.dataset != "digits" and not self.data_dir:
-            raise ValueError(f"dataset {self.dataset!r} needs data_dir (--data-dir DIR, the dataset root)")
+            raise ValueError(f"--dataset {self.dataset} needs --data-dir DIR (the dataset root; recipe key data_dir)")
         return self

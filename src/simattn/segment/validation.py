@@ -84,9 +84,10 @@ def segmentation_source(path: str | os.PathLike) -> Optional[SegmentationSource]
     or None when the file holds another kind of model (a classifier). A file is a segmentation one when its record
     says ``task: semantic_segmentation`` or its model is a registered segmenter."""
     from .. import deploy
+    from ..models.hub import resolve_weights
     from ..models.weights import read_weights_record
 
-    path = Path(path)
+    path = resolve_weights(path)
     if deploy.for_path(path) is not None:
         if not path.exists():
             raise FileNotFoundError(f"exported file not found: {path}")

@@ -11,7 +11,7 @@ import dataclasses
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
 from .config import SslConfig
 
 __all__ = ["main"]
@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: List[str]) -> int:
     args = _parser().parse_args(argv)
+    if print_config_if_asked(SslConfig, args):
+        return 0
     cfg = recipe_from_args(SslConfig, args)
     if args.action == "train":
         from ..utils.extras import require
@@ -47,6 +49,7 @@ def main(argv: List[str]) -> int:
 def _evaluate(cfg: SslConfig, args, name: str) -> int:
     from ..engine.dist import init_distributed
     from ..models.factory import load_initial_weights
+    from ..models.hub import resolve_weights
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     from .dino import build_backbone
@@ -58,7 +61,9 @@ def _evaluate(cfg: SslConfig, args, name: str) -> int:
         report = load_initial_weights(backbone, args.weights, model_name=cfg.model.name, use_ema=args.ema,
                                       strict=True)
         print(report.summary(), flush=True)
-    out = results_folder(cfg.output, args.weights, f"{name}_eval", "ssl_eval")
+    # the results go beside the weights file (a hub folder's, for local-dir: and hf-hub: names)
+    beside = str(resolve_weights(args.weights)) if args.weights else None
+    out = results_folder(cfg.output, beside, f"{name}_eval", "ssl_eval")
     results = evaluate_backbone(backbone, cfg, device=device)
     results = {"model": cfg.model.name, "weights": args.weights or "random init", **results}
     print(json_dumps(results), flush=True)  # shown before anything is written

@@ -34,9 +34,10 @@ def _check_augment(value: Dict[str, Any]) -> Optional[str]:
 class SslModel:
     name: str = option("sima_small_12_p16", "any model timm.create_model knows (import simattn registers ours)")
     drop_path_rate: float = option(0.1, "student only; the teacher has none", low=0.0, high=1.0, high_open=True)
-    kwargs: Dict[str, Any] = option(factory=dict, help="extra timm.create_model arguments (img_size, depth, ...)")
+    kwargs: Dict[str, Any] = option(factory=dict, help="extra timm.create_model arguments (img_size, depth, ...)",
+                                    belongs_to=("name",))
     weights: Optional[str] = option(None, "initial backbone weights: classification, official/timm or DINO weights "
-                                          "(.pth / .safetensors)", check=check_path)
+                                          "(.pth / .safetensors)", check=check_path, belongs_to=("name",))
 
 
 @dataclass
@@ -55,12 +56,17 @@ def _dataset_names():
     return dataset_names()
 
 
+def _datasets_on_disk():
+    return [name for name in _dataset_names() if name != "digits"]
+
+
 @dataclass
 class SslData:
     name: str = option("folder", "'digits' (embedded), 'folder' (root/train, root/val ImageFolder), 'wds' (shards: "
                                "root is their folder, a brace pattern or a pipe: URL), or any other dataset "
                                "simattn.data.create_dataset reads", choices=_dataset_names)
-    root: Optional[str] = option(None, check=check_path)
+    root: Optional[str] = option(None, "dataset root (not used by digits)", check=check_path,
+                                 belongs_to=("name", _datasets_on_disk))
     global_crop_size: int = option(224, low=1)
     global_crop_scale: List[float] = option(factory=lambda: [0.25, 1.0], low=0.0, high=1.0, low_open=True, length=2)
     local_crop_size: int = option(96, low=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from typing import List, Optional
 
-from ..utils.recipe import recipe_from_args, recipe_parser
+from ..utils.recipe import print_config_if_asked, recipe_from_args, recipe_parser
 from .config import TrainConfig
 
 __all__ = ["main", "build_parser"]
@@ -18,7 +18,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    cfg = recipe_from_args(TrainConfig, build_parser().parse_args(argv))
+    args = build_parser().parse_args(argv)
+    if print_config_if_asked(TrainConfig, args):
+        return 0
+    cfg = recipe_from_args(TrainConfig, args)
     from .task import train
     train(cfg)
     return 0

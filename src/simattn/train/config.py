@@ -17,26 +17,37 @@ from ..utils.recipe import (INTERPOLATIONS, PROB, check_auto_augment, check_path
 __all__ = ["TrainConfig", "load_config", "find_recipe", "list_recipes", "scaled_lr"]
 
 
+def _datasets():
+    from ..data.factory import DATASETS
+    return list(DATASETS)
+
+
+def _datasets_on_disk():
+    return [name for name in _datasets() if name != "digits"]
+
+
 @dataclass
 class TrainConfig(EngineConfig):
     """Every option of ``simattn train``: the engine's, and the data, augmentation and model options of image
     classification (each is a recipe key and a ``--flag``)."""
 
     model: str = option("sima_deit_tiny_patch16_224", "registered model name (timm.create_model)")
-    model_kwargs: Dict[str, Any] = option(factory=dict, help="extra create_model kwargs (img_size, attn_type, ...)")
+    model_kwargs: Dict[str, Any] = option(factory=dict, help="extra create_model kwargs (img_size, attn_type, ...)",
+                                          belongs_to=("model",))
 
     num_classes: Optional[int] = option(None, "classifier size; None = the dataset's class count (a mismatch is an "
-                                            "error)", low=1)
+                                            "error)", low=1, belongs_to=("dataset",))
     initial_checkpoint: Optional[str] = option(None, "weights to start from (a classification checkpoint or "
                                                    "safetensors of any layout the model family reads); the "
                                                    "classifier is re-initialized when its size differs",
-                                                   check=check_path)
+                                               check=check_path, belongs_to=("model",))
     drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
     drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
                                   "cifar100 | wds (shards; data_dir: folder, brace pattern or pipe: URL) | hfds "
-                                  "(saved Hugging Face dataset) (checked by simattn.data.create_dataset)")
-    data_dir: Optional[str] = option(None, "dataset root (not used by digits)", check=check_path)
+                                  "(saved Hugging Face dataset)", choices=_datasets)
+    data_dir: Optional[str] = option(None, "dataset root (not used by digits)", check=check_path,
+                                     belongs_to=("dataset", _datasets_on_disk))
     train_split: str = option("train", "split (sub-folder) to train on")
     val_split: str = option("val", "split to evaluate on")
     img_size: Optional[int] = option(None, "input resolution; None = model_kwargs.img_size or the model's default",

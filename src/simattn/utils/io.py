@@ -23,7 +23,7 @@ __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
-    "CheckpointError", "check_outputs", "written_through", "save_figure",
+    "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_folder", "atomic_folder",
 ]
 
 
@@ -74,6 +74,57 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def check_new_folder(path: PathLike, overwrite: bool = False, flag: str = "--output") -> None:
+    """Refuse (one-line ValueError) a folder to write whole (:func:`atomic_folder`) that is a file or lies under
+    one, or that already holds files, unless ``overwrite`` (they are then replaced)."""
+    path = Path(path)
+    for above in (path, *path.parents):
+        if above.exists() and not above.is_dir():
+            where = "is a file" if above == path else f"is under {above}, which is a file"
+            raise ValueError(f"{flag} {path} {where}, not a folder: choose another {flag}")
+    if path.is_dir() and not overwrite:
+        present = sorted(p.name for p in path.iterdir())
+        if present:
+            shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
+            raise ValueError(f"{flag} {path} already holds files ({shown}): choose another {flag}, or pass "
+                             "--overwrite to replace them")
+
+
+@contextmanager
+def atomic_folder(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole (a folder that held
+    files is moved aside and deleted only once the new one is in place), on error it is removed. A folder that is
+    not empty is refused (:func:`check_new_folder`) unless ``overwrite``."""
+    import shutil
+    path = Path(path)
+    check_new_folder(path, overwrite)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent))
+    old = None
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700; give the folder the mode mkdir would
+        if path.is_dir() and any(path.iterdir()):
+            old = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{path.name}.replaced.", suffix=TEMP_SUFFIX,
+                                        dir=path.parent))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)  # rename(2) replaces an empty folder
+    except BaseException:
+        if old is not None and not path.exists():  # the new folder did not land: the old one goes back
+            os.replace(old / path.name, path)
+        raise
+    finally:
+        for leftover in (tmp, old):
+            if leftover is not None and leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def check_outputs(outputs: Mapping[str, Optional[PathLike]], inputs: Mapping[str, Optional[PathLike]]) -> None:

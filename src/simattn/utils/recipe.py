@@ -16,12 +16,17 @@ From that one declaration come:
   (:func:`simattn.utils.values.parse_assignments`; dotted keys for sections) and one flag per option
   (``--grad-accum-steps 2``, ``--convert.transfer-lr 1e-3``), each flag the same as its ``--set`` form;
 - ``--help``, the one-line errors (option, value, what is allowed) and the "did you mean" of unknown keys;
+- recipes a user can bend (:func:`resolve_recipe`): an option declared ``belongs_to`` a choice (``data_dir`` to the
+  datasets read from disk, ``model_kwargs`` to ``model``) is dropped with a note when a later layer replaces that
+  choice, and is a one-line error when it was given for a choice it does not apply to; ``--print-config`` prints
+  the result as a recipe annotated with where each value came from (:func:`config_yaml`);
 - the ``config.yaml`` a run writes (:func:`recipe_to_save`): a recipe for a new run as it is. ``output``, ``resume``
   and ``overwrite`` say where a run goes, not what it does, and are left out.
 
 Options whose default is an empty mapping (``model_kwargs``) are free-form keyword arguments for a library call;
-overrides merge into them key by key and ``null`` empties them. Commands without recipes (validate, export, viz,
-bench, demo) declare :class:`Opt` mappings and use :func:`add_option_flags` and :func:`checked_flags`.
+overrides merge into them key by key and ``null`` or ``{}`` empties them. Commands without recipes (validate, export,
+viz, bench, demo) declare :class:`Opt` mappings and use :func:`add_option_flags` and :func:`checked_flags`; their
+option names become flags through :func:`flag_name`, the one place that does.
 """
 from __future__ import annotations
 
@@ -31,6 +36,8 @@ import dataclasses
 import difflib
 import functools
 import math
+import os
+import sys
 import typing
 from dataclasses import dataclass, field
 from importlib import resources
@@ -40,10 +47,11 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .values import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
 
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
-           "find_recipe", "list_recipes", "recipe_to_save", "recipe_name", "option_paths", "check_value",
-           "recipe_parser", "add_recipe_options", "recipe_overrides", "recipe_from_args", "check_optimizer",
-           "check_device", "check_auto_augment", "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe",
-           "add_option_flags", "checked_flags", "command_parser", "quoted", "load_yaml", "MAX_YAML_NODES"]
+           "resolve_recipe", "Resolved", "config_yaml", "print_config_if_asked", "find_recipe", "list_recipes",
+           "recipe_to_save", "recipe_name", "option_paths", "check_value", "recipe_parser", "add_recipe_options",
+           "recipe_overrides", "recipe_from_args", "check_optimizer", "check_device", "check_auto_augment",
+           "check_path", "INTERPOLATIONS", "SCHEDULES", "PROB", "maybe", "add_option_flags", "checked_flags",
+           "flag_name", "command_parser", "quoted", "load_yaml", "MAX_YAML_NODES"]
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
@@ -72,6 +80,11 @@ class Opt:
     allowed: Optional[str] = None
     const: Any = None  # the value of a bare ``--flag`` (``--resume`` alone is ``auto``)
     flags: Tuple[str, ...] = ()  # more flag names besides the generated one (``--to`` for ``convert.to``)
+    required: bool = False  # a command's flag that must be given (commands without recipes only)
+    #: the choice this option belongs to: a sibling option's name, then the values it applies to (or one function
+    #: returning them); with no values, the option belongs to whichever value the choice had when it was set.
+    #: A recipe's value is dropped (with a note) when a later layer (the command line) replaces the choice.
+    belongs_to: Tuple[Any, ...] = ()
 
     @property
     def hint(self) -> Any:
@@ -406,7 +419,7 @@ def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, wher
                 raise ValueError(f"recipe: {name!r} must be a mapping of options, got {quoted(value)}")
             out[key] = _merge(out.get(key) or {}, value, spec, f"{name}.", root)
         elif _is_free(spec):
-            if value is None:
+            if value is None or (isinstance(value, Mapping) and not value):  # null and {} empty it
                 out[key] = {}
             elif not isinstance(value, Mapping):
                 raise ValueError(f"option {name!r}: got {quoted(value)}; allowed: a mapping (KEY=VALUE items)")
@@ -504,38 +517,166 @@ def _read_yaml_mapping(path: Path) -> Dict[str, Any]:
     return dict(loaded)
 
 
-def _read_recipe(recipe: str, schema: type, chain: Tuple[Path, ...] = ()) -> Dict[str, Any]:
-    """A recipe's values (unchecked), after those of its ``base:`` recipe (a shipped name or a path beside it)."""
+def _recipe_layers(recipe: str, schema: type, chain: Tuple[Path, ...] = ()) -> List[Tuple[Path, Dict[str, Any]]]:
+    """A recipe's own mappings, its ``base:`` recipe's (a shipped name or a path beside it) first; unchecked."""
     path = find_recipe(recipe, schema)
     if path.resolve() in chain:
         raise ValueError(f"recipe {path} inherits from itself (base: chain {' -> '.join(map(str, chain))})")
     loaded = _read_yaml_mapping(path)
     base = loaded.pop("base", None)
-    values: Dict[str, Any] = {}
+    layers: List[Tuple[Path, Dict[str, Any]]] = []
     if base is not None:
         name = str(base) if str(base).endswith(".yaml") else f"{base}.yaml"
         sibling = path.parent / name
-        values = _read_recipe(str(sibling) if sibling.is_file() else str(base), schema, chain + (path.resolve(),))
-    try:
-        return _merge(values, loaded, schema)
-    except ValueError as e:
-        raise ValueError(f"{e} (in recipe {path})") from None
+        layers = _recipe_layers(str(sibling) if sibling.is_file() else str(base), schema, chain + (path.resolve(),))
+    return layers + [(path, loaded)]
+
+
+@dataclass
+class Resolved:
+    """A recipe resolved (:func:`resolve_recipe`): the nested ``values``, where each option's value came from
+    (``origins``: dotted name → 'default', 'recipe NAME' or 'flag'; a free-form mapping may list several) and the
+    ``notes`` on options dropped because they belonged to a choice that was replaced."""
+    schema: type
+    values: Dict[str, Any]
+    origins: Dict[str, List[str]]
+    notes: List[str]
+
+    def config(self) -> Any:
+        return _build(self.schema, self.values).validate()
+
+
+def _leaf(values: Mapping[str, Any], path: str) -> Any:
+    for part in path.split("."):
+        values = values[part]
+    return values
+
+
+def _set_leaf(values: Dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        values = values[part]
+    values[last] = value
+
+
+def _named(update: Mapping[str, Any], schema: type, where: str = "") -> List[str]:
+    """The dotted option names an update sets (a section's ``null`` sets none)."""
+    out: List[str] = []
+    specs = _specs(schema)
+    for key, value in update.items():
+        spec = specs.get(key)
+        if _is_section(spec):
+            out += _named(value, spec, f"{where}{key}.") if isinstance(value, Mapping) else []
+        else:
+            out.append(f"{where}{key}")
+    return out
+
+
+def _choice(path: str, spec: Opt) -> Tuple[str, Optional[List[Any]]]:
+    """The dotted name of the choice an option belongs to (a sibling option) and the values it applies to (None:
+    whichever value the choice had when the option was set)."""
+    where = path.rsplit(".", 1)[0] + "." if "." in path else ""
+    rest = spec.belongs_to[1:]
+    values = list(rest[0]()) if len(rest) == 1 and callable(rest[0]) else list(rest) or None
+    return where + spec.belongs_to[0], values
+
+
+def _given(path: str, value: Any, source: str) -> str:
+    """How the user wrote an option: ``--dataset digits`` on the command line, ``dataset 'digits' (recipe X)``."""
+    if source == "flag":
+        return f"{flag_name(path)} {value if isinstance(value, str) else quoted(value)}"
+    return f"{path} {quoted(value)} ({source})"
+
+
+def _drop_replaced(schema: type, defaults: Dict[str, Any], before: Dict[str, Any], values: Dict[str, Any],
+                   update: Mapping[str, Any], origins: Dict[str, List[str]], source: str) -> List[str]:
+    """Reset to their defaults the options of a choice this layer replaced that the new value does not take and
+    that this layer did not set; a free-form mapping this layer added items to keeps only those. Returns one note
+    per replaced choice naming what was dropped."""
+    named = set(_named(update, schema))
+    dropped: Dict[str, List[str]] = {}
+    for path, spec in option_paths(schema).items():
+        if not spec.belongs_to:
+            continue
+        choice, applies = _choice(path, spec)
+        new = _leaf(values, choice)
+        if _leaf(before, choice) == new or (applies is not None and new in applies):
+            continue
+        old, default = _leaf(before, path), _leaf(defaults, path)
+        if old == default or (path in named and not (_is_free(spec) and _leaf(update, path))):
+            continue
+        where = " + ".join(origins[path])
+        if path in named:  # the items this layer gives, on the default
+            _set_leaf(values, path, {**default, **(_leaf(update, path) or {})})
+        else:
+            _set_leaf(values, path, copy.deepcopy(default))
+            origins[path] = ["default"]
+        dropped.setdefault(choice, []).append(f"{path} {quoted(old)} ({where})")
+    return [f"{_given(choice, _leaf(values, choice), source)} replaces "
+            f"{_given(choice, _leaf(before, choice), origins[choice][-1])}; dropped what belonged to that: "
+            f"{', '.join(names)}" for choice, names in dropped.items()]
+
+
+def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str, Any],
+                     origins: Mapping[str, List[str]]) -> None:
+    """A one-line ValueError for an option set (away from its default) for a choice it does not apply to."""
+    for path, spec in option_paths(schema).items():
+        if not spec.belongs_to:
+            continue
+        choice, applies = _choice(path, spec)
+        value, chosen = _leaf(values, path), _leaf(values, choice)
+        if applies is None or chosen in applies or value == _leaf(defaults, path):
+            continue
+        raise ValueError(f"{_given(path, value, origins[path][-1])} does not apply to "
+                         f"{_given(choice, chosen, origins[choice][-1])}: it belongs to {choice} "
+                         f"{', '.join(map(str, applies))}; drop it or choose one of those")
+
+
+def resolve_recipe(schema: type, recipe: Optional[str] = None,
+                   overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Resolved:
+    """Defaults < the recipe ``recipe`` (its ``base:`` chain first) < ``overrides`` (the command line: a nested
+    mapping or ``key=value`` items), each layer merged in turn. A layer that changes a choice drops what earlier
+    layers set for the replaced value (options declared with ``Opt.belongs_to``), with a note; an option that does
+    not apply to the final choice is a one-line ValueError naming where it was set."""
+    from .values import parse_assignments
+    defaults = dataclasses.asdict(schema())
+    paths = option_paths(schema)
+    values, origins = defaults, {path: ["default"] for path in paths}
+    layers: List[Tuple[str, Optional[Path], Mapping[str, Any]]] = []
+    if recipe is not None:
+        layers = [(f"recipe {recipe_name(str(path))}", path, data)
+                  for path, data in _recipe_layers(str(recipe), schema)]
+    if overrides:
+        update = overrides if isinstance(overrides, Mapping) else parse_assignments(overrides, what="--set item")
+        layers.append(("flag", None, update))
+    notes: List[str] = []
+    for source, path, update in layers:
+        before = values
+        try:
+            values = _merge(values, update, schema)
+        except ValueError as e:
+            raise ValueError(f"{e} (in recipe {path})" if path else str(e)) from None
+        notes += _drop_replaced(schema, defaults, before, values, update, origins, source)
+        for name in _named(update, schema):  # a free-form mapping given items keeps the others it had
+            kept = _is_free(paths[name]) and set(_leaf(values, name)) - set(_leaf(update, name) or {})
+            origins[name] = [*(s for s in origins[name] if s != source), source] if kept else [source]
+    if recipe is not None and "recipe" in _specs(schema):
+        values["recipe"] = str(recipe)
+    _check_belonging(schema, defaults, values, origins)
+    return Resolved(schema, values, origins, notes)
 
 
 def load_recipe(schema: type, recipe: Optional[str] = None,
                 overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Any:
-    """Defaults < the recipe file ``recipe`` (a path or shipped name) < ``overrides`` (a nested mapping or
-    ``key=value`` items), every value checked; an instance of ``schema`` with ``recipe`` set to the recipe given."""
-    from .values import parse_assignments
-    values = dataclasses.asdict(schema())
-    if recipe is not None:
-        values = _merge(values, _read_recipe(str(recipe), schema), schema)
-    if overrides:
-        update = overrides if isinstance(overrides, Mapping) else parse_assignments(overrides, what="--set item")
-        values = _merge(values, update, schema)
-    if recipe is not None and "recipe" in _specs(schema):
-        values["recipe"] = str(recipe)
-    return _build(schema, values).validate()
+    """Defaults, then the recipe file ``recipe`` (a path or shipped name), then ``overrides`` (a nested mapping or
+    ``key=value`` items), every value checked (:func:`resolve_recipe`; its notes go to stderr); an instance of
+    ``schema`` with ``recipe`` set to the recipe given."""
+    resolved = resolve_recipe(schema, recipe, overrides)
+    config = resolved.config()
+    if resolved.notes and int(os.environ.get("RANK", "0")) == 0:
+        for note in resolved.notes:
+            print(f"note: {note}", file=sys.stderr, flush=True)
+    return config
 
 
 def recipe_to_save(config: Any) -> Dict[str, Any]:
@@ -546,7 +687,9 @@ def recipe_to_save(config: Any) -> Dict[str, Any]:
 
 # ----- the command line: one flag per option ---------------------------------------------------------------------------
 
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
+    """The command-line flag of option ``name``: ``grad_accum_steps`` → ``--grad-accum-steps``,
+    ``convert.transfer_lr`` → ``--convert.transfer-lr``."""
     return "--" + name.replace("_", "-")
 
 
@@ -563,15 +706,19 @@ def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
     are read as YAML (paths as typed: as YAML, '' would be null and 2024 a number) and left unchecked, so that a bad
     one is the one-line error of :func:`check_value` rather than argparse's usage text."""
     from .values import parse_value
-    names = [_flag(name), *spec.flags]
+    names = [flag_name(name), *spec.flags]
     shown = f" (default {spec.default!r})" if spec.default is not None else ""
     help_ = (spec.help + shown).strip()
     metavar = name.rsplit(".", 1)[-1].upper()
-    if spec.hint is bool:
+    if spec.required:
+        parser.add_argument(*names, dest=name, type=str if spec.check is check_path else parse_value, required=True,
+                            metavar=metavar, help=help_)
+    elif spec.hint is bool:
         parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_)
     elif _is_free(spec):
+        merged = " (items merge into the recipe's; see --set for the values)" if default is argparse.SUPPRESS else ""
         parser.add_argument(*names, dest=name, nargs="+", action="extend", default=default, metavar="KEY=VALUE",
-                            help=f"{spec.help} (items merge into the recipe's; see --set for the values)".strip())
+                            help=f"{spec.help}{merged}".strip())
     elif _is_list(spec):
         parser.add_argument(*names, dest=name, nargs="+", type=parse_value, default=default, metavar=metavar,
                             help=help_)
@@ -588,7 +735,7 @@ def _flag_value(name: str, spec: Opt, value: Any) -> Any:
     """What a flag's text means: KEY=VALUE items as a mapping, one list literal (or null) as the list itself."""
     from .values import parse_assignments
     if _is_free(spec) and isinstance(value, list):
-        return parse_assignments(value, what=f"{_flag(name)} item")
+        return parse_assignments(value, what=f"{flag_name(name)} item")
     if _is_list(spec) and isinstance(value, list) and len(value) == 1 and (value[0] is None or
                                                                           isinstance(value[0], list)):
         return value[0]
@@ -606,6 +753,9 @@ def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", fla
     parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                         help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set {example} (repeatable); "
                              "each is also a flag")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved configuration as a recipe (YAML; each value's comment says where it "
+                             "came from: default, recipe or flag) and exit without running")
     paths = option_paths(schema)
     if parser.usage is None:  # argparse's would list every flag
         parser.usage = f"{parser.prog} [-c RECIPE] [--set KEY=VALUE ...] [--OPTION VALUE ...] (-h lists them)"
@@ -645,9 +795,45 @@ def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
     return overrides
 
 
-def recipe_from_args(schema: type, args: Any) -> Any:
-    """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then ``--set`` items, then flags."""
-    return load_recipe(schema, args.config, recipe_overrides(schema, args))
+def recipe_from_args(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
+    """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then ``--set`` items, then flags
+    (or ``overrides``, when the command took some of them for itself)."""
+    return load_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides)
+
+
+def config_yaml(resolved: Resolved) -> str:
+    """A resolved configuration as YAML that is itself a recipe (every option but ``recipe``), each value followed
+    by a comment saying where it came from: default, recipe NAME, or flag (the command line)."""
+    import yaml
+    lines = ["# resolved configuration (a recipe: pass it back with -c FILE); after each value, where it came from"]
+
+    def walk(schema: type, values: Mapping[str, Any], where: str, indent: str) -> None:
+        for name, spec in _specs(schema).items():
+            path = f"{where}{name}"
+            if path == "recipe":
+                continue
+            if _is_section(spec):
+                lines.append(f"{indent}{name}:")
+                walk(spec, values[name], f"{path}.", indent + "  ")
+                continue
+            text = yaml.safe_dump({name: values[name]}, default_flow_style=True, sort_keys=False, width=1 << 30,
+                                  allow_unicode=True).strip()
+            lines.append(f"{indent}{text[1:-1]}  # {' + '.join(resolved.origins[path])}")
+
+    walk(resolved.schema, dataclasses.asdict(resolved.config()), "", "")
+    return "\n".join(lines) + "\n"
+
+
+def print_config_if_asked(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> bool:
+    """With ``--print-config``: print the configuration :func:`recipe_from_args` would run (:func:`config_yaml`;
+    notes to stderr) and return True, so the command exits 0 without running; False otherwise."""
+    if not getattr(args, "print_config", False):
+        return False
+    resolved = resolve_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides)
+    for note in resolved.notes:
+        print(f"note: {note}", file=sys.stderr, flush=True)
+    print(config_yaml(resolved), end="", flush=True)
+    return True
 
 
 # ----- the flags of commands without recipes (validate, export, viz, bench, demo) ------------------------------------
@@ -677,5 +863,5 @@ def checked_flags(args: Any, specs: Mapping[str, Opt]) -> Dict[str, Any]:
         value = getattr(args, name)
         return copy.deepcopy(spec.default) if value is None and _is_free(spec) else value
 
-    return {name: check_value(_flag(name), spec, _flag_value(name, spec, given(name, spec)))
+    return {name: check_value(flag_name(name), spec, _flag_value(name, spec, given(name, spec)))
             for name, spec in specs.items()}

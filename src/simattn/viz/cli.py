@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..utils.recipe import flag_name
+
 __all__ = ["main", "build_parser", "visualize", "RANDOM_WEIGHTS_WARNING"]
 
 
@@ -32,7 +34,7 @@ def _options():
         "image": Opt(["skimage:astronaut"], "image files, skimage:NAME or sklearn:NAME; bundled: skimage: "
                      f"{', '.join(SKIMAGE_PHOTOS)}; sklearn: {', '.join(SKLEARN_PHOTOS)}", type=List[str]),
         "block": Opt(-1, "attention block index, negative from the end"),
-        "out": Opt("runs/viz", "output folder"),
+        "output": Opt("runs/viz", "output folder", flags=("--out",)),
         "alpha": Opt(0.5, "heatmap opacity over the image", low=0.0, high=1.0),
         "cmap": Opt("jet", "matplotlib colormap", choices=_colormaps, allowed="a matplotlib colormap name "
                     "(jet, viridis, magma, ...)"),
@@ -101,24 +103,20 @@ def visualize(model, data_config, sources: List[str], out_dir: Path, *, model_na
     return records
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def run_segmentation(args: argparse.Namespace, source) -> int:
     """Segmentation panels of ``source`` (:func:`~.segmentation.visualize_segmentation`) and their ``viz.json``."""
     from ..utils.global_state import preserved_global_state
     from ..utils.io import atomic_write_json
     from .segmentation import visualize_segmentation
 
-    given = [_flag(k) for k, v in ATTENTION_ONLY.items() if getattr(args, k) != v]
+    given = [flag_name(k) for k, v in ATTENTION_ONLY.items() if getattr(args, k) != v]
     given += [o for o, v in (("--model", args.model), ("--model-kwargs", args.model_kwargs)) if v]
     if given:
         raise ValueError(f"{', '.join(given)} applies to attention maps of classifiers; {source.path.name} holds a "
                          "segmenter (its panels show the dataset it records: --data-dir, --split, --count)")
     if args.use_ema and source.deployed:
         raise ValueError(f"--use-ema does not apply to an exported file ({source.path.name})")
-    out_dir = Path(args.out)
+    out_dir = Path(args.output)
     with preserved_global_state():
         if args.threads is not None:
             import torch
@@ -144,13 +142,13 @@ def run(args: argparse.Namespace) -> int:
         source = segmentation_source(args.weights)
         if source is not None:
             return run_segmentation(args, source)
-    given = [_flag(k) for k in SEGMENTATION_ONLY if getattr(args, k) is not None]
+    given = [flag_name(k) for k in SEGMENTATION_ONLY if getattr(args, k) is not None]
     if given:
         raise ValueError(f"{', '.join(given)} applies to segmentation weights only (simattn segment runs); "
                          f"{args.weights or 'a model without --weights'} is no segmenter")
     model, spec = load_model(args.model, args.weights, parse_model_kwargs(args.model_kwargs), args.use_ema)
     data_config = resolve_data_config(model, spec, args.img_size)
-    out_dir = Path(args.out)
+    out_dir = Path(args.output)
     warning = RANDOM_WEIGHTS_WARNING if args.weights is None else None
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
