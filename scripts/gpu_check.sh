@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check for a short loan (under 8 minutes on one H100 or H200): the CUDA tests, SimA's op sweep at the
 # acceptance grid (bf16, H 6, d 64, B 128 and 8, N 197 577 1025 4097 16385, forward and forward+backward, against
-# SDPA flash, with the share of HBM bandwidth reached), SimA's backend table for this GPU, and the
-# torch.compile(fullgraph=True) DeiT-S train-step check. Installs nothing: it runs on the machine's python3 (torch,
+# SDPA flash, with the share of HBM bandwidth reached; ELU and XNorm beside them), SimA's backend table for this GPU,
+# and the torch.compile(fullgraph=True) DeiT-S train-step check. Installs nothing: it runs on the machine's python3 (torch,
 # Triton, timm) with the repo's src on PYTHONPATH.
 #
 # Usage, from the repo root:  OUT=folder scripts/gpu_check.sh   (default folder runs/gpu_check)
@@ -39,7 +39,7 @@ tail -3 "$OUT/tests.txt"
 for B in 128 8; do  # autotuned, as users run it
     stage "attention B=$B" 110 "$OUT/attention_b$B.txt" "$PY" -m simattn bench attention --device cuda \
         --heads 6 --head-dim 64 --batch "$B" --tokens 197 577 1025 4097 16385 --dtype bfloat16 \
-        --kinds sima sima_triton sdpa_flash --repeats 20 --rounds 1 --output "$OUT/attention_b$B.json" \
+        --kinds sima sima_triton sdpa_flash elu xnorm --repeats 20 --rounds 1 --output "$OUT/attention_b$B.json" \
         --write-table "$OUT/sima_gpu_table.json"
     grep -v "^  " "$OUT/attention_b$B.txt" | head -40
 done

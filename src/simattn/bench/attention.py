@@ -16,8 +16,9 @@ comes with its p10 and p90, and a one-line warning names the timings whose p10-p
 
 ``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
 (``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
-memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), forward and forward+backward, B = 8, H = 16, d = 64,
-bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
+memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), and ELU linear attention and XNorm (``elu``,
+``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), forward and forward+backward,
+B = 8, H = 16, d = 64, bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
 time: the bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output;
 backward: read q, k, v and the output gradient, write the three gradients) and the time those bytes take at the
 GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and
@@ -64,7 +65,7 @@ LAYOUTS = ("qkv", "contiguous")
 REQUIRED = ("softmax", "sima_official", "sima_matmuls")
 
 # ------------------------------------------------------------------ the GPU sweep (--device cuda)
-GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient")
+GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient", "elu", "xnorm")
 GPU_TOKENS = (197, 1024, 4096, 16384)
 PASSES = ("fwd", "fwd+bwd")
 #: peak HBM bandwidth (GB/s, vendor figures) by a substring of ``torch.cuda.get_device_name()``, first match wins
@@ -224,7 +225,8 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
 
     table = {"sima": lambda: sima("torch"), "sima_compile": lambda: torch.compile(sima("torch"), dynamic=False),
              "sima_triton": lambda: sima("triton"), "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+             "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
+             "elu": lambda: elu_attention, "xnorm": lambda: xnorm_attention}
     return {kind: table[kind]() for kind in kinds}
 
 
