@@ -62,9 +62,74 @@ def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
     assert rows[1]["speedup_vs_sdpa"] == pytest.approx(0.5)
     assert rows[3]["speedup_vs_sdpa"] is None  # no SDPA backend ran forward+backward
     table = bench.format_gpu_table(rows).splitlines()
+    assert "% HBM" in table[0]
     assert table[4].split()[:10] == ["sima_triton", "fwd", "4096", "0.500", "0.500", "0.600", "800", "0.1000",
                                      "20.0%", "4.00"]
     assert "not run: no kernel" in table[6]
+
+
+@pytest.mark.parametrize("name, gbps", [("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H200", 4800),
+                                        ("NVIDIA GH200 480GB", 4000), ("NVIDIA A100-SXM4-80GB", 2039),
+                                        ("NVIDIA H100 PCIe", 2000), ("Some Future GPU", bench.DEFAULT_HBM_GBPS)])
+def test_hbm_peak_by_device_name(name, gbps, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak, source = bench.hbm_gbps(torch.device("cuda"))
+    assert peak == gbps and source.startswith(name)
+    # the share of that peak a row reaches: 1 GB in 1 ms is 1000 GB/s
+    row = bench.add_roofline([{"kind": "sima_triton", "pass": "fwd", "tokens": 1, "median_ms": 1.0,
+                               "bytes": 1_000_000_000}], peak)[0]
+    assert row["roofline_frac"] == pytest.approx(1000 / gbps)
+
+
+def _timed(kind, pass_, n, ms):
+    return {"kind": kind, "pass": pass_, "tokens": n, "median_ms": ms}
+
+
+def test_triton_crossover_is_where_triton_wins_from_then_on():
+    rows = [_timed("sima", p, n, 1.0) for p in bench.PASSES for n in (197, 577, 1025, 4097)]
+    triton = {(p, n): ms for p in bench.PASSES for n, ms in ((197, 0.5), (577, 1.5), (1025, 0.9), (4097, 0.2))}
+    triton[("fwd+bwd", 1025)] = 1.1  # forward faster at 1025 but training slower: not from 1025 on
+    rows += [_timed("sima_triton", p, n, ms) for (p, n), ms in triton.items()]
+    assert bench.triton_crossover(rows) == 4097
+    triton_all = [dict(r, median_ms=0.5) if r["kind"] == "sima_triton" else r for r in rows]
+    assert bench.triton_crossover(triton_all) == 197
+    slow_at_top = [dict(r, median_ms=2.0) if r["kind"] == "sima_triton" and r["tokens"] == 4097 else r
+                   for r in triton_all]
+    assert bench.triton_crossover(slow_at_top) is None
+    errored = [dict(r, error="no kernel") if r["kind"] == "sima_triton" else r for r in rows]
+    assert bench.triton_crossover(errored) is None
+
+
+def test_write_backend_table_adds_this_gpu_keeps_the_others_and_combines_sweeps(tmp_path):
+    import json
+
+    from simattn.attention import sima
+
+    path = tmp_path / "table.json"
+    rows = [_timed(kind, p, n, ms) for p in bench.PASSES for n in (197, 1025)
+            for kind, ms in (("sima", 1.0), ("sima_triton", 0.5 if n == 1025 else 2.0))]
+    bench.write_backend_table(rows, "GPU A", str(path), {"batch": 128})
+    table = json.loads(path.read_text())
+    assert table["default_min_tokens"] == sima.gpu_table()["default_min_tokens"]
+    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}]}
+    faster = [dict(r, median_ms=0.1) if r["kind"] == "sima_triton" else r for r in rows]
+    bench.write_backend_table(faster, "GPU B", str(path), {})
+    bench.write_backend_table(faster, "GPU A", str(path), {"batch": 8})  # a second sweep: the larger N stays
+    table = json.loads(path.read_text())
+    assert table["gpus"]["GPU B"]["min_tokens"] == 197
+    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}, {"batch": 8}]}
+    slower = [dict(r, median_ms=9.0) if r["kind"] == "sima_triton" else r for r in rows]
+    bench.write_backend_table(slower, "GPU B", str(path), {})
+    assert json.loads(path.read_text())["gpus"]["GPU B"]["min_tokens"] is None
+
+
+def test_write_table_is_for_the_gpu_sweep_and_needs_both_sima_kinds(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="--write-table applies to --device cuda"):
+        bench.main(["--write-table", str(tmp_path / "t.json")])
+    monkeypatch.setattr(bench, "require_cuda", lambda device: None)  # past the CUDA check, before any work
+    with pytest.raises(ValueError, match="--write-table compares sima with sima_triton: add sima_triton to --kinds"):
+        bench.main(["--device", "cuda", "--kinds", "sima", "sdpa_flash", "--write-table", str(tmp_path / "t.json")])
+    assert not (tmp_path / "t.json").exists()
 
 
 def test_gpu_kinds_are_refused_on_cpu():

@@ -1,6 +1,7 @@
 """Pieces every attention kind shares: input checks, token masks, fp32 helpers and the hook point."""
 from __future__ import annotations
 
+import importlib.util
 import math
 from contextlib import nullcontext
 from typing import Any, Dict, Optional, Tuple
@@ -191,6 +192,35 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
         q_mask = mask
     q_mask = check_token_mask(q_mask, q.shape[0], q.shape[-2], name, q.device)
     return mask, q_mask
+
+
+def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.sima_triton`) cannot take q, k, v
+    (None where they can): fp32, fp16 or bf16, head dims up to 128, and the triton package."""
+    if any(t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, v)):
+        return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if max(q.shape[-1], v.shape[-1]) > 128:
+        return f"takes head dims up to 128, got d={q.shape[-1]}, dv={v.shape[-1]}"
+    if importlib.util.find_spec("triton") is None:
+        return "needs the triton package"
+    return None
+
+
+def kernels_may_run() -> bool:
+    """Whether an implicit choice (``auto``) may take the fused Triton kernels: eagerly or under ``torch.compile``,
+    which sees their custom ops, but not into graphs made for other runtimes (``torch.export``, TorchScript, fx),
+    which could not run them."""
+    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or fx_tracing()
+                or torch.compiler.is_exporting())
+
+
+def triton_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *params: Any) -> bool:
+    """Whether a forward-only fused kernel serves this call: CUDA tensors the kernels take, with nothing (q, k, v or
+    a tensor in ``params``) that needs a gradient, outside graphs made for other runtimes (:func:`kernels_may_run`)."""
+    if q.device.type != "cuda" or not kernels_may_run() or triton_refusal(q, k, v) is not None:
+        return False
+    tensors = (q, k, v) + tuple(p for p in params if torch.is_tensor(p))
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:

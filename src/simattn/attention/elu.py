@@ -6,7 +6,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import (apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast,
+                      triton_forward_applies)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import elu_reference as elu_attention_reference
@@ -23,12 +24,17 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
                   eps: float = 1e-6) -> torch.Tensor:
     """Linear-cost ELU attention on q (B, H, Nq, d), k, v (B, H, Nk, ·). ``mask`` (B, Nk) removes keys.
 
-    The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32.
+    The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32. On CUDA, where nothing needs a
+    gradient, one fused Triton kernel computes it (SimA's skeleton with φ as prologue and the normalizer as
+    epilogue, :func:`simattn.attention.sima_triton.linear_triton`); training runs the torch ops.
     """
     check_qkv(q, k, v, "elu")
     check_positive("elu", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
     dt = matmul_dtype(q)
+    if triton_forward_applies(q, k, v):
+        from .sima_triton import linear_triton
+        return linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _elu(q, k, v, mask, eps)
     return out.to(dt)

@@ -9,9 +9,11 @@ The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 no
 the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
 run this graph as written.
 
-``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`) on CUDA, or on
-CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32 inference
-(:mod:`simattn.attention.sima_cpu`); ``'auto'`` takes it wherever it is built and applies.
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`, a torch custom op)
+on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32
+inference (:mod:`simattn.attention.sima_cpu`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and
+on a GPU the Triton kernels from the token count that ``sima_gpu_table.json`` gives for that GPU
+(:func:`triton_min_tokens`).
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -26,21 +28,26 @@ with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
+import functools
+import json
+from importlib import resources
 from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
-                      range_safe_dtype, resolve_masks)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager,
+                      kernels_may_run, no_autocast, range_safe_dtype, resolve_masks,
+                      triton_refusal as linear_triton_refusal)
 from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order",
-           "resolve_sima_backend", "cpp_refusal", "SimAAttention"]
+           "resolve_sima_backend", "cpp_refusal", "triton_refusal", "triton_min_tokens", "gpu_backend", "gpu_table",
+           "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
 _BACKENDS = ("auto", "torch", "triton", "cpp")
@@ -61,14 +68,60 @@ def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
     """The implementation SimA tries first on ``q``'s device: ``'torch'``, ``'triton'`` or ``'cpp'``.
 
     ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built (:func:`cpp_refusal` then says whether
-    it applies to a call; where not, torch runs), and torch elsewhere: the Triton kernels have not been timed on a
-    GPU yet, and auto picks Triton only where ``simattn bench attention --device cuda`` measures it faster.
+    it applies to a call; where not, torch runs); on CUDA the Triton kernels from the token count at which they
+    measured faster than torch on this GPU (:func:`triton_min_tokens`; :func:`triton_refusal` then says whether they
+    apply), torch below it and in graphs exported for other runtimes; torch on other devices.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
     if backend != "auto":
         return backend
+    if q.device.type == "cuda":
+        return gpu_backend(gpu_name(q.device), q.shape[-2]) if kernels_may_run() else "torch"
     return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
+
+
+_GPU_TABLE = "sima_gpu_table.json"
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_table() -> dict:
+    """The checked-in table (package data): ``{"default_min_tokens": N, "gpus": {device name: {"min_tokens": N or
+    null, ...}}}``, written by ``simattn bench attention --device cuda --write-table``."""
+    return json.loads(resources.files(__package__).joinpath(_GPU_TABLE).read_text())
+
+
+def triton_min_tokens(device_name: str) -> Optional[int]:
+    """From how many tokens auto runs SimA's Triton kernels on the GPU named ``device_name``
+    (``torch.cuda.get_device_name()``): the table's entry for that exact name (None: never, torch was faster at
+    every measured N), else the table's conservative default for unmeasured GPUs."""
+    table = gpu_table()
+    entry = table["gpus"].get(device_name)
+    return entry["min_tokens"] if entry is not None else table["default_min_tokens"]
+
+
+def gpu_backend(device_name: str, n_tokens: int) -> str:
+    """auto's choice on a CUDA device named ``device_name`` for ``n_tokens`` query tokens."""
+    least = triton_min_tokens(device_name)
+    return "triton" if least is not None and n_tokens >= least else "torch"
+
+
+@torch.compiler.assume_constant_result
+def gpu_name(device: torch.device) -> str:
+    return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> Optional[str]:
+    """Why the Triton kernels cannot run this call (None where they can): they compute q̂(k̂ᵀv) for fp32, fp16 and
+    bf16 with head dims up to 128, and need the triton package."""
+    if order == "qk_first":
+        return "computes q̂(k̂ᵀv) (order 'auto' or 'kv_first')"
+    return linear_triton_refusal(q, k, v)
 
 
 def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -132,6 +185,8 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             return sima_cpu.sima_kv_first(q, k, v, eps)
         if backend == "cpp":
             raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
+    if chosen == "triton" and backend == "auto" and triton_refusal(q, k, v, resolved):
+        chosen = "torch"
     if chosen == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
         if order not in ("auto", "kv_first"):
             raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
@@ -253,11 +308,12 @@ class SimAAttention(TokenAttention):
         self.qk_hook = HookPoint()
 
     def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton: the compiled CPU kernel
-        where it applies, else both l1 norms in one reduction over the q and k columns of the fused projection (at
-        small token counts SimA is bound by the number of ops it launches); None otherwise, and :meth:`attend`
-        runs."""
-        if (self.backend == "triton" or x.dtype not in _WIDE or torch.is_autocast_enabled(x.device.type)
+        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton (asked for, or auto's choice on
+        a GPU): the compiled CPU kernel where it applies, else both l1 norms in one reduction over the q and k columns
+        of the fused projection (at small token counts SimA is bound by the number of ops it launches); None
+        otherwise, and :meth:`attend` runs. Its input is checked as :func:`sima_attention` checks it."""
+        if (resolve_sima_backend(self.backend, x) == "triton" or x.dtype not in _WIDE
+                or torch.is_autocast_enabled(x.device.type)
                 or self.qk_hook.has_hooks or not isinstance(self.q_norm, nn.Identity)
                 or not isinstance(self.k_norm, nn.Identity) or not eager()):
             return None
@@ -265,6 +321,7 @@ class SimAAttention(TokenAttention):
         H, d = self.num_heads, self.head_dim
         qkv = self.qkv(x)
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
+        check_qkv(q, k, v, "sima")  # as sima_attention does (an empty token axis, for one)
         order = resolve_sima_order(self.order, N, N, d)
         if resolve_sima_backend(self.backend, x) == "cpp":
             if cpp_refusal(q, k, v, order, masked=False) is None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from ._common import (acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, check_token_mask,
-                      matmul_dtype, no_autocast)
+                      matmul_dtype, no_autocast, triton_forward_applies)
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import xnorm_reference as xnorm_attention_reference
@@ -34,7 +34,9 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
 
     Fast path: KᵀV and its column norms in fp32; the per-token query norm is applied to the output rows, so the
     normalized query is never materialized. γ may be floats or per-head tensors: shape (H,), (H, 1, 1),
-    (1, H, 1, 1) or (B, H, 1, 1).
+    (1, H, 1, 1) or (B, H, 1, 1). On CUDA, where nothing needs a gradient (γ included), one fused Triton kernel
+    computes it (SimA's skeleton with the column and row norms as epilogue,
+    :func:`simattn.attention.sima_triton.linear_triton`); training runs the torch ops.
     """
     check_qkv(q, k, v, "xnorm")
     gamma_q = check_per_head("xnorm", "gamma_q", gamma_q, q)
@@ -42,6 +44,12 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     check_positive("xnorm", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
     dt = matmul_dtype(q)
+    if triton_forward_applies(q, k, v, gamma_q, gamma_kv):
+        from .sima_triton import linear_triton
+        B, H = q.shape[:2]
+        gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
+        return linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma.expand(B, H, 1, 1).reshape(B * H).float(),
+                             eps=eps, out_dtype=dt)
     with no_autocast(q):
         kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
         kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q

@@ -16,11 +16,15 @@ comes with its p10 and p90, and a one-line warning names the timings whose p10-p
 
 ``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
 (``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
-memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), forward and forward+backward, B = 8, H = 16, d = 64,
-bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
+memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), and ELU linear attention and XNorm (``elu``,
+``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), forward and forward+backward,
+B = 8, H = 16, d = 64, bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
 time: the bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output;
 backward: read q, k, v and the output gradient, write the three gradients) and the time those bytes take at the
-GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name).
+GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and
+the share of that peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
+``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.sima.gpu_table`) with this GPU's
+entry from this sweep: from which N the Triton kernels beat torch (:func:`triton_crossover`), for ``auto``.
 Without a CUDA device it stops at once with a one-line error (exit code 2).
 """
 from __future__ import annotations
@@ -61,11 +65,11 @@ LAYOUTS = ("qkv", "contiguous")
 REQUIRED = ("softmax", "sima_official", "sima_matmuls")
 
 # ------------------------------------------------------------------ the GPU sweep (--device cuda)
-GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient")
+GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient", "elu", "xnorm")
 GPU_TOKENS = (197, 1024, 4096, 16384)
 PASSES = ("fwd", "fwd+bwd")
 #: peak HBM bandwidth (GB/s, vendor figures) by a substring of ``torch.cuda.get_device_name()``, first match wins
-HBM_GBPS = {"H200": 4800, "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H800": 3350, "GH200": 4000,
+HBM_GBPS = {"GH200": 4000, "H200": 4800, "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H800": 3350,
             "B200": 8000, "A100-PCIE-40GB": 1555, "A100-SXM4-40GB": 1555, "A100": 2039, "A800": 2039,
             "L40S": 864, "L4": 300, "A10": 600, "RTX 4090": 1008, "RTX 3090": 936, "V100": 900, "T4": 320}
 DEFAULT_HBM_GBPS = 4800  # H200: the figure used when the device is not in HBM_GBPS and --hbm-gbps is not given
@@ -221,7 +225,8 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
 
     table = {"sima": lambda: sima("torch"), "sima_compile": lambda: torch.compile(sima("torch"), dynamic=False),
              "sima_triton": lambda: sima("triton"), "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+             "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
+             "elu": lambda: elu_attention, "xnorm": lambda: xnorm_attention}
     return {kind: table[kind]() for kind in kinds}
 
 
@@ -330,11 +335,53 @@ def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
     return rows
 
 
+def triton_crossover(rows: List[dict]) -> Optional[int]:
+    """The smallest N of the sweep from which ``sima_triton`` is at least as fast as ``sima`` (torch) in every pass
+    measured, at that N and every larger one; None where it is not at the largest N (or nothing compares)."""
+    time = {(r["kind"], r["pass"], r["tokens"]): r["median_ms"] for r in rows if "error" not in r}
+    tokens = sorted({n for (_, _, n) in time})
+    passes = sorted({p for (_, p, _) in time})
+
+    def faster(n):
+        pairs = [(time.get(("sima_triton", p, n)), time.get(("sima", p, n))) for p in passes]
+        pairs = [(t, s) for t, s in pairs if t is not None and s is not None]
+        return bool(pairs) and all(t <= s for t, s in pairs)
+
+    least = None
+    for n in reversed(tokens):
+        if not faster(n):
+            break
+        least = n
+    return least
+
+
+def write_backend_table(rows: List[dict], device_name: str, path: str, config: dict) -> dict:
+    """SimA's backend table at ``path`` (updated where it exists, else a copy of the package's) with this GPU's
+    entry: ``min_tokens`` from :func:`triton_crossover` and the sweep's ``config``. An entry for this GPU already in
+    the file is combined with this sweep (the larger ``min_tokens``, null where either is null; both configs), so
+    sweeps at several batch sizes into one new file give one conservative entry."""
+    import json
+    from pathlib import Path
+
+    from ..attention.sima import gpu_table
+
+    table = json.loads(Path(path).read_text()) if Path(path).exists() else dict(gpu_table())
+    least = triton_crossover(rows)
+    old = table.get("gpus", {}).get(device_name)
+    sweeps = [config]
+    if old is not None:
+        least = None if least is None or old["min_tokens"] is None else max(least, old["min_tokens"])
+        sweeps = old.get("sweeps", []) + sweeps
+    table["gpus"] = {**table.get("gpus", {}), device_name: {"min_tokens": least, "sweeps": sweeps}}
+    atomic_write_json(table, path)
+    return table
+
+
 def format_gpu_table(rows: List[dict]) -> str:
-    """The GPU table: median with p10-p90, achieved bandwidth, the roofline time and the fraction of it reached,
-    speed-up over the faster SDPA backend."""
+    """The GPU table: median with p10-p90, achieved bandwidth, the roofline time, the share of the peak HBM
+    bandwidth reached (= roofline / time), speed-up over the faster SDPA backend."""
     head = (f"{'kind':<15} {'pass':<8} {'N':>6} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'GB/s':>7} "
-            f"{'roofline ms':>12} {'% roofline':>11} {'x vs SDPA':>10}")
+            f"{'roofline ms':>12} {'% HBM':>11} {'x vs SDPA':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
@@ -347,6 +394,14 @@ def format_gpu_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def triton_version() -> Optional[str]:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
 def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     """``--device cuda``: the GPU sweep (see the module docstring)."""
     bad = [kind for kind in args.kinds if kind not in GPU_KINDS]
@@ -356,29 +411,37 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     device = torch.device(args.device)
     peak, source = (args.hbm_gbps, f"--hbm-gbps {args.hbm_gbps:g}") if args.hbm_gbps else hbm_gbps(device)
     dtype = getattr(torch, args.dtype)
-    print(f"simattn bench attention: torch {torch.__version__}, {torch.cuda.get_device_name(device)}, B={args.batch} "
+    versions = {"torch": torch.__version__, "triton": triton_version()}
+    print(f"simattn bench attention: torch {versions['torch']}, Triton {versions['triton']}, "
+          f"{torch.cuda.get_device_name(device)}, B={args.batch} "
           f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; peak HBM {source}", flush=True)
     rows = run_gpu(args.tokens, args.kinds, args.batch, args.heads, args.head_dim, dtype, args.device, peak,
                    args.passes, args.layout, args.repeats, args.rounds)
     print(format_gpu_table(rows))
     notes = [f"bytes: the least any implementation moves (forward: q, k, v in, output out; backward: q, k, v and the "
              f"output gradient in, three gradients out); roofline: those bytes at {peak:g} GB/s; x vs SDPA: the "
-             f"faster SDPA backend's time / time (> 1 is faster)"]
+             f"faster SDPA backend's time / time (> 1 is faster); % HBM: bytes / time / peak"]
     warning = spread_warning({f"{r['kind']} {r['pass']} N={r['tokens']}": r.get("spread") for r in rows}, WIDE_SPREAD)
     notes += [warning] if warning else []
     print("\n".join(notes))
     atomic_write_json({
         "config": {**vars(args), "device_name": torch.cuda.get_device_name(device), "hbm_gbps": peak,
-                   "hbm_source": source, "torch": torch.__version__, "wide_spread": WIDE_SPREAD},
+                   "hbm_source": source, **versions, "wide_spread": WIDE_SPREAD},
         "results": rows, "notes": notes,
     }, args.output)
     print(f"wrote {args.output}")
+    if args.write_table:
+        measured = {**versions, "dtype": args.dtype, "batch": args.batch, "heads": args.heads,
+                    "head_dim": args.head_dim, "tokens": args.tokens, "passes": args.passes}
+        entry = write_backend_table(rows, torch.cuda.get_device_name(device), args.write_table, measured)
+        print(f"wrote {args.write_table}: min_tokens "
+              f"{entry['gpus'][torch.cuda.get_device_name(device)]['min_tokens']} for auto on this GPU")
     return 0
 
 
 def _options():
     """Every option of ``bench attention`` (the shared ones from :mod:`simattn.bench.cli`) with its allowed values."""
-    from ..utils.recipe import Opt, maybe
+    from ..utils.recipe import Opt, check_path, maybe
     from .cli import shared, some_of
     counts = dict(type=maybe(int), low=1)
     return {
@@ -410,6 +473,9 @@ def _options():
         "dtype": Opt(None, "float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)",
                      type=maybe(str), choices=["float32", "bfloat16", "float16"]),
         "output": shared("output", "runs/bench_attention.json", "JSON results file"),
+        "write_table": Opt(None, "with --device cuda: also write SimA's backend table (sima_gpu_table.json's format) "
+                                 "here, with this GPU's entry from this sweep (needs kinds sima and sima_triton)",
+                           type=maybe(str), check=check_path),
     }
 
 
@@ -429,14 +495,19 @@ def main(argv: List[str]) -> int:
         if not args.keep_freed_memory:
             raise ValueError("--no-keep-freed-memory applies to the CPU sweep, not --device cuda")
     else:
-        refuse_unused(args, ["batch", "passes", "hbm_gbps"], "to --device cuda (the CPU sweep's batch is 8 at "
-                                                             "N = 197, 1 elsewhere, forward only)")
+        refuse_unused(args, ["batch", "passes", "hbm_gbps", "write_table"],
+                      "to --device cuda (the CPU sweep's batch is 8 at N = 197, 1 elsewhere, forward only)")
     check_out(args.output, folder=False)
     args.batch = args.batch or 8
     args.passes = args.passes or list(PASSES)
     args.max_seconds = args.max_seconds or 10.0
     args.tokens = args.tokens or list(GPU_TOKENS if gpu else DEFAULT_TOKENS)
     args.kinds = args.kinds or list(GPU_KINDS if gpu else KINDS)
+    if args.write_table:
+        missing = [kind for kind in ("sima", "sima_triton") if kind not in args.kinds]
+        if missing:
+            raise ValueError(f"--write-table compares sima with sima_triton: add {' '.join(missing)} to --kinds")
+        check_out(args.write_table, folder=False)
     args.heads = args.heads or (16 if gpu else 6)
     args.repeats = args.repeats or (50 if gpu else 10)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
