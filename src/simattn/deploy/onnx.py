@@ -29,6 +29,7 @@ from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
 from ..utils.io import atomic_path
+from ..utils.recipe import Opt
 from .base import PROFILE_CALLS, ExportError, Exported, Format, OnOps, Program, first_line, quiet_loggers
 from .onnx_passes import run_passes
 from .ops import GraphAudit
@@ -502,7 +503,15 @@ class OnnxFormat(Format):
     name, runtime, suffixes, extra = "onnx", "onnxruntime", (".onnx",), "export"
     packages = ("onnx", "onnxruntime", "onnxscript")
     quantize_modes, quantizes = ("dynamic", "static"), "file"
-    options = ("opset", "exporter", "batch", "static_spatial", "compare_softmax")
+    options = {
+        "opset": Opt(18, "ONNX opset", low=18, check=check_opset),
+        "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
+                        choices=list(EXPORTERS)),
+        "batch": Opt(2, "example batch for export and parity (the other formats' programs take one image)",
+                     low=2),
+    }
+    bench_options = ("exporter",)
+    dynamic_size = True
     one_image = False
     description = "onnxruntime"
     delegates_to = "onnxruntime's int8 kernels"
