@@ -322,7 +322,8 @@ def audit_onnx(model: Union[str, Path, Any]) -> GraphAudit:
                         visit(g.node, stack)
 
     visit(proto.graph.node)
-    return GraphAudit(op_counts=dict(sorted(counts.items())), kind="ONNX", functions=dict(sorted(calls.items())))
+    return GraphAudit(op_counts=dict(sorted(counts.items())), kind="ONNX", functions=dict(sorted(calls.items())),
+                      scope="functions expanded, subgraphs included")
 
 
 def _copy_metadata(src_proto, dst: Path) -> None:

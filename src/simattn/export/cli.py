@@ -361,8 +361,7 @@ def _audit_hook(args, spec, report):
 
     def on_ops(audit) -> None:
         report["audit"] = audit.to_dict()
-        expanded = ", functions expanded, subgraphs included" if audit.kind == "ONNX" else ""
-        print(f"graph audit ({audit.kind} ops{expanded}):")
+        print(f"graph audit ({audit.kind} ops{', ' + audit.scope if audit.scope else ''}):")
         print(audit.format())
         if args.require_exp_free:
             report["exp_free_check"] = "failed" if audit.exp_like else "passed"
