@@ -334,8 +334,10 @@ def test_format_options_are_declared_by_the_formats_and_gathered_by_the_registry
         bench = deploy.bench_options()
         assert bench["levels_level"].default is None and "--runtime levels; default 3" in bench["levels_level"].help
         assert set(bench) == {"onnx_exporter", "levels_level"}
-        assert fmt.option_values({"levels_level": None}, prefix="levels_") == {"level": 3}
-        assert fmt.option_values({"levels_level": 7}, prefix="levels_") == {"level": 7}
+        assert fmt.bench_flags() == {"levels_level": "level"} and deploy.get("onnx").bench_flags() == \
+            {"onnx_exporter": "exporter"}
+        assert fmt.bench_values({"levels_level": None}) == {"level": 3}
+        assert fmt.bench_values({"levels_level": 7, "onnx_exporter": "dynamo"}) == {"level": 7}
         out = tmp_path / "m.levels"
         assert simattn_main(["export", "--weights", str(weights), "--format", "levels", "--level", "5",
                              "-o", str(out)]) == 0

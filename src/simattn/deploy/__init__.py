@@ -108,19 +108,18 @@ def option_takers(name: str) -> List[str]:
 
 
 def bench_options() -> Dict[str, Opt]:
-    """The flags ``simattn bench model`` takes for the formats' ``bench_options``: ``<format>_<option>`` (e.g.
-    ``onnx_exporter``), each the format's declaration with default None (meaning the format's default), so that a
-    flag given for a runtime that is not run can be told apart; :meth:`~.base.Format.option_values` with
-    ``prefix=f'{fmt.name}_'`` reads them back."""
+    """The options ``simattn bench model`` takes for the formats' ``bench_options``, by
+    :meth:`~.base.Format.bench_flags` name (``onnx_exporter``): each the format's declaration with default None
+    (meaning the format's default), so that one given for a runtime that is not run can be told apart;
+    :meth:`~.base.Format.bench_values` reads them back."""
     from dataclasses import replace
 
     found: Dict[str, Opt] = {}
     for fmt in formats().values():
-        for name in fmt.bench_options:
+        for flag, name in fmt.bench_flags().items():
             spec = fmt.options[name]
-            found[f"{fmt.name}_{name}"] = replace(
-                spec, default=None, type=maybe(spec.hint),
-                help=f"{spec.help} (--runtime {fmt.runtime}; default {spec.default})")
+            found[flag] = replace(spec, default=None, type=maybe(spec.hint),
+                                  help=f"{spec.help} (--runtime {fmt.runtime}; default {spec.default})")
     return found
 
 

@@ -168,6 +168,16 @@ class Format:
         found = {name: values.get(prefix + name) for name in self.options}
         return {name: spec.default if found[name] is None else found[name] for name, spec in self.options.items()}
 
+    def bench_flags(self) -> Dict[str, str]:
+        """``simattn bench model``'s names of ``bench_options`` (``<format>_<option>``, e.g. ``onnx_exporter``),
+        each mapped to its option's name."""
+        return {f"{self.name}_{name}": name for name in self.bench_options}
+
+    def bench_values(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """The keywords of :meth:`export` from ``simattn bench model``'s values (by :meth:`bench_flags` names;
+        one absent or None, and every option bench does not take, at its declared default)."""
+        return self.option_values(values, prefix=f"{self.name}_")
+
     def __repr__(self) -> str:
         return f"<deploy format {self.name!r} ({', '.join(self.suffixes)})>"
 
