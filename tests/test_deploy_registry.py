@@ -429,3 +429,13 @@ def test_pipeline_parity_beyond_atol_stops_before_int8_unless_only_measured(tmp_
     assert done.parity["random"]["ok"] and 0.009 < done.max_abs_diff < 0.011 and done.float_path is None
     with pytest.raises(ValueError, match="int8 'dynamic' is not available for fileint8; it has static"):
         deploy_model(fmt, model, record, tmp_path / "c" / "m.fi8", quantize="dynamic")
+
+    class Refuses(FileInt8Format):
+        def open(self, path, threads=None):
+            def run(x):
+                raise RuntimeError("takes no batch of that size")
+            return Program(run, (3, 16, 16), threads)
+
+    with pytest.raises(ExportError, match="fileint8 could not run m.fi8 on random: RuntimeError: takes no batch"):
+        deploy_model(Refuses(), model, record, tmp_path / "d" / "m.fi8", atol=None, parity_inputs=inputs,
+                     shown="m.fi8")

@@ -47,7 +47,7 @@ class Deployment:
     @property
     def max_abs_diff(self) -> Optional[float]:
         """The largest |runtime - PyTorch| of :attr:`checks` (None without checks)."""
-        return max(r["max_abs_diff"] for r in self.checks.values()) if self.checks else None
+        return max(r.get("max_abs_diff", float("inf")) for r in self.checks.values()) if self.checks else None
 
 
 def compare_outputs(ref: torch.Tensor, out: torch.Tensor) -> Dict[str, float]:
@@ -143,7 +143,12 @@ def deploy_model(fmt: Union[str, Format], model: nn.Module, record: WeightsRecor
             inputs = parity_inputs() if callable(parity_inputs) else parity_inputs
         done.parity = dict(exported.parity) if exported.parity is not None else \
             parity(fmt, written, model, inputs, atol, threads, bool(quantize) and not from_file)
-        if not all(r["ok"] for r in done.parity.values()):
+        failed = {name: r for name, r in done.parity.items() if not r["ok"]}
+        if failed and atol is None:  # only measured: what failed is an input the runtime could not run
+            name, entry = next(iter(failed.items()))
+            raise ExportError(f"{fmt.runtime} could not run {shown} on {name}: {entry.get('error')}", exported,
+                              done.parity)
+        if failed:
             scale = " (relative to the logits scale)" if fmt.relative_atol else ""
             raise ExportError(f"{fmt.runtime} output differs from PyTorch beyond {atol:g}{scale}; {shown} not "
                               "written", exported, done.parity)
