@@ -20,6 +20,7 @@ from simattn.cli import main as simattn_main
 from simattn.deploy.base import Exported, Format, Program
 from simattn.deploy.ops import GraphAudit
 from simattn.models.weights import WeightsRecord, read_deployed_record, save_weights, weights_metadata
+from simattn.utils.recipe import Opt
 
 SRC = Path(simattn.__file__).resolve().parent
 DEIT = "sima_deit_tiny_patch16_224"
@@ -302,3 +303,139 @@ def test_weights_record_round_trips_through_its_mapping():
                            producer="test", extra={"attention": "sima", "classes": ["a"]})
     again = read_deployed_record(record.to_metadata(), "mapping")
     assert again.to_dict() == {**record.to_dict(), "simattn_version": simattn.__version__}
+
+
+# ---------------------------------------------------------------- each format declares its own options
+class LevelFormat(FakeFormat):
+    """A fake format with an export option of its own, which bench takes too; it records what export got."""
+
+    name, runtime, suffixes, extra = "levels", "levels", (".levels",), "levels"
+    options = {"level": Opt(3, "how hard to try", low=1)}
+    bench_options = ("level",)
+
+    def export(self, model, path, record, *, level=None, **kwargs):
+        self.level = level
+        return super().export(model, path, record, **kwargs)
+
+
+def test_format_options_are_declared_by_the_formats_and_gathered_by_the_registry(weights, tmp_path, capsys):
+    from simattn.export import cli as export_cli
+
+    groups = export_cli._options()
+    assert groups["format options"] == deploy.format_options()
+    others = {name for group, specs in groups.items() if group != "format options" for name in specs}
+    assert {"opset", "exporter", "batch", "precision"} <= set(deploy.format_options()) and \
+        not others & set(deploy.format_options())
+    assert deploy.format_options()["precision"].help.startswith("--format coreml: ")
+    fmt = deploy.register(LevelFormat())
+    try:
+        assert deploy.option_takers("level") == ["levels"]
+        assert deploy.format_options()["level"].help == "--format levels: how hard to try"
+        bench = deploy.bench_options()
+        assert bench["levels_level"].default is None and "--runtime levels; default 3" in bench["levels_level"].help
+        assert set(bench) == {"onnx_exporter", "levels_level"}
+        assert fmt.bench_flags() == {"levels_level": "level"} and deploy.get("onnx").bench_flags() == \
+            {"onnx_exporter": "exporter"}
+        assert fmt.bench_values({"levels_level": None}) == {"level": 3}
+        assert fmt.bench_values({"levels_level": 7, "onnx_exporter": "dynamo"}) == {"level": 7}
+        out = tmp_path / "m.levels"
+        assert simattn_main(["export", "--weights", str(weights), "--format", "levels", "--level", "5",
+                             "-o", str(out)]) == 0
+        assert fmt.level == 5 and out.exists()
+        for argv, message in ((["--level", "0"], "option '--level': got 0; allowed: an integer >= 1"),
+                              (["--format", "onnx", "--level", "5"], "--level applies to --format levels, not onnx"),
+                              (["--format", "levels", "--opset", "19"], "--opset applies to --format onnx, not levels"),
+                              (["--format", "levels", "--static-spatial"], "--static-spatial applies to --format onnx")):
+            capsys.readouterr()
+            assert simattn_main(["export", "--weights", str(weights), *argv, "-o", str(tmp_path / "x.levels")]) == 2
+            assert message in capsys.readouterr().err
+    finally:
+        deploy.unregister("levels")
+    assert not (tmp_path / "x.levels").exists()
+
+
+# ---------------------------------------------------------------- one pipeline: export, int8, parity, open
+class FileInt8Format(FakeFormat):
+    """A fake format that makes int8 from the written file (a copy whose program adds 0.5: an error that parity
+    must report for the int8 file and not for the float one); it records the order of the steps."""
+
+    name, runtime, suffixes, extra = "fileint8", "fileint8", (".fi8",), "fileint8"
+    quantize_modes, quantizes = ("static",), "file"
+
+    def __init__(self):
+        super().__init__()
+        self.steps, self.int8 = [], set()
+
+    def export(self, model, path, record, **kwargs):
+        self.steps.append(("export", Path(path).relative_to(Path(path).parents[1]).as_posix()))
+        return super().export(model, path, record, **kwargs)
+
+    def quantize(self, source, calibration, mode, *, dst=None, **unused):
+        self.steps.append(("quantize", mode, len(calibration)))
+        Path(dst).write_bytes(Path(source).read_bytes())
+        self.int8.add(Path(dst))
+        return Path(dst)
+
+    def open(self, path, threads=None):
+        program = super().open(path, threads)
+        shift = 0.5 if Path(path) in self.int8 else 0.0
+        return Program(lambda x: program(x) + shift, program.takes, threads)
+
+
+def _tiny_model_and_record():
+    torch.manual_seed(0)
+    model = timm.create_model(DEIT, **TINY).eval()
+    return model, WeightsRecord(model=DEIT, model_kwargs=dict(TINY), num_classes=10, data_config=dict(PREPROCESS),
+                                producer="test")
+
+
+def test_pipeline_makes_int8_from_the_checked_file_and_reports_the_int8_file(tmp_path):
+    from simattn.deploy.pipeline import deploy_model
+
+    model, record = _tiny_model_and_record()
+    fmt, lines = FileInt8Format(), []
+    inputs = {"random": torch.randn(2, 3, 16, 16)}
+    done = deploy_model(fmt, model, record, tmp_path / "work" / "m.fi8", quantize="static",
+                        calibration=torch.randn(4, 3, 16, 16), parity_inputs=inputs, open_program=True,
+                        on_checked=lambda d: fmt.steps.append(("checked", d.parity["random"]["ok"])),
+                        progress=lines.append)
+    assert fmt.steps == [("export", "fp32/m.fi8"), ("checked", True), ("quantize", "static", 4)]
+    assert done.float_path == tmp_path / "work" / "fp32" / "m.fi8" and done.path.exists()
+    assert done.parity["random"]["max_abs_diff"] < 1e-5
+    assert done.int8_parity["random"]["ok"] and 0.49 < done.max_abs_diff < 0.51  # the deployed (int8) file's
+    with torch.no_grad():
+        assert torch.allclose(done.program(inputs["random"]), model(inputs["random"]) + 0.5, atol=1e-5)
+    assert lines[0].startswith("exporting to a temporary fp32 file") and lines[1].startswith("int8 static")
+
+
+def test_pipeline_parity_beyond_atol_stops_before_int8_unless_only_measured(tmp_path):
+    from simattn.deploy import ExportError
+    from simattn.deploy.pipeline import deploy_model
+
+    class Off(FileInt8Format):
+        def open(self, path, threads=None):
+            program = super().open(path, threads)
+            return Program(lambda x: program(x) + 1e-2, program.takes, threads)
+
+    model, record = _tiny_model_and_record()
+    fmt = Off()
+    inputs = {"random": torch.randn(1, 3, 16, 16)}
+    with pytest.raises(ExportError, match="fileint8 output differs from PyTorch beyond 0.0001; m.fi8 not written") \
+            as info:
+        deploy_model(fmt, model, record, tmp_path / "a" / "m.fi8", quantize="static", shown="m.fi8",
+                     calibration=torch.randn(2, 3, 16, 16), parity_inputs=inputs)
+    assert not info.value.parity["random"]["ok"] and [s[0] for s in fmt.steps] == ["export"]
+    done = deploy_model(fmt, model, record, tmp_path / "b" / "m.fi8", atol=None, parity_inputs=inputs)
+    assert done.parity["random"]["ok"] and 0.009 < done.max_abs_diff < 0.011 and done.float_path is None
+    with pytest.raises(ValueError, match="int8 'dynamic' is not available for fileint8; it has static"):
+        deploy_model(fmt, model, record, tmp_path / "c" / "m.fi8", quantize="dynamic")
+
+    class Refuses(FileInt8Format):
+        def open(self, path, threads=None):
+            def run(x):
+                raise RuntimeError("takes no batch of that size")
+            return Program(run, (3, 16, 16), threads)
+
+    with pytest.raises(ExportError, match="fileint8 could not run m.fi8 on random: RuntimeError: takes no batch"):
+        deploy_model(Refuses(), model, record, tmp_path / "d" / "m.fi8", atol=None, parity_inputs=inputs,
+                     shown="m.fi8")

@@ -1,6 +1,7 @@
 """simattn export: ONNX round trip and onnxruntime parity per model family, the exp-op audit, --require-exp-free,
 weights/metadata loading, int8 quantization accuracy and the softmax latency comparison."""
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -317,7 +318,7 @@ def test_linear_layers_become_one_gemm_each(tmp_path, tokens):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from simattn.deploy.onnx import linears_as_gemm
+    from simattn.deploy.onnx_passes import GraphIndex, linears_as_gemm
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
@@ -339,7 +340,7 @@ def test_linear_layers_become_one_gemm_each(tmp_path, tokens):
     onnx.checker.check_model(proto)
     before, after = str(tmp_path / "before.onnx"), str(tmp_path / "after.onnx")
     onnx.save(proto, before)
-    assert linears_as_gemm(proto) == 2
+    assert linears_as_gemm(GraphIndex(proto)) == 2
     onnx.save(proto, after)
     onnx.checker.check_model(proto)
     gemm_inputs = sorted(n.input[1] for n in proto.graph.node if n.op_type == "Gemm")
@@ -404,13 +405,13 @@ def test_fused_projection_becomes_three_gemms(tmp_path, unbind, shape):
     import onnx
     import onnxruntime as ort
 
-    from simattn.deploy.onnx import fused_projection_as_three_gemms
+    from simattn.deploy.onnx_passes import GraphIndex, fused_projection_as_three_gemms
 
     proto = _fused_projection_graph(unbind, shape)
     onnx.checker.check_model(proto)
     before, after = str(tmp_path / "before.onnx"), str(tmp_path / "after.onnx")
     onnx.save(proto, before)
-    assert fused_projection_as_three_gemms(proto) == 1
+    assert fused_projection_as_three_gemms(GraphIndex(proto)) == 1
     onnx.checker.check_model(proto, full_check=True)
     onnx.save(proto, after)
     ops = [n.op_type for n in proto.graph.node]
@@ -431,12 +432,12 @@ def test_fused_projection_becomes_three_gemms(tmp_path, unbind, shape):
 @pytest.mark.parametrize("case", ["other_reader", "other_perm"])
 def test_fused_projection_stays_when_not_only_unbound_heads(case):
     """The permuted projection read by anything besides the three pieces, or permuted another way, stays one Gemm."""
-    from simattn.deploy.onnx import fused_projection_as_three_gemms
+    from simattn.deploy.onnx_passes import GraphIndex, fused_projection_as_three_gemms
 
     proto = _fused_projection_graph("slice", "constant", extra_reader=case == "other_reader",
                                     perm=(2, 0, 3, 1, 4) if case == "other_reader" else (2, 0, 1, 3, 4))
     nodes = [n.op_type for n in proto.graph.node]
-    assert fused_projection_as_three_gemms(proto) == 0
+    assert fused_projection_as_three_gemms(GraphIndex(proto)) == 0
     assert [n.op_type for n in proto.graph.node] == nodes and {i.name for i in proto.graph.initializer} >= {"W", "b"}
 
 
@@ -465,3 +466,36 @@ def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(tmp_path):
     with torch.no_grad():
         ref = model(x).numpy()
     np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0], ref, atol=ATOL)
+
+
+def test_one_shape_inference_per_export_and_every_pass_rewrites(tmp_path, monkeypatch):
+    """The rewrites run on one index with one onnx shape inference per export (ours; the exporter's own are not
+    counted), and each finds its pattern in a GELU DeiT's dynamo export: every linear layer a Gemm, each q/k/v
+    projection three."""
+    import onnx
+
+    from simattn.deploy import onnx_passes
+    from simattn.deploy.onnx import export_onnx
+
+    calls, counts = [], {}
+    real_infer, real_run = onnx.shape_inference.infer_shapes, onnx_passes.run_passes
+
+    def infer(*args, **kwargs):
+        calls.append(sys._getframe(1).f_globals.get("__name__", ""))
+        return real_infer(*args, **kwargs)
+
+    def run(proto, *args, **kwargs):
+        counts.update(real_run(proto, *args, **kwargs))
+        return counts
+
+    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", infer)
+    monkeypatch.setattr("simattn.deploy.onnx.run_passes", run)
+    torch.manual_seed(0)
+    model = timm.create_model(DEIT, **TINY_DEIT).eval()
+    export_onnx(model, tmp_path / "m.onnx", _meta(DEIT, 32), exporter="dynamo")
+    assert [c for c in calls if c.startswith("simattn")] == ["simattn.deploy.onnx_passes"]
+    depth = TINY_DEIT["depth"]
+    assert counts == {"order_gelu_for_onnxruntime": depth, "linears_as_gemm": 4 * depth,
+                      "fused_projection_as_three_gemms": depth}
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
+    assert ops.count("Gemm") == 6 * depth + 1 and "MatMul" in ops  # the head was a Gemm; attention products stay

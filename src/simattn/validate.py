@@ -274,6 +274,7 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
 
 
 def _options():
+    from . import deploy
     from .data.factory import DATASETS
     from .segment.config import SEGMENT_DATASETS
     from .segment.validation import eval_option_specs
@@ -296,8 +297,8 @@ def _options():
         "workers": Opt(0, "data-loader worker processes", low=0),
         "device": Opt(None, "cpu | cuda | cuda:N (default: cuda when available; exported files: cpu)",
                       type=maybe(str), check=check_device),
-        "threads": Opt(None, "CPU threads (torch's, or the exported file's runtime: onnxruntime intra-op, "
-                             "ExecuTorch's XNNPACK pool) (default: the runtime's own)", type=maybe(int), low=1),
+        "threads": Opt(None, "CPU threads (torch's, or those of the exported file's runtime: "
+                             f"{', '.join(deploy.runtimes())}) (default: the runtime's own)", type=maybe(int), low=1),
         "amp": Opt(False, "autocast"),
         "amp_dtype": Opt("bfloat16", choices=["bfloat16", "float16"]),
         "channels_last": Opt(False, "channels-last memory format"),

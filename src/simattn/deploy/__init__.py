@@ -9,7 +9,9 @@ through it. :mod:`.ops` holds the one table of exp-like ops.
 
 Adding a format: a module with a ``FORMAT`` object (a :class:`~.base.Format`), and its name in :data:`BUILTIN`.
 Each format imports its runtime's packages only when used; a missing one is a one-line error naming the extra
-(:meth:`~.base.Format.require`).
+(:meth:`~.base.Format.require`). Each declares the export options only it takes (``Format.options``); the commands
+gather them here (:func:`format_options`, :func:`bench_options`). :func:`~.pipeline.deploy_model` is the one
+sequence of export, int8, opening and parity that ``simattn export`` and ``simattn bench model`` run.
 """
 from __future__ import annotations
 
@@ -21,10 +23,12 @@ import torch
 from torch import nn
 
 from ..models.weights import WeightsRecord
+from ..utils.recipe import Opt, maybe
 from .base import Exported, ExportError, Format, Program, check_threads, dims
 
 __all__ = ["BUILTIN", "Format", "Program", "Exported", "ExportError", "formats", "get", "for_path", "register",
-           "unregister", "runtimes", "read_metadata", "open_deployed", "DeployedModel"]
+           "unregister", "runtimes", "format_options", "option_takers", "bench_options", "read_metadata",
+           "open_deployed", "DeployedModel"]
 
 #: the formats simattn ships, by module: one line each
 BUILTIN = (
@@ -82,6 +86,41 @@ def for_path(path: Union[str, Path]) -> Optional[Format]:
 def runtimes(runs_here: bool = True) -> List[str]:
     """Runtime names of the formats that run on this kind of machine (all of them with ``runs_here=False``)."""
     return [f.runtime for f in formats().values() if f.runs_here or not runs_here]
+
+
+def format_options() -> Dict[str, Opt]:
+    """The export options the registered formats declare (``Format.options``), by name, each one's help led by
+    the formats that take it (``--format onnx: ...``); where two formats declare one name, the first's declaration
+    (``simattn export`` takes each once)."""
+    from dataclasses import replace
+
+    found: Dict[str, Opt] = {}
+    for fmt in formats().values():
+        for name, spec in fmt.options.items():
+            if name not in found:
+                found[name] = replace(spec, help=f"--format {' or '.join(option_takers(name))}: {spec.help}")
+    return found
+
+
+def option_takers(name: str) -> List[str]:
+    """The names of the formats that declare the export option ``name``."""
+    return [fmt.name for fmt in formats().values() if name in fmt.options]
+
+
+def bench_options() -> Dict[str, Opt]:
+    """The options ``simattn bench model`` takes for the formats' ``bench_options``, by
+    :meth:`~.base.Format.bench_flags` name (``onnx_exporter``): each the format's declaration with default None
+    (meaning the format's default), so that one given for a runtime that is not run can be told apart;
+    :meth:`~.base.Format.bench_values` reads them back."""
+    from dataclasses import replace
+
+    found: Dict[str, Opt] = {}
+    for fmt in formats().values():
+        for flag, name in fmt.bench_flags().items():
+            spec = fmt.options[name]
+            found[flag] = replace(spec, default=None, type=maybe(spec.hint),
+                                  help=f"{spec.help} (--runtime {fmt.runtime}; default {spec.default})")
+    return found
 
 
 def _format_of(path: Union[str, Path]) -> Format:

@@ -3,19 +3,19 @@
 quieting the runtimes' own logs, keeping Ctrl-C from being swallowed."""
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
 from ..models.weights import WeightsRecord
-from ..utils.extras import MissingDependency
+from ..utils import extras
+from ..utils.recipe import Opt
 
 __all__ = ["Format", "Program", "Exported", "ExportError", "OnOps", "capture", "capture_fixed", "check_threads",
            "first_line", "quiet_loggers", "quiet_imports", "quiet_stderr", "kept_interrupts", "dims"]
@@ -87,7 +87,8 @@ class Format:
     ``'XNNPACK'``; empty where the format cannot tell).
 
     Methods: :meth:`export`, :meth:`quantize`, :meth:`open`, :meth:`read_metadata`, :meth:`ops`,
-    :meth:`delegation`, :meth:`profile`; :meth:`require` and :meth:`files` come with the base class.
+    :meth:`delegation`, :meth:`profile`; :meth:`require`, :meth:`option_values` and :meth:`files` come with the
+    base class.
     """
 
     name: str = ""
@@ -97,7 +98,9 @@ class Format:
     packages: Tuple[str, ...] = ()
     quantize_modes: Tuple[str, ...] = ()
     quantizes: str = "model"
-    options: Tuple[str, ...] = ()
+    options: Mapping[str, Opt] = {}
+    bench_options: Tuple[str, ...] = ()
+    dynamic_size: bool = False
     one_image: bool = True
     relative_atol: bool = False
     folder: bool = False
@@ -153,18 +156,27 @@ class Format:
         return [Path(path)]
 
     def require(self, what: str = "") -> None:
-        """Import each of ``packages``; a missing one is a one-line :class:`MissingDependency` naming ``extra``."""
+        """Import each of ``packages``; a missing one is a one-line
+        :class:`~simattn.utils.extras.MissingDependency` naming ``extra``."""
         for module in self.packages:
-            try:
-                with quiet_imports():
-                    importlib.import_module(module)
-            except ImportError as e:
-                top = module.split(".")[0]
-                if e.name is not None and e.name.split(".")[0] != top:
-                    raise  # the package is there but one of its own imports failed: show the real error
-                need = f"{what} needs " if what else ""
-                raise MissingDependency(f"{need}the optional package {top!r}, which is not installed: "
-                                        f"pip install 'simattn[{self.extra}]'") from None
+            with quiet_imports():
+                extras.require(module, what, self.extra)
+
+    def option_values(self, values: Mapping[str, Any], prefix: str = "") -> Dict[str, Any]:
+        """The keywords of :meth:`export` for this format's ``options``: each read from ``values`` (parsed flags)
+        under ``prefix + name``; one absent or None takes its declared default."""
+        found = {name: values.get(prefix + name) for name in self.options}
+        return {name: spec.default if found[name] is None else found[name] for name, spec in self.options.items()}
+
+    def bench_flags(self) -> Dict[str, str]:
+        """``simattn bench model``'s names of ``bench_options`` (``<format>_<option>``, e.g. ``onnx_exporter``),
+        each mapped to its option's name."""
+        return {f"{self.name}_{name}": name for name in self.bench_options}
+
+    def bench_values(self, values: Mapping[str, Any]) -> Dict[str, Any]:
+        """The keywords of :meth:`export` from ``simattn bench model``'s values (by :meth:`bench_flags` names;
+        one absent or None, and every option bench does not take, at its declared default)."""
+        return self.option_values(values, prefix=f"{self.name}_")
 
     def __repr__(self) -> str:
         return f"<deploy format {self.name!r} ({', '.join(self.suffixes)})>"

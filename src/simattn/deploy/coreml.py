@@ -10,12 +10,13 @@ import logging
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
+from ..utils.recipe import Opt, maybe
 from .base import Exported, Format, OnOps, capture_fixed, kept_interrupts
 from .ops import GraphAudit, aten_op_counts
 
@@ -115,16 +116,20 @@ def save_coreml(mlmodel, path: Union[str, Path]) -> Path:
 class CoreMLFormat(Format):
     name, runtime, suffixes, extra = "coreml", "coreml", (".mlpackage",), "edge"
     packages = ("coremltools",)
-    options = ("precision",)
+    options = {"precision": Opt(None, "compute precision (default fp32; Core ML's own default is fp16)",
+                                type=maybe(str), choices=list(PRECISIONS))}
     folder = True
     runs_here = False
     not_here = "Core ML runs on macOS/iOS only"
     description = "mlprogram"
 
     def export(self, model: nn.Module, path, record: WeightsRecord, *, on_ops: OnOps = None, quantize=None,
-               calibration=None, fixed_size: bool = True, precision: str = "fp32", **unused: Any) -> Exported:
+               calibration=None, fixed_size: bool = True, precision: Optional[str] = None,
+               **unused: Any) -> Exported:
         """Capture at ``record.input_size`` (the model laid out for that size first, in place), audit, convert
-        (``precision`` compute) and save the package at ``path`` (a folder that must not exist yet)."""
+        (``precision`` compute, default fp32) and save the package at ``path`` (a folder that must not exist
+        yet)."""
+        precision = precision or "fp32"
         if quantize:
             self.quantize(model, calibration, quantize)
         model, program = capture_fixed(model, record.input_size)

@@ -21,7 +21,7 @@ import warnings
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -29,13 +29,14 @@ from torch import nn
 
 from ..models.weights import WeightsRecord, read_deployed_record
 from ..utils.io import atomic_path
+from ..utils.recipe import Opt
 from .base import PROFILE_CALLS, ExportError, Exported, Format, OnOps, Program, first_line, quiet_loggers
+from .onnx_passes import run_passes
 from .ops import GraphAudit
 
 __all__ = ["FORMAT", "OnnxFormat", "EXPORTERS", "check_opset", "ExportResult", "load_onnx", "export_onnx",
            "ort_session", "run_onnx", "check_parity", "export_and_verify", "audit_onnx", "QDQ_OP_TYPES",
            "FLOAT_OUTPUT_OP_TYPES", "INT8_KERNELS", "ort_delegation", "ORT_LINEAR_OPS", "ort_profile",
-           "order_gelu_for_onnxruntime", "linears_as_gemm", "fused_projection_as_three_gemms",
            "quantize_static_int8", "quantize_dynamic_int8"]
 
 EXPORTERS = ("auto", "dynamo", "torchscript")
@@ -150,272 +151,6 @@ def _export_torchscript(model, example, path, opset, output_names, dynamic_spati
 _EXPORT_FNS = {"dynamo": _export_dynamo, "torchscript": _export_torchscript}
 
 
-def _constant(name: str, producers: Dict[str, Any], initializers: Dict[str, Any]):
-    """The value of a graph input that is an initializer or a Constant node's output, else None."""
-    from onnx import numpy_helper
-
-    if name in initializers:
-        return numpy_helper.to_array(initializers[name])
-    node = producers.get(name)
-    if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
-        return numpy_helper.to_array(node.attribute[0].t)
-    return None
-
-
-def _graph_index(graph) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, List[Any]]]:
-    """The node that makes each tensor, the initializers by name, and the nodes that read each tensor."""
-    producers = {out: node for node in graph.node for out in node.output}
-    initializers = {init.name: init for init in graph.initializer}
-    readers: Dict[str, List[Any]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
-    return producers, initializers, readers
-
-
-def _only_reader(readers: Dict[str, List[Any]], name: str, op_type: str, outputs: Iterable[str] = ()):
-    """The node that alone reads tensor ``name``, if it is an ``op_type`` and ``name`` is not one of ``outputs``
-    (graph outputs a rewrite must leave as they are); else None."""
-    nodes = readers.get(name, [])
-    return nodes[0] if len(nodes) == 1 and nodes[0].op_type == op_type and name not in outputs else None
-
-
-def _known_dims(proto) -> Dict[str, List[Optional[int]]]:
-    """Each tensor's dims as onnx shape inference knows them (None where a dim is symbolic); empty when inference
-    fails, as the rewrites that ask only use what it knows."""
-    import onnx
-
-    try:
-        # data_prop: shapes computed from Shape/Concat (dynamic-size exports) become known where their parts are
-        inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True).graph
-    except Exception:
-        return {}
-    return {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
-            for v in [*inferred.value_info, *inferred.input] if v.type.tensor_type.HasField("shape")}
-
-
-def order_gelu_for_onnxruntime(proto) -> int:
-    """Reorder exact GELU, written ``x · (0.5 · (1 + erf(x / √2)))`` by the exporter, as
-    ``(x · (1 + erf(x / √2))) · 0.5``, the order onnxruntime's Gelu fusion recognizes (it then runs one Gelu or
-    BiasGelu kernel instead of five elementwise passes; the same standard ops, the same value up to one rounding).
-    Returns how many were reordered."""
-    graph = proto.graph
-    producers, initializers, readers = _graph_index(graph)
-
-    def only_reader(name: str, op_type: str):
-        return _only_reader(readers, name, op_type)
-
-    count = 0
-    for erf in [node for node in graph.node if node.op_type == "Erf"]:
-        div = producers.get(erf.input[0])
-        add = only_reader(erf.output[0], "Add")
-        half = add and only_reader(add.output[0], "Mul")
-        outer = half and only_reader(half.output[0], "Mul")
-        if div is None or div.op_type != "Div" or outer is None or div.input[0] not in outer.input:
-            continue
-        other = [name for name in half.input if name != add.output[0]]
-        value = _constant(other[0], producers, initializers) if len(other) == 1 else None
-        if value is None or value.size != 1 or float(value.reshape(())) != 0.5:
-            continue
-        half.input[:] = [div.input[0], add.output[0]]  # x · (1 + erf)
-        outer.input[:] = [half.output[0], other[0]]  # · 0.5
-        count += 1
-    return count
-
-
-def linears_as_gemm(proto) -> int:
-    """Rewrite each linear layer the exporter wrote as ``MatMul(x, W) + b`` (W a 2-D constant, b a 1-D constant,
-    x of any rank) as ``Reshape(Gemm(Flatten(x), W, b), x's leading dims + [out])``: one GEMM with its bias instead
-    of a product and a separate pass over the output to add the bias. Static int8 then quantizes it into
-    onnxruntime's QGemm, which adds the bias inside the int8 kernel (MatMulIntegerToFloat, made from a quantized
-    MatMul, leaves the add as its own pass). Returns how many were rewritten."""
-    from onnx import helper, numpy_helper
-
-    graph = proto.graph
-    shapes = _known_dims(proto)  # x's leading dims: a fixed-size export reshapes to constants, no Shape/Concat
-    producers, initializers, readers = _graph_index(graph)
-    graph_outputs = {o.name for o in graph.output}
-    replaced: Dict[int, List[Any]] = {}  # id(MatMul node) → the nodes in its place; the Add goes
-    dropped = set()
-    for node in graph.node:
-        if node.op_type != "MatMul" or node.output[0] in graph_outputs:
-            continue
-        weight = _constant(node.input[1], producers, initializers)
-        add = _only_reader(readers, node.output[0], "Add")
-        if weight is None or weight.ndim != 2 or add is None:
-            continue
-        bias_name = next((i for i in add.input if i != node.output[0]), None)
-        bias = _constant(bias_name, producers, initializers) if bias_name is not None else None
-        if bias is None or bias.shape != (weight.shape[1],) or list(add.input).count(node.output[0]) != 1:
-            continue
-        base = node.output[0]
-        rewritten = [
-            helper.make_node("Flatten", [node.input[0]], [f"{base}_2d"], name=f"{node.name}_flatten", axis=-1),
-            helper.make_node("Gemm", [f"{base}_2d", node.input[1], bias_name], [f"{base}_gemm"],
-                             name=f"{node.name}_gemm")]
-        lead = shapes.get(node.input[0])
-        if lead and len(lead) >= 2 and None not in lead[1:-1]:  # only the first dim unknown: -1 stands for it
-            graph.initializer.append(numpy_helper.from_array(
-                np.array([-1, *lead[1:-1], weight.shape[1]], np.int64), f"{base}_shape"))
-        else:
-            graph.initializer.append(numpy_helper.from_array(np.array([weight.shape[1]], np.int64), f"{base}_out"))
-            rewritten += [
-                helper.make_node("Shape", [node.input[0]], [f"{base}_lead"], name=f"{node.name}_lead", end=-1),
-                helper.make_node("Concat", [f"{base}_lead", f"{base}_out"], [f"{base}_shape"],
-                                 name=f"{node.name}_shape", axis=0)]
-        replaced[id(node)] = rewritten + [helper.make_node("Reshape", [f"{base}_gemm", f"{base}_shape"],
-                                                           [add.output[0]], name=f"{node.name}_reshape")]
-        dropped.add(id(add))
-    if replaced:
-        _replace_nodes(graph, replaced, dropped)
-    return len(replaced)
-
-
-def _replace_nodes(graph, replaced: Dict[int, List[Any]], dropped: set) -> None:
-    """Put each node's replacement list in its place (keeping the topological order) and leave out ``dropped``."""
-    nodes = [n for node in graph.node if id(node) not in dropped for n in replaced.get(id(node), [node])]
-    del graph.node[:]
-    graph.node.extend(nodes)
-
-
-def _head_pieces(tensor: str, producers, initializers, readers) -> Optional[Dict[int, Tuple[List[Any], str]]]:
-    """How a (3, ...) tensor is unbound along axis 0, as the exporters write ``unbind(0)``: for each index i, the
-    nodes that take piece i (Slice [i, i+1) then Squeeze, or Gather of the scalar i) and the name of piece i with
-    the axis dropped. None unless the tensor's only readers take pieces 0, 1 and 2 once each."""
-    def value(node, j: int):
-        return _constant(node.input[j], producers, initializers) if len(node.input) > j and node.input[j] else None
-
-    pieces: Dict[int, Tuple[List[Any], str]] = {}
-    for node in readers.get(tensor, []):
-        if node.op_type == "Gather" and node.input[0] == tensor:
-            index = value(node, 1)
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-            if index is None or index.ndim != 0 or axis != 0:
-                return None
-            nodes, out, i = [node], node.output[0], int(index)
-        elif node.op_type == "Slice" and node.input[0] == tensor and len(node.input) in (4, 5):
-            start, end, axes = value(node, 1), value(node, 2), value(node, 3)
-            step = value(node, 4) if len(node.input) == 5 else np.ones(1, np.int64)
-            squeeze = _only_reader(readers, node.output[0], "Squeeze")
-            dropped = value(squeeze, 1) if squeeze is not None else None
-            if any(v is None or v.size != 1 for v in (start, end, axes, step, dropped)):
-                return None
-            i = int(start.reshape(()))
-            if (int(axes.reshape(())), int(end.reshape(())), int(step.reshape(())), int(dropped.reshape(()))) \
-                    != (0, i + 1, 1, 0):
-                return None
-            nodes, out = [node, squeeze], squeeze.output[0]
-        else:
-            return None
-        if i in pieces:
-            return None
-        pieces[i] = (nodes, out)
-    return pieces if sorted(pieces) == [0, 1, 2] else None
-
-
-def fused_projection_as_three_gemms(proto) -> int:
-    """Rewrite each fused q/k/v projection, ``Gemm(x, W, b)`` (from :func:`linears_as_gemm`) reshaped to
-    (B, N, 3, H, d), permuted (2, 0, 3, 1, 4) and unbound into q, k and v, as three Gemms on W's and b's column
-    thirds, each reshaped to (B, N, H, d) and transposed to (B, H, N, d). The same values and the same transposed
-    bytes, without the copy that slicing the permuted tensor into three makes (onnxruntime runs it as a Split);
-    static int8 quantizes the three Gemms from one quantized x. Returns how many were rewritten."""
-    from onnx import helper, numpy_helper
-
-    graph = proto.graph
-    dims = _known_dims(proto)
-    producers, initializers, readers = _graph_index(graph)
-    graph_outputs = {o.name for o in graph.output}
-
-    def only_reader(name: str, op_type: str):
-        return _only_reader(readers, name, op_type, graph_outputs)
-
-    replaced: Dict[int, List[Any]] = {}
-    dropped = set()
-    for gemm in graph.node:
-        if gemm.op_type != "Gemm" or len(gemm.input) != 3 or gemm.attribute:
-            continue
-        weight, bias = (_constant(gemm.input[j], producers, initializers) for j in (1, 2))
-        if weight is None or bias is None or weight.ndim != 2 or weight.shape[1] % 3 \
-                or bias.shape != (weight.shape[1],):
-            continue
-        flat = only_reader(gemm.output[0], "Reshape")  # back to x's leading dims (B, N, 3C)
-        split = flat and only_reader(flat.output[0], "Reshape")  # (B, N, 3, H, d)
-        permute = split and only_reader(split.output[0], "Transpose")
-        perm = permute and next((list(a.ints) for a in permute.attribute if a.name == "perm"), None)
-        if perm != [2, 0, 3, 1, 4]:
-            continue
-        width = weight.shape[1] // 3
-        shape = _constant(split.input[1], producers, initializers)
-        heads = list(shape[2:]) if shape is not None and shape.shape == (5,) else dims.get(split.output[0], [])[2:]
-        if len(heads) != 3 or heads[0] != 3 or None in heads or heads[1] * heads[2] != width:
-            continue
-        pieces = _head_pieces(permute.output[0], producers, initializers, readers)
-        if pieces is None:
-            continue
-        base = gemm.output[0]
-        flatten = producers.get(gemm.input[0])
-        if shape is not None and 0 not in shape:  # (B, N, H, d) with the export's own -1 or batch
-            graph.initializer.append(numpy_helper.from_array(shape[[0, 1, 3, 4]].astype(np.int64), f"{base}_heads"))
-            nodes = []
-        elif flatten is not None and flatten.op_type == "Flatten" and \
-                next((a.i for a in flatten.attribute if a.name == "axis"), 1) == -1:  # x's leading dims + (H, d)
-            graph.initializer.append(numpy_helper.from_array(np.array(heads[1:], np.int64), f"{base}_head_dims"))
-            nodes = [helper.make_node("Shape", [flatten.input[0]], [f"{base}_lead"], name=f"{gemm.name}_lead", end=-1),
-                     helper.make_node("Concat", [f"{base}_lead", f"{base}_head_dims"], [f"{base}_heads"],
-                                      name=f"{gemm.name}_heads", axis=0)]
-        else:
-            continue
-        for i, (taken, out) in sorted(pieces.items()):
-            graph.initializer.extend([
-                numpy_helper.from_array(np.ascontiguousarray(weight[:, i * width:(i + 1) * width]), f"{base}_w{i}"),
-                numpy_helper.from_array(np.ascontiguousarray(bias[i * width:(i + 1) * width]), f"{base}_b{i}")])
-            nodes += [
-                helper.make_node("Gemm", [gemm.input[0], f"{base}_w{i}", f"{base}_b{i}"], [f"{base}_{i}"],
-                                 name=f"{gemm.name}_{i}"),
-                helper.make_node("Reshape", [f"{base}_{i}", f"{base}_heads"], [f"{base}_{i}_heads"],
-                                 name=f"{gemm.name}_{i}_reshape"),
-                helper.make_node("Transpose", [f"{base}_{i}_heads"], [out], name=f"{gemm.name}_{i}_transpose",
-                                 perm=[0, 2, 1, 3])]
-            dropped |= {id(node) for node in taken}
-        replaced[id(split)] = nodes  # where x and the 5-D shape are both made
-        dropped |= {id(gemm), id(flat), id(permute)}
-    if replaced:
-        _replace_nodes(graph, replaced, dropped)
-        _drop_unread(graph)  # the fused W and b, and the 5-D shape where it was computed
-    return len(replaced)
-
-
-def _names_read(node) -> set:
-    """The tensor names ``node`` reads, its subgraphs' (If/Loop/Scan bodies) included."""
-    from onnx import AttributeProto
-
-    names = set(node.input)
-    for attr in node.attribute:
-        for sub in [attr.g] if attr.type == AttributeProto.GRAPH else \
-                attr.graphs if attr.type == AttributeProto.GRAPHS else []:
-            for inner in sub.node:
-                names |= _names_read(inner)
-    return names
-
-
-def _drop_unread(graph) -> None:
-    """Remove the nodes whose outputs nothing reads (the graph's outputs count as read), then the initializers
-    nothing reads that are not graph inputs."""
-    read = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if any(out in read for out in node.output):
-            kept.append(node)
-            read |= _names_read(node)
-    kept.reverse()
-    inputs = {i.name for i in graph.input}
-    initializers = [init for init in graph.initializer if init.name in read or init.name in inputs]
-    del graph.node[:]
-    graph.node.extend(kept)
-    del graph.initializer[:]
-    graph.initializer.extend(initializers)
-
-
 def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, batch: int = 2, opset: int = 18,
                 exporter: str = "auto", dynamic_spatial: bool = True,
                 spatial_multiple: Optional[int] = None) -> ExportResult:
@@ -443,9 +178,7 @@ def export_onnx(model: nn.Module, path: str | Path, record: WeightsRecord, *, ba
                 with torch.no_grad(), quiet_loggers("onnxscript"):
                     _EXPORT_FNS[name](model, example, tmp, opset, output_names, dynamic_spatial, spatial_multiple)
                 proto = onnx.load(str(tmp), load_external_data=False)
-                order_gelu_for_onnxruntime(proto)
-                linears_as_gemm(proto)
-                fused_projection_as_three_gemms(proto)
+                run_passes(proto)  # onnxruntime's faster forms of GELU, linear layers and q/k/v projections
                 _write_metadata(proto, record)
                 onnx.save(proto, str(tmp))
         except Exception as e:  # exporters raise many types; keep the first line for the report
@@ -589,7 +322,8 @@ def audit_onnx(model: Union[str, Path, Any]) -> GraphAudit:
                         visit(g.node, stack)
 
     visit(proto.graph.node)
-    return GraphAudit(op_counts=dict(sorted(counts.items())), kind="ONNX", functions=dict(sorted(calls.items())))
+    return GraphAudit(op_counts=dict(sorted(counts.items())), kind="ONNX", functions=dict(sorted(calls.items())),
+                      scope="functions expanded, subgraphs included")
 
 
 def _copy_metadata(src_proto, dst: Path) -> None:
@@ -770,7 +504,15 @@ class OnnxFormat(Format):
     name, runtime, suffixes, extra = "onnx", "onnxruntime", (".onnx",), "export"
     packages = ("onnx", "onnxruntime", "onnxscript")
     quantize_modes, quantizes = ("dynamic", "static"), "file"
-    options = ("opset", "exporter", "batch", "static_spatial", "compare_softmax")
+    options = {
+        "opset": Opt(18, "ONNX opset", low=18, check=check_opset),
+        "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
+                        choices=list(EXPORTERS)),
+        "batch": Opt(2, "example batch for export and parity (the other formats' programs take one image)",
+                     low=2),
+    }
+    bench_options = ("exporter",)
+    dynamic_size = True
     one_image = False
     description = "onnxruntime"
     delegates_to = "onnxruntime's int8 kernels"

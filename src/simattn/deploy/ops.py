@@ -76,12 +76,14 @@ class ExpFreeError(RuntimeError):
 
 @dataclass
 class GraphAudit:
-    """Op counts of a whole graph (``kind`` names what the ops are: ONNX, ATen, ...), the exp-like ones, and the
-    calls of local functions that were expanded (ONNX)."""
+    """Op counts of a whole graph (``kind`` names what the ops are: ONNX, ATen, ...), the exp-like ones, the
+    calls of local functions that were expanded (ONNX), and ``scope``: what the counts take in beyond the main
+    graph, for the printed heading (empty: the main graph alone)."""
 
     op_counts: Dict[str, int]
     kind: str = "graph"
     functions: Dict[str, int] = field(default_factory=dict)
+    scope: str = ""
 
     @property
     def exp_like(self) -> Dict[str, int]:

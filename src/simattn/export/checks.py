@@ -1,17 +1,15 @@
-"""What ``simattn export`` measures on the file it wrote, through the file's runtime (:mod:`simattn.deploy`): parity
-with the PyTorch model, and the accuracy int8 costs on the embedded digits data."""
+"""What ``simattn export`` measures on the file it wrote beyond parity (:mod:`simattn.deploy.pipeline` checks that):
+the real images the parity check runs on, and the accuracy int8 costs on the embedded digits data."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import torch
-from torch import nn
 
 from ..deploy import Format
-from ..deploy.base import first_line
 
-__all__ = ["real_inputs", "digits_eval_tensors", "compare_outputs", "parity", "quantization_report"]
+__all__ = ["real_inputs", "digits_eval_tensors", "quantization_report"]
 
 
 def digits_eval_tensors(data_config: Mapping[str, Any], split: str = "val"):
@@ -33,41 +31,6 @@ def real_inputs(data_config: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     digits, _ = digits_eval_tensors(data_config)
     photo, _ = image_tensor(load_image("skimage:astronaut"), data_config)
     return {"digits_val_8": digits[:8], "photo_astronaut": photo}
-
-
-def compare_outputs(ref: torch.Tensor, out: torch.Tensor) -> Dict[str, float]:
-    """Max |difference|, cosine similarity and argmax agreement (%) of two (N, classes) outputs, or of two
-    (N, classes, H, W) segmentation logits (the class argmax per pixel)."""
-    ref, out = ref.float(), out.float()
-    dim = 1 if ref.dim() == 4 else -1
-    return {"max_abs_diff": float((ref - out).abs().max()),
-            "cosine": float(torch.nn.functional.cosine_similarity(ref.flatten(), out.flatten(), dim=0)),
-            "argmax_agreement": float((ref.argmax(dim) == out.argmax(dim)).float().mean() * 100)}
-
-
-def parity(fmt: Format, path: Path, model: nn.Module, inputs: Mapping[str, torch.Tensor], atol: float,
-           threads: Optional[int], quantized: bool) -> Dict[str, Dict[str, Any]]:
-    """The file run in its runtime against ``model`` on each input: ``ok`` when within ``atol`` (relative to the
-    outputs' scale, ``max(1, max |logit|)``, for formats whose runtime sums in another order); int8 files are
-    reported, not judged (their accuracy is what validate measures)."""
-    program = fmt.open(path, threads)
-    results: Dict[str, Dict[str, Any]] = {}
-    for name, x in inputs.items():
-        entry: Dict[str, Any] = {"shape": list(x.shape)}
-        with torch.no_grad():
-            ref = model(x)
-        ref = ref if isinstance(ref, torch.Tensor) else ref[0]
-        try:
-            with torch.no_grad():
-                out = program(x)
-        except Exception as e:  # runtimes raise their own types for inputs they cannot take
-            entry.update(ok=False, error=first_line(e))
-        else:
-            entry.update(compare_outputs(ref, out) if out.shape == ref.shape else {"max_abs_diff": float("inf")})
-            bound = atol * max(1.0, float(ref.abs().max())) if fmt.relative_atol else atol
-            entry["ok"] = bool(quantized or entry["max_abs_diff"] <= bound)
-        results[name] = entry
-    return results
 
 
 def _top1(program, images: torch.Tensor, labels: torch.Tensor, batch_size: int = 64) -> Dict[str, Any]:

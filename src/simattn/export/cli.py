@@ -35,7 +35,6 @@ from typing import Any, Dict, List, Optional
 
 __all__ = ["main", "build_parser", "check_options", "side_file"]
 
-PRECISIONS = ("fp32", "fp16")
 DEFAULT_CALIB_IMAGES, MAX_CALIB_IMAGES = 128, 100_000
 
 
@@ -45,11 +44,21 @@ def side_file(output: Path, suffix: str) -> Path:
     return output.with_name(output.name + suffix)
 
 
+#: export options of the command that apply only to the formats with a capability: option → whether a format
+#: takes it
+GATED_OPTIONS = {
+    # one size where the format could keep height and width dynamic
+    "static_spatial": lambda fmt: fmt.dynamic_size,
+    # the latency of the two files is timed at --bench-batch, a batch a one-image program cannot take in one call
+    "compare_softmax": lambda fmt: not fmt.one_image,
+}
+
+
 def _options() -> Dict[str, Dict[str, Any]]:
-    """The export options by group, declared through the option mechanism (checked by :func:`check_options`)."""
+    """The export options by group, declared through the option mechanism (checked by :func:`check_options`); the
+    options only some formats take are declared by those formats (:func:`simattn.deploy.format_options`)."""
     from .. import deploy
     from ..data.factory import DATASETS
-    from ..deploy.onnx import check_opset
     from ..utils.recipe import Opt, maybe
     formats = deploy.formats()
     return {
@@ -59,15 +68,11 @@ def _options() -> Dict[str, Dict[str, Any]]:
         "export": {
             "format": Opt("onnx", ", ".join(f"{f.name} ({f.suffixes[0]}, {f.description or f.runtime})"
                                             for f in formats.values()), choices=list(formats)),
-            "opset": Opt(18, "ONNX opset", low=18, check=check_opset),
-            "exporter": Opt("auto", "torch.onnx exporter; auto = dynamo, falling back to TorchScript",
-                            choices=["auto", "dynamo", "torchscript"]),
             "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
                                          "the graph)"),
-            "batch": Opt(2, "--format onnx: example batch for export and parity (the other formats' programs take "
-                            "one image)", low=2),
             "atol": Opt(1e-4, "max |runtime - PyTorch| allowed (formats that run here)", low=0.0),
         },
+        "format options": deploy.format_options(),
         "audit, latency, quantization": {
             "require_exp_free": Opt(False, "fail (exit 1, nothing written) if the graph has any exp-like op"),
             "require_delegated": Opt(False, "fail (exit 1, nothing written) if any op runs outside the runtime's "
@@ -92,8 +97,6 @@ def _options() -> Dict[str, Dict[str, Any]]:
             "calib_dir": Opt(None, "--calib-data root folder (not used by digits)", type=maybe(str)),
             "calib_images": Opt(None, f"--quantize static: calibration images (default {DEFAULT_CALIB_IMAGES})",
                                 type=maybe(int), low=1, high=MAX_CALIB_IMAGES),
-            "precision": Opt(None, "--format coreml: compute precision (default fp32; Core ML's own default is "
-                                   "fp16)", type=maybe(str), choices=list(PRECISIONS)),
         },
     }
 
@@ -125,6 +128,25 @@ def _given(args: argparse.Namespace, defaults: Dict[str, Any], names) -> List[st
     return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != defaults[n]]
 
 
+def _refuse_foreign_options(args: argparse.Namespace, fmt) -> None:
+    """The options only some formats take (those the formats declare, and :data:`GATED_OPTIONS`), refused where
+    ``fmt`` does not take them, naming the formats that do."""
+    from .. import deploy
+    defaults = {n: spec.default for specs in _options().values() for n, spec in specs.items()}
+    owners = {option: deploy.option_takers(option) for option in deploy.format_options()}
+    owners.update({option: [f.name for f in deploy.formats().values() if takes(f)]
+                   for option, takes in GATED_OPTIONS.items()})
+    foreign = [o for o, takers in owners.items() if fmt.name not in takers and o != "batch"]
+    for takers in dict.fromkeys(tuple(owners[o]) for o in foreign):
+        given = _given(args, defaults, [o for o in foreign if tuple(owners[o]) == takers])
+        if given:
+            raise ValueError(f"{', '.join(given)} applies to --format {' or '.join(takers)}, not {fmt.name}")
+    if "batch" in owners and "batch" not in fmt.options and _given(args, defaults, ["batch"]):
+        raise ValueError(f"--batch {args.batch} applies to --format {' or '.join(owners['batch'])} (the example "
+                         f"batch of its dynamic batch axis); --format {fmt.name} programs take one image, as "
+                         "devices run them")
+
+
 def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Every option checked before any work, one-line ValueErrors naming the option, the value and what is
     allowed; returns what the run needs of them (``format``, ``quantize``, ``output``, ``calibration`` dataset)."""
@@ -142,21 +164,8 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                                   ("--calib-images", args.calib_images)) if v is not None]
     if calib_given and mode != "static":
         raise ValueError(f"{', '.join(calib_given)} applies to --quantize static only")
+    _refuse_foreign_options(args, fmt)
     defaults = {n: spec.default for specs in _options().values() for n, spec in specs.items()}
-    # the options only some formats take, refused (naming the formats that take them) where this one does not
-    owners: Dict[str, List[str]] = {}
-    for other in deploy.formats().values():
-        for option in other.options:
-            owners.setdefault(option, []).append(other.name)
-    foreign = [o for o in owners if o not in fmt.options and o != "batch"]
-    for takers in dict.fromkeys(tuple(owners[o]) for o in foreign):
-        given = _given(args, defaults, [o for o in foreign if tuple(owners[o]) == takers])
-        if given:
-            raise ValueError(f"{', '.join(given)} applies to --format {' or '.join(takers)}, not {name}")
-    if "batch" not in fmt.options and _given(args, defaults, ["batch"]):
-        raise ValueError(f"--batch {args.batch} applies to --format {' or '.join(owners.get('batch', ['onnx']))} "
-                         f"(the example batch of its dynamic batch axis); --format {name} programs take one image, "
-                         "as devices run them")
     if not fmt.runs_here and _given(args, defaults, ["atol", "threads"]):
         raise ValueError(f"{', '.join(_given(args, defaults, ['atol', 'threads']))} applies to the parity check, "
                          f"which --format {name} does not run here ({fmt.not_here})")
@@ -272,84 +281,66 @@ class _Failed(Exception):
 
 
 def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibration, report) -> int:
-    """Write the file in a folder beside ``output`` (the fp32 file first when int8 is made from it), audit its
-    graph, check it in its runtime, compare with softmax, quantize, then move it onto ``output``."""
+    """Write the file in a folder beside ``output`` through :func:`~simattn.deploy.pipeline.deploy_model` (export,
+    audit, parity in its runtime, int8), compare with softmax, then move it onto ``output``."""
     import torch
 
-    from ..deploy import ExportError
+    from ..deploy import Exported, ExportError
     from ..deploy.ops import ExpFreeError
+    from ..deploy.pipeline import deploy_model
     from .architecture import model_stride, segmentation_stride
-    from .checks import parity, real_inputs
+    from .checks import real_inputs
 
-    from_file = bool(mode) and fmt.quantizes == "file"
     if args.static_spatial:
         from ..models import prepare_for_export
 
         # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
         model = prepare_for_export(model, record.input_size[1:])
 
-    def on_ops(audit) -> None:
-        report["audit"] = audit.to_dict()
-        expanded = ", functions expanded, subgraphs included" if audit.kind == "ONNX" else ""
-        print(f"graph audit ({audit.kind} ops{expanded}):")
-        print(audit.format())
-        if args.require_exp_free:
-            report["exp_free_check"] = "failed" if audit.exp_like else "passed"
-            if audit.exp_like:
-                raise ExpFreeError(f"--require-exp-free: {spec['model']} is not exp-free: the graph contains "
-                                   f"{audit.describe_exp_like()}; nothing written")
-            print("exp-free: yes")
+    def on_checked(done) -> None:  # the written file passed its checks: show them, compare with softmax
+        _show_export(done.exported, report)
+        if done.parity is not None:
+            _show_parity(args, fmt, done.parity, quantized=bool(mode) and done.float_path is None)
+            report.update(parity=done.parity, max_abs_diff=max(r["max_abs_diff"] for r in done.parity.values()))
+        written = done.float_path or done.path
+        report["metadata"] = fmt.read_metadata(written).to_dict()
+        print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
+        if args.compare_softmax:
+            report["latency"] = _compare_softmax(args, fmt, spec, written, output, record, done.exported, kind)
+
+    def inputs():
+        x = torch.randn(1, *record.input_size, generator=torch.Generator().manual_seed(0))
+        return {f"random_1x{'x'.join(map(str, record.input_size))}": x, **real_inputs(record.data_config)}
 
     output.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         staged = work / output.name
-        written = work / "fp32" / output.name if from_file else staged
-        written.parent.mkdir(exist_ok=True)
-        options = {o: getattr(args, o) for o in ("opset", "exporter", "batch") if o in fmt.options}
-        if "precision" in fmt.options:
-            options["precision"] = args.precision or "fp32"
-        print(f"exporting to {'a temporary fp32 file' if from_file else output} ({fmt.description or fmt.runtime}"
-              f"{', int8 ' + mode if mode and not from_file else ''}) ...", flush=True)
         try:
-            exported = fmt.export(model, written, record, on_ops=on_ops, quantize=None if from_file else mode,
-                                  calibration=calibration, fixed_size=args.static_spatial, real_inputs=real_inputs,
-                                  atol=args.atol, threads=args.threads, stride=model_stride(model),
-                                  spatial_multiple=segmentation_stride(model), **options)
+            done = deploy_model(fmt, model, record, staged, quantize=mode, calibration=calibration,
+                                options=fmt.option_values(vars(args)), fixed_size=args.static_spatial,
+                                parity_inputs=inputs, atol=args.atol, threads=args.threads,
+                                on_ops=_audit_hook(args, spec, report), on_checked=on_checked,
+                                progress=lambda line: print(line, flush=True), shown=output, real_inputs=real_inputs,
+                                stride=model_stride(model), spatial_multiple=segmentation_stride(model))
         except ExportError as e:
             if e.parity is None:
                 raise
-            report.update(export=e.result.to_dict(), parity=e.parity)
-            _print_parity(e.parity)
+            if isinstance(e.result, Exported):  # checked here; else the format's own checks failed in its export
+                _show_export(e.result, report)
+            else:
+                report["export"] = e.result.to_dict()
+            _show_parity(args, fmt, e.parity, quantized=False)
+            report["parity"] = e.parity
             raise _Failed(str(e)) from None
         except ExpFreeError as e:
             raise _Failed(str(e)) from None
-        for note in exported.notes:
-            print(f"  {note}")
-        report.update(exported.info)
-        if fmt.runs_here:
-            quantized = bool(mode) and not from_file
-            checks = dict(exported.parity or {})
-            if exported.parity is None:  # the format did not check the file itself
-                x = torch.randn(1, *record.input_size, generator=torch.Generator().manual_seed(0))
-                inputs = {f"random_1x{'x'.join(map(str, record.input_size))}": x, **real_inputs(record.data_config)}
-                checks = parity(fmt, written, model, inputs, args.atol, args.threads, quantized)
-            scale = " × max(1, max |logit|)" if fmt.relative_atol else ""
-            what = "int8 vs fp32 PyTorch" if quantized else f"fp32, atol {args.atol:g}{scale}"
-            print(f"parity {fmt.runtime} vs PyTorch ({what}):")
-            _print_parity(checks)
-            report["parity"] = checks
-            if not all(r["ok"] for r in checks.values()):
-                raise _Failed(f"{fmt.runtime} output differs from PyTorch beyond {args.atol:g}"
-                              f"{' (relative to the logits scale)' if scale else ''}; {output} not written")
-            report["max_abs_diff"] = max(r["max_abs_diff"] for r in checks.values())
-        report["metadata"] = fmt.read_metadata(written).to_dict()
-        print("metadata: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in report["metadata"].items()))
-        if args.compare_softmax:
-            report["latency"] = _compare_softmax(args, fmt, spec, written, output, record, exported, kind)
-        if from_file:
-            report["quantization"] = _quantize(args, fmt, written, staged, output, model, mode, calibration)
-        _check_delegation(args, fmt, staged, None if from_file else exported, spec, output, report)
+        if done.float_path is not None:
+            if done.int8_parity is not None:
+                report["int8_parity"] = done.int8_parity
+            report["quantization"] = _int8_report(args, fmt, done.float_path, staged, output, model, mode)
+        _check_delegation(args, fmt, staged, done.exported if done.float_path is None else None, spec, output,
+                          report)
         _commit(fmt, staged, output)
     except _Failed as e:
         print(f"simattn export: {e}", file=sys.stderr)
@@ -361,6 +352,38 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
     print(f"wrote {output}" + (f" ({report['bytes'] / 2 ** 20:.2f} MB)" if "bytes" in report else "")
           + ("" if fmt.runs_here else f"; {fmt.not_here} (no parity check here)"))
     return 0
+
+
+def _audit_hook(args, spec, report):
+    """What the export calls with the graph's audit before writing: print and record it, and with
+    --require-exp-free, stop on any exp-like op."""
+    from ..deploy.ops import ExpFreeError
+
+    def on_ops(audit) -> None:
+        report["audit"] = audit.to_dict()
+        print(f"graph audit ({audit.kind} ops{', ' + audit.scope if audit.scope else ''}):")
+        print(audit.format())
+        if args.require_exp_free:
+            report["exp_free_check"] = "failed" if audit.exp_like else "passed"
+            if audit.exp_like:
+                raise ExpFreeError(f"--require-exp-free: {spec['model']} is not exp-free: the graph contains "
+                                   f"{audit.describe_exp_like()}; nothing written")
+            print("exp-free: yes")
+
+    return on_ops
+
+
+def _show_export(exported, report) -> None:
+    for note in exported.notes:
+        print(f"  {note}")
+    report.update(exported.info)
+
+
+def _show_parity(args, fmt, checks, quantized: bool) -> None:
+    scale = " × max(1, max |logit|)" if fmt.relative_atol else ""
+    what = "int8 vs fp32 PyTorch" if quantized else f"fp32, atol {args.atol:g}{scale}"
+    print(f"parity {fmt.runtime} vs PyTorch ({what}):")
+    _print_parity(checks)
 
 
 def _check_delegation(args, fmt, staged: Path, exported, spec, output: Path, report) -> None:
@@ -408,9 +431,9 @@ def _compare_softmax(args, fmt, spec, fp32_path: Path, output: Path, record, exp
     print(f"exporting the softmax twin to {twin_path} ...", flush=True)
     twin = softmax_twin(spec)
     twin_record = replace(record, extra={**record.extra, "attention": "softmax"})
-    options = {o: getattr(args, o) for o in ("opset", "batch") if o in fmt.options}
     # the options the model's export ended with (exporter, dynamic axes), so both graphs are built alike
-    twin_exported = fmt.export(twin, twin_path, twin_record, atol=args.atol, **{**options, **exported.options})
+    twin_exported = fmt.export(twin, twin_path, twin_record, atol=args.atol,
+                               **{**fmt.option_values(vars(args)), **exported.options})
     print(f"{fmt.runtime} CPU latency, batch {args.bench_batch}, {args.threads} thread(s) ...", flush=True)
     lat = compare_latency(fp32_path, twin_path, batch=args.bench_batch, threads=args.threads,
                           min_time=args.bench_time)
@@ -424,14 +447,10 @@ def _compare_softmax(args, fmt, spec, fp32_path: Path, output: Path, record, exp
     return lat
 
 
-def _quantize(args, fmt, fp32_path: Path, int8_path: Path, output: Path, model, mode: str,
-              calibration) -> Dict[str, Any]:
-    """int8 made from the written fp32 file, and what it costs on the digits val split (digits models only)."""
+def _int8_report(args, fmt, fp32_path: Path, int8_path: Path, output: Path, model, mode: str) -> Dict[str, Any]:
+    """What int8 made from the written fp32 file costs on the digits val split (digits models only)."""
     from .checks import quantization_report
 
-    print(f"int8 {mode} quantization (matmul-type layers{', per-channel' if mode == 'static' else ''}) to {output} ...",
-          flush=True)
-    fmt.quantize(fp32_path, calibration, mode, dst=int8_path)
     num_classes = getattr(model, "num_classes", None)
     if fmt.read_metadata(fp32_path).extra.get("task") == "semantic_segmentation":
         print(f"  mIoU not measured here: score both files with simattn validate --weights {output}")
