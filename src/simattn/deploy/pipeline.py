@@ -141,8 +141,10 @@ def deploy_model(fmt: Union[str, Format], model: nn.Module, record: WeightsRecor
     if parity_inputs is not None and fmt.runs_here:
         if exported.parity is None or from_file:
             inputs = parity_inputs() if callable(parity_inputs) else parity_inputs
+        if exported.parity is None and open_program and not from_file:  # the deployed file: opened once
+            done.program = fmt.open(written, threads)
         done.parity = dict(exported.parity) if exported.parity is not None else \
-            parity(fmt, written, model, inputs, atol, threads, bool(quantize) and not from_file)
+            parity(fmt, written, model, inputs, atol, threads, bool(quantize) and not from_file, done.program)
         failed = {name: r for name, r in done.parity.items() if not r["ok"]}
         if failed and atol is None:  # only measured: what failed is an input the runtime could not run
             name, entry = next(iter(failed.items()))
@@ -158,7 +160,7 @@ def deploy_model(fmt: Union[str, Format], model: nn.Module, record: WeightsRecor
         say(f"int8 {quantize} quantization (matmul-type layers{', per-channel' if quantize == 'static' else ''}) to "
             f"{shown} ...")
         fmt.quantize(written, calibration, quantize, dst=path)
-    if open_program:
+    if open_program and done.program is None:
         done.program = fmt.open(path, threads)
     if from_file and inputs is not None:
         done.int8_parity = parity(fmt, path, model, inputs, atol, threads, True, done.program)

@@ -73,7 +73,7 @@ The package, one concern per module (imports go down this list):
 * :mod:`.spec`: :class:`~.spec.BenchSpec` (one configuration, its options declared once and checked there) and the
   names of sizes and runtimes;
 * :mod:`.runner`: the model built (:func:`~.runner.build_model`), deployed for an exported runtime
-  (:func:`~.runner.deployed_program`), and its timed calls (:class:`~.runner.Runner`);
+  (through :func:`simattn.deploy.pipeline.deploy_model`, as ``simattn export`` does), and its timed calls (:class:`~.runner.Runner`);
 * :mod:`.probes`: the attention share, the linear floor and the runtime profiles;
 * :mod:`.workers`: one configuration measured (:func:`~.workers.measure`), in a subprocess each
   (:func:`~.workers.run_specs`);

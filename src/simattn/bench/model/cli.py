@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ... import deploy
 from ...models.factory import parse_model_kwargs
 from ...utils.recipe import Opt, flag_name, maybe, option_paths
 from ...utils.timing import set_threads
@@ -130,7 +131,7 @@ def _options() -> Dict[str, Opt]:
         "compile": spec["compile"],
         "compile_backend": _unset(spec["compile_backend"]),
         "channels_last": spec["channels_last"],
-        "onnx_exporter": _unset(spec["onnx_exporter"]),
+        **deploy.bench_options(),
         "warmup": spec["warmup"],
         "repeats": spec["repeats"],
         "max_time": spec["max_time"],
@@ -231,8 +232,10 @@ def build_specs(args: argparse.Namespace, threads: int) -> List[BenchSpec]:
     floor = args.floor if args.floor is not None else any(r != "torch" for r in chosen)
     given = {name: getattr(args, flag) for name, flag in (
         ("device", "device"), ("batch_size", "batch_size"), ("fill_batch", "fill_batch"),
-        ("compile_backend", "compile_backend"), ("onnx_exporter", "onnx_exporter"))
+        ("compile_backend", "compile_backend"))
         if getattr(args, flag) is not None}
+    given["format_options"] = {flag: getattr(args, flag) for flag in deploy.bench_options()
+                               if getattr(args, flag) is not None}
     common = dict(given, threads=threads, sima_order="qk_first" if args.fixed_order else args.sima_order,
                   model_kwargs=parse_model_kwargs(args.model_kwargs), warmup=args.warmup, repeats=args.repeats,
                   max_time=args.max_time, compile=args.compile, channels_last=args.channels_last)
@@ -264,8 +267,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     check_out(args.output, folder=True)
     if not args.compile:
         refuse_unused(args, ["compile_backend"], "to --compile")
-    if "onnxruntime" not in args.runtime:
-        refuse_unused(args, ["onnx_exporter"], "to --runtime onnxruntime")
+    for fmt in deploy.formats().values():
+        if fmt.runtime not in args.runtime:
+            refuse_unused(args, list(fmt.bench_flags()), f"to --runtime {fmt.runtime}")
     if args.in_process:
         refuse_unused(args, ["timeout"], "to workers, not --in-process")
     threads = set_threads(args.threads)

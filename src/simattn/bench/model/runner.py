@@ -120,31 +120,6 @@ def _first_tensor(out: Any) -> torch.Tensor:
     return out
 
 
-def deployed_program(model: nn.Module, runtime: str, record: Any, stem: Path, x: torch.Tensor, *,
-                     quantize: Optional[str], calibration: Optional[torch.Tensor], threads: int,
-                     exporter: str = "auto") -> Tuple[Any, Path, float]:
-    """Export → int8 → open → parity, through the registry entry of ``runtime``'s format (:mod:`simattn.deploy`,
-    the one ``simattn export`` uses): ``model`` (eval) written to ``stem`` + the format's suffix at its record's
-    fixed input size; int8 (``quantize='static'``, calibrated on ``calibration``) of the model before export or of
-    the written file, whichever the format quantizes; opened on ``threads`` CPU threads; and its largest absolute
-    difference from ``model`` on ``x``. Returns (program: batch → first output, the file it runs, that
-    difference)."""
-    from ... import deploy
-
-    fmt = deploy.get(runtime)
-    options = {"exporter": exporter} if "exporter" in fmt.options else {}
-    path = stem.with_name(stem.name + fmt.suffixes[0])
-    from_file = bool(quantize) and fmt.quantizes == "file"
-    fmt.export(model, path, record, quantize=None if from_file else quantize, calibration=calibration,
-               fixed_size=True, verify=False, **options)
-    if from_file:
-        path = fmt.quantize(path, calibration, quantize, dst=stem.with_name(f"{stem.name}_int8{path.suffix}"))
-    program = fmt.open(path, threads)
-    with torch.no_grad():
-        max_abs_diff = float((program(x) - _first_tensor(model(x))).abs().max())
-    return program, Path(path), max_abs_diff
-
-
 class Runner:
     """The model, its inputs and the two callables that are timed: inference and one training step."""
 
@@ -176,8 +151,11 @@ class Runner:
         self.scaler = None
 
     def _deploy(self, work_dir: str) -> None:
-        """The model as its runtime runs it (:func:`deployed_program`), with the record ``simattn export`` writes
-        and, for an int8 row, digits to calibrate on."""
+        """The model as its runtime runs it, through :func:`simattn.deploy.pipeline.deploy_model` (export, int8,
+        opening and the parity measurement of ``simattn export``), with the record ``simattn export`` writes and,
+        for an int8 row, digits to calibrate on."""
+        from ... import deploy
+        from ...deploy.pipeline import deploy_model
         from ...data.images import resolve_data_config
         from ...models.weights import export_record
 
@@ -186,10 +164,15 @@ class Runner:
         record = export_record(name, kwargs, data_config,
                                attention=getattr(self.source, "attn_type", self.spec.attn),
                                producer="simattn bench model" + (f" ({self.stem})" if self.stem != "model" else ""))
-        self.deployed, self.deployed_path, self.runtime_max_abs_diff = deployed_program(
-            self.model.eval(), self.spec.runtime, record, Path(work_dir) / self.stem, self.inputs(1),
-            quantize=self.spec.quantize, calibration=self._calibration(data_config) if self.spec.quantize else None,
-            threads=self.spec.threads, exporter=self.spec.onnx_exporter)
+        fmt = deploy.get(self.spec.runtime)
+        done = deploy_model(fmt, self.model.eval(), record, Path(work_dir) / f"{self.stem}{fmt.suffixes[0]}",
+                            quantize=self.spec.quantize,
+                            calibration=self._calibration(data_config) if self.spec.quantize else None,
+                            options=fmt.bench_values(self.spec.format_options), fixed_size=True, verify=False,
+                            parity_inputs={"random": self.inputs(1)}, atol=None, threads=self.spec.threads,
+                            open_program=True)
+        self.deployed, self.deployed_path = done.program, done.path
+        self.runtime_max_abs_diff = done.max_abs_diff
         self.runtime_threads = self.deployed.threads
 
     def _calibration(self, data_config) -> torch.Tensor:

@@ -88,8 +88,8 @@ class BenchSpec:
     compile_backend: str = option("inductor", "torch.compile backend with --compile (see "
                                               "torch._dynamo.list_backends())")
     channels_last: bool = option(False, "model and inputs in channels-last memory format (runtime torch)")
-    onnx_exporter: str = option("auto", "torch.onnx exporter for --runtime onnxruntime (auto: dynamo, else "
-                                        "TorchScript)", choices=["auto", "dynamo", "torchscript"])
+    format_options: Dict[str, Any] = option(factory=dict, help="the deployment formats' own export options, by "
+                                        "bench flag name (e.g. onnx_exporter; simattn.deploy.bench_options)")
     quantize: Optional[str] = option(None, "static: the int8 row of an exported runtime, calibrated on digits",
                                      choices=["static"])
     head: Optional[str] = option(None, f"wrap the model as the backbone of this segmentation head ({SEG_CLASSES} "
