@@ -125,7 +125,9 @@ def _print_parity(parity: Dict[str, Dict[str, Any]]) -> None:
 
 
 def _given(args: argparse.Namespace, defaults: Dict[str, Any], names) -> List[str]:
-    return ["--" + n.replace("_", "-") for n in names if getattr(args, n) != defaults[n]]
+    from ..utils.recipe import flag_name
+
+    return [flag_name(n) for n in names if getattr(args, n) != defaults[n]]
 
 
 def _refuse_foreign_options(args: argparse.Namespace, fmt) -> None:
