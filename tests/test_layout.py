@@ -247,8 +247,8 @@ def _runtime_name_tests(source: str, names: Set[str]) -> List[Tuple[int, str]]:
 RUNTIME_TESTS_BEING_REWRITTEN = {
     # export/cli.py: per-format options and the export pipeline moving to deploy/
     "simattn/export/cli.py": {"audit.kind == 'ONNX'"},
-    # bench model: --onnx-exporter is the ONNX format's own option; the formats declaring their options
-    # (deploy/) lets the CLI ask the registry which runtime takes it
+    # bench model: --onnx-exporter is the ONNX format's own option; once each format declares its options
+    # (deploy/), the CLI asks the registry which runtime takes it
     "simattn/bench/model/cli.py": {"'onnxruntime' not in args.runtime"},
 }
 
