@@ -1,5 +1,6 @@
 """The package's layout holds: no import circle between modules, and imports only go down the layers
-(attention → models → task packages → the command line)."""
+(attention → models → task packages → the command line); no file over 900 lines and no function over 80 in src/
+(model constructors aside); no runtime name tested outside deploy/."""
 from __future__ import annotations
 
 import ast
@@ -134,19 +135,140 @@ def test_each_concern_has_one_home():
         "simattn/utils/values.py", "simattn/utils/recipe.py"}
 
 
-def test_bench_model_is_a_package_of_short_modules():
-    """``bench model``'s concerns each have a module (spec, runner, probes, workers, results, cli): no file over 900
-    lines and no function over 80."""
+def test_bench_model_is_a_package():
+    """``bench model``'s concerns each have a module (spec, runner, probes, workers, results, cli); their lengths are
+    held by the checks below, as every module's are."""
     package = SRC / "simattn" / "bench" / "model"
     assert not (SRC / "simattn" / "bench" / "model.py").exists()
     assert {p.stem for p in package.glob("*.py")} == {"__init__", "spec", "runner", "probes", "workers", "results",
                                                       "cli"}
-    long = []
-    for path in package.glob("*.py"):
-        text = path.read_text()
-        if len(text.splitlines()) > 900:
-            long.append(f"{path.name}: {len(text.splitlines())} lines")
-        long += [f"{path.name}: {node.name} has {node.end_lineno - node.lineno + 1} lines"
-                 for node in ast.walk(ast.parse(text)) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and node.end_lineno - node.lineno + 1 > 80]
+
+
+MAX_FILE_LINES = 900
+MAX_FUNCTION_LINES = 80
+
+
+def _sources() -> List[Tuple[str, Path]]:
+    """(path relative to src/, file) for every Python file of the package and the CLI."""
+    return sorted((str(p.relative_to(SRC)), p) for p in SRC.rglob("*.py"))
+
+
+def test_no_file_over_900_lines():
+    long = [f"{name}: {n} lines" for name, path in _sources()
+            if (n := len(path.read_text().splitlines())) > MAX_FILE_LINES]
     assert long == []
+
+
+def _functions(tree: ast.AST, prefix: str = ""):
+    """(qualified name, def node) of every function, nested ones too (each counted on its own, with the lines of what
+    it nests), e.g. ``Class.method`` and ``outer.inner``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            if not isinstance(node, ast.ClassDef):
+                yield prefix + node.name, node
+            yield from _functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from _functions(node, prefix)
+
+
+def _long_functions() -> Dict[str, int]:
+    """``path:qualified.name`` → lines (``end_lineno - lineno + 1``, decorators not counted) of every function over
+    80 lines in src/."""
+    return {f"{name}:{qualname}": node.end_lineno - node.lineno + 1 for name, path in _sources()
+            for qualname, node in _functions(ast.parse(path.read_text()))
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+
+
+#: Model constructors may run past 80 lines: an ``__init__`` of an ``nn.Module`` in models/ states every submodule
+#: and its arguments in one place, as timm's do, and a reader sees the architecture there. Each is named here, and
+#: checked below to be such a constructor.
+MODEL_CONSTRUCTORS = {
+    "simattn/models/sima_xcit.py:XCiTBackbone.__init__",  # patch embedding, positional encodings, blocks, heads
+}
+
+#: Temporarily over 80 lines, in code another change is rewriting; remove an entry once its function is short (the
+#: test fails on an entry that no longer applies).
+BEING_REWRITTEN = {
+    "simattn/export/cli.py:_export",  # export/cli.py: the export pipeline moving to deploy/
+}
+
+
+def test_no_function_over_80_lines():
+    long = _long_functions()
+    assert sorted(set(long) - MODEL_CONSTRUCTORS - BEING_REWRITTEN) == []
+    # an exemption that no longer applies is removed, so it cannot cover a later long function
+    assert sorted((MODEL_CONSTRUCTORS | BEING_REWRITTEN) - set(long)) == []
+
+
+def test_exempt_functions_are_model_constructors():
+    import importlib
+
+    from torch import nn
+
+    for entry in MODEL_CONSTRUCTORS:
+        path, qualname = entry.split(":")
+        *owner, method = qualname.split(".")
+        assert path.startswith("simattn/models/") and method == "__init__" and len(owner) == 1, entry
+        module = importlib.import_module(path[:-len(".py")].replace("/", "."))
+        assert issubclass(getattr(module, owner[0]), nn.Module), entry
+
+
+def test_the_length_check_finds_nested_and_method_functions():
+    tree = ast.parse("class A:\n    def f(self):\n        def g():\n            pass\n\n"
+                     "async def h():\n    pass\n")
+    assert [(name, node.end_lineno - node.lineno + 1) for name, node in _functions(tree)] == [
+        ("A.f", 3), ("A.f.g", 2), ("h", 2)]
+
+
+def _runtime_names() -> Set[str]:
+    """Every deploy format's name and runtime name, from the registry (lower case)."""
+    from simattn import deploy
+    return {n.lower() for fmt in deploy.formats().values() for n in (fmt.name, fmt.runtime)}
+
+
+def _string_constants(node: ast.AST):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for element in node.elts:
+            yield from _string_constants(element)
+
+
+def _runtime_name_tests(source: str, names: Set[str]) -> List[Tuple[int, str]]:
+    """(line, code) of each comparison (``==``, ``!=``, ``in``, ``not in``, ``is``...) with a runtime name as a string
+    constant on either side, alone or in a tuple/list/set literal; case-insensitive."""
+    return [(node.lineno, ast.unparse(node)) for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Compare)
+            and any(c.lower() in names for side in (node.left, *node.comparators) for c in _string_constants(side))]
+
+
+#: Comparisons with a runtime name outside deploy/ that another change is removing (path relative to src/ → the
+#: code of each comparison); remove an entry once its file no longer holds it (the test fails on one that no longer
+#: applies).
+RUNTIME_TESTS_BEING_REWRITTEN = {
+    # export/cli.py: per-format options and the export pipeline moving to deploy/
+    "simattn/export/cli.py": {"audit.kind == 'ONNX'"},
+    # bench model: --onnx-exporter is the ONNX format's own option; once each format declares its options
+    # (deploy/), the CLI asks the registry which runtime takes it
+    "simattn/bench/model/cli.py": {"'onnxruntime' not in args.runtime"},
+}
+
+
+def test_no_runtime_name_tested_outside_deploy():
+    """Which runtime runs a file is the deploy registry's business: code elsewhere asks a Format, it does not
+    compare names."""
+    names = _runtime_names()
+    assert {"onnx", "onnxruntime", "executorch"} <= names
+    found = {name: {code for _, code in tests} for name, path in _sources()
+             if not name.startswith("simattn/deploy/") and (tests := _runtime_name_tests(path.read_text(), names))}
+    allowed = RUNTIME_TESTS_BEING_REWRITTEN
+    assert {name: codes - allowed.get(name, set()) for name, codes in found.items()
+            if codes - allowed.get(name, set())} == {}
+    assert {name: codes - found.get(name, set()) for name, codes in allowed.items()
+            if codes - found.get(name, set())} == {}
+
+
+def test_the_runtime_name_check_finds_comparisons():
+    names = {"onnx", "onnxruntime"}
+    source = ('if fmt.name == "onnx" or r in ("cpu", "OnnxRuntime") or r != "torch":\n    pass\n'
+              'x = {"onnx": 1}["onnx"]\n')
+    assert _runtime_name_tests(source, names) == [(1, "fmt.name == 'onnx'"), (1, "r in ('cpu', 'OnnxRuntime')")]

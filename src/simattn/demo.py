@@ -56,24 +56,19 @@ def _plot_curves(runs: Dict[str, Dict[str, Any]], path: Path) -> None:
 DEMO_FILES = ("report.md", "curves.png", "demo.json")
 
 
-def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epochs: Optional[int] = None,
-             fast: bool = False, threads: Optional[int] = None, seed: int = 0, latency_batch: int = 1,
-             latency_sizes: Sequence[int] = (32, 64)) -> Dict[str, Any]:
-    """Train, validate and time the SimA and softmax twins; write report.md, curves.png and demo.json."""
-    from .models.factory import with_attention
-    from .train import load_config, train
-    from .validate import validate_weights
-    from .engine.log import format_table
-    from .utils.io import atomic_write_json, atomic_write_text
+def _check_output(out: Path) -> None:
+    """A one-line ValueError when ``out`` holds files other than an earlier demo's: the demo replaces its own
+    earlier results, and nothing else."""
     from .utils.runs import run_files
-    from .utils.timing import set_threads
 
-    out = Path(output)
-    # the demo replaces its own earlier results, and nothing else
     others = [n for n in run_files(out) if n not in {"sima", "softmax", *DEMO_FILES}] if out.is_dir() else []
     if others:
         raise ValueError(f"{out} holds files that are not an earlier demo's ({', '.join(others)}); "
                          "choose another --output")
+
+
+def _recipe_overrides(seed: int, epochs: Optional[int], fast: bool, threads: Optional[int]) -> Dict[str, Any]:
+    """What the demo changes in the recipe: the seed, the schedule (``fast``: 1 epoch of 2 updates) and threads."""
     overrides: Dict[str, Any] = {"seed": seed, "overwrite": True}
     if epochs is not None:
         overrides["epochs"] = epochs
@@ -83,11 +78,16 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
         overrides["steps_per_epoch"] = 2
     if threads is not None:
         overrides["threads"] = threads
-    base = load_config(recipe, overrides)
-    n_threads = set_threads(base.threads)
-    sizes = tuple(latency_sizes)
+    return overrides
 
-    started = time.perf_counter()
+
+def _train_twins(base, out: Path) -> Dict[str, Dict[str, Any]]:
+    """Each attention kind of :data:`KINDS` trained from the config ``base`` into ``out/<kind>``, then re-validated
+    from its saved weights; by label: summary, validated metrics, params, weights path and the trained model."""
+    from .models.factory import with_attention
+    from .train import train
+    from .validate import validate_weights
+
     runs: Dict[str, Dict[str, Any]] = {}
     for kind, label in KINDS:
         cfg = dataclasses.replace(base, model_kwargs=with_attention(base.model_kwargs, kind), output=str(out / kind))
@@ -95,42 +95,41 @@ def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epoch
         result = train(cfg)
         weights = out / kind / "final.safetensors"
         checked = validate_weights(weights, dataset=cfg.dataset, data_dir=cfg.data_dir, split=cfg.val_split,
-                           batch_size=cfg.batch_size, device="cpu")
+                                   batch_size=cfg.batch_size, device="cpu")
         runs[label] = {"summary": result.summary, "validated": checked,
                        "latency": {}, "params": checked["params"], "weights": str(weights)}
         runs[label]["model"] = result.model
-    for size in sizes:  # alternate the two models per size so both see the same machine load
-        for label in runs:
-            runs[label]["latency"][size] = _latency(runs[label]["model"], size, latency_batch, fast)
-    total_time = time.perf_counter() - started
-    sima, soft = runs["SimA"], runs["softmax"]
-    with torch.inference_mode():  # tokens per image at each size (patches, plus CLS when the model has one)
-        tokens = {s: sima["model"].forward_features(torch.zeros(1, 3, s, s)).shape[1] for s in sizes}
+    return runs
 
-    def acc(run, key="top1"):
-        return run["validated"][key]
 
+def _metric(run: Dict[str, Any], key: str = "top1") -> float:
+    return run["validated"][key]
+
+
+def _comparison_rows(sima: Dict[str, Any], soft: Dict[str, Any], sizes: Sequence[int],
+                     tokens: Dict[int, int]) -> List[List[str]]:
+    """The side-by-side table's rows: accuracy, loss, params, train time, then latency at each size."""
     rows: List[List[str]] = [
-        ["val top-1 (%)", f"{acc(sima):.2f}", f"{acc(soft):.2f}", f"{acc(sima) - acc(soft):+.2f} pt"],
-        ["val top-5 (%)", f"{acc(sima, 'top5'):.2f}", f"{acc(soft, 'top5'):.2f}", ""],
-        ["val loss", f"{acc(sima, 'loss'):.4f}", f"{acc(soft, 'loss'):.4f}", ""],
+        ["val top-1 (%)", f"{_metric(sima):.2f}", f"{_metric(soft):.2f}", f"{_metric(sima) - _metric(soft):+.2f} pt"],
+        ["val top-5 (%)", f"{_metric(sima, 'top5'):.2f}", f"{_metric(soft, 'top5'):.2f}", ""],
+        ["val loss", f"{_metric(sima, 'loss'):.4f}", f"{_metric(soft, 'loss'):.4f}", ""],
         ["params", f"{sima['params']:,}", f"{soft['params']:,}", ""],
         ["train time (s)", f"{sima['summary']['train_time_s']:.1f}", f"{soft['summary']['train_time_s']:.1f}", ""],
     ]
     for s in sizes:
         a, b = sima["latency"][s]["median_ms"], soft["latency"][s]["median_ms"]
         rows.append([f"latency {s}px, {tokens[s]} tokens (ms)", f"{a:.2f}", f"{b:.2f}", f"SimA speed-up ×{b / a:.2f}"])
-    headers = ["", "SimA", "softmax", "SimA vs softmax"]
-    table = format_table(headers, rows)
-    print(table, flush=True)
+    return rows
 
-    _plot_curves(runs, out / "curves.png")
+
+def _report_markdown(base, recipe: str, fast: bool, seed: int, sima: Dict[str, Any], rows: List[List[str]],
+                     gap: float, latency_batch: int, n_threads: int, sizes: Sequence[int], total_time: float) -> str:
+    """``report.md``: what was compared, the table, the verdict, how latency was measured, and the machine."""
     md_rows = "\n".join("| " + " | ".join(r) + " |" for r in rows)
-    gap = acc(sima) - acc(soft)
     arch = ", ".join(f"{k}={v}" for k, v in base.model_kwargs.items() if k != "attn_type")
     schedule = f"{base.epochs} epochs" + (f" of {base.steps_per_epoch} updates (fast mode)" if fast else "")
     verdict = "within 1 point" if abs(gap) <= 1.0 else "more than 1 point apart"
-    report = f"""# SimA vs softmax attention on the embedded digits data
+    return f"""# SimA vs softmax attention on the embedded digits data
 
 Two copies of `{base.model}` ({arch}) trained with the same recipe (`{recipe}`, {schedule}), data and seed
 ({seed}); they differ only in the attention: SimA (l1-normalized q and k, no softmax) or softmax. Accuracy is
@@ -153,7 +152,42 @@ Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__versio
 {total_time:.0f} s. Per-run files (weights, `metrics.jsonl`, `summary.json`) are in `sima/` and `softmax/`;
 every number is in `demo.json`.
 """
-    atomic_write_text(report, out / "report.md")
+
+
+def run_demo(output: str | Path = "runs/demo", recipe: str = "digits_cpu", epochs: Optional[int] = None,
+             fast: bool = False, threads: Optional[int] = None, seed: int = 0, latency_batch: int = 1,
+             latency_sizes: Sequence[int] = (32, 64)) -> Dict[str, Any]:
+    """Train, validate and time the SimA and softmax twins; write report.md, curves.png and demo.json."""
+    from .train import load_config
+    from .engine.log import format_table
+    from .utils.io import atomic_write_json, atomic_write_text
+    from .utils.timing import set_threads
+
+    out = Path(output)
+    _check_output(out)
+    base = load_config(recipe, _recipe_overrides(seed, epochs, fast, threads))
+    n_threads = set_threads(base.threads)
+    sizes = tuple(latency_sizes)
+
+    started = time.perf_counter()
+    runs = _train_twins(base, out)
+    for size in sizes:  # alternate the two models per size so both see the same machine load
+        for label in runs:
+            runs[label]["latency"][size] = _latency(runs[label]["model"], size, latency_batch, fast)
+    total_time = time.perf_counter() - started
+    sima, soft = runs["SimA"], runs["softmax"]
+    with torch.inference_mode():  # tokens per image at each size (patches, plus CLS when the model has one)
+        tokens = {s: sima["model"].forward_features(torch.zeros(1, 3, s, s)).shape[1] for s in sizes}
+
+    rows = _comparison_rows(sima, soft, sizes, tokens)
+    headers = ["", "SimA", "softmax", "SimA vs softmax"]
+    table = format_table(headers, rows)
+    print(table, flush=True)
+
+    _plot_curves(runs, out / "curves.png")
+    gap = _metric(sima) - _metric(soft)
+    atomic_write_text(_report_markdown(base, recipe, fast, seed, sima, rows, gap, latency_batch, n_threads, sizes,
+                                       total_time), out / "report.md")
     result = {
         "recipe": recipe, "epochs": base.epochs, "fast": fast, "seed": seed, "threads": n_threads,
         "total_time_s": total_time, "latency_batch": latency_batch,

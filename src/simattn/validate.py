@@ -88,13 +88,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     Segmentation weights go to :func:`simattn.segment.validation.validate_segmentation` (``mode`` ..
     ``save_predictions`` are theirs; ``dataset`` and ``split`` default to what the weights record).
     """
-    from timm.data import resolve_data_config
-
-    from .data.factory import create_dataset, dataset_classes
-    from .engine.data import build_eval_loader
     from .segment.validation import check_predictions_dir, segmentation_source
-    from .classify.evaluation import evaluate
-    from .classify.transforms import build_transform
 
     from . import deploy
 
@@ -130,6 +124,26 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                                   img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
                                   batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
                                   channels_last=channels_last, show_progress=show_progress, threads=threads)
+    return _validate_checkpoint(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
+                                img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
+                                batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
+                                amp_dtype=amp_dtype, channels_last=channels_last, show_progress=show_progress,
+                                threads=threads)
+
+
+def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,
+                         dataset: str, data_dir: Optional[str], split: str, img_size: Optional[int],
+                         crop_pct: Optional[float], interpolation: Optional[str], batch_size: int, workers: int,
+                         use_ema: bool, device: Optional[str], amp: bool, amp_dtype: str, channels_last: bool,
+                         show_progress: bool, threads: Optional[int]) -> Dict[str, Any]:
+    """:func:`validate_weights` of a classifier's checkpoint or safetensors, run in torch."""
+    from timm.data import resolve_data_config
+
+    from .data.factory import create_dataset, dataset_classes
+    from .engine.data import build_eval_loader
+    from .classify.evaluation import evaluate
+    from .classify.transforms import build_transform
+
     if threads is not None:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
