@@ -186,18 +186,11 @@ MODEL_CONSTRUCTORS = {
     "simattn/models/sima_xcit.py:XCiTBackbone.__init__",  # patch embedding, positional encodings, blocks, heads
 }
 
-#: Temporarily over 80 lines, in code another change is rewriting; remove an entry once its function is short (the
-#: test fails on an entry that no longer applies).
-BEING_REWRITTEN = {
-    "simattn/export/cli.py:_export",  # export/cli.py: the export pipeline moving to deploy/
-}
-
-
 def test_no_function_over_80_lines():
     long = _long_functions()
-    assert sorted(set(long) - MODEL_CONSTRUCTORS - BEING_REWRITTEN) == []
+    assert sorted(set(long) - MODEL_CONSTRUCTORS) == []
     # an exemption that no longer applies is removed, so it cannot cover a later long function
-    assert sorted((MODEL_CONSTRUCTORS | BEING_REWRITTEN) - set(long)) == []
+    assert sorted(MODEL_CONSTRUCTORS - set(long)) == []
 
 
 def test_exempt_functions_are_model_constructors():
@@ -241,18 +234,6 @@ def _runtime_name_tests(source: str, names: Set[str]) -> List[Tuple[int, str]]:
             and any(c.lower() in names for side in (node.left, *node.comparators) for c in _string_constants(side))]
 
 
-#: Comparisons with a runtime name outside deploy/ that another change is removing (path relative to src/ → the
-#: code of each comparison); remove an entry once its file no longer holds it (the test fails on one that no longer
-#: applies).
-RUNTIME_TESTS_BEING_REWRITTEN = {
-    # export/cli.py: per-format options and the export pipeline moving to deploy/
-    "simattn/export/cli.py": {"audit.kind == 'ONNX'"},
-    # bench model: --onnx-exporter is the ONNX format's own option; once each format declares its options
-    # (deploy/), the CLI asks the registry which runtime takes it
-    "simattn/bench/model/cli.py": {"'onnxruntime' not in args.runtime"},
-}
-
-
 def test_no_runtime_name_tested_outside_deploy():
     """Which runtime runs a file is the deploy registry's business: code elsewhere asks a Format, it does not
     compare names."""
@@ -260,11 +241,7 @@ def test_no_runtime_name_tested_outside_deploy():
     assert {"onnx", "onnxruntime", "executorch"} <= names
     found = {name: {code for _, code in tests} for name, path in _sources()
              if not name.startswith("simattn/deploy/") and (tests := _runtime_name_tests(path.read_text(), names))}
-    allowed = RUNTIME_TESTS_BEING_REWRITTEN
-    assert {name: codes - allowed.get(name, set()) for name, codes in found.items()
-            if codes - allowed.get(name, set())} == {}
-    assert {name: codes - found.get(name, set()) for name, codes in allowed.items()
-            if codes - found.get(name, set())} == {}
+    assert found == {}
 
 
 def test_the_runtime_name_check_finds_comparisons():
