@@ -39,7 +39,12 @@ Pooling ratios are fixed at build time from ``img_size`` (so that m ≤ ``num_la
 inputs of other sizes keep them, so m grows or shrinks with the input. Inputs must be multiples of 32.
 
 ``attn_type=`` (any registered kind) replaces the SOFT attention of stages 1-3, as in the paper's Table 1, where
-every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'softmax'``) sets stage 4.
+every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'softmax'``) sets stage 4. Kinds that
+shrink their keys by pooling the token grid (class flag ``pools_grid``: Linformer, Nyströmformer) get the stage's
+pooling ratio as ``ratio``, so "Linformer's reduction = SOFT's spatial-reduction ratio" as in Table 1.
+Table 1's rows are registered: ``soft_tiny_softmax`` (Transformer), ``soft_tiny_linformer``, ``soft_tiny_performer``,
+``soft_tiny_nystrom``, and ``soft_tiny`` itself; a kind is looked up when the model is built, so an entry point
+whose kind is not registered fails then, naming the known kinds.
 """
 from __future__ import annotations
 
@@ -125,7 +130,9 @@ class SoftViT(PyramidTransformer):
         check_size_fits("SoftViT", *img_size, reductions[-1])  # the position embeddings are laid out for it
         grids = [(img_size[0] // r, img_size[1] // r) for r in reductions]
         sr_ratios = tuple(sr_ratios) if sr_ratios is not None else landmark_ratios(grids[:-1], num_landmarks)
-        is_soft = issubclass(get_attention_class(attn_type), SoftAttention)
+        attn_cls = get_attention_class(attn_type)
+        is_soft = issubclass(attn_cls, SoftAttention)
+        pools_grid = bool(getattr(attn_cls, "pools_grid", False))
         norm_layer, act_layer = _layer_norm, get_act_layer(act_layer)
 
         stages, in_dim = [], in_chans
@@ -136,7 +143,7 @@ class SoftViT(PyramidTransformer):
             else:
                 # SOFT's per-stage options first, so the caller's attn_kwargs win.
                 stage_options = dict(ratio=sr_ratios[i], v_conv_kernel=v_conv_kernels[i], num_prefix_tokens=0) \
-                    if is_soft else {}
+                    if is_soft else dict(ratio=sr_ratios[i]) if pools_grid else {}
                 attn_layer = attention_class(attn_type, **{**stage_options, **(attn_kwargs or {})})
             blocks = [GridBlock(dim, num_heads[i], attn_layer, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
                                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=rate,
@@ -198,6 +205,7 @@ default_cfgs = generate_default_cfgs({
     "soft_medium": _cfg(),
     "soft_large": _cfg(),
     "soft_huge": _cfg(),
+    **{f"soft_tiny_{kind}": _cfg() for kind in ("softmax", "linformer", "performer", "nystrom")},
 })
 
 
@@ -234,3 +242,33 @@ def soft_huge(pretrained: bool = False, **kwargs) -> SoftViT:
     """SOFT-Huge (dims 64/128/352/512, depths 1/5/49/5; 87M params, paper: 83.3%)."""
     args = dict(embed_dims=(64, 128, 352, 512), num_heads=(2, 4, 11, 16), depths=(1, 5, 49, 5))
     return _create_soft("soft_huge", pretrained, **dict(args, **kwargs))
+
+
+def _soft_tiny_with(kind: str, pretrained: bool, kwargs: Dict[str, Any]) -> SoftViT:
+    """SOFT-Tiny's pyramid with ``kind`` in stages 1-3: the baselines of SOFT's Table 1."""
+    args = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), attn_type=kind)
+    return _create_soft(f"soft_tiny_{kind}", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def soft_tiny_softmax(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with softmax attention: Table 1's Transformer (13M, 3.9G, 79.1%)."""
+    return _soft_tiny_with("softmax", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_linformer(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Linformer, reduction = SOFT's pooling ratio: Table 1 (13M, 1.9G, 78.2%)."""
+    return _soft_tiny_with("linformer", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_performer(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Performer (FAVOR+): Table 1 (13M, 2.2G, 76.1%)."""
+    return _soft_tiny_with("performer", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_nystrom(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Nyströmformer, landmarks 2-D average-pooled: Table 1 (13M, 2.0G, 78.6%)."""
+    return _soft_tiny_with("nystrom", pretrained, kwargs)
