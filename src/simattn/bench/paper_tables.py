@@ -301,14 +301,14 @@ def table2_markdown(records: Sequence[Mapping[str, Any]], notes: Sequence[str]) 
 
 
 def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int, device: str = "cpu",
-               repeats: int = 5, warmup: int = 1, max_time: float = 60.0, timeout: Optional[float] = None
-               ) -> Tuple[List[Dict[str, Any]], List[str]]:
+               repeats: int = 5, warmup: int = 1, max_time: float = 60.0, timeout: Optional[float] = None,
+               img_size: int = 224) -> Tuple[List[Dict[str, Any]], List[str]]:
     """Params, GMACs, inference/training throughput at ``batch`` and peak training memory (at ``batch`` and at
     half of it, extrapolated linearly to 1024) per row, each model in its own subprocess."""
     from .model import BenchSpec, run_specs
 
     kept, notes = available_rows(rows)
-    common = dict(device=device, threads=threads, warmup=warmup, repeats=repeats, max_time=max_time, img_size=224)
+    common = dict(device=device, threads=threads, warmup=warmup, repeats=repeats, max_time=max_time, img_size=img_size)
     half = max(1, batch // 2)
     specs = []
     for row in kept:
