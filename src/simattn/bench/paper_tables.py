@@ -323,7 +323,9 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
         rec: Dict[str, Any] = {"model": row.label, "registered": row.model, "batch": batch,
                                "error": full.get("error") or small.get("error")}
         if not rec["error"]:
-            per_image = (full["peak_train_mb"] - small["peak_train_mb"]) / (batch - half) if batch > half else None
+            # no growth: both peaks are the optimizer step's (weights-sized), not the activations': no estimate
+            grows = batch > half and full["peak_train_mb"] > small["peak_train_mb"]
+            per_image = (full["peak_train_mb"] - small["peak_train_mb"]) / (batch - half) if grows else None
             est = full["peak_train_mb"] + per_image * (1024 - batch) if per_image is not None else None
             rec.update(params_m=full["params_m"], gmacs=full["gflops"] / 2, infer_ips=full.get("infer_ips"),
                        train_ips=full.get("train_ips"), peak_train_mb=full["peak_train_mb"],
