@@ -493,7 +493,8 @@ def run_digits(kinds: Sequence[str], seeds: Sequence[int], out: Path, recipe: st
                                   output=str(out / kind / f"seed{seed}"))
         try:
             summary = train(cfg).summary
-        except RuntimeError as e:  # the engine stops a run at a non-finite loss (max_nonfinite_steps)
+        except (RuntimeError, ValueError) as e:  # a non-finite loss stops a run (max_nonfinite_steps); so does a
+            # kind this network cannot take: recorded, and the other kinds still run
             runs.setdefault(kind, []).append({"seed": seed, "error": str(e).splitlines()[0]})
             continue
         runs.setdefault(kind, []).append({"seed": seed, "top1": summary["final"]["top1"],
