@@ -303,8 +303,9 @@ def table2_markdown(records: Sequence[Mapping[str, Any]], notes: Sequence[str]) 
 def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int, device: str = "cpu",
                repeats: int = 5, warmup: int = 1, max_time: float = 60.0, timeout: Optional[float] = None,
                img_size: int = 224) -> Tuple[List[Dict[str, Any]], List[str]]:
-    """Params, GMACs, inference/training throughput at ``batch`` and peak training memory (at ``batch`` and at
-    half of it, extrapolated linearly to 1024) per row, each model in its own subprocess."""
+    """Params and GMACs (batch 1), inference/training throughput at ``batch`` and peak training memory (at
+    ``batch`` and at half of it, extrapolated linearly to 1024) per row, the timings and memory of each model in its
+    own subprocess."""
     from .model import BenchSpec, run_specs
 
     kept, notes = available_rows(rows)
@@ -313,7 +314,7 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
     specs = []
     for row in kept:
         specs.append(BenchSpec(model=row.model, model_kwargs=dict(row.model_kwargs), batch_size=batch,
-                               latency_batch=batch, measures=("counts", "memory", "throughput", "train-throughput"),
+                               latency_batch=batch, measures=("memory", "throughput", "train-throughput"),
                                label=row.label, **common))
         specs.append(BenchSpec(model=row.model, model_kwargs=dict(row.model_kwargs), latency_batch=half,
                                measures=("memory",), label=row.label, **common))
@@ -323,11 +324,12 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
         rec: Dict[str, Any] = {"model": row.label, "registered": row.model, "batch": batch,
                                "error": full.get("error") or small.get("error")}
         if not rec["error"]:
+            rec.update(_costs(_create(row), img_size))  # params and FLOPs at batch 1, as in Table 2
             # no growth: both peaks are the optimizer step's (weights-sized), not the activations': no estimate
             grows = batch > half and full["peak_train_mb"] > small["peak_train_mb"]
             per_image = (full["peak_train_mb"] - small["peak_train_mb"]) / (batch - half) if grows else None
             est = full["peak_train_mb"] + per_image * (1024 - batch) if per_image is not None else None
-            rec.update(params_m=full["params_m"], gmacs=full["gflops"] / 2, infer_ips=full.get("infer_ips"),
+            rec.update(infer_ips=full.get("infer_ips"),
                        train_ips=full.get("train_ips"), peak_train_mb=full["peak_train_mb"],
                        train_mb_per_image=per_image, est_memory_gb_1024=est / 1024 if est is not None else None)
         for key in ("memory_gb", "params_m", "gflops", "train_ips", "infer_ips", "top1"):
