@@ -171,3 +171,26 @@ def test_digits_table_trains_each_kind_through_the_engine(tmp_path):
     assert by["sima"]["paper_imagenet_top1"] == 82.1
     assert any("'no_such_kind' is not registered" in n for n in notes)
     assert "± (std)" in pt.digits_markdown(records, notes, "paper_digits_cpu", [0, 1])
+
+
+def test_bench_paper_writes_figure1b_with_the_machine(tmp_path):
+    from simattn.bench import paper as bench_paper
+
+    out = tmp_path / "paper"
+    rc = bench_paper.main(["--only", "figure1b", "--quick", "--figure1b-depth", "1", "--figure1b-p", "1",
+                           "--figure1b-kinds", "sima", "linformer", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    assert {p.name for p in out.iterdir()} == {"paper.md", "figure1b.json", "figure1b.csv", "figure1b.png"}
+    report = (out / "paper.md").read_text()
+    assert "## SOFT Fig. 1b" in report and "1 threads" in report
+    assert ("linformer not run" in report) == ("linformer" not in list_attentions())
+
+
+def test_bench_paper_refuses_options_of_parts_it_does_not_run(tmp_path):
+    from simattn.bench import paper as bench_paper
+
+    with pytest.raises(ValueError, match="--figure1b-p applies to figure1b, which --only table2 leaves out"):
+        bench_paper.main(["--only", "table2", "--figure1b-p", "2", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="'nosuchkind' not allowed"):
+        bench_paper.main(["--only", "digits", "--digits-kinds", "nosuchkind", "--out", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []
