@@ -18,9 +18,9 @@ figure1b digits``; default all).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
 comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
-8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--out``: ``paper.md`` (every part run, with the CPU and threads),
-``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``, ``table2.{json,csv}``, ``table1.{json,csv}``,
-``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs).
+8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--out``: ``paper.md``
+(every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
+``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs).
 """
 from __future__ import annotations
 
@@ -365,7 +365,7 @@ def _options():
         "rounds_models": Opt(None, "Figure A1 interleaved rounds (subprocesses)", **count),
         "warmup_models": Opt(None, "Figure A1 untimed runs per model", type=maybe(int), low=0),
         "max_time": shared("max_time", help="cap (s) on one Figure A1 model's timed runs (default 60)"),
-        "timeout": shared("timeout", help="seconds before a Figure A1 worker is abandoned"),
+        "timeout": shared("timeout", help="seconds before a Figure A1 or Table 1 worker is abandoned"),
         "table1_batch": Opt(None, "SOFT Table 1: batch of the throughput and memory runs (default 16; quick 2)",
                             **count),
         "figure1b_p": Opt(None, "SOFT Fig. 1b: p of the 784·p tokens (default 1-8; quick 1 2)", **counts),

@@ -46,9 +46,9 @@ __all__ = ["PAPER_KINDS", "EXP_CLASSES", "exp_complexity", "PaperModel", "TABLE2
 #: the kinds the two papers compare, in SimA Table 2's order
 PAPER_KINDS = ("softmax", "linformer", "performer", "nystrom", "soft", "efficient", "cosformer", "sima")
 
-#: exp complexity class of the kinds that do not declare ``exp_complexity``: exp-like evaluations per block grow
-#: as H·N² (a softmax over every query-key pair), H·N, N·D (a feature map on q and k), H·d² (XCA's d×d softmax per
-#: head) or not at all. SOFT's landmarks are pooled by a fixed ratio, so their number grows with N: its
+#: exp complexity class of the kinds that do not declare ``exp_complexity``: exp-like evaluations per block
+#: grow as H·N² (a softmax over every query-key pair), H·N, N·D (a feature map on q and k), H·d² (XCA's d×d
+#: softmax per head) or not at all. SOFT's landmarks are pooled by a fixed ratio, so their number grows with N: its
 #: N×m kernels are H·N² (SimA's Table 2 says so too).
 EXP_CLASSES = {"softmax": "HN^2", "soft": "HN^2", "xca": "Hd^2", "elu": "ND", "sima": "0", "relu": "0",
                "xnorm": "0"}

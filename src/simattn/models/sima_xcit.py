@@ -12,8 +12,8 @@ XNorm attention and a learned positional encoding.
 Registered models keep the official names: ``sima_{nano,tiny,small}_12_p{16,8}`` and
 ``sima_{tiny,small,medium,large}_24_p{16,8}``, and SimA's Table 2 baselines in XCiT-S12/16:
 ``efficient_xcit_small_12_p16`` (Efficient Attention) and ``cosformer_xcit_small_12_p16`` (CosFormer without
-re-weighting; a kind is looked up when the model is built). Every one takes ``attn_type=``, ``attn_kwargs=`` (that kind's
-options) and ``cls_attn_type=`` ('softmax' | 'sima'; default 'sima' for SimA, softmax otherwise).
+re-weighting; a kind is looked up when the model is built). Every one takes ``attn_type=``, ``attn_kwargs=`` (that
+kind's options) and ``cls_attn_type=`` ('softmax' | 'sima'; default 'sima' for SimA, softmax otherwise).
 Any input size that is a multiple of the patch size works (the Fourier encoding is recomputed per grid).
 
 Checkpoints: :func:`checkpoint_filter_fn` maps the official SimA/XCiT layout (``pos_embeder.``, fused
