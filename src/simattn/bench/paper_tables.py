@@ -521,12 +521,12 @@ def run_digits(kinds: Sequence[str], seeds: Sequence[int], out: Path, recipe: st
     return records, notes
 
 
-#: why a kind may fall far behind softmax on 16 tokens (written from the methods, checked against the runs)
+#: the likely reason a kind falls far behind softmax on 16 tokens, from its method (not tested by ablation)
 _DIGITS_REASONS = {
-    "performer": "random features approximate softmax poorly with few features per head (head dim 16).",
-    "linformer": "on a 4×4 grid the pooled keys keep very few tokens.",
-    "nystrom": "on a 4×4 grid the pooled landmarks keep very few tokens.",
-    "soft": "on a 4×4 grid the pooled landmarks keep very few tokens.",
+    "performer": "likely: random features approximate softmax poorly with few features per head (head dim 16).",
+    "linformer": "likely: on a 4×4 grid the pooled keys keep very few tokens.",
+    "nystrom": "likely: on a 4×4 grid the pooled landmarks keep very few tokens.",
+    "soft": "likely: on a 4×4 grid the pooled landmarks keep very few tokens.",
 }
 
 
