@@ -191,7 +191,8 @@ def test_paper_table3_and_figure_a1_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench_paper, "run_specs",
                         lambda specs, **kw: real_run_specs(specs, **{**kw, "in_process": True}))
     out = tmp_path / "paper"
-    rc = bench_paper.main(["--quick", "--table3-batch", "1", "--repeats", "1", "--rounds", "1", "--sizes", "32",
+    rc = bench_paper.main(["--quick", "--only", "table3", "figure_a1", "--table3-batch", "1", "--repeats", "1",
+                           "--rounds", "1", "--sizes", "32",
                            "48", "--dims", "16", "--deit-depth", "1", "--repeats-models", "1",
                            "--warmup-models", "0", "--rounds-models", "1", "--out", str(out)])
     assert rc == 0

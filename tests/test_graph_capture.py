@@ -43,14 +43,26 @@ _SMALL = {
 }
 
 
+#: the papers' comparison networks: another kind in a family's layout, so the family's SOFT options do not apply
+_BASELINES = {f"soft_tiny_{kind}" for kind in ("softmax", "linformer", "performer", "nystrom")}
+
+
 def _small(name: str) -> Dict[str, Any]:
-    return dict(_SMALL[model_entrypoint(name).__module__.rsplit(".", 1)[-1]], num_classes=3)
+    small = dict(_SMALL[model_entrypoint(name).__module__.rsplit(".", 1)[-1]], num_classes=3)
+    if name in _BASELINES:
+        small.pop("attn_kwargs")
+    return small
 
 
 @functools.lru_cache(maxsize=None)
 def _built(name: str, overrides: Tuple[Tuple[str, Any], ...]) -> torch.nn.Module:
     torch.manual_seed(0)
-    return timm.create_model(name, **{**_small(name), **dict(overrides)}).eval()
+    try:
+        return timm.create_model(name, **{**_small(name), **dict(overrides)}).eval()
+    except ValueError as e:  # a comparison model whose attention kind this checkout lacks
+        if "unknown attention" in str(e):
+            pytest.skip(str(e))
+        raise
 
 
 def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
@@ -61,7 +73,7 @@ def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
 
 
 def test_every_family_has_a_small_configuration():
-    assert len(MODELS) == 35
+    assert len(MODELS) == 41
     for name in MODELS:
         _small(name)
 

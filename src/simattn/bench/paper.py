@@ -12,10 +12,15 @@
   (q̂k̂ᵀ)v order so both are O(N²D). Right: XCiT vs SimA as the channel dim grows at 224 px, SimA in q̂(k̂ᵀv)
   order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.workers.run_specs`).
 
+The comparison tables of SimA and SOFT (SimA's Table 2, SOFT's Table 1 and Fig. 1b, and every kind trained on the
+embedded digits) are :mod:`simattn.bench.paper_tables`; ``--only`` picks parts (``table3 figure_a1 table2 table1
+figure1b digits``; default all).
+
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
 comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
-8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs: ``paper.md``, ``table3.{json,csv,png}``,
-``figure_a1.{json,csv,png}`` in ``--output``.
+8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--output``: ``paper.md``
+(every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
+``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs).
 """
 from __future__ import annotations
 
@@ -323,11 +328,15 @@ def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str
 # ------------------------------------------------------------------------------------------------ CLI
 
 
+PARTS = ("table3", "figure_a1", "table2", "table1", "figure1b", "digits")
 QUICK = {"repeats": 10, "rounds": 3, "sizes": [224, 320, 448], "dims": [192, 384, 768], "deit_depth": 4,
-         "repeats_models": 5, "warmup_models": 1, "rounds_models": 1}
+         "repeats_models": 5, "warmup_models": 1, "rounds_models": 1,
+         "table1_batch": 2, "figure1b_p": [1, 2], "figure1b_depth": 2, "digits_epochs": 1}
 FULL_CUDA_DIMS = [384, 768, 1536, 3072, 6144, 8192]
 FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], "dims": [384, 768, 1536, 3072],
-        "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2}
+        "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2,
+        "table1_batch": 16, "figure1b_p": list(range(1, 9)), "figure1b_depth": 12, "digits_epochs": None}
+FIGURE1B_KINDS = ["softmax", "linformer", "performer", "nystrom", "soft", "sima"]
 
 
 def _options():
@@ -337,7 +346,8 @@ def _options():
     count, counts = dict(type=maybe(int), low=1), dict(type=maybe(List[int]), low=1)
     return {
         "quick": Opt(False, "fewer sizes, shallower models and repeats (minutes on CPU)"),
-        "only": Opt(None, "run one part only: table3 or figure_a1", type=maybe(str), choices=["table3", "figure_a1"]),
+        "only": Opt(None, f"run these parts only ({', '.join(PARTS)}; default all)", type=maybe(List[str]),
+                    check=some_of(list(PARTS))),
         "device": shared("device"),
         "threads": shared("threads"),
         "readings": Opt(None, f"Table 3: how D is read ({', '.join(READINGS)}; default all; per head: token dim D·H; "
@@ -356,29 +366,57 @@ def _options():
         "rounds_models": Opt(None, "Figure A1 interleaved rounds (subprocesses)", **count),
         "warmup_models": Opt(None, "Figure A1 untimed runs per model", type=maybe(int), low=0),
         "max_time": shared("max_time", help="cap (s) on one Figure A1 model's timed runs (default 60)"),
-        "timeout": shared("timeout", help="seconds before a Figure A1 worker is abandoned"),
+        "timeout": shared("timeout", help="seconds before a Figure A1 or Table 1 worker is abandoned"),
+        "table1_batch": Opt(None, "SOFT Table 1: batch of the throughput and memory runs (default 16; quick 2)",
+                            **count),
+        "figure1b_p": Opt(None, "SOFT Fig. 1b: p of the 784·p tokens (default 1-8; quick 1 2)", **counts),
+        "figure1b_depth": Opt(None, "SOFT Fig. 1b: blocks in the stack (default the paper's 12; quick 2)", **count),
+        "figure1b_kinds": Opt(None, f"SOFT Fig. 1b: attention kinds (default {' '.join(FIGURE1B_KINDS)})",
+                              type=maybe(List[str]), check=some_of(_kind_names())),
+        "memory_cap": Opt(8.0, "SOFT Fig. 1b: skip a point whose N×N matrices alone would need more GB",
+                          type=float, low=0.0, low_open=True),
+        "digits_kinds": Opt(None, "digits: attention kinds to train (default every registered kind)",
+                            type=maybe(List[str]), check=some_of(_kind_names())),
+        "digits_seeds": Opt([0, 1, 2], "digits: seeds per kind", type=List[int], low=0),
+        "digits_recipe": Opt("paper_digits_cpu", "digits: the training recipe every kind runs"),
+        "digits_epochs": Opt(None, "digits: epochs (default the recipe's; quick 1 epoch of 2 updates)", **count),
         "output": shared("output", "runs/bench_paper", "output folder"),
     }
+
+
+def _kind_names() -> List[str]:
+    """Kinds ``--figure1b-kinds`` / ``--digits-kinds`` take: the registered ones and the papers' (a paper kind
+    this installation lacks is left out of the tables with a note)."""
+    from ..attention import list_attentions
+    from .paper_tables import PAPER_KINDS
+    return sorted(set(list_attentions()) | set(PAPER_KINDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
     from ..utils.recipe import command_parser
     return command_parser("simattn bench paper",
-                          "Regenerate the SimA paper's Table 3 (one attention block) and Figure A1 (whole models) on "
-                          "this machine, the paper's numbers beside ours.", _options())
+                          "Regenerate the SimA paper's Table 3 (one attention block), Figure A1 (whole models) and "
+                          "Table 2, SOFT's Table 1 and Fig. 1b, and a digits accuracy table on this machine, the "
+                          "papers' numbers beside ours.", _options())
 
 
-TABLE3_OPTIONS = ("readings", "table3_batch", "repeats", "rounds")
-FIGURE_A1_OPTIONS = ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
-                     "rounds_models", "warmup_models", "max_time", "timeout")
+#: part → the options only it takes (given for a part --only leaves out, they are refused)
+PART_OPTIONS = {
+    "table3": ("readings", "table3_batch", "repeats", "rounds"),
+    "figure_a1": ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
+                  "rounds_models", "warmup_models", "max_time"),
+    "table1": ("table1_batch",),
+    "figure1b": ("figure1b_p", "figure1b_depth", "figure1b_kinds"),
+    "digits": ("digits_kinds", "digits_epochs"),
+}
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     check_bench_flags(args, _options())
-    if args.only == "table3":
-        refuse_unused(args, list(FIGURE_A1_OPTIONS), "to Figure A1, which --only table3 leaves out")
-    if args.only == "figure_a1":
-        refuse_unused(args, list(TABLE3_OPTIONS), "to Table 3, which --only figure_a1 leaves out")
+    args.only = list(dict.fromkeys(args.only or PARTS))
+    for part, names in PART_OPTIONS.items():
+        if part not in args.only:
+            refuse_unused(args, list(names), f"to {part}, which --only {' '.join(args.only)} leaves out")
     check_out(args.output, folder=True)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
@@ -398,11 +436,61 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     bad = [d for d in args.dims if d % 8]
     if bad:
         raise ValueError(f"--dims {' '.join(map(str, bad))}: the XCiT panel's dims must be multiples of 8 (8 heads)")
-    if args.only in (None, "figure_a1"):  # a model the sizes or dims do not fit: one line now, not after Table 3
+    args.figure1b_kinds = args.figure1b_kinds or list(FIGURE1B_KINDS)
+    if "figure_a1" in args.only:  # a model the sizes or dims do not fit: one line now, not after Table 3
         from .model.runner import check_builds
 
         check_builds(figure_a1_specs(args, 1, args.xcit_model, {"depth": args.xcit_depth, "num_heads": 8})[0])
     return args
+
+
+def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any], threads: int
+                        ) -> Tuple[List[str], bool]:
+    """Run the comparison parts in ``args.only`` (:mod:`simattn.bench.paper_tables`), write their files, and
+    return their report sections and whether a run failed."""
+    from . import paper_tables as pt
+
+    sections: List[str] = []
+    failed = False
+    machine = f"{meta.get('cpu_name') or meta['cpu']}, {threads} threads"
+    if "table2" in args.only:
+        records, notes = pt.run_table2()
+        write_json({"meta": meta, "rows": records, "notes": notes}, out / "table2.json")
+        write_csv(records, out / "table2.csv")
+        sections += [f"## SimA Table 2: params, FLOPs and exp per image ({machine})", "",
+                     pt.table2_markdown(records, notes), ""]
+    if "table1" in args.only:
+        records, notes = pt.run_table1(batch=args.table1_batch, threads=threads, device=args.device,
+                                       repeats=2 if args.quick else 5, timeout=args.timeout)
+        failed = failed or any(r["error"] for r in records)
+        write_json({"meta": meta, "rows": records, "notes": notes}, out / "table1.json")
+        write_csv(records, out / "table1.csv")
+        sections += [f"## SOFT Table 1: the Tiny pyramid per kind ({machine})", "",
+                     pt.table1_markdown(records, notes), ""]
+    if "figure1b" in args.only:
+        records, notes = pt.run_figure1b(args.figure1b_kinds, args.figure1b_p, depth=args.figure1b_depth,
+                                         repeats=2 if args.quick else 5, memory_cap_gb=args.memory_cap)
+        title = f"{args.figure1b_depth} blocks, d 384, 12 heads, batch 1 ({machine})"
+        write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure1b.json")
+        write_csv(records, out / "figure1b.csv")
+        pt.plot_figure1b(records, out / "figure1b.png", title)
+        sections += [f"## SOFT Fig. 1b: memory and latency against 784·p tokens, {title}", "",
+                     pt.figure1b_markdown(records, notes), "", "![figure 1b](figure1b.png)", ""]
+    if "digits" in args.only:
+        from ..attention import list_attentions
+
+        overrides: Dict[str, Any] = {"threads": threads}
+        if args.digits_epochs is not None:
+            overrides["epochs"] = args.digits_epochs
+        if args.quick:
+            overrides["steps_per_epoch"] = 2
+        records, notes = pt.run_digits(args.digits_kinds or list_attentions(), args.digits_seeds, out / "digits",
+                                       args.digits_recipe, overrides)
+        write_json({"meta": meta, "rows": records, "notes": notes}, out / "digits.json")
+        write_csv(records, out / "digits.csv")
+        sections += [f"## Every kind on the embedded digits ({machine})", "",
+                     pt.digits_markdown(records, notes, args.digits_recipe, args.digits_seeds), ""]
+    return sections, failed
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -414,11 +502,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
           flush=True)
     out = Path(args.output)
-    sections = ["# SimA paper speed results on this machine",
-                "", f"{meta['device']} ({meta['cpu']}), {threads} threads, torch {meta['torch']}. "
+    sections = ["# SimA and SOFT paper results on this machine",
+                "", f"{meta['device']} ({meta.get('cpu_name') or meta['cpu']}), {threads} threads, torch "
+                    f"{meta['torch']}. "
                     f"Command: `{meta['command']}`", ""]
     failed = False
-    if args.only in (None, "table3"):
+    if "table3" in args.only:
         records = run_table3(table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5,
                              repeats=args.repeats, rounds=args.rounds)
         write_json({"meta": meta, "rows": records}, out / "table3.json")
@@ -426,7 +515,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         plot_table3(records, out / "table3.png")
         sections += ["## Table 3: one attention block, fixed matmul order", "", table3_markdown(records),
                      "![table 3](table3.png)", ""]
-    if args.only in (None, "figure_a1"):
+    if "figure_a1" in args.only:
         records, notes = run_figure_a1(args, threads)
         failed = any(r["error"] for r in records)
         write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure_a1.json")
@@ -434,6 +523,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         plot_figure_a1(records, out / "figure_a1.png", args.batch, args.device)
         sections += [f"## Figure A1: whole models, inference, batch {args.batch}", "",
                      figure_a1_markdown(records, notes), "", "![figure A1](figure_a1.png)", ""]
+    more, comparison_failed = comparison_sections(args, out, meta, threads)
+    sections += more
+    failed = failed or comparison_failed
     report = "\n".join(sections)
     write_text(report, out / "paper.md")
     print(report)

@@ -10,8 +10,10 @@ dot products with every key weight the values. The UFO-ViT family (``ufo_vit.py`
 XNorm attention and a learned positional encoding.
 
 Registered models keep the official names: ``sima_{nano,tiny,small}_12_p{16,8}`` and
-``sima_{tiny,small,medium,large}_24_p{16,8}``; every one takes ``attn_type=``, ``attn_kwargs=`` (that kind's
-options) and ``cls_attn_type=`` ('softmax' | 'sima'; default 'sima' for SimA, softmax otherwise).
+``sima_{tiny,small,medium,large}_24_p{16,8}``, and SimA's Table 2 baselines in XCiT-S12/16:
+``efficient_xcit_small_12_p16`` (Efficient Attention) and ``cosformer_xcit_small_12_p16`` (CosFormer without
+re-weighting; a kind is looked up when the model is built). Every one takes ``attn_type=``, ``attn_kwargs=`` (that
+kind's options) and ``cls_attn_type=`` ('softmax' | 'sima'; default 'sima' for SimA, softmax otherwise).
 Any input size that is a multiple of the patch size works (the Fourier encoding is recomputed per grid).
 
 Checkpoints: :func:`checkpoint_filter_fn` maps the official SimA/XCiT layout (``pos_embeder.``, fused
@@ -566,7 +568,11 @@ _SIZES = {
 }
 
 # No SimA weights were ever published: the configs describe the evaluation (224, crop 1.0, bicubic).
-default_cfgs = generate_default_cfgs({f"sima_{size}_p{p}": xcit_cfg() for size in _SIZES for p in (16, 8)})
+default_cfgs = generate_default_cfgs({
+    **{f"sima_{size}_p{p}": xcit_cfg() for size in _SIZES for p in (16, 8)},
+    "efficient_xcit_small_12_p16": xcit_cfg(),
+    "cosformer_xcit_small_12_p16": xcit_cfg(),
+})
 
 
 def _sima(size: str, patch_size: int, pretrained: bool, kwargs: Dict[str, Any]) -> XCiTBackbone:
@@ -658,3 +664,25 @@ def sima_large_24_p16(pretrained: bool = False, **kwargs) -> XCiTBackbone:
 def sima_large_24_p8(pretrained: bool = False, **kwargs) -> XCiTBackbone:
     """XCiT-L24/8 with SimA (dim 768, 16 heads, depth 24)."""
     return _sima("large_24", 8, pretrained, kwargs)
+
+
+def _xcit_small_12_p16_with(kind: str, variant: str, pretrained: bool, kwargs: Dict[str, Any],
+                            attn_kwargs: Optional[Dict[str, Any]] = None) -> XCiTBackbone:
+    """XCiT-S12/16's network with token attention ``kind`` and softmax class attention (SimA's Table 2)."""
+    dim, depth, heads, eta, tokens_norm = _SIZES["small_12"]
+    args = dict(patch_size=16, embed_dim=dim, depth=depth, num_heads=heads, eta=eta, tokens_norm=tokens_norm,
+                attn_type=kind, attn_kwargs=attn_kwargs)
+    return create_xcit_backbone(variant, pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def efficient_xcit_small_12_p16(pretrained: bool = False, **kwargs) -> XCiTBackbone:
+    """XCiT-S12/16 with Efficient Attention (SimA Table 2: 80.9% top-1)."""
+    return _xcit_small_12_p16_with("efficient", "efficient_xcit_small_12_p16", pretrained, kwargs)
+
+
+@register_model
+def cosformer_xcit_small_12_p16(pretrained: bool = False, **kwargs) -> XCiTBackbone:
+    """XCiT-S12/16 with CosFormer without re-weighting (SimA Table 2: 76.1% top-1)."""
+    return _xcit_small_12_p16_with("cosformer", "cosformer_xcit_small_12_p16", pretrained, kwargs,
+                                   attn_kwargs={"reweight": False})

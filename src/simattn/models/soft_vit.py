@@ -41,6 +41,9 @@ inputs of other sizes keep them, so m grows or shrinks with the input. Inputs mu
 ``attn_type=`` (any registered kind) replaces the SOFT attention of stages 1-3, as in the paper's Table 1, where
 every baseline runs in the Tiny architecture; ``last_attn_type=`` (default ``'softmax'``) sets stage 4. Kinds that
 reduce the key grid (``takes_reduction_ratio``: Linformer, Nyströmformer) get SOFT's per-stage ratio.
+Table 1's rows are registered: ``soft_tiny_softmax`` (Transformer), ``soft_tiny_linformer``, ``soft_tiny_performer``,
+``soft_tiny_nystrom``, and ``soft_tiny`` itself; a kind is looked up when the model is built, so an entry point
+whose kind is not registered fails then, naming the known kinds.
 """
 from __future__ import annotations
 
@@ -203,6 +206,7 @@ default_cfgs = generate_default_cfgs({
     "soft_medium": _cfg(),
     "soft_large": _cfg(),
     "soft_huge": _cfg(),
+    **{f"soft_tiny_{kind}": _cfg() for kind in ("softmax", "linformer", "performer", "nystrom")},
 })
 
 
@@ -239,3 +243,33 @@ def soft_huge(pretrained: bool = False, **kwargs) -> SoftViT:
     """SOFT-Huge (dims 64/128/352/512, depths 1/5/49/5; 87M params, paper: 83.3%)."""
     args = dict(embed_dims=(64, 128, 352, 512), num_heads=(2, 4, 11, 16), depths=(1, 5, 49, 5))
     return _create_soft("soft_huge", pretrained, **dict(args, **kwargs))
+
+
+def _soft_tiny_with(kind: str, pretrained: bool, kwargs: Dict[str, Any]) -> SoftViT:
+    """SOFT-Tiny's pyramid with ``kind`` in stages 1-3: the baselines of SOFT's Table 1."""
+    args = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), attn_type=kind)
+    return _create_soft(f"soft_tiny_{kind}", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def soft_tiny_softmax(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with softmax attention: Table 1's Transformer (13M, 3.9G, 79.1%)."""
+    return _soft_tiny_with("softmax", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_linformer(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Linformer, reduction = SOFT's pooling ratio: Table 1 (13M, 1.9G, 78.2%)."""
+    return _soft_tiny_with("linformer", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_performer(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Performer (FAVOR+): Table 1 (13M, 2.2G, 76.1%)."""
+    return _soft_tiny_with("performer", pretrained, kwargs)
+
+
+@register_model
+def soft_tiny_nystrom(pretrained: bool = False, **kwargs) -> SoftViT:
+    """SOFT's Tiny pyramid with Nyströmformer, landmarks 2-D average-pooled: Table 1 (13M, 2.0G, 78.6%)."""
+    return _soft_tiny_with("nystrom", pretrained, kwargs)
