@@ -22,8 +22,9 @@ from attention_cases import assert_ratio, qkv
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 NEW_KINDS = ["linformer", "performer", "nystrom", "efficient", "cosformer"]
-#: SimA's Table 2 (SOFT: see SoftAttention's note), XCA's channel softmax, and the point-wise kinds
-EXP_CLASS = {"softmax": "HN²", "linformer": "HN", "performer": "ND", "nystrom": "HN", "soft": "HN", "efficient": "ND",
+#: how each kind's exps grow (the kinds that pool the grid at a fixed ratio: N², see their notes), XCA's channel
+#: softmax, and the point-wise kinds
+EXP_CLASS = {"softmax": "HN²", "linformer": "HN²", "performer": "ND", "nystrom": "HN²", "soft": "HN²", "efficient": "ND",
              "cosformer": "0", "sima": "0", "xca": "Hd²", "elu": "ND", "relu": "0", "xnorm": "0"}
 
 

@@ -102,7 +102,9 @@ class LinformerAttention(TokenAttention):
     (ratio, ratio) window weights, or (proj_len, seq_len) matrices. The softmax runs as the ``softmax`` kind's
     (fused SDPA); ``attn_drop`` is not supported."""
 
-    exp_complexity = "HN"
+    # the grid form keeps N/ratio² keys, so its N·N/ratio² exps grow as N² at a fixed ratio (the pyramid's, as in
+    # SOFT's Table 1); SimA's Table 2 lists Linformer as HN, which holds for a fixed projected length (seq_len form)
+    exp_complexity = "HN²"
     supports_mask = False
     supports_cross_length = False
     uses_grid = True

@@ -85,7 +85,9 @@ class NystromAttention(TokenAttention):
     infer 0 or 1). ``forward(x, grid_size=(H, W))`` for non-square grids. No masks; ``attn_drop > 0`` is rejected
     (no token-token weight matrix is formed)."""
 
-    exp_complexity = "HN"
+    # N/ratio² landmarks from pooling the grid at a fixed ratio, so the N·m exps grow as N²; SimA's Table 2 lists
+    # Nyströmformer as HN, which holds for a fixed number of landmarks
+    exp_complexity = "HN²"
     supports_mask = False
     supports_cross_length = False
     uses_grid = True

@@ -272,9 +272,9 @@ class SoftAttention(TokenAttention):
     themselves (exact kernel, no conv). There is no token-token weight matrix, so ``attn_drop > 0`` is rejected.
     """
 
-    # 2·N·m + m² kernel exps per head with m landmarks fixed; SimA's Table 2 lists SOFT as HN², the count
-    # before the Nyström factorization
-    exp_complexity = "HN"
+    # 2·N·m + m² kernel exps per head, with m = N/ratio² landmarks at the fixed per-stage ratio: they grow as N²
+    # (SimA's Table 2 lists SOFT as HN² too)
+    exp_complexity = "HN²"
     supports_mask = False
     supports_cross_length = False
     separate_qk = False

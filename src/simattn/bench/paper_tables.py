@@ -9,7 +9,8 @@ registered model of that row (``soft_tiny_<kind>``, ``efficient_xcit_small_12_p1
   the model's other attention (SOFT's stage 4 and XCiT's class attention are softmax in every row); its
   complexity class (:func:`exp_complexity`) is the class the kind declares.
 * **SOFT Table 1** (:func:`run_table1`): params, FLOPs, inference and training throughput and peak training
-  memory at a batch this machine holds, each model in its own subprocess (:func:`simattn.bench.model.run_specs`).
+  memory at a batch this machine holds, each model in its own subprocess
+  (:func:`simattn.bench.model.workers.run_specs`).
   The paper's memory is at batch 1024: ours is measured at two batches and extrapolated linearly to 1024.
 * **SOFT Fig. 1b** (:func:`run_figure1b`): a stack of 12 pre-norm blocks (d 384, 12 heads, MLP ratio 4) per kind
   on 784·p tokens (p = 1…8) at batch 1: peak memory of a training step (forward + backward) and forward latency.
@@ -38,7 +39,7 @@ from ..attention import attention_class, get_attention_class, list_attentions
 from .counters import OpTrace, PeakMemory, _exp_evals, _op_name, attention_module_names, count_flops
 from .report import markdown_table, new_figure, progress, save_figure
 
-__all__ = ["PAPER_KINDS", "EXP_CLASSES", "exp_complexity", "PaperModel", "TABLE2", "TABLE1", "available_rows",
+__all__ = ["PAPER_KINDS", "exp_complexity", "PaperModel", "TABLE2", "TABLE1", "available_rows",
            "attention_exps", "exported_exps", "run_table2", "table2_markdown", "run_table1", "table1_markdown",
            "AttentionStack", "figure1b_grid", "run_figure1b", "plot_figure1b", "figure1b_markdown", "run_digits",
            "digits_markdown", "PAPER_TOP1"]
@@ -46,19 +47,9 @@ __all__ = ["PAPER_KINDS", "EXP_CLASSES", "exp_complexity", "PaperModel", "TABLE2
 #: the kinds the two papers compare, in SimA Table 2's order
 PAPER_KINDS = ("softmax", "linformer", "performer", "nystrom", "soft", "efficient", "cosformer", "sima")
 
-#: exp complexity class of the kinds that do not declare ``exp_complexity``: exp-like evaluations per block
-#: grow as H·N² (a softmax over every query-key pair), H·N, N·D (a feature map on q and k), H·d² (XCA's d×d
-#: softmax per head) or not at all. SOFT's landmarks are pooled by a fixed ratio, so their number grows with N: its
-#: N×m kernels are H·N² (SimA's Table 2 says so too).
-EXP_CLASSES = {"softmax": "HN²", "soft": "HN²", "xca": "Hd²", "elu": "ND", "sima": "0", "relu": "0",
-               "xnorm": "0"}
-
-
-def exp_complexity(kind: str) -> Optional[str]:
-    """The exp complexity class of a registered kind: its class attribute ``exp_complexity`` ("HN²", "HN",
-    "ND", "Hd²" or "0"), else :data:`EXP_CLASSES`; None when neither says."""
-    declared = getattr(get_attention_class(kind), "exp_complexity", None)
-    return declared if declared is not None else EXP_CLASSES.get(kind)
+def exp_complexity(kind: str) -> str:
+    """The exp complexity class a registered kind declares (``exp_complexity``: "HN²", "HN", "ND", "Hd²" or "0")."""
+    return get_attention_class(kind).exp_complexity
 
 
 @dataclass(frozen=True)
@@ -265,8 +256,11 @@ def _row_notes(rec: Mapping[str, Any], row: PaperModel) -> List[str]:
         if gap is not None and abs(gap) > 10:
             notes.append(f"{row.label}: {what} {gap:+.0f}% from the paper: {row.reasons.get(key, _GAP_DEFAULT)}")
     if rec["exp_class"] != row.paper.get("exp"):
+        why = (" the kind pools the token grid at the stage's fixed ratio (SOFT's, as SOFT's Table 1 sets it), so "
+               "its landmarks or projected keys grow with N, as SOFT's do; the paper's class holds for a fixed "
+               "number of them" if get_attention_class(row.kind).takes_reduction_ratio else "")
         notes.append(f"{row.label}: the kind's exp class is {rec['exp_class']}, the paper's column says "
-                     f"{row.paper.get('exp')}.")
+                     f"{row.paper.get('exp')}{':' + why if why else ''}.")
     return notes
 
 
@@ -306,7 +300,8 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
     """Params and GMACs (batch 1), inference/training throughput at ``batch`` and peak training memory (at
     ``batch`` and at half of it, extrapolated linearly to 1024) per row, the timings and memory of each model in its
     own subprocess."""
-    from .model import BenchSpec, run_specs
+    from .model import workers
+    from .model.spec import BenchSpec
 
     kept, notes = available_rows(rows)
     common = dict(device=device, threads=threads, warmup=warmup, repeats=repeats, max_time=max_time, img_size=img_size)
@@ -318,7 +313,7 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
                                label=row.label, **common))
         specs.append(BenchSpec(model=row.model, model_kwargs=dict(row.model_kwargs), latency_batch=half,
                                measures=("memory",), label=row.label, **common))
-    results = run_specs(specs, timeout=timeout, desc="SOFT Table 1") if specs else []
+    results = workers.run_specs(specs, timeout=timeout, desc="SOFT Table 1") if specs else []
     records = []
     for row, full, small in zip(kept, results[::2], results[1::2]):
         rec: Dict[str, Any] = {"model": row.label, "registered": row.model, "batch": batch,
