@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-# Tests measure behaviour, not speed: keep them deterministic and light on a shared 2-core machine.
-SUITE_THREADS = max(1, min(2, os.cpu_count() or 1))
+# Tests measure behaviour, not speed: keep them deterministic and light on a shared 2-core machine. Under
+# pytest-xdist the cores are split between the workers (2 workers on 2 cores: one thread each), and the processes a
+# test starts inherit that count through OMP_NUM_THREADS unless the test sets its own.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+SUITE_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
 torch.set_num_threads(SUITE_THREADS)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(SUITE_THREADS))
 
 #: every process the suite starts inherits this variable, so it can be found even after its parent died
 MARK = "SIMATTN_TEST_SESSION"
@@ -38,6 +43,22 @@ def pytest_unconfigure(config):
 
 # and once more at exit: exit handlers registered later (torch's compile caches) run before this one
 atexit.register(_remove_temp_root)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``--dist loadgroup``, the tests of a module that share a module-scoped fixture (a trained model, an
+    exported file) run on one worker, so the fixture is built once; every other test goes to whichever worker is
+    free."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        shared = [name for name in info.names_closure
+                  if any(d.scope in ("module", "class", "package") and not getattr(d, "_autouse", False)
+                         for d in info.name2fixturedefs.get(name, ()))]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 def marked_processes(variable: str, value: str) -> list:
