@@ -59,6 +59,10 @@ def pytest_collection_modifyitems(config, items):
                          for d in info.name2fixturedefs.get(name, ()))]
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if _WORKERS > 1:
+        # the longest tests start first, so that none of them is left running alone at the end; pytest-randomly has
+        # shuffled the items already and the sort is stable: the order still follows the seed
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def marked_processes(variable: str, value: str) -> list:
