@@ -45,24 +45,14 @@ def pytest_unconfigure(config):
 atexit.register(_remove_temp_root)
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under ``--dist loadgroup``, the tests of a module that share a module-scoped fixture (a trained model, an
-    exported file) run on one worker, so the fixture is built once; every other test goes to whichever worker is
-    free."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        shared = [name for name in info.names_closure
-                  if any(d.scope in ("module", "class", "package") and not getattr(d, "_autouse", False)
-                         for d in info.name2fixturedefs.get(name, ()))]
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    """Under pytest-xdist (``--dist loadscope``) each module runs on one worker, so a module-scoped fixture (a
+    trained model, an exported file) is built once. The modules that hold a long test (marked slow) are handed out
+    first, so that none is left running alone at the end; pytest-randomly has shuffled the items already and the
+    sort is stable, so the order still follows its seed."""
     if _WORKERS > 1:
-        # the longest tests start first, so that none of them is left running alone at the end; pytest-randomly has
-        # shuffled the items already and the sort is stable: the order still follows the seed
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+        slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
 
 
 def marked_processes(variable: str, value: str) -> list:

@@ -27,10 +27,6 @@ from torch.export import Dim, export
 from simattn.models import list_models
 from simattn.models.export_ready import prepare_for_export, revert_sync_batchnorm
 
-# one worker runs the whole file: the captures shared between models that build the same network
-# (``_capture_once``) are remembered in this process
-pytestmark = pytest.mark.xdist_group("graph_capture")
-
 MODELS = list_models()
 TOL = dict(rtol=1e-4, atol=1e-5)
 
