@@ -12,9 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-# Tests measure behaviour, not speed: keep them deterministic and light on a shared 2-core machine.
-SUITE_THREADS = max(1, min(2, os.cpu_count() or 1))
+# Tests measure behaviour, not speed: keep them deterministic and light on a shared 2-core machine. Under
+# pytest-xdist the cores are split between the workers (2 workers on 2 cores: one thread each), and the processes a
+# test starts inherit that count through OMP_NUM_THREADS unless the test sets its own.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+SUITE_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
 torch.set_num_threads(SUITE_THREADS)
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(SUITE_THREADS))
 
 #: every process the suite starts inherits this variable, so it can be found even after its parent died
 MARK = "SIMATTN_TEST_SESSION"
@@ -38,6 +43,16 @@ def pytest_unconfigure(config):
 
 # and once more at exit: exit handlers registered later (torch's compile caches) run before this one
 atexit.register(_remove_temp_root)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadscope``) each module runs on one worker, so a module-scoped fixture (a
+    trained model, an exported file) is built once. The modules that hold a long test (marked slow) are handed out
+    first, so that none is left running alone at the end; pytest-randomly has shuffled the items already and the
+    sort is stable, so the order still follows its seed."""
+    if _WORKERS > 1:
+        slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
+        items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
 
 
 def marked_processes(variable: str, value: str) -> list:

@@ -2,7 +2,6 @@
 of the per-pixel logits, the measured attention share, and exported segmenters in the deployment runtimes."""
 import csv
 import json
-import time
 
 import pytest
 import torch
@@ -83,39 +82,63 @@ def test_fpn_rows_have_hxw_sizes_attention_share_and_pixel_memory(tmp_path, caps
     assert "| fpn | softmax | eager | 64x128 |" in md
 
 
+class _Clock:
+    """A stand-in for ``time.perf_counter`` that moves only when the modules below say they spent time: the shares
+    come out the same on an idle or a loaded machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float):
+        self.now += seconds
+
+
 class _SlowLinear(nn.Linear):
+    def __init__(self, clock, *args):
+        super().__init__(*args)
+        self.clock = clock
+
     def forward(self, x):
-        time.sleep(0.01)
+        self.clock.spend(0.01)
         return super().forward(x)
 
 
 class _SlowAttention(nn.Module):
-    def __init__(self):
+    def __init__(self, clock):
         super().__init__()
-        self.proj = _SlowLinear(4, 4)
+        self.clock = clock
+        self.proj = _SlowLinear(clock, 4, 4)
 
     def forward(self, x):
-        time.sleep(0.01)
+        self.clock.spend(0.01)
         return self.proj(x)
 
 
 class _Net(nn.Module):
-    def __init__(self):
+    def __init__(self, clock):
         super().__init__()
-        self.attn = _SlowAttention()
+        self.clock = clock
+        self.attn = _SlowAttention(clock)
 
     def forward(self, x):
-        time.sleep(0.02)
+        self.clock.spend(0.02)
         return self.attn(x)
 
 
-def test_attention_share_is_the_time_inside_attention_modules():
-    model = _Net()
+def test_attention_share_is_the_time_inside_attention_modules(monkeypatch):
+    from simattn.bench.model import probes
+
+    clock = _Clock()
+    monkeypatch.setattr(probes, "time", clock)
+    model = _Net(clock)
     x = torch.randn(1, 4)
     share = attention_share(model, lambda: model(x), torch.device("cpu"), repeats=3)
     assert share["attn_share_runs"] == 3
-    assert share["attn_share"] == pytest.approx(0.5, abs=0.1)  # 20 of 40 ms
-    assert share["attn_core_share"] == pytest.approx(0.25, abs=0.1)  # without the 10 ms projection
+    assert share["attn_share"] == pytest.approx(0.5)  # 20 of 40 ms
+    assert share["attn_core_share"] == pytest.approx(0.25)  # without the 10 ms projection
     assert not model.attn._forward_hooks and not model.attn._forward_pre_hooks  # the hooks are removed
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import textwrap
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -31,6 +32,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_process_conversion_keeps_ranks_identical(tmp_path):
     teacher = tmp_path / "teacher.pth"
     make_timm_teacher(teacher, seed=3)

@@ -26,6 +26,7 @@ def _overrides(out, *extra):
     return {**parse_assignments([*SETTINGS, *extra]), "output": str(out)}
 
 
+@pytest.mark.slow
 def test_sigkill_during_distillation_then_resume_matches_an_uninterrupted_run(tmp_path):
     teacher = tmp_path / "teacher.pth"
     make_timm_teacher(teacher, seed=2)

@@ -106,6 +106,7 @@ DDP_WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_processes_by_two_workers_read_distinct_shards(tmp_path):
     write_numbered(tmp_path / "odd", "train", [10] * 6 + [7])   # 7 shards over 2 x 2: uneven
     write_numbered(tmp_path / "even", "train", [10] * 8)        # 8 shards: every sample once
@@ -190,6 +191,7 @@ def test_ssl_pretrains_and_evaluates_on_shards(digits_shards, tmp_path, capsys):
     assert summary["updates"] == 2 and summary["final"]["knn_top1"] > 0
 
 
+@pytest.mark.slow
 def test_segment_trains_and_evaluates_on_shards(tmp_path, capsys):
     from simattn.data.segmentation import DigitScenes
     for split, n in (("train", 24), ("val", 6)):

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import marked_processes
 from shard_fixtures import png_bytes
@@ -108,6 +109,7 @@ def _numbered_shards(tmp_path):
     return shards
 
 
+@pytest.mark.slow
 def test_two_nodes_with_c10d_rendezvous_read_distinct_shards_and_keep_ranks_identical(tmp_path):
     shards = _numbered_shards(tmp_path)
     script = tmp_path / "worker.py"
@@ -128,6 +130,7 @@ def test_two_nodes_with_c10d_rendezvous_read_distinct_shards_and_keep_ranks_iden
     assert set(seen[0]) | set(seen[1]) == set(range(64))
 
 
+@pytest.mark.slow
 def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import pytest
 import torch
 import yaml
 
@@ -46,6 +47,7 @@ def _same_tensors(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_dino_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     base = ["ssl", "train", "--config", "ssl_digits", "--set", *TINY_SSL]
@@ -61,6 +63,7 @@ def test_dino_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(tmp_path)
     assert sa["history"] == sb["history"] and sa["final"] == sb["final"]
 
 
+@pytest.mark.slow
 def test_detection_killed_mid_epoch_and_resumed_equals_an_uninterrupted_run(shapes, tmp_path):  # noqa: F811
     recipe = detect_recipe(shapes, tmp_path, epochs=2, checkpoint_every_epochs=1, batch_size=2,
                            checkpoint_every_steps=2, threads=1, eval_every_epochs=0)

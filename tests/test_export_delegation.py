@@ -52,6 +52,7 @@ def _lower(family):
 
 # (the DeiT .pte, fp32 and int8, is checked where test_export_edge.py exports it through the CLI)
 @pytest.mark.parametrize("family", ["xcit", "cvt"])
+@pytest.mark.slow
 def test_pte_runs_every_op_in_one_xnnpack_call(family):
     summary, diff = _lower(family)
     # LayerNorm, sums, unbind, the class token's select and expand, XCiT's position encoding (folded: it depends on

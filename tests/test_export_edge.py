@@ -98,6 +98,7 @@ def test_executorch_fp32_parity_metadata_and_validate(weights, tmp_path, capsys)
     assert set(ref) - {"use_ema"} <= set(got)
 
 
+@pytest.mark.slow
 def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path):
     import onnx
     import onnx.numpy_helper
@@ -235,6 +236,7 @@ def test_exp_like_aten_names():
     assert exp_like_ops(counts) == {"gelu": 2, "_softmax": 1, "exp": 1, "erf": 1, "scaled_dot_product_attention": 1}
 
 
+@pytest.mark.slow
 def test_bench_model_executorch_rows_at_equal_threads(tmp_path):
     from simattn.bench.model import cli as bench_model
 

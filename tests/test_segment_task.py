@@ -2,7 +2,9 @@
 two-process DDP whose mIoU equals one process's evaluation of the same weights, and one-line errors."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
 import os
 import signal
@@ -42,10 +44,19 @@ def _summary(folder: Path):
     return json.loads((folder / "summary.json").read_text())
 
 
-def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert simattn_main(["segment", *TINY, "--output", str(out)]) == 0
-    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """One uninterrupted run in this process: its folder and what it printed."""
+    out = tmp_path_factory.mktemp("segment") / "straight"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert simattn_main(["segment", *TINY, "--output", str(out)]) == 0
+    return out, printed.getvalue()
+
+
+def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(straight):
+    out, printed = straight
+    printed = json.loads(printed.strip().splitlines()[-1])
     summary = _summary(out)
     final = summary["final"]
     assert printed["val_miou"] == final["val_miou"]
@@ -64,24 +75,25 @@ def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(tmp_path,
     assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 11, 64, 64)
 
 
-def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(straight, tmp_path, capsys):
+    # the run is killed in its own process; the uninterrupted run and the resume run in this one
+    reference, _ = straight
+    killed = tmp_path / "killed"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     victim = subprocess.Popen(_cmd(killed, "--checkpoint-every-steps", "2"), env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, bufsize=1)
     watcher, seen = kill_on_line(victim, lambda line: line.startswith("checkpoint:") and "epoch 2" in line)
-    assert subprocess.run(_cmd(straight), env=env, capture_output=True, timeout=600).returncode == 0
     watcher.join(timeout=600)
     victim.wait(timeout=60)
     assert victim.returncode == -signal.SIGKILL, "".join(seen)
     assert not (killed / "summary.json").exists()
-    resumed = subprocess.run(_cmd(killed, "--checkpoint-every-steps", "2", "--resume"), env=env,
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    a, b = _summary(straight), _summary(killed)
+    code = simattn_main(["segment", *TINY, "--output", str(killed), "--checkpoint-every-steps", "2", "--resume"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    a, b = _summary(reference), _summary(killed)
     assert b["final"]["val_miou"] == a["final"]["val_miou"]
     assert [h["train_loss"] for h in b["history"]] == [h["train_loss"] for h in a["history"]]
-    wa, wb = load_file(straight / "final.safetensors"), load_file(killed / "final.safetensors")
+    wa, wb = load_file(reference / "final.safetensors"), load_file(killed / "final.safetensors")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -92,6 +104,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_process_ddp_scores_the_same_as_one_process(tmp_path):
     out = tmp_path / "ddp"
     proc = run_two_processes(tmp_path, WORKER, [out, *TINY, "--epochs", "1"], timeout=600)

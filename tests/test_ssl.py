@@ -144,6 +144,7 @@ def test_relu_vit_views_use_its_own_normalization(tmp_path):
 
 # --- runs ---------------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     """A short DINO run on digits gives better frozen features than the same backbone at random init (both numbers
     are printed and stored in summary.json).
@@ -183,6 +184,7 @@ def test_short_dino_run_beats_random_init(tmp_path, one_thread, capsys):
     assert again["knn_top1"] == pytest.approx(after["knn_top1"])
 
 
+@pytest.mark.slow
 def test_xcit_sima_dino_epoch_linear_probe_and_resume(tmp_path, one_thread):
     recipe = _digits_recipe(
         tmp_path,

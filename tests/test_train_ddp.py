@@ -38,6 +38,7 @@ WORKER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_two_process_gloo_ddp_keeps_ranks_identical(tmp_path):
     out = tmp_path / "run"
     proc = run_two_processes(tmp_path, WORKER, [out], timeout=300)

@@ -48,6 +48,7 @@ def _records(path: Path):
     return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
     straight, killed = tmp_path / "straight", tmp_path / "killed"
     victim = subprocess.Popen(_train_cmd(killed, "--checkpoint-every-steps", "3"),
