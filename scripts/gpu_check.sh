@@ -34,7 +34,9 @@ cat "$OUT/summary.txt"
 
 # the tests check results, not speed: one launch configuration per kernel (each shape compiles once); the bench
 # stages below run the benchmark's CUDA code, so its tests (tests/test_bench_cuda.py) are left to a longer loan
-stage tests 170 "$OUT/tests.txt" env SIMATTN_TRITON_AUTOTUNE=0 "$PY" -m pytest -q -p no:randomly -p no:cacheprovider \
+# -o addopts: the suite's own (pytest-xdist workers, the timeout plugin) need plugins the GPU machine may lack
+stage tests 170 "$OUT/tests.txt" env SIMATTN_TRITON_AUTOTUNE=0 "$PY" -m pytest -q -o addopts="-ra" -p no:randomly \
+    -p no:cacheprovider \
     tests/test_sima_cuda.py tests/test_sima_triton.py -k cuda
 tail -3 "$OUT/tests.txt"
 

@@ -302,9 +302,9 @@ ATTENTION = ["attention", "--tokens", "16", "--heads", "2", "--head-dim", "8", "
     (MODEL + ["--timeout", "5"], "--timeout applies to workers, not --in-process"),
     # in workers (not --in-process), each configuration would fail on its own after the sweep
     ([a for a in MODEL if a != "--in-process"] + ["--model-kwargs", "depth=-1"], "option 'depth': got -1"),
-    (FIGURE + ["--xcit-model", "nosuch"], "option '--xcit-model': got 'nosuch'; allowed: one of sima_large_24_p16"),
-    (TABLE3 + ["--xcit-depth", "2"], "--xcit-depth applies to Figure A1, which --only table3 leaves out"),
-    (FIGURE + ["--readings", "total"], "--readings applies to Table 3, which --only figure_a1 leaves out"),
+    (FIGURE + ["--xcit-model", "nosuch"], "option '--xcit-model': got 'nosuch'; allowed: one of "),
+    (TABLE3 + ["--xcit-depth", "2"], "--xcit-depth applies to figure_a1, which --only table3 leaves out"),
+    (FIGURE + ["--readings", "total"], "--readings applies to table3, which --only figure_a1 leaves out"),
     (FIGURE + ["--sizes", "40"], "patch_size=16 does not divide img_size=40"),
     (ATTENTION + ["--passes", "fwd"], "--passes applies to --device cuda"),
     (ATTENTION + ["--layout", "rows"], "option '--layout': got 'rows'; allowed: one of qkv, contiguous"),

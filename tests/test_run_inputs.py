@@ -145,11 +145,14 @@ def test_the_lock_dies_with_its_process_while_a_forked_child_lives_on(tmp_path):
         import os, signal, sys, time
         from simattn.utils.runs import lock_run_folder
         lock_run_folder(sys.argv[1])
+        ready_r, ready_w = os.pipe()
         child = os.fork()
         if child == 0:  # as a data-loader worker forked by the run: it lives on after the run is killed
+            print(os.getpid(), flush=True)
+            os.write(ready_w, b"1")  # running: fork's handlers have run in this process
             time.sleep(120)
             os._exit(0)
-        print(child, flush=True)
+        os.read(ready_r, 1)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     # the child keeps the pipe open: read the one line, not to the end

@@ -213,11 +213,10 @@ def exported_exps(model: nn.Module, x: torch.Tensor, kind: str) -> Dict[str, Any
 
 
 def _create(row: PaperModel, extra: Optional[Mapping[str, Any]] = None) -> nn.Module:
-    import timm
+    from ..models.factory import create_model
 
-    from .. import models  # noqa: F401  (registers the models)
     torch.manual_seed(0)
-    return timm.create_model(row.model, **{**row.model_kwargs, **(extra or {})}).eval()
+    return create_model(row.model, **{**row.model_kwargs, **(extra or {})}).eval()
 
 
 def _costs(model: nn.Module, img_size: int) -> Dict[str, float]:
