@@ -199,6 +199,19 @@ def _apply(q, rows, w, z, eps, KIND: tl.constexpr, BF16_OUT: tl.constexpr, UPCAS
     return out
 
 
+def _head(H):
+    """(batch, head, flat index as int64) of the (batch, head) that ``program_id(0)`` owns."""
+    bh = tl.program_id(0)
+    return (bh // H).to(tl.int64), (bh % H).to(tl.int64), bh.to(tl.int64)
+
+
+def _channels(d, e, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The channel lanes of q/k (``d``) and of v (``e``), and which of them are real."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    return offs_d, offs_e, offs_d < d, offs_e < e
+
+
 def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr, H, n_x, n_z, d, e, chunk,
                   n_bucket, p_bucket,
                   sxb, sxh, sxn, sxd, syb, syh, syn, sye, szb, szh, szn, szd, smxb, smxn, smzb, smzn,
@@ -206,21 +219,16 @@ def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr,
                   KIND: tl.constexpr, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """Partial sums (:func:`_stats`) over token chunk ``program_id(1)`` of (batch, head) ``program_id(0)``."""
-    bh = tl.program_id(0)
+    b, h, bh64 = _head(H)
     split = tl.program_id(1)
     n_split = tl.num_programs(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    d_ok = offs_d < d
-    e_ok = offs_e < e
+    offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     start = split * chunk
     acc, s_x, s_z = _stats(x_ptr + b * sxb + h * sxh, y_ptr + b * syb + h * syh, z_ptr + b * szb + h * szh,
                            xm_ptr, zm_ptr, b, start, tl.minimum(n_x, start + chunk), tl.minimum(n_z, start + chunk),
                            sxn, sxd, syn, sye, szn, szd, smxb, smxn, smzb, smzn, offs_d, offs_e, d_ok, e_ok,
                            HAS_XM, HAS_ZM, NORMS, HAS_Z, KIND, NATIVE, UPCAST, PREC, BLOCK, BLOCK_D, BLOCK_E)
-    part = bh.to(tl.int64) * n_split + split
+    part = bh64 * n_split + split
     tl.store(part_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], acc, mask=d_ok[:, None] & e_ok[None, :])
     if NORMS:
         tl.store(sx_ptr + part * d + offs_d, s_x, mask=d_ok)
@@ -244,15 +252,9 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
                 PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One (batch, head) ``program_id(0)``: the state over every token (or, with SPLIT, the sum of the partials of
     :func:`_stats_kernel`), folded on chip, applied to the queries of chunk ``program_id(1)``."""
-    bh = tl.program_id(0)
+    b, h, bh64 = _head(H)
     split = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    bh64 = bh.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    d_ok = offs_d < d
-    e_ok = offs_e < e
+    offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     q_base = q_ptr + b * sqb + h * sqh
     if SPLIT:
         kv, s_k, s_q = _sum_parts(part_ptr, psk_ptr, psq_ptr, bh64, n_split, d, e, offs_d, offs_e, d_ok, e_ok,
@@ -285,15 +287,9 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
                          NATIVE: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                          BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """:func:`_fwd_kernel` for a head whose tokens fit one tile (BLOCK ≥ n_q, n_k): q, k, v are read once."""
-    bh = tl.program_id(0)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    bh64 = bh.to(tl.int64)
+    b, h, bh64 = _head(H)
     offs = tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    d_ok = offs_d < d
-    e_ok = offs_e < e
+    offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     k_rows = _keep(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
     q_rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
     k = _features(_tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, k_rows, d_ok), k_rows, KIND)
@@ -320,15 +316,9 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
                 BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """SimA's gradients (module docstring) for (batch, head) ``program_id(0)``: qᵀG over every token (SPLIT: the
     partials' sum), then dq, dk, dv for the tokens of chunk ``program_id(1)``."""
-    bh = tl.program_id(0)
+    b, h, bh64 = _head(H)
     split = tl.program_id(1)
-    b = (bh // H).to(tl.int64)
-    h = (bh % H).to(tl.int64)
-    bh64 = bh.to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    d_ok = offs_d < d
-    e_ok = offs_e < e
+    offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     de_ok = d_ok[:, None] & e_ok[None, :]
     q_base, g_base = q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh
     if SPLIT:
@@ -380,7 +370,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
                  dv.to(dv_ptr.dtype.element_ty), mask=in_range & e_ok[None, :])
 
 
-_HELPERS = (_keep, _tile, _mm, _features, _stats, _sum_parts, _fold, _apply, _save_state)
+_HELPERS = (_head, _channels, _keep, _tile, _mm, _features, _stats, _sum_parts, _fold, _apply, _save_state)
 # What the tuned configuration depends on: tokens per program and programs (n_bucket, p_bucket: powers of two, unused
 # in the kernels' bodies), head dims and the path; triton adds the tensor arguments' dtypes.
 _TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "KIND", "NORMS", "HAS_Z"],
