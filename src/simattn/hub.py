@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -65,12 +64,6 @@ def _check_repo_id(text: str) -> Optional[str]:
 def build_save_parser() -> argparse.ArgumentParser:
     from .utils.recipe import command_parser
     return command_parser("simattn hub save", SUBCOMMANDS["save"], save_options())
-
-
-def _usage() -> str:
-    lines = ["usage: simattn hub {" + ",".join(SUBCOMMANDS) + "} [options]"]
-    lines += [f"  {name:<10} {help_}" for name, help_ in SUBCOMMANDS.items()]
-    return "\n".join(lines)
 
 
 def _check_inputs(args: Mapping[str, Any]) -> None:
@@ -305,10 +298,5 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
 
 
 def main(argv: List[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"simattn hub: unknown subcommand {argv[0]!r}; known: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
-        print(_usage())
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    run_save(argv[1:])
-    return 0
+    from .utils.recipe import run_subcommand
+    return run_subcommand("simattn hub", argv, {"save": (run_save, SUBCOMMANDS["save"])})

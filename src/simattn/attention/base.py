@@ -17,7 +17,7 @@ from torch import nn
 
 from ._common import check_count, check_device, fx_call_whole, fx_tracing
 
-__all__ = ["TokenAttention"]
+__all__ = ["TokenAttention", "GridReducedAttention"]
 
 
 class TokenAttention(nn.Module):
@@ -169,3 +169,18 @@ class TokenAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.num_heads}"
+
+
+class GridReducedAttention(TokenAttention):
+    """The kinds that reduce the keys ratio×ratio on the 2-D token grid (SOFT's and Nyströmformer's pooled landmarks,
+    Linformer's key projection): the constructor takes ``ratio``, ``forward`` needs the grid, and no token mask or
+    other key length fits the reduction."""
+
+    supports_mask = False
+    supports_cross_length = False
+    uses_grid = True
+    attend_uses_grid = True
+    takes_reduction_ratio = True
+    # N/ratio² reduced keys at a fixed ratio (as the SOFT pyramid's stages have) make N·N/ratio² exps: they grow as
+    # N². SimA's Table 2 lists Linformer and Nyströmformer as HN, which holds for a fixed reduced length instead.
+    exp_complexity = "HN²"

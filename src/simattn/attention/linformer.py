@@ -34,7 +34,7 @@ from torch import nn
 
 from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .base import TokenAttention
+from .base import GridReducedAttention
 from .reference import linformer_reference as linformer_attention_reference
 from .soft import infer_grid, scripted_grid
 from .softmax import softmax_attention
@@ -93,7 +93,7 @@ def window_projection(x: torch.Tensor, grid_size: Tuple[int, int], weights: torc
 
 
 @register_attention("linformer")
-class LinformerAttention(TokenAttention):
+class LinformerAttention(GridReducedAttention):
     """Linformer with timm's ``Attention`` signature (module docstring for the two forms).
 
     Options: ``ratio`` (window side of the grid form; the SOFT pyramid sets SOFT's per stage), ``seq_len`` and
@@ -101,15 +101,6 @@ class LinformerAttention(TokenAttention):
     ``num_prefix_tokens`` (grid form; None = infer 0 or 1). Parameters ``proj_k`` (and ``proj_v`` unless shared):
     (ratio, ratio) window weights, or (proj_len, seq_len) matrices. The softmax runs as the ``softmax`` kind's
     (fused SDPA); ``attn_drop`` is not supported."""
-
-    # the grid form keeps N/ratio² keys, so its N·N/ratio² exps grow as N² at a fixed ratio (the pyramid's, as in
-    # SOFT's Table 1); SimA's Table 2 lists Linformer as HN, which holds for a fixed projected length (seq_len form)
-    exp_complexity = "HN²"
-    supports_mask = False
-    supports_cross_length = False
-    uses_grid = True
-    attend_uses_grid = True
-    takes_reduction_ratio = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, seq_len: Optional[int] = None,
                  proj_len: Optional[int] = None, share_kv: bool = False, num_prefix_tokens: Optional[int] = None,

@@ -31,7 +31,7 @@ import torch
 
 from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .base import TokenAttention
+from .base import GridReducedAttention
 from .reference import nystrom_reference as nystrom_attention_reference
 from .soft import infer_grid, pool_landmarks, scripted_grid
 
@@ -79,20 +79,11 @@ def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 @register_attention("nystrom")
-class NystromAttention(TokenAttention):
+class NystromAttention(GridReducedAttention):
     """Nyströmformer with timm's ``Attention`` signature; options ``ratio`` (landmark window and stride; the SOFT
     pyramid sets SOFT's per stage), ``num_iters`` (pseudo-inverse steps, 6) and ``num_prefix_tokens`` (None =
     infer 0 or 1). ``forward(x, grid_size=(H, W))`` for non-square grids. No masks; ``attn_drop > 0`` is rejected
     (no token-token weight matrix is formed)."""
-
-    # N/ratio² landmarks from pooling the grid at a fixed ratio, so the N·m exps grow as N²; SimA's Table 2 lists
-    # Nyströmformer as HN, which holds for a fixed number of landmarks
-    exp_complexity = "HN²"
-    supports_mask = False
-    supports_cross_length = False
-    uses_grid = True
-    attend_uses_grid = True
-    takes_reduction_ratio = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, num_iters: int = 6,
                  num_prefix_tokens: Optional[int] = None, **kwargs) -> None:

@@ -30,7 +30,7 @@ from torch import nn
 
 from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .base import TokenAttention
+from .base import GridReducedAttention
 
 __all__ = [
     "soft_attention", "gaussian_kernel", "newton_pinv", "pinv_residual",
@@ -260,7 +260,7 @@ def soft_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 @register_attention("soft")
-class SoftAttention(TokenAttention):
+class SoftAttention(GridReducedAttention):
     """SOFT attention module with timm's ``Attention`` signature; q and k share one projection (``qkv`` holds q, v).
 
     Extra options: ``ratio`` (landmark window and stride), ``landmarks`` ('pool': ratio×ratio average pooling;
@@ -272,15 +272,8 @@ class SoftAttention(TokenAttention):
     themselves (exact kernel, no conv). There is no token-token weight matrix, so ``attn_drop > 0`` is rejected.
     """
 
-    # 2·N·m + m² kernel exps per head, with m = N/ratio² landmarks at the fixed per-stage ratio: they grow as N²
-    # (SimA's Table 2 lists SOFT as HN² too)
-    exp_complexity = "HN²"
-    supports_mask = False
-    supports_cross_length = False
+    # q = k; the 2·N·m + m² kernel exps per head (m = N/ratio² landmarks) are the base's HN², as SimA's Table 2 has
     separate_qk = False
-    uses_grid = True
-    attend_uses_grid = True
-    takes_reduction_ratio = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",
                  num_iters: int = 20, backward: str = "exact", newton_init: str = "released",

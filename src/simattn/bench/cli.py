@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import importlib
-import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 BENCHES = {
     "attention": ("simattn.bench.attention", "attention kinds vs softmax SDPA and the official SimA, by token count"),
@@ -109,11 +108,10 @@ def require_cuda(device: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"simattn bench: unknown benchmark {argv[0]!r}; known: {', '.join(BENCHES)}", file=sys.stderr)
-        print("usage: simattn bench {" + ",".join(BENCHES) + "} [options]")
-        for name, (_, help_) in BENCHES.items():
-            print(f"  {name:<10} {help_}")
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    return int(importlib.import_module(BENCHES[argv[0]][0]).main(argv[1:]) or 0)
+    from ..utils.recipe import run_subcommand
+
+    def bench(module: str) -> Callable[[List[str]], Any]:
+        return lambda args: importlib.import_module(module).main(args)
+
+    return run_subcommand("simattn bench", argv, {name: (bench(module), help_)
+                                                   for name, (module, help_) in BENCHES.items()}, noun="benchmark")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any, Dict, List
 
 __all__ = ["main", "pack_options", "build_pack_parser", "run_pack"]
@@ -55,12 +54,6 @@ def build_pack_parser() -> argparse.ArgumentParser:
     return command_parser("simattn data pack", SUBCOMMANDS["pack"], pack_options())
 
 
-def _usage() -> str:
-    lines = ["usage: simattn data {" + ",".join(SUBCOMMANDS) + "} [options]"]
-    lines += [f"  {name:<10} {help_}" for name, help_ in SUBCOMMANDS.items()]
-    return "\n".join(lines)
-
-
 def run_pack(argv: List[str]) -> Dict[str, Any]:
     """``simattn data pack`` with arguments ``argv``; returns the split's summary."""
     from ..utils.recipe import checked_flags, flag_name
@@ -99,10 +92,5 @@ def run_pack(argv: List[str]) -> Dict[str, Any]:
 
 
 def main(argv: List[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"simattn data: unknown subcommand {argv[0]!r}; known: {', '.join(SUBCOMMANDS)}", file=sys.stderr)
-        print(_usage())
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
-    run_pack(argv[1:])
-    return 0
+    from ..utils.recipe import run_subcommand
+    return run_subcommand("simattn data", argv, {"pack": (run_pack, SUBCOMMANDS["pack"])})

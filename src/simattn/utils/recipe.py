@@ -848,6 +848,23 @@ def command_parser(prog: str, description: str, specs: Optional[Mapping[str, Opt
     return parser
 
 
+def run_subcommand(prog: str, argv: Sequence[str], commands: Mapping[str, Tuple[Callable[[List[str]], Any], str]],
+                   noun: str = "subcommand") -> int:
+    """``prog NAME [options]``: calls NAME's handler with the rest of ``argv`` (an int it returns is the exit code,
+    anything else is 0). Nothing, ``-h`` or ``--help`` prints the list of ``commands`` (exit 0); an unknown NAME is one line naming
+    the known ones, then the list (exit 2)."""
+    if argv and argv[0] in commands:
+        result = commands[argv[0]][0](list(argv[1:]))
+        return result if isinstance(result, int) else 0
+    asked = not argv or argv[0] in ("-h", "--help")
+    if not asked:
+        print(f"{prog}: unknown {noun} {argv[0]!r}; known: {', '.join(commands)}", file=sys.stderr)
+    print(f"usage: {prog} {{" + ",".join(commands) + "} [options]")
+    for name, (_, help_) in commands.items():
+        print(f"  {name:<10} {help_}")
+    return 0 if asked else 2
+
+
 def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
     """One ``--flag`` per option of ``specs`` (``img_size`` → ``--img-size``) at its default; :func:`checked_flags`
     checks them all."""
