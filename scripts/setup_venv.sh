@@ -12,6 +12,9 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # Quiet unless it fails; the editable install is fast when everything is already there.
 .venv/bin/python -m pip install -q -c constraints.txt -e "$spec"
+# pip byte-compiles what it installs, but the editable install leaves simattn's own modules as sources: compiled
+# here once, they are not recompiled by every process where bytecode is not written (PYTHONDONTWRITEBYTECODE).
+.venv/bin/python -m compileall -q src > /dev/null
 # SimA's compiled CPU kernel, once per machine and torch version (seconds when it is built already). Without a C++
 # compiler it says so and SimA runs in torch: set-up does not fail for it.
 .venv/bin/simattn build-kernels || true

@@ -45,14 +45,87 @@ def pytest_unconfigure(config):
 atexit.register(_remove_temp_root)
 
 
+#: seconds each test module took on the 2-core machine the suite is sized for (``--write-module-seconds`` rewrites
+#: it); only the order of the modules under pytest-xdist depends on it
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+#: the modules that load the edge runtimes (ExecuTorch, Core ML): under pytest-xdist they run as one unit, so that
+#: one worker pays for those imports and the first lowering
+EDGE_RUNTIME_MODULES = {f"tests/test_{name}.py" for name in ("deploy_inputs", "deploy_registry", "export_delegation",
+                                                            "export_edge", "segment_deploy")}
+
+
+def needs(*packages: str):
+    """The skip mark of a module whose tests need ``packages``: they are looked up, not imported, so that collecting
+    the suite does not load the edge runtimes (seconds each) on every worker."""
+    from importlib.util import find_spec
+    missing = [name for name in packages if find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"not installed: {', '.join(missing)}")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--write-module-seconds", metavar="PATH", default=None,
+                     help="write each test module's total time (setup, call, teardown) to PATH as JSON")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under pytest-xdist: its module, or the edge-runtime modules together."""
+    module = _module(nodeid)
+    return "edge runtimes" if module in EDGE_RUNTIME_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with :func:`_unit` as the scope: each unit runs on one worker, so a module-scoped fixture
+    (a trained model, an exported file) is built once."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``--dist loadscope``) each module runs on one worker, so a module-scoped fixture (a
-    trained model, an exported file) is built once. The modules that hold a long test (marked slow) are handed out
-    first, so that none is left running alone at the end; pytest-randomly has shuffled the items already and the
-    sort is stable, so the order still follows its seed."""
-    if _WORKERS > 1:
-        slow = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-        items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow)
+    """Under pytest-xdist the units of work (:func:`_unit`) are handed out longest first, by their modules' recorded
+    seconds (a module not recorded yet counts as long when it holds a test marked slow), so that the short ones even
+    out the workers' ends; pytest-randomly has shuffled the items already and the sort is stable, so the order within
+    a unit still follows its seed."""
+    if _WORKERS <= 1:
+        return
+    import json
+    recorded = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
+    slow = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    longest = max(recorded.values(), default=0.0)
+    unit_seconds: dict = {}
+    for module in {_module(item.nodeid) for item in items}:
+        seconds = recorded.get(module, longest if module in slow else 0.0)
+        unit_seconds[_unit(module)] = unit_seconds.get(_unit(module), 0.0) + seconds
+    items.sort(key=lambda item: (-unit_seconds[_unit(item.nodeid)], _unit(item.nodeid)))
+
+
+_module_seconds: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    _module_seconds[_module(report.nodeid)] = _module_seconds.get(_module(report.nodeid), 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--write-module-seconds")
+    # under pytest-xdist the controller receives every worker's reports: it alone writes
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):
+        import json
+        from simattn.utils.io import atomic_write_json
+        atomic_write_json({k: round(v, 1) for k, v in sorted(_module_seconds.items())}, Path(path))
 
 
 def marked_processes(variable: str, value: str) -> list:

@@ -16,13 +16,13 @@ import timm
 import torch
 from PIL import Image
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("executorch")
-pytest.importorskip("coremltools")
+from conftest import needs
 
-import simattn  # noqa: E402,F401  (registers the models)
-from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.models.weights import save_weights, weights_metadata  # noqa: E402
+import simattn  # noqa: F401  (registers the models)
+from simattn.cli import main as simattn_main
+from simattn.models.weights import save_weights, weights_metadata
+
+pytestmark = needs("onnxruntime", "executorch", "coremltools")
 
 DEIT = "sima_deit_tiny_patch16_224"
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2, num_classes=2)

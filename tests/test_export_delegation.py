@@ -7,11 +7,12 @@ import pytest
 import timm
 import torch
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("executorch")
+from conftest import needs
 
-import simattn  # noqa: E402,F401  (registers the models)
-from simattn.cli import main as simattn_main  # noqa: E402
+import simattn  # noqa: F401  (registers the models)
+from simattn.cli import main as simattn_main
+
+pytestmark = needs("onnxruntime", "executorch")
 
 DEIT = "sima_deit_tiny_patch16_224"
 DEIT_ARGS = ["--model", DEIT, "--model-kwargs", "img_size=16", "patch_size=4", "embed_dim=32", "depth=1", "num_heads=2",
