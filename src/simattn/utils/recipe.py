@@ -851,8 +851,8 @@ def command_parser(prog: str, description: str, specs: Optional[Mapping[str, Opt
 def run_subcommand(prog: str, argv: Sequence[str], commands: Mapping[str, Tuple[Callable[[List[str]], Any], str]],
                    noun: str = "subcommand") -> int:
     """``prog NAME [options]``: calls NAME's handler with the rest of ``argv`` (an int it returns is the exit code,
-    anything else is 0). Nothing, ``-h`` or ``--help`` prints the list of ``commands`` (exit 0); an unknown NAME is one line naming
-    the known ones, then the list (exit 2)."""
+    anything else is 0). Nothing, ``-h`` or ``--help`` prints the list of ``commands`` (exit 0); an unknown NAME is
+    one line naming the known ones, then the list (exit 2)."""
     if argv and argv[0] in commands:
         result = commands[argv[0]][0](list(argv[1:]))
         return result if isinstance(result, int) else 0
