@@ -51,3 +51,23 @@ def test_usage_loads_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
     assert "convert" in out
+
+
+@pytest.mark.parametrize("command, names", [("bench", ["attention", "data", "model", "paper"]), ("data", ["pack"]),
+                                            ("hub", ["save"])])
+def test_subcommands_are_listed_and_an_unknown_one_is_one_line(capsys, command, names):
+    for asked in ([], ["--help"]):
+        assert main([command, *asked]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: simattn {command} {{{','.join(names)}}}") and all(f"  {n} " in out for n in names)
+    assert main([command, "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"simattn {command}: unknown {'benchmark' if command == 'bench' else 'subcommand'} 'nope'; "
+                   f"known: {', '.join(names)}"]
+
+
+def test_a_subcommand_gets_the_rest_of_the_line_and_its_exit_code(monkeypatch):
+    seen = []
+    monkeypatch.setattr("simattn.bench.paper.main", lambda argv: seen.append(argv) or 3)
+    assert main(["bench", "paper", "--only", "table2"]) == 3
+    assert seen == [["--only", "table2"]]

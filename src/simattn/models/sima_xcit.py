@@ -575,10 +575,14 @@ default_cfgs = generate_default_cfgs({
 })
 
 
-def _sima(size: str, patch_size: int, pretrained: bool, kwargs: Dict[str, Any]) -> XCiTBackbone:
+def _size_args(size: str, patch_size: int) -> Dict[str, Any]:
+    """The constructor arguments of one of :data:`_SIZES` at ``patch_size``."""
     dim, depth, heads, eta, tokens_norm = _SIZES[size]
-    args = dict(patch_size=patch_size, embed_dim=dim, depth=depth, num_heads=heads, eta=eta,
-                tokens_norm=tokens_norm, attn_type="sima")
+    return dict(patch_size=patch_size, embed_dim=dim, depth=depth, num_heads=heads, eta=eta, tokens_norm=tokens_norm)
+
+
+def _sima(size: str, patch_size: int, pretrained: bool, kwargs: Dict[str, Any]) -> XCiTBackbone:
+    args = dict(_size_args(size, patch_size), attn_type="sima")
     return create_xcit_backbone(f"sima_{size}_p{patch_size}", pretrained, **dict(args, **kwargs))
 
 
@@ -669,9 +673,7 @@ def sima_large_24_p8(pretrained: bool = False, **kwargs) -> XCiTBackbone:
 def _xcit_small_12_p16_with(kind: str, variant: str, pretrained: bool, kwargs: Dict[str, Any],
                             attn_kwargs: Optional[Dict[str, Any]] = None) -> XCiTBackbone:
     """XCiT-S12/16's network with token attention ``kind`` and softmax class attention (SimA's Table 2)."""
-    dim, depth, heads, eta, tokens_norm = _SIZES["small_12"]
-    args = dict(patch_size=16, embed_dim=dim, depth=depth, num_heads=heads, eta=eta, tokens_norm=tokens_norm,
-                attn_type=kind, attn_kwargs=attn_kwargs)
+    args = dict(_size_args("small_12", 16), attn_type=kind, attn_kwargs=attn_kwargs)
     return create_xcit_backbone(variant, pretrained, **dict(args, **kwargs))
 
 

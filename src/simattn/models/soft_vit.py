@@ -210,11 +210,14 @@ default_cfgs = generate_default_cfgs({
 })
 
 
+#: SOFT-Tiny's pyramid, shared by Table 1's baselines
+_TINY = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2))
+
+
 @register_model
 def soft_tiny(pretrained: bool = False, **kwargs) -> SoftViT:
     """SOFT-Tiny (dims 64/128/320/512, depths 1/2/3/2; 13M params, paper: 79.3%)."""
-    args = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2))
-    return _create_soft("soft_tiny", pretrained, **dict(args, **kwargs))
+    return _create_soft("soft_tiny", pretrained, **dict(_TINY, **kwargs))
 
 
 @register_model
@@ -247,7 +250,7 @@ def soft_huge(pretrained: bool = False, **kwargs) -> SoftViT:
 
 def _soft_tiny_with(kind: str, pretrained: bool, kwargs: Dict[str, Any]) -> SoftViT:
     """SOFT-Tiny's pyramid with ``kind`` in stages 1-3: the baselines of SOFT's Table 1."""
-    args = dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), attn_type=kind)
+    args = dict(_TINY, attn_type=kind)
     return _create_soft(f"soft_tiny_{kind}", pretrained, **dict(args, **kwargs))
 
 
