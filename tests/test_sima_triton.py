@@ -433,7 +433,9 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
     common = dict(UPCAST=False, PREC="tf32")
     fwd = dict(HAS_QM=True, HAS_KM=True, SAVE=True, KIND=0, NATIVE=True, BF16_OUT=True, **common)
     variants = [  # each kernel once, each kind's prologue or epilogue once, both token-axis plans, bf16 and fp32
-        (kernels.stats, u8, dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, KIND=1, NATIVE=False, **common)),
+        # ELU's prologue on bf16 keys: its fp32 features and SimA's own keys come from one function
+        (kernels.stats, {**bf16, **u8},
+         dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, KIND=1, NATIVE=False, **common)),
         (kernels.fwd, {**bf16, **u8}, dict(fwd, SPLIT=False)),
         (kernels.one, u8, dict(fwd, KIND=2, NATIVE=False, BF16_OUT=False, SAVE=False, PREC="ieee")),
         (kernels.bwd, {**bf16, **u8}, dict(HAS_QM=True, HAS_KM=True, SPLIT=True, NATIVE=True, BF16_DQ=True,
@@ -450,3 +452,23 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
                 raise
             pytest.skip(f"cannot compile for CUDA here: {e}")
         assert compiled.asm["cubin"], f"{fn.__name__} {flags}: no machine code"
+
+
+def test_kernels_keep_their_constexpr_parameters():
+    """The compiled kernels and helpers are copies of this module's functions (decorated per mode): a parameter
+    annotated ``tl.constexpr`` must stay one, or launching on a GPU fails to specialize it (the interpreter does
+    not tell)."""
+    from simattn.attention import sima_triton as st
+
+    kernels = st._kernels(False, False)
+    scope = kernels.fwd.fn.fn.__globals__  # the autotuner's JITFunction's function, in its mode's globals
+    sources = {"_stats_kernel": kernels.stats, "_fwd_kernel": kernels.fwd, "_fwd_one_tile_kernel": kernels.one,
+               "_bwd_kernel": kernels.bwd, **{h.__name__: scope[h.__name__] for h in st._HELPERS}}
+    checked = 0
+    for name, decorated in sources.items():
+        fn = getattr(decorated, "fn", decorated)
+        fn = fn if hasattr(fn, "params") else decorated
+        declared = {p for p, a in getattr(st, name).__annotations__.items() if "constexpr" in str(a)}
+        assert {p.name for p in fn.params if p.is_constexpr} == declared, name
+        checked += bool(declared)
+    assert checked >= 8

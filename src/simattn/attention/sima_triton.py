@@ -122,10 +122,13 @@ def _mm(a, b, acc, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexp
 
 def _features(x, rows, KIND: tl.constexpr):
     """The prologue on q and k: ELU's φ(x) = elu(x) + 1 (fp32, 0 on rows that take no part); x itself otherwise."""
+    # one return: the compiler types every return of a function alike, constexpr branches included
     if KIND == 1:
         xf = x.to(tl.float32)
-        return tl.where(rows[:, None], tl.where(xf > 0, xf + 1.0, tl.exp(xf)), 0.0)
-    return x
+        phi = tl.where(rows[:, None], tl.where(xf > 0, xf + 1.0, tl.exp(xf)), 0.0)
+    else:
+        phi = x
+    return phi
 
 
 def _stats(x_base, y_base, z_base, xm_ptr, zm_ptr, b, start, lim_x, lim_z, sxn, sxd, syn, sye, szn, szd,
@@ -399,7 +402,10 @@ def _kernels(interpret: bool, tune: bool = True) -> SimpleNamespace:
     scope = dict(globals())
 
     def jit(fn):
-        return triton.jit(types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__))
+        copy = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+        # the compiler reads tl.constexpr parameters from the annotations, which FunctionType does not carry over
+        copy.__annotations__, copy.__module__, copy.__qualname__ = fn.__annotations__, fn.__module__, fn.__qualname__
+        return triton.jit(copy)
 
     for helper in _HELPERS:
         scope[helper.__name__] = jit(helper)

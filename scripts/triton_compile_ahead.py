@@ -1,0 +1,111 @@
+"""Compile every launch configuration of the fused linear-attention kernels that `simattn bench attention` will
+autotune, ahead of the sweep and in parallel processes, without launching any kernel.
+
+Triton compiles an autotuned kernel once per configuration, one after another in the process that first calls it.
+A sweep over several token counts, batch sizes and both passes then spends most of its time compiling. This script
+runs the sweep's own calls (``simattn.bench.attention.run_gpu``) with each autotuner compiling its configurations
+instead of timing them, one process per (batch, token count), so the compiled kernels are in Triton's on-disk cache
+when the sweep starts.
+
+``--sm90-here`` does the same on a machine without a GPU: every kernel path (SimA forward with and without the
+backward's state, the backward, ELU and XNorm, split and one-tile plans) is compiled for an H100/H200 (sm_90) with
+Triton's own compiler and ptxas, through the same launch code, so a kernel that would not compile on the GPU fails
+here first. It prints the shared memory each kernel needs.
+
+Usage:
+    PYTHONPATH=src python3 scripts/triton_compile_ahead.py --batch 128 8 --tokens 197 577 1025 4097 16385
+    PYTHONPATH=src python3 scripts/triton_compile_ahead.py --sm90-here --batch 8 --tokens 197 4097 --jobs 1
+"""
+import argparse
+import itertools
+import multiprocessing
+import sys
+import time
+
+KINDS = ["sima_triton", "elu", "xnorm"]
+
+
+class _Sm90Driver:
+    """A stand-in for Triton's CUDA driver that names an sm_90 target: enough to compile, not to launch."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        import torch
+        return torch.device("cpu")
+
+
+def _compile_only(shared):
+    """Autotuned kernels compile every configuration and launch none; ``shared`` collects (kernel, config,
+    shared memory bytes)."""
+    from triton.runtime.autotuner import Autotuner
+
+    def run(self, *args, **kwargs):
+        kwargs.pop("grid", None)
+        kwargs.pop("warmup", None)
+        for config in self.configs:
+            kernel = self.fn.run(*args, grid=None, warmup=True, **kwargs, **config.all_kwargs())
+            shared.append((self.fn.__name__, str(config), kernel.metadata.shared))
+
+    Autotuner.run = run
+
+
+def _job(job):
+    batch, n, dtype_name, sm90_here = job
+    import torch
+
+    from simattn.attention import sima_triton
+    from simattn.bench.attention import run_gpu
+
+    shared = []
+    _compile_only(shared)
+    device = "cuda"
+    if sm90_here:
+        from triton.runtime import driver
+        driver.set_active(_Sm90Driver())
+        sima_triton.check_triton_inputs = lambda *args, **kwargs: None  # CPU tensors stand in for CUDA ones
+        sima_triton._multiprocessors = lambda device: 132  # an H100/H200: decides the split and one-tile plans
+        device = "cpu"
+    start = time.perf_counter()
+    fake_time = {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "min_ms": 1.0, "runs": 1}  # not timed
+    rows = run_gpu([n], KINDS, batch, 6, 64, getattr(torch, dtype_name), device, 1.0,
+                   timer=lambda call: (call(), fake_time)[1])
+    if sm90_here:  # on CPU tensors the ELU and XNorm entry points take torch ops: call their kernels directly
+        q, k, v = (torch.randn(batch, 6, n, 64, dtype=getattr(torch, dtype_name)) for _ in range(3))
+        sima_triton.linear_triton("elu", q, k, v)
+        sima_triton.linear_triton("xnorm", q, k, v, gamma=torch.ones(batch * 6))
+    errors = [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
+    return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[128, 8])
+    p.add_argument("--tokens", type=int, nargs="+", default=[197, 577, 1025, 4097, 16385])
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--jobs", type=int, default=10, help="processes compiling at once")
+    p.add_argument("--sm90-here", action="store_true", help="compile for sm_90 on a machine without a GPU")
+    args = p.parse_args(argv)
+    jobs = [(b, n, args.dtype, args.sm90_here) for b, n in itertools.product(args.batch, args.tokens)]
+    start, failed = time.perf_counter(), False
+    with multiprocessing.get_context("spawn").Pool(min(args.jobs, len(jobs))) as pool:
+        for batch, n, seconds, configs, shared, errors in pool.imap_unordered(_job, jobs):
+            print(f"B={batch} N={n}: {configs} kernel configurations compiled in {seconds:.0f} s, "
+                  f"largest shared memory {shared / 1024:.0f} KiB", flush=True)
+            for error in errors:
+                failed = True
+                print(f"  failed: {error}", flush=True)
+    print(f"compiled ahead in {time.perf_counter() - start:.0f} s", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
