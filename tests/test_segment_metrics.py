@@ -5,7 +5,13 @@ import torch
 from simattn.segment.inference import predict, predict_logits
 from simattn.segment.metrics import confusion_matrix, scores
 
-tm = pytest.importorskip("torchmetrics.classification")
+
+
+@pytest.fixture(scope="module")
+def tm():
+    """torchmetrics' classification metrics, imported by the tests that use them (a second of every worker's
+    collection otherwise)."""
+    return pytest.importorskip("torchmetrics.classification")
 
 
 def _labels(seed, n=6, shape=(3, 17, 23), ignore_share=0.1):
@@ -19,7 +25,7 @@ def _labels(seed, n=6, shape=(3, 17, 23), ignore_share=0.1):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_scores_match_torchmetrics(seed):
+def test_scores_match_torchmetrics(seed, tm):
     n = 6
     pred, target = _labels(seed, n)
     result = scores(confusion_matrix(pred, target, n))
@@ -35,7 +41,7 @@ def test_scores_match_torchmetrics(seed):
     assert result["pixels"] == int((target != 255).sum())
 
 
-def test_summed_matrix_is_not_a_mean_of_image_means():
+def test_summed_matrix_is_not_a_mean_of_image_means(tm):
     n = 4
     pred, target = _labels(5, n, shape=(4, 9, 11))
     whole = scores(confusion_matrix(pred, target, n))["miou"]
