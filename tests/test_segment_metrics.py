@@ -6,7 +6,6 @@ from simattn.segment.inference import predict, predict_logits
 from simattn.segment.metrics import confusion_matrix, scores
 
 
-
 @pytest.fixture(scope="module")
 def tm():
     """torchmetrics' classification metrics, imported by the tests that use them (a second of every worker's

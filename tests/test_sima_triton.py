@@ -458,17 +458,18 @@ def test_kernels_keep_their_constexpr_parameters():
     """The compiled kernels and helpers are copies of this module's functions (decorated per mode): a parameter
     annotated ``tl.constexpr`` must stay one, or launching on a GPU fails to specialize it (the interpreter does
     not tell)."""
+    from triton.runtime.autotuner import Autotuner
+
     from simattn.attention import sima_triton as st
 
     kernels = st._kernels(False, False)
-    scope = kernels.fwd.fn.fn.__globals__  # the autotuner's JITFunction's function, in its mode's globals
-    sources = {"_stats_kernel": kernels.stats, "_fwd_kernel": kernels.fwd, "_fwd_one_tile_kernel": kernels.one,
-               "_bwd_kernel": kernels.bwd, **{h.__name__: scope[h.__name__] for h in st._HELPERS}}
+    scope = kernels.fwd.fn.fn.__globals__  # the globals of the copies: the helpers decorated in this mode
+    decorated = {"_stats_kernel": kernels.stats, "_fwd_kernel": kernels.fwd, "_fwd_one_tile_kernel": kernels.one,
+                 "_bwd_kernel": kernels.bwd, **{h.__name__: scope[h.__name__] for h in st._HELPERS}}
     checked = 0
-    for name, decorated in sources.items():
-        fn = getattr(decorated, "fn", decorated)
-        fn = fn if hasattr(fn, "params") else decorated
+    for name, kernel in decorated.items():
+        jitted = kernel.fn if isinstance(kernel, Autotuner) else kernel
         declared = {p for p, a in getattr(st, name).__annotations__.items() if "constexpr" in str(a)}
-        assert {p.name for p in fn.params if p.is_constexpr} == declared, name
+        assert {p.name for p in jitted.params if p.is_constexpr} == declared, name
         checked += bool(declared)
     assert checked >= 8
