@@ -12,11 +12,6 @@ spec="."
 [ -n "$extras" ] && spec=".[${extras}]"
 # Quiet unless it fails; the editable install is fast when everything is already there.
 .venv/bin/python -m pip install -q --no-compile -c constraints.txt -e "$spec"
-# SimA's compiled CPU kernel, once per machine and torch version (seconds when it is built already; one compiler
-# process, so it runs beside the bytecode pass below). Without a C++ compiler it says so and SimA runs in torch:
-# set-up does not fail for it.
-.venv/bin/simattn build-kernels &
-kernel=$!
 # Bytecode in one compileall on every core rather than pip's file-by-file pass (about 20 s less on 2 cores), simattn's
 # own sources included: the editable install leaves them uncompiled, and every process would recompile them where
 # bytecode is not written (PYTHONDONTWRITEBYTECODE). Left out, as nothing here imports them: packages' own tests and
@@ -25,4 +20,6 @@ kernel=$!
 site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 unused='/(tests?|examples)/|/site-packages/pip/|/executorch/backends/(?!xnnpack/|transforms/)[^/]+/'
 .venv/bin/python -m compileall -qq -j 0 -x "$unused" "$site" src || true
-wait "$kernel" || true
+# SimA's compiled CPU kernel, once per machine and torch version (seconds when it is built already). Without a C++
+# compiler it says so and SimA runs in torch: set-up does not fail for it.
+.venv/bin/simattn build-kernels || true
