@@ -425,7 +425,7 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
 
     from simattn.attention import sima_triton as st
 
-    kernels = st._kernels(False)
+    kernels = st._kernels(False, True)
     bf16 = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "y_ptr", "z_ptr", "o_ptr",
                                        "dq_ptr", "dk_ptr", "dv_ptr")}
     u8 = {name: "*u8" for name in ("qm_ptr", "km_ptr", "xm_ptr", "zm_ptr")}
