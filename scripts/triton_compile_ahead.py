@@ -62,7 +62,7 @@ def _job(job):
     batch, n, dtype_name, sm90_here = job
     import torch
 
-    from simattn.attention import sima_triton
+    from simattn.attention import linear_triton as sima_triton
     from simattn.bench.attention import run_gpu
 
     shared = []

@@ -77,7 +77,7 @@ def test_sima_forward_and_gradients_match_reference(shape, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_elu_and_xnorm_take_the_fused_forward_without_gradients(dtype, monkeypatch):
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     calls = []
     real = st.linear_triton
@@ -98,7 +98,7 @@ def test_elu_and_xnorm_take_the_fused_forward_without_gradients(dtype, monkeypat
 
 def test_tuned_configs_are_reused(monkeypatch):
     """The second call at the same sizes runs the cached configuration: no new tuning entry, no new compile."""
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     monkeypatch.setenv("SIMATTN_TRITON_AUTOTUNE", "1")
     q, k, v = torch.randn(3, 4, 6, 1025, 64, device="cuda", dtype=torch.bfloat16).unbind(0)

@@ -166,7 +166,7 @@ def test_every_launch_plan_matches_reference(plan, monkeypatch):
     head looping over tiles, the axis split over 3 programs per head (a partial-sum launch first, each way), on
     strided views of a fused qkv projection with a key mask, odd N, and a batch entry whose tokens are all masked."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
     qkv, leaves = _leaves(((2, 2, 45, 16), (2, 2, 45, 16)), "cpu", "qkv")
@@ -185,7 +185,7 @@ HALF_TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3}
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("plan", ["natural", "split3"])
 def test_half_precision_within_bound(dtype, plan, device, triton_mode, monkeypatch):
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     if plan != "natural":
         monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
@@ -211,7 +211,7 @@ def test_elu_and_xnorm_forward_match_reference(kind, plan, monkeypatch):
     """ELU and XNorm on SimA's skeleton (their prologue and epilogue), forward, fp32, dv ≠ d, a key mask, cross
     lengths, per-head γ (XNorm) against their plain references in fp64."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
     gen = torch.Generator().manual_seed(5)
@@ -236,7 +236,7 @@ def test_custom_ops_pass_opcheck(monkeypatch):
     """torch.library.opcheck on both ops (schema, fake implementation, autograd registration), with masks and
     strided views, in the interpreter."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import sima_triton  # noqa: F401 - registers the ops
+    from simattn.attention import linear_triton  # noqa: F401 - registers the ops
 
     (q, k, v), _ = _leaves(((1, 2, 9, 16), (1, 2, 9, 16)), "cpu", "qkv")
     mask = torch.tensor([[True] * 7 + [False] * 2])
@@ -355,7 +355,7 @@ def test_triton_refuses_what_the_kernels_do_not_take(monkeypatch):
 def test_import_simattn_does_not_load_the_kernels():
     code = ("import sys, torch, simattn; from simattn.attention.sima import sima_attention; "
             "q = torch.randn(1, 1, 4, 8); sima_attention(q, q, q); "
-            "print('simattn.attention.sima_triton' in sys.modules)")
+            "print('simattn.attention.linear_triton' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
@@ -423,7 +423,7 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     kernels = st._kernels(False, True)
     bf16 = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "y_ptr", "z_ptr", "o_ptr",
@@ -460,7 +460,7 @@ def test_kernels_keep_their_constexpr_parameters():
     not tell)."""
     from triton.runtime.autotuner import Autotuner
 
-    from simattn.attention import sima_triton as st
+    from simattn.attention import linear_triton as st
 
     kernels = st._kernels(False, False)
     scope = kernels.fwd.fn.fn.__globals__  # the globals of the copies: the helpers decorated in this mode

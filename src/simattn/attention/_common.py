@@ -195,7 +195,7 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
 
 
 def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.sima_triton`) cannot take q, k, v
+    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.linear_triton`) cannot take q, k, v
     (None where they can): fp32, fp16 or bf16, head dims up to 128, and the triton package."""
     if any(t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, v)):
         return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"

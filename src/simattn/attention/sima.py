@@ -9,7 +9,7 @@ The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 no
 the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
 run this graph as written.
 
-``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.sima_triton`, a torch custom op)
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.linear_triton`, a torch custom op)
 on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32
 inference (:mod:`simattn.attention.sima_cpu`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and
 on a GPU the Triton kernels from the token count that ``sima_gpu_table.json`` gives for that GPU
@@ -192,7 +192,7 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
             raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
                              f"{order!r}; use backend='torch' for it")
         try:
-            from .sima_triton import sima_triton
+            from .linear_triton import sima_triton
         except ImportError as e:
             raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
         dt = range_safe_dtype(q)
