@@ -7,6 +7,7 @@ subcommand's module (and so torch) is imported only when that subcommand runs, b
 """
 from __future__ import annotations
 
+import difflib
 import sys
 from typing import List, Optional
 
@@ -30,8 +31,19 @@ COMMANDS = {
 }
 
 
+def version() -> str:
+    """The installed distribution's version (read from its metadata: no import of the package, so no torch)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("simattn")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def usage() -> str:
-    lines = ["usage: simattn <command> [options]", "", "commands:"]
+    lines = ["usage: simattn <command> [options]", "       simattn --version", "", "commands:"]
     width = max(map(len, COMMANDS))
     lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run 'simattn <command> --help' for a command's options."]
@@ -43,9 +55,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0
+    if argv[0] in ("-V", "--version"):
+        print(f"simattn {version()}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"simattn: unknown command {name!r}; known: {', '.join(COMMANDS)}", file=sys.stderr)
+        close = difflib.get_close_matches(name, list(COMMANDS), n=3)
+        known = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(COMMANDS)}"
+        print(f"simattn: unknown command {name!r}; {known} (simattn --help lists them)", file=sys.stderr)
         return 2
     from simattn.commands import run_command
 

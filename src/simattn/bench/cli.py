@@ -9,7 +9,8 @@ BENCHES = {
     "data": ("simattn.bench.data", "decode + augment throughput of a folder, tar shards and a saved HF dataset of "
                                    "the same images, beside the model's training throughput"),
     "model": ("simattn.bench.model.cli", "latency, throughput, exp/FLOP counts and memory of registered models"),
-    "paper": ("simattn.bench.paper", "regenerate the SimA paper's Table 3 and Figure A1 on this machine"),
+    "paper": ("simattn.bench.paper", "the SimA and SOFT papers' tables and figures on this machine, ours beside "
+                                     "theirs (--only picks: table3 figure_a1 table2 table1 figure1b digits)"),
 }
 
 

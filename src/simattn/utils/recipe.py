@@ -44,6 +44,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
+from .help_text import plain_help, plain_subparsers
 from .values import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
 
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
@@ -775,7 +776,7 @@ def recipe_parser(prog: str, description: str, schema: Optional[type] = None, ex
                   **kwargs: Any) -> argparse.ArgumentParser:
     """The parser of a training command (``train``, ``convert``; ``ssl`` and ``detect`` hold one per action), with
     :func:`add_recipe_options` for ``schema`` when given."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    parser = plain_subparsers(argparse.ArgumentParser(prog=prog, description=description, **plain_help(kwargs)))
     if schema is not None:
         add_recipe_options(parser, schema, example)
     return parser
@@ -842,7 +843,7 @@ def command_parser(prog: str, description: str, specs: Optional[Mapping[str, Opt
                    **kwargs: Any) -> argparse.ArgumentParser:
     """The parser of a command without a recipe, with one flag per option of ``specs`` (see
     :func:`add_option_flags`); ``kwargs`` go to ``argparse.ArgumentParser``."""
-    parser = argparse.ArgumentParser(prog=prog, description=description, **kwargs)
+    parser = plain_subparsers(argparse.ArgumentParser(prog=prog, description=description, **plain_help(kwargs)))
     if specs is not None:
         add_option_flags(parser, specs)
     return parser
@@ -858,7 +859,9 @@ def run_subcommand(prog: str, argv: Sequence[str], commands: Mapping[str, Tuple[
         return result if isinstance(result, int) else 0
     asked = not argv or argv[0] in ("-h", "--help")
     if not asked:
-        print(f"{prog}: unknown {noun} {argv[0]!r}; known: {', '.join(commands)}", file=sys.stderr)
+        close = difflib.get_close_matches(argv[0], list(commands), n=3)
+        known = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(commands)}"
+        print(f"{prog}: unknown {noun} {argv[0]!r}; {known}", file=sys.stderr)
     print(f"usage: {prog} {{" + ",".join(commands) + "} [options]")
     for name, (_, help_) in commands.items():
         print(f"  {name:<10} {help_}")
