@@ -6,6 +6,7 @@
 from ._common import HookPoint
 from ._registry import attention_class, create_attention, get_attention_class, list_attentions, register_attention
 from .base import TokenAttention
+from .agent import AgentAttention, agent_attention, agent_attention_reference
 from .cosformer import CosFormerAttention, cosformer_attention, cosformer_attention_reference
 from .efficient import EfficientAttention, efficient_attention, efficient_attention_reference
 from .elu import ELUAttention, elu_attention, elu_attention_reference
@@ -16,6 +17,7 @@ from .performer import (PerformerAttention, orthogonal_random_features, performe
 from .relu import ReLUAttention, relu_attention, relu_attention_reference
 from .sima import SimAAttention, sima_attention, sima_attention_reference, sima_normalize
 from .soft import SoftAttention, pinv_residual, soft_attention
+from .sigmoid import SigmoidAttention, sigmoid_attention, sigmoid_attention_reference
 from .softmax import SoftmaxAttention, softmax_attention, softmax_attention_reference
 from .xca import XCAttention, xca_attention, xca_attention_reference
 from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
@@ -35,4 +37,6 @@ __all__ = [
     "NystromAttention", "nystrom_attention", "nystrom_attention_reference",
     "EfficientAttention", "efficient_attention", "efficient_attention_reference",
     "CosFormerAttention", "cosformer_attention", "cosformer_attention_reference",
+    "AgentAttention", "agent_attention", "agent_attention_reference",
+    "SigmoidAttention", "sigmoid_attention", "sigmoid_attention_reference",
 ]

@@ -342,3 +342,89 @@ def cosformer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
         a, b = _cosformer_angles(q.shape[-2], grid_size, num_prefix_tokens, q.dtype, q.device)
         attn = attn * torch.cos(a[:, None] - a[None, :]) * torch.cos(b[:, None] - b[None, :])
     return (attn @ v) / attn.sum(-1, keepdim=True).clamp_min(eps)
+
+
+# ---------------------------------------------------------------------------------------------------- Agent
+__all__ += ["agent_pool_reference", "agent_bias_reference", "agent_reference", "sigmoid_reference"]
+
+
+def _adaptive_windows(n_in: int, n_out: int):
+    """Adaptive average pooling's windows: output i averages inputs ⌊i·n_in/n_out⌋ … ⌈(i+1)·n_in/n_out⌉ − 1."""
+    return [(i * n_in // n_out, -(-(i + 1) * n_in // n_out)) for i in range(n_out)]
+
+
+def agent_pool_reference(x: torch.Tensor, grid_size: Tuple[int, int], pool_side: int,
+                         num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Agent tokens: the grid tokens of x (B, H, N, d) averaged over adaptive windows into a pool_side×pool_side
+    grid (overlapping windows where the token grid is smaller), row-major → (B, H, pool_side², d)."""
+    gh, gw = grid_size
+    grid = x[:, :, num_prefix_tokens:]
+    out = []
+    for r0, r1 in _adaptive_windows(gh, pool_side):
+        for c0, c1 in _adaptive_windows(gw, pool_side):
+            idx = [r * gw + c for r in range(r0, r1) for c in range(c0, c1)]
+            out.append(grid[:, :, idx].mean(dim=-2))
+    return torch.stack(out, dim=-2)
+
+
+def _linear_resize_matrix(n_in: int, n_out: int, like: torch.Tensor) -> torch.Tensor:
+    """(n_out, n_in) linear interpolation with half-pixel centres: output i samples the input at
+    x = (i + ½)·n_in/n_out − ½ (at least 0), weighting its two neighbours by distance."""
+    m = torch.zeros(n_out, n_in, dtype=like.dtype, device=like.device)
+    for i in range(n_out):
+        x = max((i + 0.5) * n_in / n_out - 0.5, 0.0)
+        lo = int(math.floor(x))
+        hi = min(lo + 1, n_in - 1)
+        m[i, lo] += 1 - (x - lo)
+        m[i, hi] += x - lo
+    return m
+
+
+def agent_bias_reference(block: torch.Tensor, row: torch.Tensor, col: torch.Tensor,
+                         prefix_bias: Optional[torch.Tensor], grid_size: Tuple[int, int],
+                         num_prefix_tokens: int = 0) -> torch.Tensor:
+    """One side's agent bias (H, n, P + gh·gw), the paper's three parts: at grid token (r, c) the block bias
+    (H, n, b, b) bilinearly resized to the grid, plus the row bias at r and the column bias at c ((H, n, window),
+    linearly resized to gh and gw); ``prefix_bias`` (H, n, 1) at each of the P prefix tokens."""
+    gh, gw = grid_size
+    block = _linear_resize_matrix(block.shape[-2], gh, block) @ block \
+        @ _linear_resize_matrix(block.shape[-1], gw, block).transpose(0, 1)
+    rows = row @ _linear_resize_matrix(row.shape[-1], gh, row).transpose(0, 1)
+    cols = col @ _linear_resize_matrix(col.shape[-1], gw, col).transpose(0, 1)
+    grid = torch.stack([block[..., r, c] + rows[..., r] + cols[..., c] for r in range(gh) for c in range(gw)], -1)
+    return torch.cat([prefix_bias] * num_prefix_tokens + [grid], dim=-1)
+
+
+def agent_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid_size: Tuple[int, int], *,
+                    pool_side: int = 7, num_prefix_tokens: int = 0, agents: Optional[torch.Tensor] = None,
+                    agent_bias: Optional[torch.Tensor] = None, query_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Han et al.: agents A = adaptive average pooling of Q's grid to pool_side² tokens (or ``agents``);
+    V_A = σ(A Kᵀ/√d + B₁) V, out = σ(Q Aᵀ/√d + B₂) V_A with σ the softmax of each row, B₁ = ``agent_bias`` (n × Nk),
+    B₂ = ``query_bias`` (Nq × n), 0 when None."""
+    def softmax_rows(logits):
+        e = torch.exp(logits - logits.max(-1, keepdim=True).values)
+        return e / e.sum(-1, keepdim=True)
+
+    a = agent_pool_reference(q, grid_size, pool_side, num_prefix_tokens) if agents is None else agents
+    scale = 1 / math.sqrt(q.shape[-1])
+    b1 = 0 if agent_bias is None else agent_bias
+    b2 = 0 if query_bias is None else query_bias
+    agent_v = softmax_rows(a @ k.transpose(-2, -1) * scale + b1) @ v
+    return softmax_rows(q @ a.transpose(-2, -1) * scale + b2) @ agent_v
+
+
+# ---------------------------------------------------------------------------------------------------- Sigmoid
+def sigmoid_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: Optional[float] = None,
+                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Ramapuram et al.: out = σ(Q Kᵀ/√d + b) V with σ(x) = 1 / (1 + e⁻ˣ) on every entry and b = −log n, n the
+    number of (kept) keys, unless ``bias`` gives b; removed keys get weight 0."""
+    logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if bias is None:
+        n = torch.full((q.shape[0],), float(k.shape[-2]), dtype=q.dtype, device=q.device) if mask is None \
+            else mask.sum(dim=-1).clamp_min(1).to(q.dtype)
+        bias = -torch.log(n).reshape(-1, 1, 1, 1)
+    weights = 1 / (1 + torch.exp(-(logits + bias)))
+    if mask is not None:
+        weights = weights * mask[:, None, None, :].to(weights.dtype)
+    return weights @ v
+
