@@ -199,6 +199,11 @@ def test_the_folder_is_new_or_replaced_whole(tmp_path, capsys):
     err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(weights), "--output", str(out)]))
     assert "notes.txt" in err and "--overwrite" in err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(weights), "--output", str(out),
+                                               "--overwrite"]))
+    assert "notes.txt" in err and (out / "notes.txt").read_text() == "mine"  # --overwrite deletes no one's file
+    (out / "notes.txt").unlink()
+    _save(weights, out)
     _save(weights, out, "--overwrite")
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deit.safetensors", "hub"]  # no temporary folder left

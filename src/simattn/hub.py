@@ -40,9 +40,11 @@ def save_options():
     return {
         "weights": Opt(None, "the weights (required): a .safetensors file simattn wrote, a run's last.pth, or "
                        "another folder (local-dir:DIR, hf-hub:ORG/NAME)", **path),
-        "output": Opt(None, "the folder to write (required unless --push): new or empty, or any with --overwrite",
+        "output": Opt(None, "the folder to write (required unless --push): new or empty, or one hub save wrote "
+                      "with --overwrite",
                       **path),
-        "overwrite": Opt(False, "replace the files of a folder that is not empty"),
+        "overwrite": Opt(False, "replace the folder's config.json, model.safetensors and README.md (a folder "
+                         "holding any other file is refused)"),
         "use_ema": Opt(False, "a last.pth: save its EMA weights"),
         "push": Opt(None, "also upload the folder to this Hugging Face Hub repository (ORG/NAME; created if absent)",
                     type=maybe(str), check=_check_repo_id),
@@ -69,7 +71,7 @@ def build_save_parser() -> argparse.ArgumentParser:
 def _check_inputs(args: Mapping[str, Any]) -> None:
     """The one-line refusals that come before any work."""
     from . import deploy
-    from .models.hub import hub_name, resolve_weights
+    from .models.hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, hub_name, resolve_weights
     from .utils.io import check_new_folder
 
     if args["weights"] is None:
@@ -86,13 +88,13 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
         if not Path(args["weights"]).is_file():
             raise FileNotFoundError(f"weights file not found: {args['weights']}")
     if args["output"] is not None:
-        check_new_folder(args["output"], args["overwrite"])
         local = source is None or source[0] == "local-dir"  # (an hf-hub download lies in the Hub's cache)
         weights = os.path.realpath(resolve_weights(args["weights"]) if local else args["weights"])
         folder = os.path.realpath(args["output"])
         if args["overwrite"] and os.path.commonpath([weights, folder]) == folder:
             raise ValueError(f"--weights {args['weights']} is inside --output {args['output']}, which --overwrite "
                              "replaces: copy the weights elsewhere or choose another --output")
+        check_new_folder(args["output"], args["overwrite"], writes=(CONFIG_NAME, WEIGHTS_NAME, CARD_NAME))
     if args["push"] is not None:
         from huggingface_hub import get_token
         if not get_token():

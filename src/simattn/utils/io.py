@@ -1,7 +1,9 @@
 """Files that are never half-written, and checkpoints that load safely with clear errors.
 
 Everything here writes to a temporary file in the destination folder and renames it into place, so an existing
-file is either left intact or replaced whole.
+file is either left intact or replaced whole. Every command that writes a user's file or folder follows one policy
+(:func:`check_new_file`, :func:`check_new_folder`; a training run's folder, :mod:`simattn.utils.runs`): an existing
+target is refused without ``--overwrite``, and ``--overwrite`` replaces only what the command writes.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
 
 import torch
 from torch import nn
@@ -23,7 +25,8 @@ __all__ = [
     "atomic_path", "atomic_write_bytes", "atomic_torch_save", "atomic_write_text", "atomic_write_json", "finite_json",
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
-    "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_folder", "atomic_folder",
+    "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_file", "check_new_folder",
+    "atomic_folder",
 ]
 
 
@@ -76,27 +79,53 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
             tmp.unlink()
 
 
-def check_new_folder(path: PathLike, overwrite: bool = False, flag: str = "--output") -> None:
+def _listed(names: List[str]) -> str:
+    return ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
+
+
+def check_new_file(path: PathLike, overwrite: bool = False, flag: str = "--output") -> None:
+    """Refuse (one-line ValueError) a file to write that exists, unless ``overwrite``: then it is replaced whole
+    (:func:`atomic_path`), and nothing else. The one policy of every command that writes a user's file; a folder
+    written whole is :func:`check_new_folder`'s."""
+    path = Path(path)
+    if written_through(path):
+        return
+    if path.is_dir() and not path.is_symlink():
+        raise ValueError(f"{flag} {path} is a folder, not a file: choose another {flag}")
+    if path.exists() and not overwrite:
+        raise ValueError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another {flag}")
+
+
+def check_new_folder(path: PathLike, overwrite: bool = False, flag: str = "--output",
+                     writes: Optional[Iterable[str]] = None) -> None:
     """Refuse (one-line ValueError) a folder to write whole (:func:`atomic_folder`) that is a file or lies under
-    one, or that already holds files, unless ``overwrite`` (they are then replaced)."""
+    one, or that already holds files, unless ``overwrite``. Even then a folder holding anything but the names the
+    command writes (``writes``) is refused, naming what else it holds: ``--overwrite`` never deletes a file the
+    command did not write."""
     path = Path(path)
     for above in (path, *path.parents):
         if above.exists() and not above.is_dir():
             where = "is a file" if above == path else f"is under {above}, which is a file"
             raise ValueError(f"{flag} {path} {where}, not a folder: choose another {flag}")
-    if path.is_dir() and not overwrite:
-        present = sorted(p.name for p in path.iterdir())
-        if present:
-            shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
-            raise ValueError(f"{flag} {path} already holds files ({shown}): choose another {flag}, or pass "
-                             "--overwrite to replace them")
+    if not path.is_dir():
+        return
+    present = sorted(p.name for p in path.iterdir())
+    if present and not overwrite:
+        raise ValueError(f"{flag} {path} already holds files ({_listed(present)}): choose another {flag}, or pass "
+                         "--overwrite to replace them")
+    foreign = [name for name in present if writes is not None and name not in set(writes)]
+    if foreign:
+        raise ValueError(f"{flag} {path} holds {_listed(foreign)}, which this command does not write and "
+                         f"--overwrite would delete (it replaces only {', '.join(sorted(writes))}): move "
+                         f"{'it' if len(foreign) == 1 else 'them'} away or choose another {flag}")
 
 
 @contextmanager
 def atomic_folder(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path``; on success it replaces ``path`` whole (a folder that held
     files is moved aside and deleted only once the new one is in place), on error it is removed. A folder that is
-    not empty is refused (:func:`check_new_folder`) unless ``overwrite``."""
+    not empty is refused (:func:`check_new_folder`) unless ``overwrite``, and even then when it holds anything the
+    new folder does not (checked again before the swap)."""
     import shutil
     path = Path(path)
     check_new_folder(path, overwrite)
@@ -106,6 +135,7 @@ def atomic_folder(path: PathLike, overwrite: bool = False) -> Iterator[Path]:
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700; give the folder the mode mkdir would
+        check_new_folder(path, overwrite, writes=[p.name for p in tmp.iterdir()])
         if path.is_dir() and any(path.iterdir()):
             old = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{path.name}.replaced.", suffix=TEMP_SUFFIX,
                                         dir=path.parent))
