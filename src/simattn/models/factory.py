@@ -23,7 +23,7 @@ from ..utils.values import OPTIONS_HELP, parse_assignments
 from .hub import resolve_weights
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
+__all__ = ["create_model", "check_model_name", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
            "checkpoint_filter_for",
            "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
@@ -35,10 +35,7 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     were ever published, and a download would make runs depend on the network)."""
     import timm
 
-    from . import list_models  # the package import registers every family with timm
-
-    if not timm.is_model(name):
-        raise ValueError(f"unknown model {name!r}; simattn models: {', '.join(list_models())}")
+    check_model_name(name)
     if kwargs.get("pretrained"):
         raise ValueError(f"pretrained={kwargs['pretrained']!r} for {name}: weights are not downloaded; start from a "
                          "file instead (simattn train --initial-checkpoint PATH, ssl model.weights, detect "
@@ -47,6 +44,37 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
         return timm.create_model(name, **kwargs)
     except TypeError as e:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
+
+
+def check_model_name(name: str) -> None:
+    """A one-line ValueError for a name timm does not know, suggesting at most 3 known names like it."""
+    import timm
+
+    from . import list_models  # the package import registers every family with timm
+
+    if isinstance(name, str) and timm.is_model(name):
+        return
+    ours = list_models()
+    close = similar_names(str(name), ours, timm.list_models())
+    hint = ("did you mean " + (f"{', '.join(close[:-1])} or " if len(close) > 1 else "") + f"{close[-1]}?"
+            if close else "not a simattn or timm model")
+    raise ValueError(f"unknown model {name!r}: {hint} (simattn.list_models() names all {len(ours)} simattn models)")
+
+
+def similar_names(text: str, preferred: List[str], others: Iterable[str] = (), limit: int = 3) -> List[str]:
+    """Up to ``limit`` names like ``text``: those it begins, then the closest by ``difflib``'s ratio (at least 0.6;
+    ``preferred`` names count a little closer than ``others``)."""
+    import difflib
+
+    names = list(dict.fromkeys([*preferred, *others]))
+    own = set(preferred)
+    cut_short = [n for n in names if text and n.startswith(text)]
+    scored = []
+    for n in names:
+        score = difflib.SequenceMatcher(None, text, n).ratio() + (0.1 if n in own else 0.0)
+        if score >= 0.6:
+            scored.append((-score, n))
+    return list(dict.fromkeys([*cut_short, *(n for _, n in sorted(scored))]))[:limit]
 
 
 def model_options(weights_required: bool = False) -> Dict[str, Opt]:
