@@ -139,3 +139,37 @@ def test_bad_options_are_one_line_errors(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert not out.exists()
+
+
+def test_the_loss_is_taken_in_chunks_over_the_limit_and_refused_where_a_row_is_over(tmp_path, capsys, monkeypatch):
+    import torch.nn.functional as F
+
+    from simattn.engine import losses
+    from simattn.segment.cli import build_parser
+    from simattn.segment.config import SegmentConfig
+    from simattn.segment.metrics import IGNORE_INDEX
+    from simattn.segment.task import SegmentationTrainer
+    from simattn.utils.recipe import recipe_from_args
+
+    cfg = recipe_from_args(SegmentConfig, build_parser().parse_args([*TINY, "--output", str(tmp_path / "run")]))
+    trainer = SegmentationTrainer(cfg)
+    trainer.setup()  # opens the data, so the classes are known: 11 at a 64x64 crop
+    logits = torch.randn(8, 11, 64, 64, dtype=torch.bfloat16, requires_grad=True)
+    masks = torch.randint(11, (8, 64, 64))
+    masks[0, :5] = IGNORE_INDEX
+    expected = F.cross_entropy(logits.float(), masks, ignore_index=IGNORE_INDEX)
+    trainer.forward_model = lambda images: logits
+    monkeypatch.setattr(losses, "MAX_LOSS_ELEMENTS", 3 * 11 * 64 * 64)
+    calls = []
+    real = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda x, *a, **k: calls.append(len(x)) or real(x, *a, **k))
+    torch.testing.assert_close(trainer.batch_loss((None, masks)), expected, rtol=1e-6, atol=1e-6)
+    assert calls == [3, 3, 2]  # images per call
+
+    # a crop whose one row of logits is over the limit: refused before the run folder is made
+    monkeypatch.setattr(losses, "MAX_LOSS_ELEMENTS", 11 * 64 - 1)
+    out = tmp_path / "refused"
+    assert simattn_main(["segment", *TINY, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"a row of 11 classes × 64 px holds 704 logits, over the 703" in err, err
+    assert not out.exists()

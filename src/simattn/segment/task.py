@@ -2,7 +2,8 @@
 
 The task supplies the datasets (:mod:`simattn.data.segmentation`), the segmenter (:mod:`simattn.models.segmentation`,
 its backbone optionally started from classification or DINO weights), cross-entropy with the ignore label (plus the
-weighted auxiliary head's), and mIoU evaluation (:mod:`.evaluate`); the schedule is the engine's (``sched: poly``
+weighted auxiliary head's; in chunks where the logits are more than one CUDA loss call takes,
+:mod:`simattn.engine.losses`), and mIoU evaluation (:mod:`.evaluate`); the schedule is the engine's (``sched: poly``
 with a warm-up). Everything else (DDP, AMP, the non-finite guard, the checkpoint and resume, the run folder, logs,
 progress) is the engine's.
 
@@ -24,6 +25,7 @@ from torch.utils.data import default_collate
 from ..engine.core import Engine, RunResult, run
 from ..engine.dist import DistInfo
 from ..engine.log import format_table, plot_history
+from ..engine.losses import PixelCrossEntropy, check_loss_size
 from ..engine.state import export_weights, weights_metadata
 from ..models.factory import create_model
 from ..utils.io import atomic_write_text, check_finite_weights
@@ -101,7 +103,8 @@ class SegmentationTrainer(Engine):
         if given is not None and given != self.num_classes:
             raise ValueError(f"model kwarg num_classes={given} does not match dataset {cfg.dataset!r}, which has "
                              f"{self.num_classes} classes")
-        self.criterion = nn.CrossEntropyLoss(ignore_index=IGNORE_INDEX)
+        check_loss_size(self.num_classes, cfg.crop_size[1])  # the logits are at the crop's size
+        self.criterion = PixelCrossEntropy(ignore_index=IGNORE_INDEX)
         mean, std = backbone_norm(cfg.model_kwargs["backbone"])
         self.data_config = {"input_size": [3, *cfg.crop_size], "mean": list(mean), "std": list(std),
                             "interpolation": "bilinear", "crop_pct": 1.0}
@@ -127,10 +130,10 @@ class SegmentationTrainer(Engine):
         out = self.forward_model(images)
         if isinstance(out, tuple):  # the auxiliary head's logits come along while training
             logits, aux = out
-            main = self.criterion(logits.float(), masks)
-            aux_loss = self.criterion(aux.float(), masks)
+            main = self.criterion(logits, masks)
+            aux_loss = self.criterion(aux, masks)
             return main + self.cfg.aux_loss_weight * aux_loss, {"loss_seg": main, "loss_aux": aux_loss}
-        return self.criterion(out.float(), masks)
+        return self.criterion(out, masks)
 
     def _scores(self, model: nn.Module) -> Dict[str, Any]:
         e = self.cfg.eval
