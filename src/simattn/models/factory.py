@@ -23,9 +23,9 @@ from ..utils.values import OPTIONS_HELP, parse_assignments
 from .hub import resolve_weights
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "check_model_name", "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP",
-           "checkpoint_filter_for",
-           "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
+__all__ = ["create_model", "check_model_name", "similar_names", "model_options", "add_model_arguments",
+           "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for", "model_spec_from_weights", "load_model",
+           "load_initial_weights", "InitialWeightsReport"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -83,7 +83,7 @@ def model_options(weights_required: bool = False) -> Dict[str, Opt]:
     return {
         "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
         "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), a "
-                             "bare state dict with --model, or a folder simattn hub save wrote (local-dir:DIR, "
+                             "bare state dict with --model, or a folder simattn hub save wrote (DIR, local-dir:DIR, "
                              "hf-hub:ORG/NAME)" + ("" if weights_required else
                                                                 "; random weights when omitted"),
                        type=maybe(str), check=check_path, required=weights_required),
@@ -164,7 +164,7 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     Args:
         model_name: a registered name; taken from the weights' record when None.
         weights: a ``.safetensors`` file, a training checkpoint (``.pth``), a bare state dict (needs a name), or
-            a folder timm reads (``local-dir:DIR``, ``hf-hub:ORG/NAME``: :mod:`simattn.models.hub`).
+            a folder timm reads (``DIR``, ``local-dir:DIR``, ``hf-hub:ORG/NAME``: :mod:`simattn.models.hub`).
         model_kwargs: ``create_model`` kwargs; they override the ones recorded with the weights.
         use_ema: load the EMA weights of a training checkpoint.
 

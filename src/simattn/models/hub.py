@@ -6,8 +6,9 @@ on disk (``local-dir:DIR``) or on the Hugging Face Hub (``hf-hub:ORG/NAME``).
 after ``import simattn`` a classifier loads with ``timm.create_model("local-dir:DIR", pretrained=True)``.
 ``model.safetensors`` is the state dict timm loads, carrying the weights record (:mod:`simattn.models.weights`) in
 its metadata, so every simattn command opens the folder as it opens the file: :func:`resolve_weights` turns
-``local-dir:DIR`` and ``hf-hub:ORG/NAME[@REVISION]`` into that file (the latter downloaded, or taken from the
-cache, by ``huggingface_hub``), and :func:`read_weights_record` / :func:`load_model` call it.
+the folder (``DIR`` or ``local-dir:DIR``) and ``hf-hub:ORG/NAME[@REVISION]`` into that file (the latter
+downloaded, or taken from the cache, by ``huggingface_hub``), and :func:`read_weights_record` / :func:`load_model`
+call it.
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ __all__ = ["HUB_PREFIXES", "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME", "hub_name
 HUB_PREFIXES = ("local-dir:", "hf-hub:")
 #: the files of a folder (timm's names)
 WEIGHTS_NAME, CONFIG_NAME, CARD_NAME = "model.safetensors", "config.json", "README.md"
+#: the suffixes of weights files a folder's listing names, and the files of a run folder, in the order they are shown
+WEIGHTS_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+RUN_WEIGHTS = ("final.safetensors", "best.safetensors", "last.pth", "final_ema.safetensors")
 
 
 def timm_loader(name: str) -> str:
@@ -46,24 +50,42 @@ def hub_name(weights: Union[str, Path, None]) -> Optional[Tuple[str, str]]:
 
 
 def resolve_weights(weights: Union[str, Path]) -> Path:
-    """The weights file ``weights`` names: a path as it is; ``local-dir:DIR`` → ``DIR/model.safetensors``;
-    ``hf-hub:ORG/NAME[@REV]`` → the downloaded (or cached) ``model.safetensors``. One-line errors for a folder that is
-    not a timm folder, a repository that does not exist, and a Hub that cannot be reached."""
+    """The weights file ``weights`` names: a file path as it is; a folder timm reads, ``DIR`` or ``local-dir:DIR``
+    → ``DIR/model.safetensors``; ``hf-hub:ORG/NAME[@REV]`` → the downloaded (or cached) ``model.safetensors``.
+    One-line errors for a folder that is not a timm folder (naming the weights files it holds), ``local-dir:`` of a
+    file, a repository that does not exist, and a Hub that cannot be reached."""
     source = hub_name(weights)
     if source is None:
-        return Path(weights)
+        path = Path(weights)
+        return _folder_weights(path, str(weights)) if path.is_dir() else path
     kind, where = source
     if kind == "local-dir":
         folder = Path(where)
+        if where and folder.is_file():
+            raise FileNotFoundError(f"weights {weights}: {folder} is a file, not a folder; name the file without "
+                                    "local-dir: (local-dir: takes the folder simattn hub save wrote)")
         if not where or not folder.is_dir():
             raise FileNotFoundError(f"weights {weights}: no such folder {folder} (local-dir: takes the folder "
                                     "simattn hub save wrote)")
-        missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (folder / n).is_file()]
-        if missing:
-            raise FileNotFoundError(f"weights {weights}: the folder lacks {', '.join(missing)} (simattn hub save "
-                                    "writes config.json, model.safetensors and README.md)")
-        return folder / WEIGHTS_NAME
+        return _folder_weights(folder, weights)
     return _download(where)
+
+
+def _folder_weights(folder: Path, name: str) -> Path:
+    """``folder/model.safetensors`` of a folder timm reads, else a one-line error: the weights files it holds (a run
+    folder's ``final.safetensors``, ``best.safetensors``, ``last.pth``), or the files a timm folder lacks."""
+    missing = [n for n in (CONFIG_NAME, WEIGHTS_NAME) if not (folder / n).is_file()]
+    if not missing:
+        return folder / WEIGHTS_NAME
+    order = {n: i for i, n in enumerate(RUN_WEIGHTS)}
+    files = sorted((p.name for p in folder.iterdir() if p.is_file() and p.suffix in WEIGHTS_SUFFIXES),
+                   key=lambda n: (order.get(n, len(order)), n))
+    if files and len(missing) == 2:
+        shown = ", ".join(str(folder / n) for n in files[:3]) + (f" (+{len(files) - 3} more)" if len(files) > 3 else "")
+        raise FileNotFoundError(f"weights {name}: the folder is not one simattn hub save wrote (no config.json, "
+                                f"model.safetensors); name one of its weights files ({shown})")
+    raise FileNotFoundError(f"weights {name}: the folder lacks {', '.join(missing)}, so it is not a folder simattn "
+                            "hub save wrote (config.json, model.safetensors, README.md); name a weights file instead")
 
 
 @functools.lru_cache(maxsize=16)  # one download (or cache look-up) per repository and process
