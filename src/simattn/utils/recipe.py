@@ -11,10 +11,12 @@ of the options it inherits (:func:`task_defaults`) but never their meaning.
 From that one declaration come:
 
 - the YAML recipe keys: :func:`load_recipe` reads defaults < a recipe file (a path or the name of a recipe shipped in
-  ``simattn/configs``, which may start from another with ``base: NAME``) < overrides, and checks every value;
+  ``simattn/configs``, which may start from another with ``base: NAME`` and names the command it is for with
+  ``command: NAME``) < overrides, and checks every value;
 - the command line (:func:`add_recipe_options`, :func:`recipe_from_args`): ``-c RECIPE``, ``--set key=value`` items
   (:func:`simattn.utils.values.parse_assignments`; dotted keys for sections) and one flag per option
-  (``--grad-accum-steps 2``, ``--convert.transfer-lr 1e-3``), each flag the same as its ``--set`` form;
+  (``--grad-accum-steps 2``, ``--convert.transfer-lr 1e-3``), each flag the same as its ``--set`` form (of the
+  two for one key, the later on the command line wins);
 - ``--help``, the one-line errors (option, value, what is allowed) and the "did you mean" of unknown keys;
 - recipes a user can bend (:func:`resolve_recipe`): an option declared ``belongs_to`` a choice (``data_dir`` to the
   datasets read from disk, ``model_kwargs`` to ``model``) is dropped with a note when a later layer replaces that
@@ -35,7 +37,6 @@ import copy
 import dataclasses
 import difflib
 import functools
-import math
 import os
 import sys
 import typing
@@ -48,6 +49,7 @@ from .help_text import plain_help, plain_subparsers
 from .option_checks import (INTERPOLATIONS, PROB, SCHEDULES, check_auto_augment, check_device,  # noqa: F401
                             check_optimizer, check_path, maybe)
 from .values import MAX_YAML_NODES, QUOTE_LIMIT, load_yaml, quoted  # noqa: F401 (part of this module's API)
+from .values import NotOfType, as_type, numbers_in
 
 __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEYS", "load_recipe", "merge_recipe",
            "resolve_recipe", "Resolved", "config_yaml", "print_config_if_asked", "find_recipe", "list_recipes",
@@ -58,6 +60,9 @@ __all__ = ["Opt", "option", "section", "task_defaults", "check_fields", "RUN_KEY
 
 #: keys that say where a run writes, not what it does (never saved into a run's config.yaml)
 RUN_KEYS = ("output", "resume", "overwrite")
+#: the recipe key that names the command a recipe is for (``command: convert``; ``base:``'s recipe's when absent).
+#: Not an option: a command that cannot read the recipe says which one can, instead of naming its first odd key.
+COMMAND_KEY = "command"
 
 
 # ----- one option ---------------------------------------------------------------------------------------------------
@@ -149,80 +154,14 @@ def _describe_range(spec: Opt) -> str:
     return f"{'<' if spec.high_open else '<='} {hi:g}"
 
 
-class _Bad(ValueError):
-    pass
-
-
-def _coerce(hint: Any, value: Any) -> Any:
-    """``value`` as type ``hint`` (YAML 1.1 reads ``5e-4`` as a string: such strings are numbers), or _Bad."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin is Union:
-        if value is None and type(None) in args:
-            return None
-        for alt in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(alt, value)
-            except _Bad:
-                continue
-        raise _Bad
-    if hint is Any:
-        return value
-    if value is None:
-        raise _Bad
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Bad
-    if hint is int:
-        if isinstance(value, bool):
-            raise _Bad
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        raise _Bad
-    if hint is float:
-        if isinstance(value, bool):
-            raise _Bad
-        if isinstance(value, str):
-            try:
-                value = float(value)
-            except ValueError:
-                raise _Bad from None
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
-        raise _Bad
-    if hint is str:
-        if isinstance(value, str):
-            return value
-        raise _Bad
-    if origin in (list, List) or hint is list:
-        if not isinstance(value, (list, tuple)):
-            raise _Bad
-        return [_coerce(args[0], v) for v in value] if args else list(value)
-    if origin in (dict, Dict) or hint is dict:
-        if not isinstance(value, Mapping):
-            raise _Bad
-        return dict(value)
-    return value
-
-
-def _numbers(value: Any) -> List[float]:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
-    return []
-
-
 def check_value(name: str, spec: Opt, value: Any) -> Any:
     """``value`` for option ``name`` brought to its type and checked; a one-line ValueError otherwise."""
     def bad(extra: str = "") -> ValueError:
         return ValueError(f"option {name!r}: got {quoted(value)}; allowed: {spec.describe()}{extra}")
 
     try:
-        out = _coerce(spec.hint, value)
-    except _Bad:
+        out = as_type(spec.hint, value)
+    except NotOfType:
         raise bad() from None
     if out is None:
         return None
@@ -230,7 +169,7 @@ def check_value(name: str, spec: Opt, value: Any) -> Any:
     if choices is not None and out not in choices:
         close = difflib.get_close_matches(str(out), [str(c) for c in choices], n=1)
         raise bad(f" (did you mean {quoted(close[0])}?)" if close else "")
-    for v in _numbers(out):
+    for v in numbers_in(out):
         if spec.low is not None and (v < spec.low or (spec.low_open and v == spec.low)):
             raise bad()
         if spec.high is not None and (v > spec.high or (spec.high_open and v == spec.high)):
@@ -401,7 +340,7 @@ def _fits(data: Mapping[str, Any], schema: type) -> bool:
     """Whether every key of ``data`` (and of its sections) is one of the schema's."""
     specs = _specs(schema)
     for key, value in data.items():
-        if key == "base":
+        if key in ("base", COMMAND_KEY):
             continue
         if key not in specs:
             return False
@@ -471,19 +410,35 @@ def _read_yaml_mapping(path: Path) -> Dict[str, Any]:
     return dict(loaded)
 
 
-def _recipe_layers(recipe: str, schema: type, chain: Tuple[Path, ...] = ()) -> List[Tuple[Path, Dict[str, Any]]]:
-    """A recipe's own mappings, its ``base:`` recipe's (a shipped name or a path beside it) first; unchecked."""
+def _recipe_layers(recipe: str, schema: type, chain: Tuple[Path, ...] = ()
+                   ) -> List[Tuple[Path, Dict[str, Any], Optional[str]]]:
+    """A recipe's own mappings and the command each names, its ``base:`` recipe's (a shipped name or a path beside
+    it) first; unchecked."""
     path = find_recipe(recipe, schema)
     if path.resolve() in chain:
         raise ValueError(f"recipe {path} inherits from itself (base: chain {' -> '.join(map(str, chain))})")
     loaded = _read_yaml_mapping(path)
-    base = loaded.pop("base", None)
-    layers: List[Tuple[Path, Dict[str, Any]]] = []
+    base, command = loaded.pop("base", None), loaded.pop(COMMAND_KEY, None)
+    if command is not None and not (isinstance(command, str) and command.strip()):
+        raise ValueError(f"recipe {path}: {COMMAND_KEY!r} names the command the recipe is for (e.g. "
+                         f"{COMMAND_KEY}: train), got {quoted(command)}")
+    layers: List[Tuple[Path, Dict[str, Any], Optional[str]]] = []
     if base is not None:
         name = str(base) if str(base).endswith(".yaml") else f"{base}.yaml"
         sibling = path.parent / name
         layers = _recipe_layers(str(sibling) if sibling.is_file() else str(base), schema, chain + (path.resolve(),))
-    return layers + [(path, loaded)]
+    return layers + [(path, loaded, command)]
+
+
+def _for_another_command(recipe: str, marked: Optional[str], running: Optional[str]) -> Optional[ValueError]:
+    """The one-line error for a recipe whose options the running command does not take and whose ``command:`` key
+    names another command (None when it names none, or this one)."""
+    if not marked or not running or marked.split()[0] == running.split()[0]:
+        return None
+    path = find_recipe(recipe)
+    shown = f"configs/{path.name}" if path.parent == Path(str(_recipe_dir())) else str(path)
+    return ValueError(f"{shown} is a `simattn {marked}` recipe, not a `simattn {running}` one; run "
+                      f"`simattn {marked} -c {recipe}`")
 
 
 @dataclass
@@ -587,19 +542,22 @@ def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str
 
 
 def resolve_recipe(schema: type, recipe: Optional[str] = None,
-                   overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Resolved:
+                   overrides: Union[Mapping[str, Any], Iterable[str], None] = None,
+                   command: Optional[str] = None) -> Resolved:
     """Defaults < the recipe ``recipe`` (its ``base:`` chain first) < ``overrides`` (the command line: a nested
     mapping or ``key=value`` items), each layer merged in turn. A layer that changes a choice drops what earlier
     layers set for the replaced value (options declared with ``Opt.belongs_to``), with a note; an option that does
-    not apply to the final choice is a one-line ValueError naming where it was set."""
+    not apply to the final choice is a one-line ValueError naming where it was set. A recipe that ``command`` (the
+    running one, e.g. ``train``) cannot read and that names another command (``command:``) is refused naming it."""
     from .values import parse_assignments
     defaults = dataclasses.asdict(schema())
     paths = option_paths(schema)
     values, origins = defaults, {path: ["default"] for path in paths}
     layers: List[Tuple[str, Optional[Path], Mapping[str, Any]]] = []
-    if recipe is not None:
-        layers = [(f"recipe {recipe_name(str(path))}", path, data)
-                  for path, data in _recipe_layers(str(recipe), schema)]
+    marked = None  # the command the recipe is for: its own command: key, else its nearest base's
+    for path, data, named in _recipe_layers(str(recipe), schema) if recipe is not None else ():
+        layers.append((f"recipe {recipe_name(str(path))}", path, data))
+        marked = named or marked
     if overrides:
         update = overrides if isinstance(overrides, Mapping) else parse_assignments(overrides, what="--set item")
         layers.append(("flag", None, update))
@@ -609,7 +567,10 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
         try:
             values = _merge(values, update, schema)
         except ValueError as e:
-            raise ValueError(f"{e} (in recipe {path})" if path else str(e)) from None
+            if path is None:
+                raise ValueError(str(e)) from None
+            other = _for_another_command(str(recipe), marked, command)
+            raise other or ValueError(f"{e} (in recipe {path})") from None
         notes += _drop_replaced(schema, defaults, before, values, update, origins, source)
         for name in _named(update, schema):  # a free-form mapping given items keeps the others it had
             kept = _is_free(paths[name]) and set(_leaf(values, name)) - set(_leaf(update, name) or {})
@@ -621,11 +582,12 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
 
 
 def load_recipe(schema: type, recipe: Optional[str] = None,
-                overrides: Union[Mapping[str, Any], Iterable[str], None] = None) -> Any:
+                overrides: Union[Mapping[str, Any], Iterable[str], None] = None, command: Optional[str] = None) -> Any:
     """Defaults, then the recipe file ``recipe`` (a path or shipped name), then ``overrides`` (a nested mapping or
     ``key=value`` items), every value checked (:func:`resolve_recipe`; its notes go to stderr); an instance of
-    ``schema`` with ``recipe`` set to the recipe given."""
-    resolved = resolve_recipe(schema, recipe, overrides)
+    ``schema`` with ``recipe`` set to the recipe given. ``command``: the command running, to name the right one for a
+    recipe of another."""
+    resolved = resolve_recipe(schema, recipe, overrides, command)
     config = resolved.config()
     if resolved.notes and int(os.environ.get("RANK", "0")) == 0:
         for note in resolved.notes:
@@ -655,11 +617,44 @@ def _is_list(spec: Opt) -> bool:
     return typing.get_origin(hint) in (list, List) or hint is list
 
 
-def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
+#: where a recipe command's parsed arguments list its flags and ``--set`` items in the order they were given
+_GIVEN = "recipe_given"
+
+
+def _note_given(namespace: Any, dest: str, value: Any) -> None:
+    setattr(namespace, _GIVEN, [*(getattr(namespace, _GIVEN, None) or []), (dest, value)])
+
+
+class _Given(argparse.Action):
+    """A recipe command's flag or ``--set`` (``extend``: each use adds its items), noted in the order given so that
+    the later of a flag and a ``--set`` item for the same key wins (:func:`recipe_overrides`)."""
+
+    def __init__(self, *args: Any, extend: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extend = extend
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        before = getattr(namespace, self.dest, None) if self.extend else None
+        setattr(namespace, self.dest, [*(before or []), *values] if self.extend else values)
+        _note_given(namespace, self.dest, values)
+
+
+class _GivenSwitch(argparse.BooleanOptionalAction):
+    """``--flag``/``--no-flag`` of a recipe command, noted in order as :class:`_Given`."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        super().__call__(parser, namespace, values, option_string)
+        _note_given(namespace, self.dest, getattr(namespace, self.dest))
+
+
+def _add_flag(parser: Any, name: str, spec: Opt, default: Any, noted: bool = False) -> None:
     """One ``--flag`` (and the option's extra ``flags``) for option ``name``, its help from the :class:`Opt`. Values
     are read as YAML (paths as typed: as YAML, '' would be null and 2024 a number) and left unchecked, so that a bad
-    one is the one-line error of :func:`check_value` rather than argparse's usage text."""
+    one is the one-line error of :func:`check_value` rather than argparse's usage text. ``noted``: a recipe
+    command's flag, whose place among the ``--set`` items counts."""
     from .values import parse_value
+    store: Dict[str, Any] = {"action": _Given} if noted else {}
+    extend: Dict[str, Any] = {"action": _Given, "extend": True} if noted else {"action": "extend"}
     names = [flag_name(name), *spec.flags]
     shown = f" (default {spec.default!r})" if spec.default is not None else ""
     help_ = (spec.help + shown).strip()
@@ -668,21 +663,22 @@ def _add_flag(parser: Any, name: str, spec: Opt, default: Any) -> None:
         parser.add_argument(*names, dest=name, type=str if spec.check is check_path else parse_value, required=True,
                             metavar=metavar, help=help_)
     elif spec.hint is bool:
-        parser.add_argument(*names, dest=name, action=argparse.BooleanOptionalAction, default=default, help=help_)
+        parser.add_argument(*names, dest=name, action=_GivenSwitch if noted else argparse.BooleanOptionalAction,
+                            default=default, help=help_)
     elif _is_free(spec):
         merged = " (items merge into the recipe's; see --set for the values)" if default is argparse.SUPPRESS else ""
-        parser.add_argument(*names, dest=name, nargs="+", action="extend", default=default, metavar="KEY=VALUE",
-                            help=f"{spec.help}{merged}".strip())
+        parser.add_argument(*names, dest=name, nargs="+", default=default, metavar="KEY=VALUE",
+                            help=f"{spec.help}{merged}".strip(), **extend)
     elif _is_list(spec):
         parser.add_argument(*names, dest=name, nargs="+", type=parse_value, default=default, metavar=metavar,
-                            help=help_)
+                            help=help_, **store)
     else:
         choices = spec.choice_list() if not callable(spec.choices) else None
         if choices:
             metavar = "{" + ",".join(map(str, choices)) + "}"
         bare = {"nargs": "?", "const": spec.const} if spec.const is not None else {}  # ``--resume`` alone
         parser.add_argument(*names, dest=name, type=str if spec.check is check_path else parse_value,
-                            default=default, metavar=metavar, help=help_, **bare)
+                            default=default, metavar=metavar, help=help_, **bare, **store)
 
 
 def _flag_value(name: str, spec: Opt, value: Any) -> Any:
@@ -704,9 +700,13 @@ def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", fla
     parser.add_argument("-c", "--config", metavar="RECIPE",
                         help=f"a YAML file or a shipped recipe name ({', '.join(list_recipes(schema))}); default: "
                              "the built-in defaults")
-    parser.add_argument("--set", dest="set_items", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--set", dest="set_items", action=_Given, extend=True, nargs="+", default=[],
+                        metavar="KEY=VALUE",
                         help=f"recipe options to override ({OPTIONS_HELP}), e.g. --set {example} (repeatable); "
-                             "each is also a flag")
+                             "each is also a flag; where a flag and a --set item give the same key, the later one "
+                             "on the command line wins")
+    # the command the parsed arguments are for (``train``, ``ssl train``): a recipe names the one it is for
+    parser.set_defaults(recipe_command=parser.prog.split(" ", 1)[-1])
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved configuration as a recipe (YAML; each value's comment says where it "
                              "came from: default, recipe or flag) and exit without running")
@@ -714,7 +714,7 @@ def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", fla
     if parser.usage is None:  # argparse's would list every flag
         parser.usage = f"{parser.prog} [-c RECIPE] [--set KEY=VALUE ...] [--OPTION VALUE ...] (-h lists them)"
     if not flags:
-        _add_flag(parser, "output", paths["output"], argparse.SUPPRESS)
+        _add_flag(parser, "output", paths["output"], argparse.SUPPRESS, noted=True)
         return
     groups: Dict[str, Any] = {}
     for name, spec in paths.items():
@@ -722,7 +722,7 @@ def add_recipe_options(parser: Any, schema: type, example: str = "epochs=3", fla
         if where not in groups:
             groups[where] = parser.add_argument_group(
                 f"section {where} (--set {where}.KEY=VALUE)" if where else "recipe options (override the recipe)")
-        _add_flag(groups[where], name, spec, argparse.SUPPRESS)
+        _add_flag(groups[where], name, spec, argparse.SUPPRESS, noted=True)
 
 
 def recipe_parser(prog: str, description: str, schema: Optional[type] = None, example: str = "epochs=3",
@@ -736,13 +736,20 @@ def recipe_parser(prog: str, description: str, schema: Optional[type] = None, ex
 
 
 def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
-    """What :func:`add_recipe_options`' arguments change in the recipe: ``--set`` items, then flags (nested)."""
+    """What :func:`add_recipe_options`' arguments change in the recipe (nested): ``--set`` items and flags in the
+    order they were given, so that of a flag and an item for the same key the later one wins, as a repeated flag
+    does (arguments made without that order: the items, then the flags)."""
     from .values import deep_merge, parse_assignments
-    overrides = parse_assignments(args.set_items, what="--set item")
-    given = vars(args)
-    for name, spec in option_paths(schema).items():
-        if name in given:
-            value: Any = _flag_value(name, spec, given[name])
+    paths = option_paths(schema)
+    given = getattr(args, _GIVEN, None)
+    if given is None:
+        given = [("set_items", args.set_items), *((k, v) for k, v in vars(args).items() if k in paths)]
+    overrides: Dict[str, Any] = {}
+    for name, value in given:
+        if name == "set_items":
+            overrides = deep_merge(overrides, parse_assignments(value, what="--set item"))
+        elif name in paths:
+            value = _flag_value(name, paths[name], value)
             for part in reversed(name.split(".")):
                 value = {part: value}
             overrides = deep_merge(overrides, value)
@@ -750,9 +757,10 @@ def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
 
 
 def recipe_from_args(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
-    """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then ``--set`` items, then flags
+    """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then the ``--set`` items and flags
     (or ``overrides``, when the command took some of them for itself)."""
-    return load_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides)
+    return load_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides,
+                       command=getattr(args, "recipe_command", None))
 
 
 def config_yaml(resolved: Resolved) -> str:
@@ -780,10 +788,12 @@ def config_yaml(resolved: Resolved) -> str:
 
 def print_config_if_asked(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> bool:
     """With ``--print-config``: print the configuration :func:`recipe_from_args` would run (:func:`config_yaml`;
-    notes to stderr) and return True, so the command exits 0 without running; False otherwise."""
+    notes to stderr) and return True, so the command exits 0 without running; False otherwise. The printed
+    configuration passes the checks of the run (``validate()`` of the schema) first."""
     if not getattr(args, "print_config", False):
         return False
-    resolved = resolve_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides)
+    resolved = resolve_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides,
+                              getattr(args, "recipe_command", None))
     for note in resolved.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
     print(config_yaml(resolved), end="", flush=True)

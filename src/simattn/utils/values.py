@@ -1,6 +1,7 @@
 """Values read from text, and values quoted in messages: YAML documents read with a bound on what their aliases
 expand to (:func:`load_yaml`, for recipes and single values), the one option mini-language of every command
-(``KEY=VALUE`` items), and :func:`quoted`, which cuts a value shown in an error message to a few hundred characters.
+(``KEY=VALUE`` items), :func:`as_type`, which brings a value read so to an option's type, and :func:`quoted`, which
+cuts a value shown in an error message to a few hundred characters.
 
 ``KEY=VALUE`` items are used by ``--set`` (recipe overrides), ``--model-kwargs`` and ``--attn-kwargs``:
 
@@ -14,14 +15,15 @@ Bad text raises a one-line ``ValueError`` that quotes the item and says what is 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
-
+import math
 import re
+import typing
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
 __all__ = ["first_line", "parse_value", "parse_assignments", "deep_merge", "OPTIONS_HELP", "quoted", "QUOTE_LIMIT",
-           "load_yaml", "MAX_YAML_NODES"]
+           "load_yaml", "MAX_YAML_NODES", "as_type", "NotOfType", "numbers_in"]
 
 #: one sentence for ``--help`` texts
 OPTIONS_HELP = ("KEY=VALUE items; values are YAML (3, 1e-3, true, null, [a, b], {k: v}), dotted keys nest "
@@ -158,6 +160,74 @@ def load_yaml(text: str, where: str, limit: int = MAX_YAML_NODES) -> Any:
         raise ValueError(f"{where} is nested too deeply to read") from None
     finally:
         loader.dispose()
+
+
+class NotOfType(ValueError):
+    """A value that is not of the type asked for (:func:`as_type`)."""
+
+
+def as_type(hint: Any, value: Any) -> Any:
+    """``value`` as type ``hint`` (YAML 1.1 reads ``5e-4`` as a string: such strings are numbers), or
+    :class:`NotOfType`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Union:
+        if value is None and type(None) in args:
+            return None
+        for alt in (a for a in args if a is not type(None)):
+            try:
+                return as_type(alt, value)
+            except NotOfType:
+                continue
+        raise NotOfType
+    if hint is Any:
+        return value
+    if value is None:
+        raise NotOfType
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise NotOfType
+    if hint is int:
+        if isinstance(value, bool):
+            raise NotOfType
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise NotOfType
+    if hint is float:
+        if isinstance(value, bool):
+            raise NotOfType
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                raise NotOfType from None
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+        raise NotOfType
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise NotOfType
+    if origin in (list, List) or hint is list:
+        if not isinstance(value, (list, tuple)):
+            raise NotOfType
+        return [as_type(args[0], v) for v in value] if args else list(value)
+    if origin in (dict, Dict) or hint is dict:
+        if not isinstance(value, Mapping):
+            raise NotOfType
+        return dict(value)
+    return value
+
+
+def numbers_in(value: Any) -> List[float]:
+    """The numbers of a number or a list (each checked against an option's range)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return []
 
 
 #: the most values one ``KEY=VALUE`` item may expand to through YAML aliases
