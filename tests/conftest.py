@@ -20,6 +20,10 @@ SUITE_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
 torch.set_num_threads(SUITE_THREADS)
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(SUITE_THREADS))
+# Triton fixes whether kernels run compiled or in its interpreter when it decorates them, at the first import of
+# simattn.attention.linear_kernels: without CUDA, the interpreter (CPU tensors), set before any test imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 #: every process the suite starts inherits this variable, so it can be found even after its parent died
 MARK = "SIMATTN_TEST_SESSION"

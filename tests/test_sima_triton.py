@@ -1,5 +1,6 @@
-"""SimA's Triton backend against the plain reference (fp64), forward and every gradient; CPU runs the kernels in
-Triton's interpreter (``TRITON_INTERPRET=1``, set per test), CUDA runs them compiled when there is a GPU.
+"""SimA's Triton backend against the plain reference (fp64), forward and every gradient; without CUDA the kernels
+run in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, which tests/conftest.py sets before they are imported),
+with CUDA compiled on the GPU (the CPU cases skip there).
 
 Bound (fp32): rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and for each gradient, and each gradient's
 rms error relative to the largest gradient's rms (:func:`attention_cases.assert_grads_close`) for those that vanish
@@ -20,20 +21,27 @@ from simattn.attention.sima import resolve_sima_backend, sima_attention
 from attention_cases import LargestCopy, assert_grads_close, error_ratio, rms
 
 pytest.importorskip("triton")
+from simattn.attention import linear_kernels as K  # noqa: E402 - in the mode conftest set
+from simattn.attention import linear_triton as st  # noqa: E402
 
 TOL = 1e-4
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 @pytest.fixture
-def triton_mode(monkeypatch, request):
-    """CPU: the interpreter for this test only; CUDA: compiled kernels (the interpreter off)."""
-    device = request.node.callspec.params.get("device", "cpu")
-    if device == "cpu":
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    else:
-        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def triton_mode(request):
+    """CPU tensors need the interpreter, CUDA ones compiled kernels: the mode the kernels were imported in."""
+    device = request.node.callspec.params.get("device", "cpu") if hasattr(request.node, "callspec") else "cpu"
+    if (device == "cpu") != K.INTERPRETER:
+        pytest.skip(f"the kernels run {'in the interpreter' if K.INTERPRETER else 'compiled'}, not on {device}")
     return device
+
+
+@pytest.fixture
+def forced_plan(monkeypatch):
+    """Force a token-axis plan (programs per head, one tile) on calls planned from now on."""
+    monkeypatch.setattr(st, "_CALLS", {})
+    return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
 
 
 def _leaves(shapes, device, layout="contiguous", seed=0):
@@ -129,9 +137,8 @@ def test_zero_channels_clamp_to_eps(device, triton_mode):
     _compare(qkv, leaves)
 
 
-def test_fused_qkv_views_are_not_copied(monkeypatch):
+def test_fused_qkv_views_are_not_copied(triton_mode):
     """The kernels read q, k, v through their strides: forward and backward copy nothing of their size."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     (q, k, v), leaves = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), "cpu", "qkv")
     assert not q.is_contiguous()
     mask = torch.ones(2, 40, dtype=torch.bool)
@@ -143,8 +150,7 @@ def test_fused_qkv_views_are_not_copied(monkeypatch):
     assert rec.largest < q.numel(), f"a copy of {rec.largest} elements (q has {q.numel()})"
 
 
-def test_module_backend_triton_matches_torch(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_module_backend_triton_matches_torch(triton_mode):
     m = create_attention("sima", 32, num_heads=2, qkv_bias=True)
     x = torch.randn(2, 33, 32, requires_grad=True)
     mask = torch.rand(2, 33) > 0.2
@@ -161,14 +167,11 @@ PLANS = {"one_tile": (1, True), "one_launch_loop": (1, False), "split3": (3, Fal
 
 
 @pytest.mark.parametrize("plan", list(PLANS))
-def test_every_launch_plan_matches_reference(plan, monkeypatch):
+def test_every_launch_plan_matches_reference(plan, triton_mode, forced_plan):
     """Each way the kernels cover the token axis, forced: a head in one tile (q, k, v read once), one program per
     head looping over tiles, the axis split over 3 programs per head (a partial-sum launch first, each way), on
     strided views of a fused qkv projection with a key mask, odd N, and a batch entry whose tokens are all masked."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import linear_triton as st
-
-    monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
+    forced_plan(PLANS[plan])
     qkv, leaves = _leaves(((2, 2, 45, 16), (2, 2, 45, 16)), "cpu", "qkv")
     mask = torch.rand(2, 45, generator=torch.Generator().manual_seed(3)) > 0.3
     mask[1, :] = False
@@ -184,11 +187,9 @@ HALF_TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3}
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("plan", ["natural", "split3"])
-def test_half_precision_within_bound(dtype, plan, device, triton_mode, monkeypatch):
-    from simattn.attention import linear_triton as st
-
+def test_half_precision_within_bound(dtype, plan, device, triton_mode, forced_plan):
     if plan != "natural":
-        monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
+        forced_plan(PLANS[plan])
     gen = torch.Generator().manual_seed(4)
     B, H, N, d, dv = 2, 2, 70, 16, 32
     hi = [torch.randn(B, H, N, c, generator=gen).to(dtype).double().requires_grad_() for c in (d, d, dv)]
@@ -207,13 +208,10 @@ def test_half_precision_within_bound(dtype, plan, device, triton_mode, monkeypat
 
 @pytest.mark.parametrize("kind", ["elu", "xnorm"])
 @pytest.mark.parametrize("plan", ["one_tile", "one_launch_loop", "split3"])
-def test_elu_and_xnorm_forward_match_reference(kind, plan, monkeypatch):
+def test_elu_and_xnorm_forward_match_reference(kind, plan, triton_mode, forced_plan):
     """ELU and XNorm on SimA's skeleton (their prologue and epilogue), forward, fp32, dv ≠ d, a key mask, cross
     lengths, per-head γ (XNorm) against their plain references in fp64."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import linear_triton as st
-
-    monkeypatch.setattr(st, "_plan", lambda *a: PLANS[plan])
+    forced_plan(PLANS[plan])
     gen = torch.Generator().manual_seed(5)
     B, H, n_q, n_k = 2, 3, 21, 40
     q, k = torch.randn(B, H, n_q, 16, generator=gen), torch.randn(B, H, n_k, 16, generator=gen)
@@ -232,15 +230,12 @@ def test_elu_and_xnorm_forward_match_reference(kind, plan, monkeypatch):
     assert error_ratio(out, ref) <= TOL, f"{kind}: error ratio {error_ratio(out, ref):.3g}"
 
 
-def test_custom_ops_pass_opcheck(monkeypatch):
+def test_custom_ops_pass_opcheck(triton_mode):
     """torch.library.opcheck on both ops (schema, fake implementation, autograd registration), with masks and
     strided views, in the interpreter."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    from simattn.attention import linear_triton  # noqa: F401 - registers the ops
-
     (q, k, v), _ = _leaves(((1, 2, 9, 16), (1, 2, 9, 16)), "cpu", "qkv")
     mask = torch.tensor([[True] * 7 + [False] * 2])
-    args = (q, k, v, mask, mask, None, 1e-12, 0, False, torch.float32, True)
+    args = (q, k, v, mask, mask, None, 1e-12, "sima", False, torch.float32, True)
     # AOT dispatch is exercised by the torch.compile test below; here the schema, fake and autograd registrations
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.simattn.linear_attn_fwd.default, args, test_utils=checks)
@@ -251,10 +246,9 @@ def test_custom_ops_pass_opcheck(monkeypatch):
                           test_utils=checks)
 
 
-def test_compile_fullgraph_traces_through_the_op(monkeypatch):
+def test_compile_fullgraph_traces_through_the_op(triton_mode):
     """torch.compile(fullgraph=True) (a graph break would raise) of SimA's Triton path with its backward, AOT
     autograd on CPU in the interpreter: the compiled gradients equal eager's."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     torch._dynamo.reset()
     (q, k, v), leaves = _leaves(((1, 2, 20, 16), (1, 2, 20, 16)), "cpu", "qkv")
     mask = torch.rand(1, 20, generator=torch.Generator().manual_seed(6)) > 0.2
@@ -334,14 +328,14 @@ def test_bad_backend_is_one_line_naming_the_choices():
 
 
 def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(K, "INTERPRETER", False)  # as if imported without TRITON_INTERPRET
+    monkeypatch.setattr(st, "_CALLS", {})
     q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
     with pytest.raises(ValueError, match="needs CUDA tensors \\(or TRITON_INTERPRET=1"):
         sima_attention(q, k, v, backend="triton")
 
 
-def test_triton_refuses_what_the_kernels_do_not_take(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_triton_refuses_what_the_kernels_do_not_take(triton_mode):
     q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
     with pytest.raises(ValueError, match="order 'qk_first'|order 'auto' or 'kv_first'"):
         sima_attention(q, k, v, backend="triton", order="qk_first")
@@ -377,8 +371,7 @@ FAMILIES = [  # (model, create_model kwargs)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("name, kwargs", FAMILIES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(FAMILIES)])
-def test_amp_training_step_cuda(name, kwargs, dtype, monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def test_amp_training_step_cuda(name, kwargs, dtype):
     import timm
 
     model = timm.create_model(name, num_classes=10, **kwargs).cuda().train()
@@ -414,32 +407,47 @@ def _signature(fn, pointers, constexprs):
             else "fp32" if name == "eps" else "i32" for name in fn.arg_names}
 
 
+def _compiled_kernels(monkeypatch):
+    """The kernel module as imported without TRITON_INTERPRET (a second copy where this process interprets)."""
+    if not K.INTERPRETER:
+        return K
+    import importlib.util
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    spec = importlib.util.spec_from_file_location("simattn.attention._linear_kernels_compiled", K.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module.INTERPRETER
+    return module
+
+
 def test_kernels_compile_for_gpus_without_one(monkeypatch):
     """Triton compiles the kernels to Hopper machine code with no GPU present (its bundled ptxas): the code the
     interpreter runs on CPU also lowers for a GPU: bf16 and fp32 variants, masks, the split and one-tile paths,
     ELU's and XNorm's prologue and epilogue."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from simattn.attention import linear_triton as st
-
-    kernels = st._kernels(False, True)
+    kernels = _compiled_kernels(monkeypatch)
     bf16 = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "x_ptr", "y_ptr", "z_ptr", "o_ptr",
                                        "dq_ptr", "dk_ptr", "dv_ptr")}
     u8 = {name: "*u8" for name in ("qm_ptr", "km_ptr", "xm_ptr", "zm_ptr")}
     tiles = dict(BLOCK=64, BLOCK_D=64, BLOCK_E=64)
     common = dict(UPCAST=False, PREC="tf32")
-    fwd = dict(HAS_QM=True, HAS_KM=True, SAVE=True, KIND=0, NATIVE=True, BF16_OUT=True, **common)
+    fwd = dict(HAS_QM=True, HAS_KM=True, SAVE=True, **st.KINDS["sima"].flags, KEY_SUMS=True, QUERY_SUMS=True,
+               NATIVE=True, BF16_OUT=True, **common)
     variants = [  # each kernel once, each kind's prologue or epilogue once, both token-axis plans, bf16 and fp32
         # ELU's prologue on bf16 keys: its fp32 features and SimA's own keys come from one function
-        (kernels.stats, {**bf16, **u8},
-         dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, KIND=1, NATIVE=False, **common)),
-        (kernels.fwd, {**bf16, **u8}, dict(fwd, SPLIT=False)),
-        (kernels.one, u8, dict(fwd, KIND=2, NATIVE=False, BF16_OUT=False, SAVE=False, PREC="ieee")),
-        (kernels.bwd, {**bf16, **u8}, dict(HAS_QM=True, HAS_KM=True, SPLIT=True, NATIVE=True, BF16_DQ=True,
-                                           **common)),
+        (kernels._stats_kernel, {**bf16, **u8},
+         dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, FEATURE_ELU=True, NATIVE=False, **common)),
+        (kernels._fwd_kernel, {**bf16, **u8}, dict(fwd, SPLIT=False)),
+        (kernels._fwd_kernel, u8, dict(fwd, **st.KINDS["elu"].flags, KEY_SUMS=True, QUERY_SUMS=False, NATIVE=False,
+                                       BF16_OUT=False, SAVE=False, SPLIT=True)),
+        (kernels._fwd_one_tile_kernel, u8, dict(fwd, **st.KINDS["xnorm"].flags, KEY_SUMS=False, QUERY_SUMS=False,
+                                                NATIVE=False, BF16_OUT=False, SAVE=False, PREC="ieee")),
+        (kernels._bwd_kernel, {**bf16, **u8}, dict(HAS_QM=True, HAS_KM=True, SPLIT=True, NATIVE=True, BF16_DQ=True,
+                                                   **common)),
     ]
     for tuned, pointers, flags in variants:
         fn = tuned.fn  # the autotuner's kernel
@@ -454,22 +462,61 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
         assert compiled.asm["cubin"], f"{fn.__name__} {flags}: no machine code"
 
 
-def test_kernels_keep_their_constexpr_parameters():
-    """The compiled kernels and helpers are copies of this module's functions (decorated per mode): a parameter
-    annotated ``tl.constexpr`` must stay one, or launching on a GPU fails to specialize it (the interpreter does
-    not tell)."""
+# ---------------------------------------------------------------- the host path
+def _counting_launches(monkeypatch):
+    """Count the kernel launches (the interpreter's or the GPU's), whatever runs them."""
     from triton.runtime.autotuner import Autotuner
 
-    from simattn.attention import linear_triton as st
+    launches = []
+    for name in ("_stats_kernel", "_fwd_kernel", "_fwd_one_tile_kernel", "_bwd_kernel"):
+        kernel = getattr(K, name)
+        for runner in (kernel, kernel.fn) if isinstance(kernel, Autotuner) else (kernel,):
+            real = runner.run
+            monkeypatch.setattr(runner, "run", lambda *a, _real=real, _name=name, **kw: launches.append(_name)
+                                or _real(*a, **kw))
+    return launches
 
-    kernels = st._kernels(False, False)
-    scope = kernels.fwd.fn.fn.__globals__  # the globals of the copies: the helpers decorated in this mode
-    decorated = {"_stats_kernel": kernels.stats, "_fwd_kernel": kernels.fwd, "_fwd_one_tile_kernel": kernels.one,
-                 "_bwd_kernel": kernels.bwd, **{h.__name__: scope[h.__name__] for h in st._HELPERS}}
-    checked = 0
-    for name, kernel in decorated.items():
-        jitted = kernel.fn if isinstance(kernel, Autotuner) else kernel
-        declared = {p for p, a in getattr(st, name).__annotations__.items() if "constexpr" in str(a)}
-        assert {p.name for p in jitted.params if p.is_constexpr} == declared, name
-        checked += bool(declared)
-    assert checked >= 8
+
+def test_a_repeat_call_reuses_its_plan(monkeypatch, triton_mode):
+    """The first call at a signature plans its launches, a repeat call (new values, same shapes and strides) only
+    looks the plan up and launches; another stride pattern is another plan."""
+    monkeypatch.setattr(st, "_CALLS", {})
+    planned = []
+    real_plan = st._plan
+    monkeypatch.setattr(st, "_plan", lambda *a: planned.append(a) or real_plan(*a))
+    launches = _counting_launches(monkeypatch)
+    (q, k, v), leaves = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), triton_mode, "qkv")
+    mask = torch.ones(2, 40, dtype=torch.bool, device=triton_mode)
+    out = sima_attention(q, k, v, backend="triton", mask=mask)
+    torch.autograd.grad(out.sum(), leaves)
+    assert len(planned) == 2 and len(st._CALLS) == 2  # a forward and a backward
+    first = list(launches)
+    for _ in range(2):
+        out = sima_attention(q * 2, k, v, backend="triton", mask=mask)  # q * 2: contiguous, another plan
+        torch.autograd.grad(out.sum(), leaves)
+    assert len(planned) == 4 and len(st._CALLS) == 4
+    assert launches == first * 3 and first
+    (q2, k2, v2), _ = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), triton_mode, "qkv", seed=1)
+    sima_attention(q2 * 2, k2, v2, backend="triton", mask=mask)
+    assert len(planned) == 4  # found again
+
+
+def test_dry_run_launches_nothing_and_takes_cpu_tensors(monkeypatch):
+    """Within dry_run() a forward and backward on CPU tensors run the host path without the interpreter, launch no
+    kernel and return outputs of the right shapes and dtypes; outside it, kernels run again."""
+    monkeypatch.setattr(K, "INTERPRETER", False)  # CPU tensors are refused outside dry_run
+    monkeypatch.setattr(st, "_CALLS", {})
+    launches = _counting_launches(monkeypatch)
+    q, k, v = (torch.randn(2, 3, 4097, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with st.dry_run():
+        out = sima_attention(q, k, v, backend="triton")
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        elu = st.linear_triton("elu", q.detach(), k.detach(), v.detach())
+    assert launches == []
+    assert out.shape == elu.shape == (2, 3, 4097, 16) and out.dtype == torch.bfloat16
+    assert [g.shape for g in grads] == [q.shape] * 3
+    splits = [c.launch.grid for c in st._CALLS.values()]
+    assert all(grid[0] == 6 for grid in splits) and max(len(g) for g in splits) == 2  # planned as on 132 SMs
+    assert any(c.partials is not None for c in st._CALLS.values())  # B·H = 6 splits 4097 tokens
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        sima_attention(q, k, v, backend="triton")

@@ -194,13 +194,21 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
     return mask, q_mask
 
 
+#: the largest head dimension (of q/k and of v) the fused Triton kernels of the linear kinds take: their d×dv fp32
+#: state lives in registers
+TRITON_MAX_HEAD_DIM = 128
+#: the dtypes of q, k and v those kernels take
+TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.linear_triton`) cannot take q, k, v
-    (None where they can): fp32, fp16 or bf16, head dims up to 128, and the triton package."""
-    if any(t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in (q, k, v)):
+    (None where they can): :data:`TRITON_DTYPES`, head dims up to :data:`TRITON_MAX_HEAD_DIM`, and the triton
+    package."""
+    if any(t.dtype not in TRITON_DTYPES for t in (q, k, v)):
         return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if max(q.shape[-1], v.shape[-1]) > 128:
-        return f"takes head dims up to 128, got d={q.shape[-1]}, dv={v.shape[-1]}"
+    if max(q.shape[-1], v.shape[-1]) > TRITON_MAX_HEAD_DIM:
+        return f"takes head dims up to {TRITON_MAX_HEAD_DIM}, got d={q.shape[-1]}, dv={v.shape[-1]}"
     if importlib.util.find_spec("triton") is None:
         return "needs the triton package"
     return None
