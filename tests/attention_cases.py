@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from simattn.attention import reference as R
+from simattn.attention.agent import agent_attention
 from simattn.attention.cosformer import cosformer_attention
 from simattn.attention.efficient import efficient_attention
 from simattn.attention.elu import elu_attention
@@ -17,6 +18,7 @@ from simattn.attention.linformer import linformer_attention
 from simattn.attention.nystrom import nystrom_attention
 from simattn.attention.performer import orthogonal_random_features, performer_attention
 from simattn.attention.relu import ACTIVATIONS, relu_attention
+from simattn.attention.sigmoid import sigmoid_attention
 from simattn.attention.sima import sima_attention
 from simattn.attention.soft import soft_attention
 from simattn.attention.softmax import softmax_attention
@@ -101,9 +103,14 @@ CASES = {
     "cosformer": (cosformer_attention, R.cosformer_reference, True, True),
     "cosformer_reweight": (partial(cosformer_attention, reweight=True, grid_size=SOFT_GRID),
                            partial(R.cosformer_reference, grid_size=SOFT_GRID), False, False),
+    # 9 agents on the 4×5 grid: overlapping adaptive windows (4 rows into 3)
+    "agent": (partial(agent_attention, grid_size=SOFT_GRID, agent_num=9),
+              partial(R.agent_reference, grid_size=SOFT_GRID, pool_side=3), False, False),
+    "sigmoid": (sigmoid_attention, R.sigmoid_reference, True, True),
+    "sigmoid_bias": (partial(sigmoid_attention, bias=-1.5), partial(R.sigmoid_reference, bias=-1.5), True, True),
 }
 #: cases on the fixed SOFT_GRID (N = 20 tokens only)
-GRID_CASES = {"soft", "nystrom", "cosformer_reweight"}
+GRID_CASES = {"soft", "nystrom", "cosformer_reweight", "agent"}
 #: cases whose weights depend on token positions (not equivariant under a permutation of the tokens)
 POSITIONAL_CASES = GRID_CASES | {"linformer"}
 
@@ -190,6 +197,23 @@ def _linformer_module_oracle(m, q, k, v, grid):
     return R.linformer_reference(q, k, v, e, f)
 
 
+def _agent_module_oracle(m, q, k, v, grid):
+    B, Hh, N, d = q.shape
+    prefix = N - grid[0] * grid[1]
+    b1 = R.agent_bias_reference(m.agent_block_bias, m.agent_row_bias, m.agent_col_bias, m.agent_prefix_bias, grid,
+                                prefix)
+    b2 = R.agent_bias_reference(m.query_block_bias, m.query_row_bias, m.query_col_bias, m.query_prefix_bias, grid,
+                                prefix).transpose(-2, -1)
+    out = R.agent_reference(q, k, v, grid, pool_side=m.pool_side, num_prefix_tokens=prefix, agent_bias=b1,
+                            query_bias=b2)
+    if m.dwc is not None:
+        ks = m.dwc.kernel_size[0]
+        img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
+        conv = F.conv2d(img, m.dwc.weight, m.dwc.bias, padding=ks // 2, groups=Hh * d).reshape(B, Hh, d, -1)
+        out = out + torch.cat([torch.zeros_like(out[:, :, :prefix]), conv.transpose(-2, -1)], dim=2)
+    return out
+
+
 def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
     """The module's forward from its parameters and the kind's oracle, in plain torch."""
     B, N, C = x.shape
@@ -229,6 +253,10 @@ def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
         grid = grid_size if m.reweight else None
         prefix = N - grid_size[0] * grid_size[1] if m.reweight else 0
         out = R.cosformer_reference(q, k, v, grid_size=grid, num_prefix_tokens=prefix, mask=mask, eps=m.eps)
+    elif kind == "agent":
+        out = _agent_module_oracle(m, q, k, v, grid_size)
+    elif kind == "sigmoid":
+        out = R.sigmoid_reference(q, k, v, bias=m.bias, mask=mask)
     else:  # pragma: no cover - a kind registered without an oracle must get one here
         raise AssertionError(f"no oracle for attention kind {kind!r}")
     out = out.transpose(1, 2).reshape(B, N, C)

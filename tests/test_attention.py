@@ -156,9 +156,13 @@ MODULES = [
     ("linformer", {"seq_len": 20, "proj_len": 7}),
     ("performer", {"num_features": 20}), ("nystrom", {"num_prefix_tokens": 1}), ("efficient", {}),
     ("cosformer", {}), ("cosformer", {"reweight": True, "num_prefix_tokens": 1}),
+    # the row and column biases learned for a 3×3 grid, resized to the 4×5 one
+    ("agent", {"agent_num": 9, "window": 3, "num_prefix_tokens": 1}),
+    ("agent", {"agent_num": 4, "window": 5, "dwc_kernel": 0, "num_prefix_tokens": 0}),
+    ("sigmoid", {}), ("sigmoid", {"qk_norm": True, "bias": -2.0}),
 ]
 #: kinds whose module test runs on the 4×5 grid (as ``grid_size``), after ``num_prefix_tokens`` tokens
-_ON_GRID = ("soft", "linformer", "nystrom")
+_ON_GRID = ("soft", "linformer", "nystrom", "agent")
 
 
 def test_every_registered_kind_has_a_module_oracle_case():

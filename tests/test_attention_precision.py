@@ -38,6 +38,8 @@ BOUNDS = {
     for kind in ("sima", "softmax", "xca", "elu", "relu", "xnorm", "soft", "linformer", "performer", "nystrom",
                  "efficient", "cosformer")
 }
+# agent returns autocast's dtype, as softmax; sigmoid attention is unnormalized and keeps fp32 under fp16, as relu
+BOUNDS.update({"agent": BOUNDS["softmax"], "sigmoid": BOUNDS["relu"]})
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 NO_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="no triton")
 SIMA_BACKENDS = ["torch", pytest.param("triton", marks=NO_TRITON)]

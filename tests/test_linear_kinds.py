@@ -26,6 +26,8 @@ NEW_KINDS = ["linformer", "performer", "nystrom", "efficient", "cosformer"]
 #: softmax, and the point-wise kinds
 EXP_CLASS = {"softmax": "HN²", "linformer": "HN²", "performer": "ND", "nystrom": "HN²", "soft": "HN²", "efficient": "ND",
              "cosformer": "0", "sima": "0", "xca": "Hd²", "elu": "ND", "relu": "0", "xnorm": "0"}
+# agent attention: 2·N·n softmax exps per head with n agents fixed; sigmoid attention: one per query-key pair
+EXP_CLASS.update({"agent": "HN", "sigmoid": "HN²"})
 
 
 # ---------------------------------------------------------------- exp-count class

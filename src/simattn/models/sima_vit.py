@@ -163,6 +163,9 @@ default_cfgs = generate_default_cfgs({
     "sima_deit_tiny_patch16_224": _cfg(),
     "sima_deit_small_patch16_224": _cfg(),
     "sima_deit_base_patch16_224": _cfg(),
+    # No weights of these are published in timm's format: recipes in configs/ (DeiT's crop 0.875 evaluation).
+    **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for kind in ("agent", "sigmoid")
+       for size in ("tiny", "small")},
     # big_vision's ViT input pipeline: inputs in [-1, 1], bilinear resize, resize 256 / crop 224.
     **{f"relu_vit_small_patch{p}_224.in1k": _cfg(**_BIG_VISION) for p in (32, 16, 8)},
     **{f"relu_vit_small_patch{p}_gap_224.in21k": _cfg(num_classes=21843, **_BIG_VISION) for p in (32, 16, 8)},
@@ -244,3 +247,43 @@ def relu_vit_small_patch8_gap_224(pretrained: bool = False, **kwargs) -> VisionT
     model_args = dict(patch_size=8, embed_dim=384, depth=12, num_heads=6, qk_norm=True, pos_embed="learn",
                       class_token=False, global_pool="avg", fc_norm=False, attn_type="relu")
     return _create("relu_vit_small_patch8_gap_224", pretrained, **dict(model_args, **kwargs))
+
+
+# Agent-DeiT (Han et al., ECCV 2024; the released agent_deit_{tiny,small}): agent attention in every block (agent_layer
+# = depth for T and S), 49 agents (7×7 pooling), agent biases learned on the 14×14 grid of 224 px / 16 px patches
+# (resized for other grids), 3×3 depthwise conv on V; DeiT's layout otherwise (class token, qkv bias).
+_AGENT = dict(attn_type="agent", attn_kwargs={"agent_num": 49, "window": 14})
+
+
+@register_model
+def agent_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-T with agent attention (paper: 6.0M params, 1.2 GFLOPs, 74.9% top-1)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, **_AGENT)
+    return _create("agent_deit_tiny_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def agent_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-S with agent attention (paper: 22.7M params, 4.4 GFLOPs, 80.5% top-1)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_AGENT)
+    return _create("agent_deit_small_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+# Sigmoid-attention DeiT (Ramapuram et al., ICLR 2025): σ(qkᵀ/√d − log n) in every block with the paper's stabilizers
+# for vision, qk-LayerNorm and LayerScale (timm's init_values; 1e-4 here, CaiT's init for this depth range is
+# larger, the paper's text gives none). The paper reports ViT-B/16, not DeiT-T/S: these are DeiT's sizes.
+_SIGMOID = dict(attn_type="sigmoid", qk_norm=True, init_values=1e-4)
+
+
+@register_model
+def sigmoid_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-T with sigmoid attention, qk-LayerNorm and LayerScale."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, **_SIGMOID)
+    return _create("sigmoid_deit_tiny_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def sigmoid_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-S with sigmoid attention, qk-LayerNorm and LayerScale."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_SIGMOID)
+    return _create("sigmoid_deit_small_patch16_224", pretrained, **dict(args, **kwargs))
