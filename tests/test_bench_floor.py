@@ -119,3 +119,74 @@ def test_several_sizes_keep_the_line_plot(figures, tmp_path):
     named = [ln for ln in ax.lines if not ln.get_label().startswith("_")]
     assert len(named) == 2 * 3 and all(len(ln.get_xdata()) == 2 for ln in named)
     assert "sima (onnxruntime int8)" in {ln.get_label() for ln in named}
+
+
+def test_attention_free_floor_keeps_the_network_and_passes_the_values_through():
+    from simattn.attention import TokenAttention
+    from simattn.bench.model.runner import without_attention
+
+    model = _tiny(2).eval()
+    floor = build_model(BenchSpec(model=TINY_MODEL, attn="sima", img_size=16, model_kwargs={**TINY, "depth": 2},
+                                  attention_free=True)).eval()
+    assert floor.state_dict().keys() == model.state_dict().keys()
+    attention = [m for m in floor.modules() if isinstance(m, TokenAttention)]
+    assert len(attention) == 2 and all(type(m).__name__ == "AttentionFreeSimAAttention" for m in attention)
+    x = torch.randn(2, 17, 32)
+    module = attention[0]
+    _, _, v = module.project(x)
+    with torch.no_grad():  # the module's own projections around the values: heads merged, then proj
+        assert torch.equal(module(x), module.proj(v.transpose(1, 2).reshape(2, 17, 32)))
+    assert floor(torch.randn(1, 3, 16, 16)).shape == (1, 1000)
+    with pytest.raises(ValueError, match="replaces simattn's attention kinds, not Attention"):
+        import timm
+        without_attention(timm.create_model("vit_tiny_patch16_224", img_size=16, patch_size=4, depth=1))
+    with pytest.raises(ValueError, match="has no attention module"):
+        without_attention(nn.Sequential(nn.Linear(2, 2)))
+
+
+def test_floor_rows_per_size_and_the_ratios_over_them(tmp_path, capsys):
+    out = tmp_path / "floor"
+    argv = ARGS[:ARGS.index("--measure")] + ["--img-size", "16", "32", "--batch-size", "2", "3", "--attn", "sima",
+                                             "softmax", "--floor", "--measure", "train-throughput", "--out", str(out)]
+    assert bench_model.main(argv) == 0
+    data = json.loads((out / "bench_model.json").read_text())
+    rows = data["rows"]
+    assert [(r["label"], r["attn"], r["img_size"], r["train_batch"]) for r in rows] == [
+        ("sima", "sima", 16, 2), ("softmax", "softmax", 16, 2), ("floor", "sima", 16, 2),
+        ("sima", "sima", 32, 3), ("softmax", "softmax", 32, 3), ("floor", "sima", 32, 3)]
+    floors = {r["img_size"]: r for r in rows if r["label"] == "floor"}
+    by = {(u["label"], u["img_size"]): u for u in data["floor_ratios"]}
+    assert set(by) == {(label, size) for label in ("sima", "softmax") for size in (16, 32)}
+    for r in rows:
+        if r["label"] != "floor":
+            assert by[r["label"], r["img_size"]]["train_over_floor"] == \
+                pytest.approx(floors[r["img_size"]]["train_ips"] / r["train_ips"])
+    assert "Time over the attention-free floor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--models", TINY_MODEL, "--attn", "floor=softmax", "--floor"],
+     "--attn label 'floor' names the attention-free floor's rows"),
+    (["--models", "vit_tiny_patch16_224", "--floor"], "replaces simattn's attention kinds, not Attention"),
+])
+def test_floor_refusals_are_one_line_before_any_work(argv, message, tmp_path, capsys):
+    from simattn.cli import main as simattn_main
+
+    out = tmp_path / "bench"
+    code = simattn_main(["bench", "model", *argv, "--img-size", "16", "--model-kwargs", "patch_size=4",
+                         "embed_dim=32", "num_heads=2", "depth=1", "--in-process", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_exported_runtimes_keep_the_linear_floor_and_torch_gets_the_attention_free_rows():
+    argv = ["--models", TINY_MODEL, "--img-size", "16", "--attn", "sima", "softmax", "--measure", "latency",
+            "--runtime", "torch", "onnxruntime"]
+    default = bench_model.build_specs(bench_model.parse_args(argv), 1)
+    assert [(s.runtime, s.label, s.floor, s.attention_free) for s in default] == [
+        (runtime, label, True, False) for runtime in ("torch", "onnxruntime") for label in ("sima", "softmax")]
+    given = bench_model.build_specs(bench_model.parse_args(argv + ["--floor"]), 1)
+    assert [(s.runtime, s.label, s.attention_free) for s in given] == [
+        ("torch", "sima", False), ("torch", "softmax", False), ("torch", "floor", True),
+        ("onnxruntime", "sima", False), ("onnxruntime", "softmax", False)]

@@ -2,6 +2,8 @@
 import csv
 import json
 import subprocess
+import sys
+import textwrap
 
 import matplotlib.image as mpimg
 import pytest
@@ -14,6 +16,7 @@ from simattn.bench import paper as bench_paper
 from simattn.bench.model.results import speedups
 from simattn.bench.model.runner import build_model
 from simattn.bench.model.spec import BenchSpec
+from simattn.bench.model import workers
 from simattn.bench.model.workers import measure, run_specs
 
 DEIT = "sima_deit_small_patch16_224"
@@ -154,6 +157,57 @@ def test_failed_worker_becomes_an_error_row(monkeypatch):
     assert rows[0]["error"] == "ValueError: boom"
 
 
+ASSERTION = ("/pytorch/aten/src/ATen/native/cuda/NLLLoss2d.cu:104: void nll_loss2d_forward_kernel<float>(float *, "
+             "long const *): block: [3,0,0], thread: [7,0,0] Assertion `t >= 0 && t < n_classes` failed.")
+CUDA_ERROR = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported at some "
+              "other API call.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\nCompile with "
+              "`TORCH_USE_CUDA_DSA` to enable device-side assertions.\n")
+# stand-in workers (no torch, so each starts in milliseconds), by label: one dies of a CUDA error after its kernel
+# printed the assertion, one reports its error in a row as the real worker does, one is killed, one measures
+STAND_IN_WORKER = textwrap.dedent(f"""
+    import json, os, signal, sys
+    spec = json.loads(sys.argv[1])
+    row = {{"model": spec["model"], "label": spec["label"], "train_ips": 10.0}}
+    if spec["label"] in ("crashed", "reported"):
+        print({ASSERTION!r}, flush=True)
+    if spec["label"] == "crashed":
+        raise RuntimeError({CUDA_ERROR!r})
+    if spec["label"] == "reported":
+        row["error"] = "AcceleratorError: CUDA error: device-side assert triggered"
+    if spec["label"] == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    print("{workers._RESULT_TAG}" + json.dumps(row), flush=True)
+""")
+
+
+def test_a_failing_row_carries_its_cause_and_the_next_rows_still_run(monkeypatch, capsys):
+    monkeypatch.setattr(workers, "_worker_command", lambda spec: [sys.executable, "-c", STAND_IN_WORKER,
+                                                                  spec.to_json()])
+    labels = ["crashed", "measured", "reported", "killed", "measured2"]
+    rows = run_specs([BenchSpec(model=DEIT, label=label) for label in labels])
+    assert [r["label"] for r in rows] == labels
+    asserted = "Assertion `t >= 0 && t < n_classes` failed in void nll_loss2d_forward_kernel<float>(float *, " \
+               "long const *) (NLLLoss2d.cu:104)"
+    assert rows[0]["error"] == f"RuntimeError: CUDA error: device-side assert triggered; {asserted}"
+    assert rows[2]["error"] == f"AcceleratorError: CUDA error: device-side assert triggered; {asserted}"
+    assert rows[3]["error"] == "worker killed by SIGKILL"
+    assert [r.get("train_ips") for r in rows] == [None, 10.0, 10.0, None, 10.0]
+    assert "TORCH_USE_CUDA_DSA" not in capsys.readouterr().err
+
+
+def test_the_worker_reports_an_exception_as_its_rows_first_line(monkeypatch, capsys):
+    def fail(spec):
+        raise RuntimeError(CUDA_ERROR)
+
+    monkeypatch.setattr(workers, "measure", fail)
+    assert workers.worker_main(BenchSpec(model=DEIT, label="broken").to_json()) == 1
+    captured = capsys.readouterr()
+    tagged = [line for line in captured.out.splitlines() if line.startswith(workers._RESULT_TAG)]
+    row = json.loads(tagged[0][len(workers._RESULT_TAG):])
+    assert row["label"] == "broken" and row["error"] == "RuntimeError: CUDA error: device-side assert triggered"
+    assert "Traceback (most recent call last)" in captured.err  # the whole story stays on the worker's stderr
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--models", "no_such_model"], "unknown model 'no_such_model'"),
     (["--attn", "nope"], "unknown attention 'nope'"),
@@ -162,6 +216,9 @@ def test_failed_worker_becomes_an_error_row(monkeypatch):
     (["--runtime", "onnxruntime", "--precision", "bf16"], "runs fp32 on cpu"),
     (["--runtime", "onnxruntime", "--measure", "memory"], "measures latency, throughput, counts"),
     (["--compile", "--compile-backend", "nope"], "--compile-backend 'nope' is not one of"),
+    (["--compile-mode", "reduce-overhead"], "--compile-mode applies to --compile"),
+    (["--compile", "--compile-backend", "eager", "--compile-mode", "reduce-overhead"], "is inductor's"),
+    (["--img-size", "32", "64", "--batch-size", "2", "4", "8"], "--batch-size gives 3 batches for 2 --img-size"),
     (["--img-size", "0"], "option '--img-size': got ['0']; '0': sizes must be positive"),
     (["--device", "cuda:0"], None),
 ])

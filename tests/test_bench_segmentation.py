@@ -172,3 +172,31 @@ def test_segmenter_captures_at_a_fixed_size_without_resampling_its_position_embe
     assert not prepared.backbone.dynamic_img_size
     with torch.no_grad():
         assert torch.allclose(program.module()(x), ref, atol=1e-5)
+
+
+def test_fpn_training_takes_its_loss_in_chunks_and_refuses_a_row_over_the_limit(tmp_path, capsys, monkeypatch):
+    import torch.nn.functional as F
+
+    from simattn.engine import losses
+
+    monkeypatch.setattr(losses, "MAX_LOSS_ELEMENTS", 150 * 64 * 128)  # one image's logits per call
+    calls = []
+    real = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda x, *a, **k: calls.append(tuple(x.shape)) or real(x, *a, **k))
+    argv = [*TINY, "--head", "fpn", "--img-size", "64x128", "--attn", "sima", "--floor", "--batch-size", "2",
+            "--measure", "train-throughput"]
+    assert bench_model.main([*argv, "--out", str(tmp_path / "bench")]) == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "bench" / "bench_model.json").read_text())
+    assert [(r["label"], r["train_batch"], "error" in r) for r in data["rows"]] == [("sima", 2, False),
+                                                                                   ("floor", 2, False)]
+    assert calls and set(calls) == {(1, 150, 64, 128)}  # every step's loss, one image at a time
+    assert [(u["label"], u["head"]) for u in data["floor_ratios"]] == [("sima", "fpn")]
+    assert data["floor_ratios"][0]["train_over_floor"] > 0
+
+    capsys.readouterr()
+    monkeypatch.setattr(losses, "MAX_LOSS_ELEMENTS", 150 * 128 - 1)
+    out = tmp_path / "refused"
+    assert simattn_main(["bench", "model", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a row of 150 classes × 128 px holds 19200 logits, over the 19199" in err and len(err.splitlines()) == 1
+    assert not out.exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -19,8 +20,8 @@ from ..cli import check_bench_flags, check_out, refuse_unused, require_cuda, sha
 from ..report import machine_info
 from .results import summary_markdown, speedups, runtime_speedups, write_results
 from .runner import check_builds
-from .spec import CALIBRATION_IMAGES, DEFAULT_ATTN, DEPLOYED_MEASURES, SEG_CLASSES, BenchSpec, check_sizes, \
-    int8_runtimes, parse_size, runtime_name
+from .spec import CALIBRATION_IMAGES, DEFAULT_ATTN, DEPLOYED_MEASURES, FLOOR_LABEL, SEG_CLASSES, BenchSpec, \
+    check_sizes, int8_runtimes, parse_size, runtime_name
 from .workers import run_specs
 
 
@@ -113,7 +114,9 @@ def _options() -> Dict[str, Opt]:
         "device": shared("device", None, "cpu or cuda[:i] (default: cpu; cuda with --preset gpu)"),
         "threads": shared("threads", help="CPU threads in every worker (default: this process's "
                                           "torch.get_num_threads())"),
-        "batch_size": _unset(spec["batch_size"]),
+        "batch_size": dataclasses.replace(_unset(spec["batch_size"]), type=maybe(List[int]),
+                                          help="batch of the throughput measurements: one, or one per --img-size "
+                                               f"(default: {spec['batch_size'].default})"),
         "fill_batch": _unset(spec["fill_batch"]),
         "measure": _unset(spec["measures"]),
         # one or the other (a mutually exclusive pair): --fixed-order is --sima-order qk_first
@@ -124,12 +127,16 @@ def _options() -> Dict[str, Opt]:
                                            "(simattn.deploy; inference only), each at --threads", ["torch"]),
         "int8": Opt(False, f"add an int8 row for each of {', '.join(int8_runtimes())} in --runtime (static, linear/"
                            f"conv/matmul only, calibrated on {CALIBRATION_IMAGES} digits images)"),
-        "floor": Opt(None, "with latency, also time each row's linear floor: the model's nn.Linear layers alone "
-                           "(each on an input of the shape it sees in the model; no conv patch embedding) through "
-                           "the same runtime, precision and threads (columns floor_ms, of_floor); default: on when "
-                           "--runtime names a runtime besides torch (--no-floor skips it)", type=maybe(bool)),
+        "floor": Opt(None, "the floors: each torch configuration's network with its attention cores replaced by a "
+                           f"zero-cost stand-in, measured as its rows are (a row labelled {FLOOR_LABEL}; table "
+                           "floor_ratios: each row's time over it), and with latency each row's linear floor: the "
+                           "model's nn.Linear layers alone (each on an input of the shape it sees in the model; no "
+                           "conv patch embedding) through the same runtime, precision and threads (columns "
+                           "floor_ms, of_floor); default: the linear floor when --runtime names a runtime besides "
+                           "torch (--no-floor skips it)", type=maybe(bool)),
         "compile": spec["compile"],
         "compile_backend": _unset(spec["compile_backend"]),
+        "compile_mode": _unset(spec["compile_mode"]),
         "channels_last": spec["channels_last"],
         **deploy.bench_options(),
         "warmup": spec["warmup"],
@@ -186,11 +193,15 @@ def _apply_preset(args: argparse.Namespace) -> None:
 
 def _grid(args: argparse.Namespace) -> List[Tuple[Optional[str], Union[int, List[int]], Optional[int]]]:
     """(head, size, batch) of each configuration of the sweep: the preset's grid, or --head at every --img-size
-    (batch None: --batch-size, or the spec's default)."""
+    with --batch-size's batch (one for all, or one per size; None: the spec's default)."""
     if args.preset is not None:
         return list(PRESET_GRIDS[args.preset])
     sizes = args.img_size or [option_paths(BenchSpec)["img_size"].default]
-    return [(args.head, parse_size(size), None) for size in sizes]
+    batches = args.batch_size or [None]
+    if len(batches) not in (1, len(sizes)):
+        raise ValueError(f"--batch-size gives {len(batches)} batches for {len(sizes)} --img-size entries; give one, "
+                         "or one per size")
+    return [(args.head, parse_size(size), batch) for size, batch in zip(sizes, batches * len(sizes))]
 
 
 def _runtimes(args: argparse.Namespace) -> List[str]:
@@ -231,8 +242,8 @@ def build_specs(args: argparse.Namespace, threads: int) -> List[BenchSpec]:
     variants = [(r, None) for r in chosen] + [(r, "static") for r in chosen if args.int8 and r in int8_runtimes()]
     floor = args.floor if args.floor is not None else any(r != "torch" for r in chosen)
     given = {name: getattr(args, flag) for name, flag in (
-        ("device", "device"), ("batch_size", "batch_size"), ("fill_batch", "fill_batch"),
-        ("compile_backend", "compile_backend"))
+        ("device", "device"), ("fill_batch", "fill_batch"), ("compile_backend", "compile_backend"),
+        ("compile_mode", "compile_mode"))
         if getattr(args, flag) is not None}
     given["format_options"] = {flag: getattr(args, flag) for flag in deploy.bench_options()
                                if getattr(args, flag) is not None}
@@ -240,13 +251,40 @@ def build_specs(args: argparse.Namespace, threads: int) -> List[BenchSpec]:
                   model_kwargs=parse_model_kwargs(args.model_kwargs), warmup=args.warmup, repeats=args.repeats,
                   max_time=args.max_time, compile=args.compile, channels_last=args.channels_last)
     attns = parse_attn(args.attn or [DEFAULT_ATTN], args.attn_kwargs)
-    return [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
-                      img_size=size, head=head, precision=p, runtime=runtime, quantize=quantize,
-                      measures=measures if runtime == "torch" else deployed,
-                      floor=floor and "latency" in measures, profile="latency" in measures and runtime != "torch",
-                      **common, **({"batch_size": batch} if batch else {}))
-            for runtime, quantize in variants for m in args.models for head, size, batch in _grid(args)
-            for label, kind, attn_kwargs in attns for p in args.precision]
+    specs = [BenchSpec(model=m, attn=kind, attn_kwargs=attn_kwargs, label=label if kind != DEFAULT_ATTN else "",
+                       img_size=size, head=head, precision=p, runtime=runtime, quantize=quantize,
+                       measures=measures if runtime == "torch" else deployed,
+                       floor=floor and "latency" in measures, profile="latency" in measures and runtime != "torch",
+                       **common, **({"batch_size": batch} if batch else {}))
+             for runtime, quantize in variants for m in args.models for head, size, batch in _grid(args)
+             for label, kind, attn_kwargs in attns for p in args.precision]
+    return with_floor_rows(specs) if args.floor else specs
+
+
+def with_floor_rows(specs: Sequence[BenchSpec]) -> List[BenchSpec]:
+    """``specs`` with, after the last of each group of torch rows that differ only in attention (same model,
+    head, size, batch, precision and runtime), the group's attention-free floor: its first row's network with
+    every attention core replaced by a zero-cost stand-in (:func:`~.runner.without_attention`)."""
+    taken = [s for s in specs if s.label == FLOOR_LABEL]
+    if taken:
+        raise ValueError(f"--attn label {FLOOR_LABEL!r} names the attention-free floor's rows (--floor); give the "
+                         f"{taken[0].attn} entry another label")
+
+    def group(s: BenchSpec):
+        return (s.runtime, s.model, s.head, json.dumps(s.img_size), s.batch_size, s.precision)
+
+    first, last = {}, {}
+    for i, s in enumerate(specs):
+        if s.runtime == "torch":
+            first.setdefault(group(s), s)
+            last[group(s)] = i
+    out = []
+    for i, s in enumerate(specs):
+        out.append(s)
+        if s.runtime == "torch" and last[group(s)] == i:
+            out.append(dataclasses.replace(first[group(s)], attention_free=True, label=FLOOR_LABEL, floor=False,
+                                           profile=False))
+    return out
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -266,7 +304,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     require_cuda(args.device)
     check_out(args.output, folder=True)
     if not args.compile:
-        refuse_unused(args, ["compile_backend"], "to --compile")
+        refuse_unused(args, ["compile_backend", "compile_mode"], "to --compile")
     for fmt in deploy.formats().values():
         if fmt.runtime not in args.runtime:
             refuse_unused(args, list(fmt.bench_flags()), f"to --runtime {fmt.runtime}")

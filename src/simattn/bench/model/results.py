@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..report import markdown_table, new_figure, relative_spread, save_figure, spread_warning, write_csv, \
     write_json, write_text
-from .spec import DEFAULT_ATTN, SEG_CLASSES, size_side, size_text
+from .spec import DEFAULT_ATTN, FLOOR_LABEL, SEG_CLASSES, size_side, size_text
 
 def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[Dict[str, Any]]:
     """Baseline time / row time for every row that has a baseline row (the one labelled ``baseline``, e.g.
@@ -47,6 +47,33 @@ def _ratio_spread(slow: Dict[str, Any], fast: Dict[str, Any], prefix: str) -> Di
         return {}
     return {f"{prefix}_speedup_lo": slow[keys[0]] / fast[keys[1]],
             f"{prefix}_speedup_hi": slow[keys[1]] / fast[keys[0]]}
+
+
+def floor_ratios(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Each row's time over its attention-free floor's: the row labelled ``floor`` (``--floor``) with the same
+    model, head, size, batch, precision, device and runtime. Training and inference, from images/s where both
+    measured it (the floor's / the row's), else from the p50 latency (1.0: the attention costs nothing)."""
+    def key(r):
+        return r["model"], r.get("head", ""), r["img_size"], r.get("batch_size"), r["precision"], r["device"], \
+            r.get("runtime")
+
+    floors = {key(r): r for r in rows if r.get("label") == FLOOR_LABEL and "error" not in r}
+    out = []
+    for r in rows:
+        f = floors.get(key(r))
+        if f is None or r is f or "error" in r:
+            continue
+        entry = {"model": r["model"], "head": r.get("head", ""), "label": r["label"], "runtime": r.get("runtime"),
+                 "img_size": r["img_size"], "precision": r["precision"]}
+        for prefix in ("train", "infer"):
+            ips, p50 = f"{prefix}_ips", f"{prefix}_p50_ms"
+            if r.get(ips) and f.get(ips):
+                entry[f"{prefix}_over_floor"] = f[ips] / r[ips]
+            elif r.get(p50) and f.get(p50):
+                entry[f"{prefix}_over_floor"] = r[p50] / f[p50]
+        if any(k.endswith("_over_floor") for k in entry):
+            out.append(entry)
+    return out
 
 
 def runtime_speedups(rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -291,8 +318,8 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     out_dir = Path(out_dir)
     ups = speedups(rows, baseline)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
-    write_json({"meta": meta, "rows": list(rows), "speedups": ups, "runtime_speedups": runtime_speedups(rows)},
-               paths["json"])
+    write_json({"meta": meta, "rows": list(rows), "speedups": ups, "runtime_speedups": runtime_speedups(rows),
+                "floor_ratios": floor_ratios(rows)}, paths["json"])
     extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
     write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
     write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
@@ -364,6 +391,14 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], ups: Sequence[Dict[str, Any
                  if any(u.get(c) for u in ups)]
         parts += ["", "Speed-up over the baseline (baseline time / time; > 1 is faster; lo-hi: the range the p10-p90 "
                       "spreads allow):", "", markdown_table(ups, ucols)]
+    over_floor = floor_ratios(rows)
+    if over_floor:
+        parts += ["", f"Time over the attention-free floor (the row labelled {FLOOR_LABEL}: the same network with "
+                      "its attention cores replaced by a zero-cost stand-in; from images/s where measured, else the "
+                      "p50 latency; 1.00: attention at no cost):", "",
+                  markdown_table(over_floor, [c for c in ("model", "head", "label", "runtime", "img_size",
+                                                          "precision", "train_over_floor", "infer_over_floor")
+                                              if any(u.get(c) for u in over_floor)])]
     if runtime_ups:
         parts += ["", "Speed-up of each runtime over eager PyTorch (batch-1 latency, same threads):", "",
                   markdown_table(runtime_ups, ["model", *(["head"] if "head" in present else []), "label",

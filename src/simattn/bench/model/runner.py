@@ -1,5 +1,5 @@
-"""One configuration's model built, deployed when its runtime is not torch, and its timed calls: inference and one
-training step."""
+"""One configuration's model built (or its attention-free floor), deployed when its runtime is not torch, and its timed
+calls: inference and one training step."""
 from __future__ import annotations
 
 import gc
@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...engine.losses import pixel_cross_entropy
 from ...models.factory import create_model, with_attention
 from ...utils.timing import time_fn
 from .spec import CALIBRATION_IMAGES, DEFAULT_ATTN, HEADS, PRECISIONS, SEG_CLASSES, BenchSpec, size_hw, size_text
@@ -26,7 +27,7 @@ def check_builds(specs: Sequence[BenchSpec]) -> None:
     seen = set()
     for spec in specs:
         key = json.dumps([spec.model, spec.head, spec.attn, spec.attn_kwargs, spec.sima_order, spec.model_kwargs,
-                          spec.img_size], sort_keys=True, default=str)
+                          spec.img_size, spec.attention_free], sort_keys=True, default=str)
         if key in seen:
             continue
         seen.add(key)
@@ -97,6 +98,40 @@ def build_model(spec: BenchSpec) -> nn.Module:
         for module in model.modules():
             if isinstance(module, SimAAttention):
                 module.order = spec.sima_order
+    return without_attention(model) if spec.attention_free else model
+
+
+def _values_through(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor] = None,
+                    **options: Any) -> torch.Tensor:
+    """The attention-free floor's attention core: the values as they are (the queries where keys and values have
+    another length), no work; projections, norms and the rest of the module run as in the model."""
+    return v if v.shape[-2] == q.shape[-2] else q
+
+
+_ATTENTION_FREE: Dict[type, type] = {}
+
+
+def without_attention(model: nn.Module) -> nn.Module:
+    """``model`` with every attention module's core replaced by :func:`_values_through` (in place): the same
+    network at zero attention cost, the floor every attention kind is measured against. A one-line ValueError
+    when the model has no attention module, or one that is not one of simattn's kinds."""
+    from ...attention import TokenAttention
+    from ..counters import attention_module_names
+
+    modules = dict(model.named_modules())
+    found = [modules[name] for name in attention_module_names(model)]
+    if not found:
+        raise ValueError("the model has no attention module to take out (no attention-free floor)")
+    other = sorted({type(m).__name__ for m in found if not isinstance(m, TokenAttention)})
+    if other:
+        raise ValueError(f"the attention-free floor replaces simattn's attention kinds, not {', '.join(other)}: "
+                         "name one with --attn (e.g. --attn softmax)")
+    for module in found:
+        cls = type(module)
+        if cls not in _ATTENTION_FREE:  # one class per kind, so compiled graphs guard on a stable type
+            _ATTENTION_FREE[cls] = type(f"AttentionFree{cls.__name__}", (cls,), {
+                "attend": _values_through, "fuses_projection": False, "__module__": __name__})
+        module.__class__ = _ATTENTION_FREE[cls]
     return model
 
 
@@ -139,8 +174,11 @@ class Runner:
         self.shape = (in_chans, *size_hw(spec.img_size))
         # the module the timed calls run (counts and memory use the eager self.model)
         # static shapes: the latency and throughput batches each get their own specialized graph
-        self.timed = (torch.compile(self.model, backend=spec.compile_backend, dynamic=False) if spec.compile
-                      else self.model)
+        mode = None if spec.compile_mode == "default" else spec.compile_mode
+        self.timed = (torch.compile(self.model, backend=spec.compile_backend, mode=mode, dynamic=False)
+                      if spec.compile else self.model)
+        # the modes with CUDA graphs reuse their output buffers: each call starts a new step
+        self.graphed = spec.compile and spec.compile_mode in ("reduce-overhead", "max-autotune")
         self.deployed = None  # the exported file's program (batch -> first output) for the other runtimes
         self.deployed_path: Optional[Path] = None  # the file it runs
         self.runtime_max_abs_diff: Optional[float] = None
@@ -201,6 +239,7 @@ class Runner:
         model = self.timed if timed else self.model
 
         def infer():
+            self._step_begins()
             with torch.inference_mode(), self.autocast():
                 return model(x)
 
@@ -224,13 +263,17 @@ class Runner:
                 num_classes = _first_tensor(self.model(x[:1])).shape[-1]
             target = torch.randint(num_classes, (batch,), device=self.device)
 
+        # per pixel: in chunks where the logits are more than one CUDA loss call takes
+        criterion = pixel_cross_entropy if self.spec.head else lambda out, t: F.cross_entropy(out.float(), t)
+
         def loss_of(out):
             if isinstance(out, torch.Tensor):
-                return F.cross_entropy(out.float(), target)
+                return criterion(out, target)
             # UperNet's auxiliary head in training, weighted as mmseg's configs weight it
-            return F.cross_entropy(out[0].float(), target) + 0.4 * F.cross_entropy(out[1].float(), target)
+            return criterion(out[0], target) + 0.4 * criterion(out[1], target)
 
         def step():
+            self._step_begins()
             self.optimizer.zero_grad(set_to_none=True)
             with self.autocast():
                 loss = loss_of(self.timed(x))
@@ -243,6 +286,10 @@ class Runner:
                 self.optimizer.step()
 
         return step
+
+    def _step_begins(self) -> None:
+        if self.graphed:
+            torch.compiler.cudagraph_mark_step_begin()
 
     def time(self, fn) -> Dict[str, float]:
         s = self.spec

@@ -24,6 +24,10 @@ DEFAULT_ATTN = "default"  # keep the model's own attention kind
 HEADS = {"fpn": "semantic_fpn", "upernet": "upernet"}
 #: classes of the segmentation heads (ADE20K's)
 SEG_CLASSES = 150
+#: torch.compile's modes (``default``: no mode given)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+#: the label of the attention-free floor's rows
+FLOOR_LABEL = "floor"
 
 
 def runtimes() -> List[str]:
@@ -87,6 +91,8 @@ class BenchSpec:
     compile: bool = option(False, "time the torch.compile'd model (runtime torch)")
     compile_backend: str = option("inductor", "torch.compile backend with --compile (see "
                                               "torch._dynamo.list_backends())")
+    compile_mode: str = option("default", "torch.compile mode with --compile (reduce-overhead: CUDA graphs)",
+                               choices=list(COMPILE_MODES))
     channels_last: bool = option(False, "model and inputs in channels-last memory format (runtime torch)")
     format_options: Dict[str, Any] = option(factory=dict, help="the deployment formats' own export options, by "
                                         "bench flag name (e.g. onnx_exporter; simattn.deploy.bench_options)")
@@ -95,6 +101,8 @@ class BenchSpec:
     head: Optional[str] = option(None, f"wrap the model as the backbone of this segmentation head ({SEG_CLASSES} "
                                        "classes, logits at the input size)", choices=list(HEADS))
     floor: bool = option(False, "with latency: time the model's linear layers alone (the linear floor) too")
+    attention_free: bool = option(False, "replace every attention core of the model with a zero-cost stand-in "
+                                         "(the values pass through): the attention-free floor")
     profile: bool = option(False, "with latency on an exported runtime: the profiled shares of the runtime's time")
 
     def __post_init__(self) -> None:
@@ -119,13 +127,21 @@ class BenchSpec:
             if self.compile_backend not in list_backends(exclude_tags=()):
                 raise ValueError(f"--compile-backend {self.compile_backend!r} is not one of "
                                  f"{', '.join(list_backends(exclude_tags=()))}")
+            if self.compile_mode != "default" and self.compile_backend != "inductor":
+                raise ValueError(f"--compile-mode {self.compile_mode} is inductor's; --compile-backend is "
+                                 f"{self.compile_backend!r}")
+        if self.head and any(m.startswith("train-") for m in self.measures):
+            from ...engine.losses import check_loss_size
+
+            check_loss_size(SEG_CLASSES, size_hw(self.img_size)[1])
         if self.quantize is not None and self.runtime not in int8_runtimes():
             raise ValueError(f"int8 ({self.quantize!r}) is measured for --runtime {' and '.join(int8_runtimes())}, "
                              f"not {self.runtime}")
         if self.runtime == "torch":
             return
-        if self.compile or self.channels_last:
-            raise ValueError(f"--compile and --channels-last apply to --runtime torch, not {self.runtime}")
+        if self.compile or self.channels_last or self.attention_free:
+            raise ValueError(f"--compile, --channels-last and the attention-free floor apply to --runtime torch, "
+                             f"not {self.runtime}")
         if self.precision != "fp32" or torch.device(self.device).type != "cpu":
             raise ValueError(f"--runtime {self.runtime} runs fp32 on cpu, got precision {self.precision!r} on "
                              f"{self.device!r}")
@@ -148,6 +164,8 @@ class BenchSpec:
 
 
 def _default_label(spec: BenchSpec) -> str:
+    if spec.attention_free:
+        return FLOOR_LABEL
     label = spec.attn if spec.attn != DEFAULT_ATTN else spec.model
     if spec.sima_order and spec.sima_order != "auto":
         label += f" ({spec.sima_order})"
@@ -203,7 +221,8 @@ def runtime_name(spec: BenchSpec) -> str:
     """What ran the timed calls: 'eager', 'compiled', or the runtime ('executorch int8' for an int8 row), with
     ', channels-last' when set."""
     if spec.runtime == "torch":
-        name = "compiled" if spec.compile else "eager"
+        name = "eager" if not spec.compile else "compiled" + (
+            f" ({spec.compile_mode})" if spec.compile_mode != "default" else "")
     else:
         name = spec.runtime + (" int8" if spec.quantize else "")
     return name + (", channels-last" if spec.channels_last else "")

@@ -1,15 +1,20 @@
 """Measuring configurations: one in this process (:func:`measure`), or each in a fresh interpreter
 (``python -m simattn.bench.model.workers SPEC``, one JSON line back on stdout) with rounds interleaved
-(:func:`run_specs`)."""
+(:func:`run_specs`). A configuration that fails is a row with its cause in ``error`` (the exception's first line,
+and a CUDA kernel's device-side assertion where one printed), and the next starts in a fresh interpreter: a CUDA
+error leaves the process that met it unusable, not the sweep."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import dataclasses
+import traceback
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
@@ -117,33 +122,82 @@ def _throughput(run: Runner, prefix: str, make_fn) -> Dict[str, Any]:
 
 
 def worker_main(spec_json: str) -> int:
-    """A worker: measure the spec given as JSON and print its row as one tagged line."""
-    row = measure(BenchSpec.from_json(spec_json))
+    """A worker: measure the spec given as JSON and print its row as one tagged line; when the measurement
+    fails, its traceback goes to stderr and the row carries the exception's first line (exit code 1)."""
+    spec = BenchSpec.from_json(spec_json)
+    try:
+        row, code = measure(spec), 0
+    except Exception as e:  # noqa: BLE001 - whatever failed is this row's error, the sweep goes on
+        traceback.print_exc()
+        row, code = _error_row(spec, exception_line(e)), 1
     print(_RESULT_TAG + json.dumps(row), flush=True)
-    return 0
+    return code
 
+
+def exception_line(e: BaseException) -> str:
+    """``Type: first line of the message``: what went wrong, without the advice lines some errors append (a CUDA
+    error ends with 'Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.')."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+_DEVICE_ASSERT = re.compile(r"(?:(?P<file>[^\s:]+):(?P<line>\d+): (?P<kernel>.+?): block: \[[\d, ]*\], "
+                            r"thread: \[[\d, ]*\] )?Assertion `(?P<condition>.*?)` failed")
+
+
+def device_assertion(output: str) -> Optional[str]:
+    """The first device-side assertion a CUDA kernel printed in ``output``, as 'Assertion `COND` failed in KERNEL
+    (FILE:LINE)', or None."""
+    match = _DEVICE_ASSERT.search(output)
+    if match is None:
+        return None
+    where = f" in {match['kernel']} ({os.path.basename(match['file'])}:{match['line']})" if match["kernel"] else ""
+    return f"Assertion `{match['condition']}` failed{where}"
+
+
+def failure_cause(stderr: str, returncode: int) -> str:
+    """Why a worker that sent no row failed: the exception line of the last traceback in its ``stderr`` (its
+    message's first line), else how it ended."""
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        # the frames are indented; the exception line is the first that is not
+        raised = next((line.strip() for line in lines[starts[-1] + 1:] if line.strip() and not line[0].isspace()),
+                      None)
+        if raised:
+            return raised
+    if returncode < 0:
+        return f"worker killed by {signal.Signals(-returncode).name}"
+    tail = [line.strip() for line in lines if line.strip()]
+    return tail[-1] if tail else f"worker exited with code {returncode} and no result"
+
+
+def _worker_command(spec: BenchSpec) -> List[str]:
+    return [sys.executable, "-m", "simattn.bench.model.workers", spec.to_json()]
 
 
 def _run_worker(spec: BenchSpec, timeout: Optional[float]) -> Dict[str, Any]:
-    """Measure ``spec`` in a fresh interpreter; a failed worker gives a row with ``error`` set."""
+    """Measure ``spec`` in a fresh interpreter; a failed worker gives a row with ``error`` set to its cause."""
     env = dict(os.environ, OMP_NUM_THREADS=str(spec.threads), MKL_NUM_THREADS=str(spec.threads))
-    cmd = [sys.executable, "-m", "simattn.bench.model.workers", spec.to_json()]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run(_worker_command(spec), capture_output=True, text=True, env=env, timeout=timeout)
     except subprocess.TimeoutExpired:
         return _error_row(spec, f"worker timed out after {timeout:g} s")
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(_RESULT_TAG):
-            return json.loads(line[len(_RESULT_TAG):])
-    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-    return _error_row(spec, tail[-1] if tail else f"worker exited with code {proc.returncode} and no result")
+    tagged = [line for line in proc.stdout.splitlines() if line.startswith(_RESULT_TAG)]
+    row = json.loads(tagged[-1][len(_RESULT_TAG):]) if tagged else \
+        _error_row(spec, failure_cause(proc.stderr, proc.returncode))
+    # a kernel's assertion is printed by the device (on stdout), apart from the exception it leads to
+    asserted = device_assertion(proc.stdout + "\n" + proc.stderr) if "error" in row else None
+    if asserted:
+        row["error"] += f"; {asserted}"
+    return row
 
 
 def _error_row(spec: BenchSpec, message: str) -> Dict[str, Any]:
     return {"model": spec.model, "label": spec.label, "attn": spec.attn, "runtime": runtime_name(spec),
             "sima_order": spec.sima_order or "", "head": spec.head or "",
             "img_size": size_text(spec.img_size), "precision": spec.precision, "device": spec.device,
-            "threads": spec.threads, "error": message}
+            "threads": spec.threads, "batch_size": spec.batch_size, "error": message}
 
 
 _TIMING_KEYS = tuple(f"{prefix}_{key}" for prefix in ("infer", "train")
