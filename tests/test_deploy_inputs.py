@@ -237,7 +237,7 @@ def test_ctrl_c_during_coreml_conversion_stops_the_export_and_keeps_the_package(
 
     monkeypatch.setattr(ct, "convert", convert_swallowing_ctrl_c)
     code = simattn_main(["export", "--weights", str(exported / "w.safetensors"), "--format", "coreml",
-                         "-o", str(target)])
+                         "--overwrite", "-o", str(target)])
     assert code == 130, capsys.readouterr().err
     assert "interrupted" in capsys.readouterr().err
     assert _tree(target.parent) == before and (target / "mine.txt").read_text() == "the user's"
@@ -260,7 +260,7 @@ def test_full_disk_while_saving_a_coreml_package_is_one_line_and_keeps_the_packa
 
     monkeypatch.setattr(shutil, "copyfile", copyfile)  # what coremltools' copytree of the package calls
     code = simattn_main(["export", "--weights", str(exported / "w.safetensors"), "--format", "coreml",
-                         "-o", str(target)])
+                         "--overwrite", "-o", str(target)])
     assert "No space left on device" in _one_line_error(capsys, code)
     assert _tree(target.parent) == before and (target / "mine.txt").read_text() == "the user's"
 

@@ -66,8 +66,10 @@ def _options() -> Dict[str, Dict[str, Any]]:
             "img_size": Opt(None, "export resolution (default: the model's)", type=maybe(int), low=16),
         },
         "export": {
-            "format": Opt("onnx", ", ".join(f"{f.name} ({f.suffixes[0]}, {f.description or f.runtime})"
-                                            for f in formats.values()), choices=list(formats)),
+            "format": Opt(None, ", ".join(f"{f.name} ({f.suffixes[0]}, {f.description or f.runtime})"
+                                          for f in formats.values()) + "; default: the one -o's suffix names, else "
+                          "onnx", type=maybe(str), choices=list(formats)),
+            "overwrite": Opt(False, "replace an existing -o and its report (and --compare-softmax's twin file)"),
             "static_spatial": Opt(False, "fix height/width (batch stays dynamic; no position-embedding resample in "
                                          "the graph)"),
             "atol": Opt(1e-4, "max |runtime - PyTorch| allowed (formats that run here)", low=0.0),
@@ -149,6 +151,43 @@ def _refuse_foreign_options(args: argparse.Namespace, fmt) -> None:
                          "devices run them")
 
 
+def _output_format(name: Optional[str], output: Optional[str]):
+    """The format to write: ``--format`` (``name``), else the one whose suffix ``-o`` has (the registry's suffix
+    map; a one-line ValueError when no format has it), else ONNX. :func:`_check_suffix` checks ``-o`` against it."""
+    from .. import deploy
+    by_suffix = deploy.for_path(output) if output else None
+    if name is None and output and by_suffix is None:
+        known = ", ".join(f"{s} ({f.name})" for f in deploy.formats().values() for s in f.suffixes)
+        raise ValueError(f"-o {output}: no format writes {Path(output).suffix or 'a file without a suffix'}; end it "
+                         f"with {known}, or give --format")
+    return deploy.get(name) if name is not None else by_suffix or deploy.get("onnx")
+
+
+def _check_suffix(fmt, output: Path) -> None:
+    """``-o`` ends with a suffix of ``--format`` (a one-line ValueError naming the format the suffix belongs to)."""
+    from .. import deploy
+    by_suffix = deploy.for_path(output)
+    if by_suffix is not fmt:
+        what = f"--format {by_suffix.name}'s" if by_suffix is not None else "no format's"
+        raise ValueError(f"-o {output}: a --format {fmt.name} file ends with {fmt.suffixes[0]} ({output.suffix} is "
+                         f"{what}); fix -o, or drop --format to take the format from -o")
+
+
+def _check_targets(args: argparse.Namespace, fmt, output: Path, report: Path) -> None:
+    """The files the export writes, each refused when it exists unless --overwrite (the one output policy,
+    :func:`~simattn.utils.io.check_new_file`; a format's folder, an .mlpackage, is replaced whole)."""
+    from ..utils.io import check_new_file
+    targets = [("-o", path) for path in fmt.files(output)] + [("--report", report)]
+    if args.compare_softmax:
+        targets.append(("--compare-softmax's twin", side_file(output, ".softmax" + fmt.suffixes[0])))
+    for flag, path in targets:
+        if fmt.folder and path == output:
+            if output.is_dir() and not args.overwrite:
+                raise ValueError(f"-o {output} exists: pass --overwrite to replace it, or choose another -o")
+            continue
+        check_new_file(path, args.overwrite, flag)
+
+
 def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     """Every option checked before any work, one-line ValueErrors naming the option, the value and what is
     allowed; returns what the run needs of them (``format``, ``quantize``, ``output``, ``calibration`` dataset)."""
@@ -156,7 +195,8 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     from ..utils.recipe import checked_flags
     for specs in _options().values():
         vars(args).update(checked_flags(args, specs))
-    fmt = deploy.get(args.format)
+    fmt = _output_format(args.format, args.output)
+    args.format = fmt.name
     name, mode = fmt.name, args.quantize
     if mode is not None and mode not in fmt.quantize_modes:
         raise ValueError(f"--quantize {mode} is not available for --format {name}; it has "
@@ -180,14 +220,14 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                          "--compare-softmax only")
     output = Path(args.output) if args.output else None
     if output is not None:
-        if output.suffix.lower() != fmt.suffixes[0]:
-            raise ValueError(f"-o {output}: a --format {name} file ends with {fmt.suffixes[0]}")
+        _check_suffix(fmt, output)
         if args.weights and output.resolve() == Path(args.weights).resolve():
             raise ValueError(f"-o {output} is the --weights file; choose another output")
         if output.is_dir() and not fmt.folder:
             raise ValueError(f"-o {output} is a folder")
         if fmt.folder and output.exists() and not output.is_dir():
             raise ValueError(f"-o {output} exists and is not an {fmt.suffixes[0]} folder")
+        _check_targets(args, fmt, output, Path(args.report) if args.report else side_file(output, ".json"))
     from ..data.factory import DATASETS
     segmentation = None
     if args.weights and deploy.for_path(args.weights) is None:  # an exported file is refused when it is loaded
@@ -239,6 +279,7 @@ def run(args: argparse.Namespace) -> int:
     report_path = Path(args.report) if args.report else side_file(output, ".json")
     if args.report and report_path.resolve() in (output.resolve(), Path(args.weights or output).resolve()):
         raise ValueError(f"--report {report_path} is the output or the weights file; choose another path")
+    _check_targets(args, fmt, output, report_path)
     kind = attention_kind(model)
     if args.compare_softmax and kind == "softmax":
         raise ValueError("--compare-softmax: the model already uses softmax attention")
@@ -343,7 +384,7 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
             report["quantization"] = _int8_report(args, fmt, done.float_path, staged, output, model, mode)
         _check_delegation(args, fmt, staged, done.exported if done.float_path is None else None, spec, output,
                           report)
-        _commit(fmt, staged, output)
+        _commit(fmt, staged, output, args.overwrite)
     except _Failed as e:
         print(f"simattn export: {e}", file=sys.stderr)
         return 1
@@ -405,11 +446,15 @@ def _check_delegation(args, fmt, staged: Path, exported, spec, output: Path, rep
                           + f" outside; {output} not written")
 
 
-def _commit(fmt, staged: Path, output: Path) -> None:
-    """Move the staged file(s) onto ``output``. A folder already there (an ``.mlpackage``) leaves only as the new
-    one takes its place, and comes back if that fails; Ctrl-C waits until the move is done."""
+def _commit(fmt, staged: Path, output: Path, overwrite: bool) -> None:
+    """Move the staged file(s) onto ``output``. A folder already there (an ``.mlpackage``, replaced with
+    ``--overwrite`` when it holds nothing the new one does not) leaves only as the new one takes its place, and
+    comes back if that fails; Ctrl-C waits until the move is done."""
     from ..deploy.base import kept_interrupts
+    from ..utils.io import check_new_folder
 
+    if fmt.folder:
+        check_new_folder(output, overwrite, "-o", writes=[p.name for p in staged.iterdir()])
     with kept_interrupts(defer=True):
         for src, dst in zip(fmt.files(staged), fmt.files(output)):
             previous = src.with_name(src.name + ".previous")
