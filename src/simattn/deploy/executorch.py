@@ -46,7 +46,7 @@ from .ops import GraphAudit, aten_op_counts
 __all__ = ["FORMAT", "ExecuTorchFormat", "PTE_METADATA_METHOD", "quantize_pt2e", "lower_executorch",
            "delegation_summary", "pte_input_shape", "set_executorch_threads", "XNNPACK_DECOMPOSITIONS",
            "for_xnnpack", "fold_input_free", "ALLOWED_OUTSIDE", "outside_allowance", "delegation_line",
-           "XNNPACK_LINEAR_PREFIXES", "executorch_profile"]
+           "summarize_delegation", "XNNPACK_LINEAR_PREFIXES", "executorch_profile"]
 
 PTE_METADATA_METHOD = "simattn_metadata"
 
@@ -277,21 +277,26 @@ def lower_executorch(program, record: WeightsRecord):
 
 
 def delegation_summary(edge) -> Dict[str, Any]:
-    """What the XNNPACK delegate took: ``{'delegated_nodes', 'portable_nodes', 'subgraphs', 'not_delegated':
-    {op: count}, 'beyond_allowance': {op: count}, 'line'}`` (``not_delegated``: ops left to ExecuTorch's portable
-    kernels, getitem bookkeeping left out; ``beyond_allowance``: those beyond :data:`ALLOWED_OUTSIDE`; ``line``:
-    :func:`delegation_line`)."""
+    """What the XNNPACK delegate took in the lowered program ``edge``: :func:`summarize_delegation` of
+    ExecuTorch's delegation table."""
     _load_edge_packages()
     from executorch.devtools.backend_debug import get_delegation_info
 
     info = get_delegation_info(edge.exported_program().graph_module)
     table = info.get_operator_delegation_dataframe()
-    rest = {str(r.op_type).removeprefix("aten_"): int(r.occurrences_in_non_delegated_graphs)
-            for r in table.itertuples() if r.op_type not in ("Total", "getitem")
-            and r.occurrences_in_non_delegated_graphs}
-    summary = {"delegates_to": "XNNPACK", "delegated_nodes": int(info.num_delegated_nodes),
-               "portable_nodes": int(info.num_non_delegated_nodes), "subgraphs": int(info.num_delegated_subgraphs),
-               "not_delegated": dict(sorted(rest.items()))}
+    outside = {str(r.op_type): int(r.occurrences_in_non_delegated_graphs) for r in table.itertuples()}
+    return summarize_delegation(int(info.num_delegated_nodes), int(info.num_delegated_subgraphs), outside)
+
+
+def summarize_delegation(delegated_nodes: int, subgraphs: int, outside: Dict[str, int]) -> Dict[str, Any]:
+    """The delegation report: ``{'delegated_nodes', 'subgraphs', 'portable_ops', 'not_delegated': {op: count},
+    'beyond_allowance': {op: count}, 'line'}`` from the delegate's node and segment counts and ``outside`` (op →
+    calls outside the delegate, as ExecuTorch's table names them). ``getitem`` only picks a delegate's outputs and
+    runs no kernel: it is no op left to the portable kernels, and ``portable_ops`` and the line count the same ops
+    (``beyond_allowance``: those beyond :data:`ALLOWED_OUTSIDE`; ``line``: :func:`delegation_line`)."""
+    rest = {op.removeprefix("aten_"): int(n) for op, n in outside.items() if op not in ("Total", "getitem") and n}
+    summary = {"delegates_to": "XNNPACK", "delegated_nodes": int(delegated_nodes), "subgraphs": int(subgraphs),
+               "portable_ops": sum(rest.values()), "not_delegated": dict(sorted(rest.items()))}
     summary["beyond_allowance"] = outside_allowance(summary["not_delegated"])
     summary["line"] = delegation_line(summary)
     return summary
@@ -308,14 +313,15 @@ def outside_allowance(not_delegated: Dict[str, int]) -> Dict[str, int]:
 
 
 def delegation_line(summary: Dict[str, Any]) -> str:
-    """One line: what runs outside XNNPACK, in how many delegate segments the rest runs."""
+    """One line: what runs outside XNNPACK, and how many nodes XNNPACK runs in how many delegate segments."""
     rest, segments = summary["not_delegated"], summary["subgraphs"]
-    where = f"{segments} XNNPACK delegate segment{'s' if segments != 1 else ''}"
+    where = (f"{segments} XNNPACK delegate segment{'s' if segments != 1 else ''} "
+             f"({summary['delegated_nodes']} nodes)")
     if not rest:
         return f"not delegated: nothing, every op runs in {where}"
     calls = sum(rest.values())
-    return (f"not delegated: {calls} op{'s' if calls != 1 else ''} outside XNNPACK ("
-            + ", ".join(f"{op} ×{n}" for op, n in rest.items()) + f"); {where}")
+    return (f"not delegated: {calls} op{'s' if calls != 1 else ''} outside XNNPACK, in portable kernels ("
+            + ", ".join(f"{op} ×{n}" for op, n in rest.items()) + f"); the rest runs in {where}")
 
 
 def _program(path: Union[str, Path]):
@@ -455,18 +461,15 @@ class ExecuTorchFormat(Format):
         audit = self.ops(program)
         if on_ops is not None:
             on_ops(audit)
-        notes = []
         if quantize:
             images = list(calibration.split(1)) if calibration is not None else None
             program = capture(self.quantize(model, images, quantize, input_size=input_size), input_size)
         edge = lower_executorch(program, record)
-        summary = delegation_summary(edge)
-        notes.append(f"XNNPACK took {summary['delegated_nodes']} nodes in {summary['subgraphs']} subgraphs; "
-                     f"{summary['portable_nodes']} run in portable kernels")
+        summary = delegation_summary(edge)  # export prints its line once the file passed its checks
         buffer = edge.to_executorch().buffer
         with atomic_path(path) as tmp:
             Path(tmp).write_bytes(buffer)
-        return Exported(Path(path), audit, None, notes, info={"delegation": summary})
+        return Exported(Path(path), audit, None, [], info={"delegation": summary})
 
     def profile(self, path, x: torch.Tensor, threads: Optional[int] = None, calls: int = PROFILE_CALLS,
                 work_dir: Optional[str] = None) -> Dict[str, Any]:
