@@ -427,6 +427,34 @@ def test_sima_hook_point_costs_nothing_when_unused(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+def test_sima_call_checks_its_inputs_and_chooses_its_path_once(backend, monkeypatch):
+    """The functional op and the module (its fused path eagerly in fp32, the op under autocast or with a mask)
+    check q, k, v once and resolve backend and order once per call (the Triton path with its launches skipped)."""
+    import contextlib
+
+    import simattn.attention.sima as sima_mod
+    dry_run = contextlib.nullcontext
+    if backend == "triton":
+        dry_run = pytest.importorskip("simattn.attention.linear_triton").dry_run
+    counts = {}
+    for name in ("check_qkv", "resolve_sima_backend", "resolve_sima_order"):
+        real = getattr(sima_mod, name)
+        monkeypatch.setattr(sima_mod, name, lambda *a, _real=real, _name=name, **kw: counts.update(
+            {_name: counts.get(_name, 0) + 1}) or _real(*a, **kw))
+    m = create_attention("sima", 32, num_heads=4, backend=backend)
+    x = torch.randn(2, 10, 32)
+    q, k, v = torch.randn(3, 2, 4, 10, 8).unbind(0)
+    calls = {"op": lambda: sima_attention(q, k, v, backend=backend), "module": lambda: m(x),
+             "module, mask": lambda: m(x, attn_mask=torch.ones(2, 10, dtype=torch.bool)),
+             "module, autocast": lambda: m(x)}
+    for what, call in calls.items():
+        counts.clear()
+        with dry_run(), torch.autocast("cpu", enabled=what.endswith("autocast"), dtype=torch.bfloat16):
+            call()
+        assert counts == {"check_qkv": 1, "resolve_sima_backend": 1, "resolve_sima_order": 1}, what
+
+
 # ---------------------------------------------------------------- invariances
 @pytest.mark.parametrize("name", [c for c in CASES if c not in POSITIONAL_CASES])
 def test_token_permutation_equivariance(name):

@@ -1,6 +1,7 @@
 """``simattn bench attention|model --device cuda``: one line and exit code 2 without CUDA; the GPU sweep's rows,
 bytes and roofline on CPU with a stand-in timer; the real sweeps when there is a GPU."""
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -50,21 +51,25 @@ def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
             {"kind": "sdpa_efficient", "pass": "fwd", "tokens": 4096, "median_ms": 4.0, "p10_ms": 4.0, "p90_ms": 4.0,
              "bytes": 400_000_000},
             {"kind": "sima_triton", "pass": "fwd", "tokens": 4096, "median_ms": 0.5, "p10_ms": 0.5, "p90_ms": 0.6,
-             "bytes": 400_000_000},
+             "graph_ms": 0.45, "bytes": 400_000_000},
             {"kind": "sima", "pass": "fwd+bwd", "tokens": 4096, "median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0,
              "bytes": 1_100_000_000},
             {"kind": "sdpa_flash", "pass": "fwd+bwd", "tokens": 4096, "error": "no kernel"}]
     rows = bench.add_roofline(rows, peak_gbps=4000)
     triton = rows[2]
-    # by hand: 4e8 B / 0.5 ms = 800 GB/s; 4e8 B at 4000 GB/s = 0.1 ms = 20 % of 0.5 ms; flash 2.0 / 0.5 = 4
+    # by hand: 4e8 B / 0.5 ms = 800 GB/s; 4e8 B at 4000 GB/s = 0.1 ms = 20 % of 0.5 ms; flash 2.0 / 0.5 = 4;
+    # host: 0.5 - 0.45 ms eager over graph
     assert triton["gbps"] == pytest.approx(800) and triton["roofline_ms"] == pytest.approx(0.1)
     assert triton["roofline_frac"] == pytest.approx(0.2) and triton["speedup_vs_sdpa"] == pytest.approx(4.0)
+    assert triton["host_ms"] == pytest.approx(0.05) and rows[0]["host_ms"] is None  # no graph time, no host time
     assert rows[1]["speedup_vs_sdpa"] == pytest.approx(0.5)
     assert rows[3]["speedup_vs_sdpa"] is None  # no SDPA backend ran forward+backward
     table = bench.format_gpu_table(rows).splitlines()
-    assert "% HBM" in table[0]
-    assert table[4].split()[:10] == ["sima_triton", "fwd", "4096", "0.500", "0.500", "0.600", "800", "0.1000",
-                                     "20.0%", "4.00"]
+    assert "% HBM" in table[0] and "graph" in table[0] and "host" in table[0]
+    # times under 1 ms in µs, from 1 ms on in ms
+    assert table[4].split() == ["sima_triton", "fwd", "4096", "500.0", "µs", "500.0", "µs", "600.0", "µs", "450.0",
+                                "µs", "50.0", "µs", "800", "100.0", "µs", "20.0%", "4.00"]
+    assert table[2].split()[3:5] == ["2.000", "ms"] and table[2].split()[9:11] == ["-", "-"]
     assert "not run: no kernel" in table[6]
 
 
@@ -81,46 +86,92 @@ def test_hbm_peak_by_device_name(name, gbps, monkeypatch):
     assert row["roofline_frac"] == pytest.approx(1000 / gbps)
 
 
-def _timed(kind, pass_, n, ms):
-    return {"kind": kind, "pass": pass_, "tokens": n, "median_ms": ms}
+def _timed(kind, pass_, n, ms, graph_ms=None):
+    row = {"kind": kind, "pass": pass_, "tokens": n, "median_ms": ms, "batch": 8, "heads": 6, "head_dim": 64,
+           "dtype": "bfloat16"}
+    return row if graph_ms is None else {**row, "graph_ms": graph_ms}
 
 
-def test_triton_crossover_is_where_triton_wins_from_then_on():
-    rows = [_timed("sima", p, n, 1.0) for p in bench.PASSES for n in (197, 577, 1025, 4097)]
-    triton = {(p, n): ms for p in bench.PASSES for n, ms in ((197, 0.5), (577, 1.5), (1025, 0.9), (4097, 0.2))}
-    triton[("fwd+bwd", 1025)] = 1.1  # forward faster at 1025 but training slower: not from 1025 on
-    rows += [_timed("sima_triton", p, n, ms) for (p, n), ms in triton.items()]
-    assert bench.triton_crossover(rows) == 4097
-    triton_all = [dict(r, median_ms=0.5) if r["kind"] == "sima_triton" else r for r in rows]
-    assert bench.triton_crossover(triton_all) == 197
-    slow_at_top = [dict(r, median_ms=2.0) if r["kind"] == "sima_triton" and r["tokens"] == 4097 else r
-                   for r in triton_all]
-    assert bench.triton_crossover(slow_at_top) is None
-    errored = [dict(r, error="no kernel") if r["kind"] == "sima_triton" else r for r in rows]
-    assert bench.triton_crossover(errored) is None
+def test_table_points_compare_gpu_times_and_a_rewrite_replaces_only_its_points(tmp_path):
+    """Points where both SimA kinds ran, on the graph's GPU time (the eager time where a call had none); written
+    into a table, a point measured again replaces the old one, the others stay."""
+    rows = [_timed("sima", p, n, 1.0, graph_ms=0.3) for p in bench.PASSES for n in (197, 1025)]
+    rows += [_timed("sima_triton", p, 197, 0.2, graph_ms=0.4) for p in bench.PASSES]  # eager faster, GPU slower
+    rows += [_timed("sima_triton", "fwd", 1025, 0.5), dict(_timed("sima_triton", "fwd+bwd", 1025, 0), error="x")]
+    points = bench.table_points(rows, "sm_90", {"gpu": "GPU A"})
+    assert [(p["pass"], p["tokens"], p["triton_ms"], p["torch_ms"]) for p in points] == [
+        ("fwd", 197, 0.4, 0.3), ("fwd", 1025, 0.5, 0.3), ("fwd+bwd", 197, 0.4, 0.3)]
+    assert all(p["bh"] == 48 and p["capability"] == "sm_90" and p["gpu"] == "GPU A" for p in points)
+    path = tmp_path / "table.json"
+    bench.write_backend_table(points, str(path))
+    again = [dict(points[0], triton_ms=0.1, bh=768), dict(points[1], triton_ms=0.1)]  # a new B·H, and a remeasure
+    table = bench.write_backend_table(again, str(path))
+    assert json.loads(path.read_text()) == table
+    got = {(p["pass"], p["bh"], p["tokens"]): p["triton_ms"] for p in table["points"]}
+    assert got == {("fwd", 48, 197): 0.4, ("fwd", 48, 1025): 0.1, ("fwd+bwd", 48, 197): 0.4, ("fwd", 768, 197): 0.1}
 
 
-def test_write_backend_table_adds_this_gpu_keeps_the_others_and_combines_sweeps(tmp_path):
-    import json
+def _stand_in(shape, requires_grad=False, dtype=torch.bfloat16):
+    """What auto's lookup reads of a CUDA tensor: device, shape, dtype, requires_grad."""
+    return SimpleNamespace(device=torch.device("cuda", 0), shape=shape, dtype=dtype, requires_grad=requires_grad)
 
+
+def _lookup(monkeypatch, points, capability="sm_90"):
     from simattn.attention import sima
 
+    index = sima.index_points(points)
+    monkeypatch.setattr(sima, "backend_table", lambda: index)
+    monkeypatch.setattr(sima, "gpu_capability", lambda device: capability)
+
+    def choose(bh, n, requires_grad=False, dtype=torch.bfloat16, d=64):
+        q = _stand_in((1, bh, n, d), requires_grad, dtype)
+        return sima.measured_backend(q, q, q)
+    return choose
+
+
+def test_auto_on_a_gpu_takes_the_faster_backend_at_the_nearest_measured_point(monkeypatch, tmp_path):
+    """The table written from a sweep, read back: at each call the nearest measured (B·H, then N, on a log scale)
+    point of this capability, dtype, head dim and pass decides; each B·H keeps its own points (no threshold taken
+    over both); anything unmeasured runs Triton."""
+    rows = []
+    for batch, heads, slow_below in ((8, 6, 4097), (128, 6, 197)):  # B·H 48: Triton from 4097; 768: from 197
+        for n in (197, 577, 4097):
+            rows += [dict(_timed("sima", "fwd", n, 1.0, graph_ms=1.0), batch=batch, heads=heads),
+                     dict(_timed("sima_triton", "fwd", n, 1.0, graph_ms=0.5 if n >= slow_below else 2.0),
+                          batch=batch, heads=heads)]
     path = tmp_path / "table.json"
-    rows = [_timed(kind, p, n, ms) for p in bench.PASSES for n in (197, 1025)
-            for kind, ms in (("sima", 1.0), ("sima_triton", 0.5 if n == 1025 else 2.0))]
-    bench.write_backend_table(rows, "GPU A", str(path), {"batch": 128})
-    table = json.loads(path.read_text())
-    assert table["default_min_tokens"] == sima.gpu_table()["default_min_tokens"]
-    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}]}
-    faster = [dict(r, median_ms=0.1) if r["kind"] == "sima_triton" else r for r in rows]
-    bench.write_backend_table(faster, "GPU B", str(path), {})
-    bench.write_backend_table(faster, "GPU A", str(path), {"batch": 8})  # a second sweep: the larger N stays
-    table = json.loads(path.read_text())
-    assert table["gpus"]["GPU B"]["min_tokens"] == 197
-    assert table["gpus"]["GPU A"] == {"min_tokens": 1025, "sweeps": [{"batch": 128}, {"batch": 8}]}
-    slower = [dict(r, median_ms=9.0) if r["kind"] == "sima_triton" else r for r in rows]
-    bench.write_backend_table(slower, "GPU B", str(path), {})
-    assert json.loads(path.read_text())["gpus"]["GPU B"]["min_tokens"] is None
+    for b in (8, 128):
+        bench.write_backend_table(bench.table_points([r for r in rows if r["batch"] == b], "sm_90", {}), str(path))
+    choose = _lookup(monkeypatch, json.loads(path.read_text())["points"])
+    assert [choose(48, n) for n in (197, 577, 1500, 2000, 10 ** 5)] == ["torch", "torch", "torch", "triton",
+                                                                          "triton"]
+    assert [choose(768, n) for n in (1, 197, 4097)] == ["triton"] * 3
+    # B·H 96 is nearer 48 than 768 on a log scale (their geometric mean is 192); 300 is nearer 768
+    assert (choose(96, 577), choose(300, 577)) == ("torch", "triton")
+    assert choose(48, 197, requires_grad=True) == "triton"  # fwd+bwd: not measured
+    assert choose(48, 197, dtype=torch.float16) == "triton" and choose(48, 197, d=32) == "triton"
+    assert _lookup(monkeypatch, json.loads(path.read_text())["points"], capability="sm_80")(48, 197) == "triton"
+
+
+def test_auto_lookup_compiles_without_graph_breaks_for_static_and_symbolic_sizes(monkeypatch):
+    """Under torch.compile(fullgraph=True) the choice is made while tracing (sizes become guards): the compiled
+    function takes the branch eager takes on either side of a measured boundary."""
+    from simattn.attention import sima
+
+    points = [dict(capability="sm_90", dtype="float32", head_dim=16, bh=2, tokens=n, triton_ms=t, torch_ms=1.0,
+                   **{"pass": "fwd"}) for n, t in ((16, 2.0), (256, 0.5))]
+    _lookup(monkeypatch, points)
+
+    def f(q):
+        return q * 2 if sima.measured_backend(q, q, q) == "triton" else q * 3
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="eager")
+        for n, factor in ((60, 3), (70, 2)):  # either side of 64, the geometric mean of 16 and 256
+            q = torch.ones(1, 2, n, 16)
+            assert torch.equal(compiled(q), q * factor), (dynamic, n)
+    torch._dynamo.reset()
 
 
 def test_write_table_is_for_the_gpu_sweep_and_needs_both_sima_kinds(tmp_path, monkeypatch):

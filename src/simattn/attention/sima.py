@@ -9,11 +9,16 @@ The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 no
 the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
 run this graph as written.
 
-``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.linear_triton`, a torch custom op)
-on CUDA, or on CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32
-inference (:mod:`simattn.attention.sima_cpu`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and
-on a GPU the Triton kernels from the token count that ``sima_gpu_table.json`` gives for that GPU
-(:func:`triton_min_tokens`).
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.linear_triton`) on CUDA, or on
+CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32 inference
+(:mod:`simattn.attention.sima_cpu`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and on a GPU
+the Triton kernels wherever they apply, unless ``sima_gpu_table.json`` holds a measurement for this GPU's compute
+capability, dtype, head dim and pass in which torch was faster at the nearest measured (B·H, N)
+(:func:`measured_backend`).
+
+This file holds the op side by side: the reference (:func:`sima_attention_reference`, imported), the torch path
+(:func:`sima_torch`), the TorchScript formula (:func:`sima_scripted`), the bindings of the CPU kernel and the Triton
+kernels, and the one dispatcher (:func:`sima_path`) that the functional op and the module's fused path both ask.
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -31,26 +36,29 @@ from __future__ import annotations
 import functools
 import json
 from importlib import resources
-from typing import Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager,
-                      kernels_may_run, no_autocast, range_safe_dtype, resolve_masks,
+                      kernels_may_run, matmul_dtype, no_autocast, range_safe_dtype, resolve_masks,
                       triton_refusal as linear_triton_refusal)
 from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
-__all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "resolve_sima_order",
-           "resolve_sima_backend", "cpp_refusal", "triton_refusal", "triton_min_tokens", "gpu_backend", "gpu_table",
-           "SimAAttention"]
+__all__ = ["sima_attention", "sima_attention_reference", "sima_torch", "sima_scripted", "sima_normalize",
+           "sima_path", "resolve_sima_order", "resolve_sima_backend", "cpp_refusal", "triton_refusal",
+           "measured_backend", "gpu_table", "backend_table", "index_points", "gpu_capability", "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
 _BACKENDS = ("auto", "torch", "triton", "cpp")
+
+
+# ------------------------------------------------------------------------------------------------ the dispatcher
 
 
 def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
@@ -67,53 +75,133 @@ def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
 def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
     """The implementation SimA tries first on ``q``'s device: ``'torch'``, ``'triton'`` or ``'cpp'``.
 
-    ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built (:func:`cpp_refusal` then says whether
-    it applies to a call; where not, torch runs); on CUDA the Triton kernels from the token count at which they
-    measured faster than torch on this GPU (:func:`triton_min_tokens`; :func:`triton_refusal` then says whether they
-    apply), torch below it and in graphs exported for other runtimes; torch on other devices.
+    ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built, the Triton kernels on CUDA (not in
+    graphs exported for other runtimes, which could not run them) and torch on other devices; :func:`sima_path`
+    then says whether the one tried first runs the call.
     """
     if backend not in _BACKENDS:
         raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
     if backend != "auto":
         return backend
     if q.device.type == "cuda":
-        return gpu_backend(gpu_name(q.device), q.shape[-2]) if kernels_may_run() else "torch"
+        return "triton" if kernels_may_run() else "torch"
     return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
 
 
+def sima_path(backend: str, order: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              masked: bool) -> Tuple[str, str]:
+    """(implementation, matmul order) that run one call on checked q, k, v: the one place SimA's backend and order
+    are chosen, for :func:`sima_attention` and the module's fused path alike.
+
+    An explicit backend runs or raises a one-line ValueError saying why it cannot (the Triton kernels' dtypes and
+    head dims are checked here, once; the device where they launch); ``'auto'`` falls back to torch wherever the
+    implementation it tries first (:func:`resolve_sima_backend`) cannot run the call or, on a GPU, was measured
+    slower (:func:`measured_backend`). The Triton kernels compute q̂(k̂ᵀv), so their order is always ``kv_first``.
+    """
+    chosen = resolve_sima_backend(backend, q)
+    resolved = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
+    if chosen == "cpp":
+        refusal = cpp_refusal(q, k, v, resolved, masked)
+        if refusal is None:
+            return "cpp", resolved
+        if backend == "cpp":
+            raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
+        return "torch", resolved
+    if chosen != "triton" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
+        return "torch", resolved
+    if backend == "triton":
+        if order not in ("auto", "kv_first"):
+            raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
+                             f"{order!r}; use backend='torch' for it")
+        refusal = linear_triton_refusal(q, k, v)
+        if refusal is not None:
+            raise ValueError(f"sima: backend 'triton' {refusal}")
+        return "triton", "kv_first"
+    if triton_refusal(q, k, v, resolved) is None and measured_backend(q, k, v) == "triton":
+        return "triton", resolved
+    return "torch", resolved
+
+
+# ------------------------------------------------------------------------------------------------ auto on a GPU
 _GPU_TABLE = "sima_gpu_table.json"
+_PASSES = ("fwd", "fwd+bwd")
+#: a table's measured points per compute capability, then per (dtype, head dim, pass): ((B·H, ((N, whether
+#: Triton was at least as fast as torch), ...)), ...), both levels sorted
+Grid = Tuple[Tuple[int, Tuple[Tuple[int, bool], ...]], ...]
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 @functools.lru_cache(maxsize=None)
 def gpu_table() -> dict:
-    """The checked-in table (package data): ``{"default_min_tokens": N, "gpus": {device name: {"min_tokens": N or
-    null, ...}}}``, written by ``simattn bench attention --device cuda --write-table``."""
+    """The checked-in table (package data): ``{"points": [{"capability": "sm_90", "dtype": "bfloat16", "head_dim":
+    64, "pass": "fwd" or "fwd+bwd", "bh": B·H, "tokens": N, "triton_ms": ..., "torch_ms": ..., ...}, ...]}``, GPU
+    times measured by ``simattn bench attention --device cuda --write-table PATH``."""
     return json.loads(resources.files(__package__).joinpath(_GPU_TABLE).read_text())
 
 
-def triton_min_tokens(device_name: str) -> Optional[int]:
-    """From how many tokens auto runs SimA's Triton kernels on the GPU named ``device_name``
-    (``torch.cuda.get_device_name()``): the table's entry for that exact name (None: never, torch was faster at
-    every measured N), else the table's conservative default for unmeasured GPUs."""
-    table = gpu_table()
-    entry = table["gpus"].get(device_name)
-    return entry["min_tokens"] if entry is not None else table["default_min_tokens"]
-
-
-def gpu_backend(device_name: str, n_tokens: int) -> str:
-    """auto's choice on a CUDA device named ``device_name`` for ``n_tokens`` query tokens."""
-    least = triton_min_tokens(device_name)
-    return "triton" if least is not None and n_tokens >= least else "torch"
-
-
-@torch.compiler.assume_constant_result
-def gpu_name(device: torch.device) -> str:
-    return _gpu_name(device.index if device.index is not None else torch.cuda.current_device())
+def index_points(points: Sequence[dict]) -> Dict[str, Dict[Tuple[str, int, str], Grid]]:
+    """Measured points → per capability and (dtype, head dim, pass), the grid :func:`measured_backend` searches.
+    A point measured twice keeps its last measurement; points are never merged into thresholds."""
+    cells: Dict[str, Dict[tuple, Dict[int, Dict[int, bool]]]] = {}
+    for p in points:
+        key = (p["dtype"], int(p["head_dim"]), p["pass"])
+        row = cells.setdefault(p["capability"], {}).setdefault(key, {}).setdefault(int(p["bh"]), {})
+        row[int(p["tokens"])] = p["triton_ms"] <= p["torch_ms"]
+    return {cap: {key: tuple((bh, tuple(sorted(row[bh].items()))) for bh in sorted(row))
+                  for key, row in keys.items()} for cap, keys in cells.items()}
 
 
 @functools.lru_cache(maxsize=None)
-def _gpu_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
+def backend_table() -> Dict[str, Dict[Tuple[str, int, str], Grid]]:
+    """The package's table, indexed (:func:`index_points`)."""
+    return index_points(gpu_table()["points"])
+
+
+@torch.compiler.assume_constant_result
+def gpu_points(capability: str) -> Optional[Dict[Tuple[str, int, str], Grid]]:
+    """The measured grids of one compute capability (None: not measured), a constant under ``torch.compile``."""
+    return backend_table().get(capability)
+
+
+@torch.compiler.assume_constant_result
+def gpu_capability(device: torch.device) -> str:
+    """``'sm_90'`` for a compute capability 9.0 device."""
+    return _capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"sm_{major}{minor}"
+
+
+def _nearest(entries: Sequence[tuple], x) -> tuple:
+    """The entry whose first value is nearest ``x`` on a log scale (entries sorted by it): past the geometric mean
+    of two neighbours, the larger. Integer comparisons only, so symbolic sizes under ``torch.compile`` give guards."""
+    i = 0
+    while i + 1 < len(entries) and x * x >= entries[i][0] * entries[i + 1][0]:
+        i += 1
+    return entries[i]
+
+
+def measured_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
+    """``'triton'`` or ``'torch'`` for CUDA tensors the kernels take: the faster at the measured point nearest this
+    call (on a log scale in B·H, then in N = the longer token axis) among those of this GPU's compute capability,
+    dtype (autocast's where it is on), head dim and pass (``fwd+bwd`` where autograd records the call); Triton where
+    the table has no such point."""
+    grids = gpu_points(gpu_capability(q.device))
+    if grids is None:
+        return "triton"
+    pass_ = "fwd+bwd" if _needs_grad(q, k, v) else "fwd"
+    grid = grids.get((_DTYPE_NAMES.get(matmul_dtype(q), ""), q.shape[-1], pass_))
+    if grid is None:
+        return "triton"
+    _, row = _nearest(grid, q.shape[0] * q.shape[1])
+    _, faster = _nearest(row, max(q.shape[-2], k.shape[-2]))
+    return "triton" if faster else "torch"
+
+
+# ------------------------------------------------------------------------------------------------ where each runs
 
 
 def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> Optional[str]:
@@ -155,6 +243,9 @@ def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, m
     return None
 
 
+# ------------------------------------------------------------------------------------------------ the op
+
+
 def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: str = "auto",
                    mask: Optional[torch.Tensor] = None, q_mask: Optional[torch.Tensor] = None,
                    eps: float = 1e-12, backend: str = "auto") -> torch.Tensor:
@@ -169,35 +260,38 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         eps: lower bound of the l1 norms (``F.normalize`` semantics).
         backend: ``'torch'``, ``'triton'`` (fused kernels for the q̂(k̂ᵀv) order, any length: CUDA tensors, or CPU
             ones under ``TRITON_INTERPRET=1``), ``'cpp'`` (the compiled CPU kernel, see :func:`cpp_refusal` for
-            where it applies) or ``'auto'`` (:func:`resolve_sima_backend`).
+            where it applies) or ``'auto'`` (:func:`sima_path`).
 
     Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
     """
     check_qkv(q, k, v, "sima")
     check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
+    path, resolved = sima_path(backend, order, q, k, v, mask is not None or q_mask is not None)
+    if path == "cpp":
+        return sima_cpu.sima_kv_first(q, k, v, eps)
+    if path == "triton":
+        return _sima_triton(q, k, v, mask, q_mask, eps)
+    return sima_torch(q, k, v, resolved, mask, q_mask, eps)
+
+
+def _sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                 q_mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """The Triton kernels' binding: the torch path's dtypes (bf16 products under bf16, fp32 otherwise; under
+    autocast the output in that compute dtype)."""
+    try:
+        from .linear_triton import sima_triton
+    except ImportError as e:
+        raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
+    dt = range_safe_dtype(q)
+    out_dtype = dt if torch.is_autocast_enabled(q.device.type) else q.dtype
+    return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt, out_dtype=out_dtype)
+
+
+def sima_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor] = None,
+               q_mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
+    """The torch path on checked inputs: ``order`` resolved (``'kv_first'`` or ``'qk_first'``), masks resolved."""
     autocast = torch.is_autocast_enabled(q.device.type)
-    chosen = resolve_sima_backend(backend, q)
-    resolved = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    if chosen == "cpp":
-        refusal = cpp_refusal(q, k, v, resolved, mask is not None or q_mask is not None)
-        if refusal is None:
-            return sima_cpu.sima_kv_first(q, k, v, eps)
-        if backend == "cpp":
-            raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
-    if chosen == "triton" and backend == "auto" and triton_refusal(q, k, v, resolved):
-        chosen = "torch"
-    if chosen == "triton" and q.shape[0] * q.shape[1]:  # (empty batches: torch)
-        if order not in ("auto", "kv_first"):
-            raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
-                             f"{order!r}; use backend='torch' for it")
-        try:
-            from .linear_triton import sima_triton
-        except ImportError as e:
-            raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
-        dt = range_safe_dtype(q)
-        return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
-                           out_dtype=dt if autocast else q.dtype)
     dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
     out_dtype = q.dtype
     acc = torch.promote_types(q.dtype, torch.float32)  # norms and the d×d matrix: fp32 or better
@@ -206,9 +300,9 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
         s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
         s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        if not autocast and _runs_per_item(q, k, v, resolved):
+        if not autocast and _runs_per_item(q, k, v, order):
             return _kv_first_per_item(q, k, v, s_q, s_k)
-        out = _normalized_product(q, k, v, s_q, s_k, resolved, dt, acc)
+        out = _normalized_product(q, k, v, s_q, s_k, order, dt, acc)
     return out if autocast else cast(out, out_dtype)
 
 
@@ -271,6 +365,19 @@ def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: t
     return out
 
 
+def sima_scripted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                  eps: float) -> torch.Tensor:
+    """q̂(k̂ᵀv) in fp32 (or fp64) as plain ops that TorchScript compiles: the module's path when scripted, where the
+    other paths' choices (dtypes, order, kernels) are Python. ``mask`` (B, Nk) masks the queries too when the
+    lengths are equal."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    q_ = apply_token_mask(q, mask if q.shape[-2] == k.shape[-2] else None)
+    k_ = apply_token_mask(k, mask)
+    s_q = q_.abs().sum(-2, dtype=acc).clamp_min(eps).unsqueeze(-1)
+    s_k = k_.abs().sum(-2, dtype=acc).clamp_min(eps).unsqueeze(-1)
+    return (q_.to(acc) @ ((k_.to(acc).transpose(-2, -1) @ v.to(acc)) / s_k / s_q)).to(v.dtype)
+
+
 def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                    eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
     """Materialize q̂ and k̂ (for visualization and the reference), l1 over tokens in fp32."""
@@ -308,38 +415,32 @@ class SimAAttention(TokenAttention):
         self.qk_hook = HookPoint()
 
     def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
-        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook, autocast or Triton (asked for, or auto's choice on
-        a GPU): the compiled CPU kernel where it applies, else both l1 norms in one reduction over the q and k columns
-        of the fused projection (at small token counts SimA is bound by the number of ops it launches); None
-        otherwise, and :meth:`attend` runs. Its input is checked as :func:`sima_attention` checks it."""
-        if (resolve_sima_backend(self.backend, x) == "triton" or x.dtype not in _WIDE
-                or torch.is_autocast_enabled(x.device.type)
-                or self.qk_hook.has_hooks or not isinstance(self.q_norm, nn.Identity)
-                or not isinstance(self.k_norm, nn.Identity) or not eager()):
+        """Eager fp32/fp64 SimA from x without a mask, qk-norm, hook or autocast, on the views of the fused
+        projection, with the implementation :func:`sima_path` chooses; for torch, both l1 norms in one reduction
+        over the q and k columns of the projection (at small token counts SimA is bound by the number of ops it
+        launches). None otherwise, and :meth:`attend` runs :func:`sima_attention`."""
+        if (x.dtype not in _WIDE or torch.is_autocast_enabled(x.device.type) or self.qk_hook.has_hooks
+                or not isinstance(self.q_norm, nn.Identity) or not isinstance(self.k_norm, nn.Identity)
+                or not eager()):
             return None
         B, N, C = x.shape
         H, d = self.num_heads, self.head_dim
         qkv = self.qkv(x)
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         check_qkv(q, k, v, "sima")  # as sima_attention does (an empty token axis, for one)
-        order = resolve_sima_order(self.order, N, N, d)
-        if resolve_sima_backend(self.backend, x) == "cpp":
-            if cpp_refusal(q, k, v, order, masked=False) is None:
-                return sima_cpu.sima_kv_first(q, k, v, self.eps)
-            if self.backend == "cpp":
-                return None  # sima_attention says why
+        path, order = sima_path(self.backend, self.order, q, k, v, masked=False)
+        if path == "cpp":
+            return sima_cpu.sima_kv_first(q, k, v, self.eps)
+        if path == "triton":
+            return _sima_triton(q, k, v, None, None, self.eps)
         s_q, s_k = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d).unbind(1)  # (B, H, d) each
         if _runs_per_item(q, k, v, order):
             return _kv_first_per_item(q, k, v, s_q, s_k)
         return _normalized_product(q, k, v, s_q, s_k, order, x.dtype, x.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
-        if torch.jit.is_scripting():  # TorchScript: q̂(k̂ᵀv) in fp32; the fast path's choices are Python
-            acc = torch.promote_types(q.dtype, torch.float32)
-            q_, k_ = apply_token_mask(q, mask if q.shape[-2] == k.shape[-2] else None), apply_token_mask(k, mask)
-            s_q = q_.abs().sum(-2, dtype=acc).clamp_min(self.eps).unsqueeze(-1)
-            s_k = k_.abs().sum(-2, dtype=acc).clamp_min(self.eps).unsqueeze(-1)
-            return (q_.to(acc) @ ((k_.to(acc).transpose(-2, -1) @ v.to(acc)) / s_k / s_q)).to(v.dtype)
+        if torch.jit.is_scripting():
+            return sima_scripted(q, k, v, mask, self.eps)
         else:
             if self.qk_hook.has_hooks:
                 self.qk_hook(*sima_normalize(q, k, mask, self.eps))

@@ -11,21 +11,28 @@ the clock starts: a floor that no SimA implementation can beat with this BLAS. E
 a multiple of it (``x floor``: 1.0 would be SimA's matmuls alone).
 
 The thread count defaults to torch's (``torch.get_num_threads()``, which follows ``OMP_NUM_THREADS``). Every median
-comes with its p10 and p90, and a one-line warning names the timings whose p10-p90 range is wider than
-:data:`simattn.bench.report.WIDE_SPREAD` of the median.
+comes with its p10 and p90; tables print times under 1 ms in µs (the JSON fields keep their unit in their name,
+``median_ms``). A warning line names the timings whose p10-p90 range is wider than
+:data:`simattn.bench.report.WIDE_SPREAD` of the median, another the SimA timings under their own floor (``x floor``
+below 1, which no SimA implementation can reach: the machine's load changed between the measurements), and both say
+how to measure quietly.
 
 ``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
 (``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
 memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), and ELU linear attention and XNorm (``elu``,
 ``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), forward and forward+backward,
-B = 8, H = 16, d = 64, bf16 by default. Each call is timed by CUDA events around it alone, with the L2 cache flushed before it. Beside each
-time: the bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output;
-backward: read q, k, v and the output gradient, write the three gradients) and the time those bytes take at the
-GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and
-the share of that peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
-``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.sima.gpu_table`) with this GPU's
-entry from this sweep: from which N the Triton kernels beat torch (:func:`triton_crossover`), for ``auto``.
-Without a CUDA device it stops at once with a one-line error (exit code 2).
+B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls between CUDA events
+(:func:`cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and replayed from a CUDA
+graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the bandwidth achieved on the
+bytes the op must move at least (forward: read q, k, v, write the output; backward: read q, k, v and the output
+gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM bandwidth (the op's
+roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that peak the row reaches
+(``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton. ``--write-table PATH`` also writes SimA's
+backend table (:func:`simattn.attention.sima.gpu_table`) with this sweep's points (:func:`table_points`): per pass
+and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``. Without a CUDA device it stops at once with a
+one-line error (exit code 2).
+
+``--host-cost`` measures the host's work per SimA Triton call instead, on CPU (:mod:`simattn.bench.host_cost`).
 """
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
-from .report import WIDE_SPREAD, cpu_info, relative_spread, spread_warning
+from .report import WIDE_SPREAD, cpu_info, fmt_ms, quiet_advice, relative_spread, spread_warning
 
 DEFAULT_TOKENS = (64, 197, 785, 3137, 9217)
 #: (label, fn). 'sima_official' is the official normalize-then-multiply formulation, the baseline for SimA's fold.
@@ -133,7 +140,7 @@ def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads:
                 with torch.inference_mode():
                     t = time_fn(lambda: fn(q, k, v), warmup=2, repeats=repeats, device=device, max_time=max_seconds)
                 per_round[kind].append(t)
-                print(f"  round {r + 1}/{rounds} N={n:5d} B={b} {kind:<14} {t['median_ms']:10.3f} ms  "
+                print(f"  round {r + 1}/{rounds} N={n:5d} B={b} {kind:<14} {fmt_ms(t['median_ms']):>11}  "
                       f"({t['runs']} runs)", file=sys.stderr, flush=True)
         for kind in kinds:
             stats = {key: statistics.median(t[key] for t in per_round[kind])
@@ -158,19 +165,32 @@ def add_ratios(rows: List[dict]) -> List[dict]:
 
 
 def format_table(rows: List[dict]) -> str:
-    """The printed table: median with its p10-p90 range, speed-ups (> 1: faster than the reference) and the time
-    as a multiple of SimA's two matmuls alone (the floor)."""
+    """The printed table: median with its p10-p90 range (µs under 1 ms), speed-ups (> 1: faster than the reference)
+    and the time as a multiple of SimA's two matmuls alone (the floor)."""
     def ratio(x):
         return f"{x:.2f}" if x else "-"
 
-    head = (f"{'kind':<14} {'N':>6} {'B':>3} {'median ms':>11} {'p10 ms':>10} {'p90 ms':>10} {'x vs SDPA':>10} "
+    head = (f"{'kind':<14} {'N':>6} {'B':>3} {'median':>11} {'p10':>11} {'p90':>11} {'x vs SDPA':>10} "
             f"{'x vs official SimA':>19} {'x floor':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['kind']:<14} {r['tokens']:>6} {r['batch']:>3} {r['median_ms']:>11.3f} {r['p10_ms']:>10.3f} "
-                     f"{r['p90_ms']:>10.3f} {ratio(r['speedup_vs_sdpa']):>10} "
+        lines.append(f"{r['kind']:<14} {r['tokens']:>6} {r['batch']:>3} {fmt_ms(r['median_ms']):>11} "
+                     f"{fmt_ms(r['p10_ms']):>11} {fmt_ms(r['p90_ms']):>11} {ratio(r['speedup_vs_sdpa']):>10} "
                      f"{ratio(r['speedup_vs_official_sima']):>19} {ratio(r['x_floor']):>8}")
     return "\n".join(lines)
+
+
+def floor_warning(rows: List[dict]) -> Optional[str]:
+    """One warning line naming the SimA timings under SimA's own floor (``x floor`` < 1: faster than its two
+    matmuls alone, which no SimA implementation is), or None."""
+    under = [r for r in rows if r["kind"].startswith("sima") and r["kind"] != "sima_matmuls"
+             and r.get("x_floor") is not None and r["x_floor"] < 1]
+    if not under:
+        return None
+    named = ", ".join(f"{r['kind']} N={r['tokens']} (x floor {r['x_floor']:.2f})" for r in under)
+    return (f"warning: impossible ratio: {named} ran faster than SimA's two matmuls alone, which no SimA "
+            f"implementation can; the machine's load changed between those timings, so their ratios are not "
+            f"measurements. {quiet_advice()}")
 
 
 def sima_note() -> str:
@@ -181,14 +201,15 @@ def sima_note() -> str:
 
 
 def table_notes(rows: List[dict]) -> List[str]:
-    """What the ratio columns mean, which SimA implementation ran, and a warning line when some timing's spread is
-    wide."""
+    """What the ratio columns mean, which SimA implementation ran, and a warning line each when a SimA timing is under
+    its floor or some timing's spread is wide."""
     notes = ["x vs SDPA, x vs official SimA: reference time / time (> 1 is faster); x floor: time / SimA's two "
              "matmuls alone (sima_matmuls), the least any SimA implementation can take here"]
     if any(r["kind"] == "sima" for r in rows):
         notes.append(sima_note())
-    warning = spread_warning({f"{r['kind']} N={r['tokens']}": r["spread"] for r in rows}, WIDE_SPREAD)
-    return notes + ([warning] if warning else [])
+    warnings = [floor_warning(rows),
+                spread_warning({f"{r['kind']} N={r['tokens']}": r["spread"] for r in rows}, WIDE_SPREAD)]
+    return notes + [w for w in warnings if w]
 
 
 def hbm_gbps(device: torch.device) -> tuple:
@@ -230,34 +251,84 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
     return {kind: table[kind]() for kind in kinds}
 
 
-def cuda_time(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 50) -> Dict[str, float]:
-    """median, p10, p90 and min (ms) of ``repeats`` calls, each timed by CUDA events around the call alone, with
-    the L2 cache flushed (a 256 MiB write) before it, so every call reads its inputs from HBM."""
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+#: GPU timing: a sample runs back-to-back calls for about this long (ms), and a measurement's samples about this
+#: long (s) in all, 3 samples at least
+SAMPLE_MS, MEASUREMENT_S = 2.0, 1.0
+#: calls longer than this (ms) are not replayed from a CUDA graph: the host's work of one call (well under a
+#: millisecond) hides behind the GPU's, so the eager time is the GPU time there
+GRAPH_MAX_MS = 10.0
+
+
+def _per_call_ms(run: Callable[[], object], calls: int, head_start: bool = False) -> float:
+    """Mean ms per call of ``calls`` back-to-back calls between two CUDA events. ``head_start``: queue GPU work
+    (about half a millisecond) before the first event, so that the host's launches run ahead of the GPU and only
+    the GPU's time counts."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if head_start:
+        torch.cuda._sleep(1_000_000)
+    start.record()
+    for _ in range(calls):
+        run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def _captured(fn: Callable[[], object], device: torch.device) -> Callable[[], object]:
+    """``fn`` captured in a CUDA graph (after two calls on a side stream, as capture needs); returns its replay."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def _stats(times: List[float], prefix: str = "") -> Dict[str, float]:
+    times = sorted(times)
+    rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
+    return {f"{prefix}median_ms": statistics.median(times), f"{prefix}p10_ms": rank(0.1),
+            f"{prefix}p90_ms": rank(0.9)}
+
+
+def cuda_times(fn: Callable[[], object], device: torch.device, warmup: int = 3, repeats: int = 20) -> Dict:
+    """Per-call times (ms) of ``fn``, each sample a mean over back-to-back calls between two CUDA events (about
+    :data:`SAMPLE_MS`; up to ``repeats`` samples within about :data:`MEASUREMENT_S`, 3 at least): eagerly
+    (``median_ms``, ``p10_ms``, ``p90_ms``: the host's work included wherever the GPU waits for it) and replayed
+    from a CUDA graph (``graph_ms`` with ``graph_p10_ms``, ``graph_p90_ms``: GPU time alone; not for calls over
+    :data:`GRAPH_MAX_MS`, nor where capture fails, ``graph_error``)."""
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize(device)
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
-    for start, end in events:
-        flush.zero_()
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    times = sorted(start.elapsed_time(end) for start, end in events)
-    rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
-    return {"median_ms": statistics.median(times), "p10_ms": rank(0.1), "p90_ms": rank(0.9), "min_ms": times[0],
-            "runs": len(times)}
+    once = _per_call_ms(fn, 1)
+    calls = max(1, min(200, round(SAMPLE_MS / max(once, 1e-3))))
+    samples = max(3, min(repeats, math.ceil(MEASUREMENT_S * 1e3 / (calls * once))))
+    out = {**_stats([_per_call_ms(fn, calls) for _ in range(samples)]), "calls": calls, "samples": samples}
+    if once > GRAPH_MAX_MS:
+        return out
+    try:
+        replay = _captured(fn, device)
+    except Exception as e:  # noqa: BLE001 - an op that cannot be captured: its eager time stands alone
+        torch.cuda.synchronize(device)
+        return {**out, "graph_error": str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}
+    replay()
+    stats = _stats([_per_call_ms(replay, calls, head_start=True) for _ in range(samples)], "graph_")
+    return {**out, "graph_ms": stats["graph_median_ms"], "graph_p10_ms": stats["graph_p10_ms"],
+            "graph_p90_ms": stats["graph_p90_ms"]}
 
 
 def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_dim: int, dtype: torch.dtype,
             device: str, peak_gbps: float, passes: List[str] = list(PASSES), layout: str = "qkv",
-            repeats: int = 50, rounds: int = 1, timer: Optional[Callable] = None) -> List[dict]:
-    """Every kind × pass × token count: median, p10, p90 (median over ``rounds`` interleaved rounds), the bytes the
-    op must move, the bandwidth achieved on them and the roofline time at ``peak_gbps``. ``timer(fn)`` defaults to
-    :func:`cuda_time`; a kind that cannot run (e.g. flash SDPA in fp32) gives a row with ``error``."""
+            repeats: int = 20, rounds: int = 1, timer: Optional[Callable] = None) -> List[dict]:
+    """Every kind × pass × token count: the times of ``timer(fn)`` (default :func:`cuda_times`: eager median, p10,
+    p90 and the CUDA graph's), each the median over ``rounds`` interleaved rounds, the bytes the op must move, the
+    bandwidth achieved on them and the roofline time at ``peak_gbps``; a kind that cannot run (e.g. flash SDPA in
+    fp32) gives a row with ``error``."""
     dev = torch.device(device)
-    timer = timer or (lambda fn: cuda_time(fn, dev, repeats=repeats))
+    timer = timer or (lambda fn: cuda_times(fn, dev, repeats=repeats))
     fns = gpu_fns(kinds)
     if "sima_compile" in kinds:
         # one graph per N and grad mode: past dynamo's recompile limit (8) it would silently run eager
@@ -299,8 +370,9 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
                         print(f"  N={n:6d} {kind:<15} {pass_:<8} failed: {errors[key]}", file=sys.stderr, flush=True)
                         continue
                     per_round.setdefault(key, []).append(t)
-                    print(f"  round {r + 1}/{rounds} N={n:6d} {kind:<15} {pass_:<8} {t['median_ms']:10.3f} ms",
-                          file=sys.stderr, flush=True)
+                    graph = f", graph {fmt_ms(t['graph_ms'])}" if "graph_ms" in t else ""
+                    print(f"  round {r + 1}/{rounds} N={n:6d} {kind:<15} {pass_:<8} {fmt_ms(t['median_ms']):>11}"
+                          f"{graph}", file=sys.stderr, flush=True)
         for kind in kinds:
             for pass_ in passes:
                 key = (kind, pass_)
@@ -309,15 +381,24 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
                 if key in errors:
                     rows.append({**row, "error": errors[key]})
                     continue
-                stats = {s: statistics.median(t[s] for t in per_round[key]) for s in ("median_ms", "p10_ms", "p90_ms")}
+                stats = rounds_median(per_round[key])
                 rows.append({**row, **stats, "bytes": sizes[key],
                              "spread": relative_spread(stats["p10_ms"], stats["p90_ms"], stats["median_ms"])})
     return add_roofline(rows, peak_gbps)
 
 
+def rounds_median(times: List[dict]) -> dict:
+    """The median over rounds of each time (``*_ms``) the timer gave in every round; a graph capture's error kept."""
+    out = {key: statistics.median(t[key] for t in times) for key in times[0]
+           if key.endswith("_ms") and all(key in t for t in times)}
+    errors = [t["graph_error"] for t in times if "graph_error" in t]
+    return {**out, "graph_error": errors[0]} if errors else out
+
+
 def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
-    """``gbps`` (bytes / time), ``roofline_ms`` (bytes at ``peak_gbps``), ``roofline_frac`` (roofline / time) and
-    ``speedup_vs_sdpa`` (the faster SDPA backend's time / time, same N and pass; None where none ran)."""
+    """``host_ms`` (eager time - graph time; None without a graph time), ``gbps`` (bytes / time), ``roofline_ms``
+    (bytes at ``peak_gbps``), ``roofline_frac`` (roofline / time) and ``speedup_vs_sdpa`` (the faster SDPA backend's
+    time / time, same N and pass; None where none ran), all on the eager time."""
     sdpa: Dict[tuple, float] = {}
     for r in rows:
         if r["kind"].startswith("sdpa") and "error" not in r:
@@ -327,6 +408,7 @@ def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
         if "error" in r:
             continue
         ms = r["median_ms"]
+        r["host_ms"] = ms - r["graph_ms"] if r.get("graph_ms") is not None else None
         r["gbps"] = r["bytes"] / ms / 1e6
         r["roofline_ms"] = r["bytes"] / peak_gbps / 1e6
         r["roofline_frac"] = r["roofline_ms"] / ms
@@ -335,62 +417,59 @@ def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
     return rows
 
 
-def triton_crossover(rows: List[dict]) -> Optional[int]:
-    """The smallest N of the sweep from which ``sima_triton`` is at least as fast as ``sima`` (torch) in every pass
-    measured, at that N and every larger one; None where it is not at the largest N (or nothing compares)."""
-    time = {(r["kind"], r["pass"], r["tokens"]): r["median_ms"] for r in rows if "error" not in r}
-    tokens = sorted({n for (_, _, n) in time})
-    passes = sorted({p for (_, p, _) in time})
-
-    def faster(n):
-        pairs = [(time.get(("sima_triton", p, n)), time.get(("sima", p, n))) for p in passes]
-        pairs = [(t, s) for t, s in pairs if t is not None and s is not None]
-        return bool(pairs) and all(t <= s for t, s in pairs)
-
-    least = None
-    for n in reversed(tokens):
-        if not faster(n):
-            break
-        least = n
-    return least
+def table_points(rows: List[dict], capability: str, measured: dict) -> List[dict]:
+    """SimA's backend table's points from a sweep (:func:`simattn.attention.sima.gpu_table`): per pass and N where
+    both ``sima_triton`` and ``sima`` (torch) ran, their GPU times (the graph's, the eager one where a call was too
+    long to replay), keyed by the compute ``capability``, dtype, head dim, B·H and N; ``measured`` (the GPU's name,
+    torch and Triton) is kept with each."""
+    time = {(r["kind"], r["pass"], r["tokens"]): r for r in rows if "error" not in r}
+    points = []
+    for (kind, pass_, n), triton in sorted(time.items(), key=lambda item: (item[0][1], item[0][2])):
+        torch_row = time.get(("sima", pass_, n))
+        if kind != "sima_triton" or torch_row is None:
+            continue
+        gpu_ms = [r["graph_ms"] if r.get("graph_ms") is not None else r["median_ms"] for r in (triton, torch_row)]
+        points.append({"capability": capability, "dtype": triton["dtype"], "head_dim": triton["head_dim"],
+                       "pass": pass_, "bh": triton["batch"] * triton["heads"], "tokens": n,
+                       "triton_ms": gpu_ms[0], "torch_ms": gpu_ms[1], **measured})
+    return points
 
 
-def write_backend_table(rows: List[dict], device_name: str, path: str, config: dict) -> dict:
-    """SimA's backend table at ``path`` (updated where it exists, else a copy of the package's) with this GPU's
-    entry: ``min_tokens`` from :func:`triton_crossover` and the sweep's ``config``. An entry for this GPU already in
-    the file is combined with this sweep (the larger ``min_tokens``, null where either is null; both configs), so
-    sweeps at several batch sizes into one new file give one conservative entry."""
+_POINT_KEY = ("capability", "dtype", "head_dim", "pass", "bh", "tokens")
+
+
+def write_backend_table(points: List[dict], path: str) -> dict:
+    """SimA's backend table at ``path`` (updated where it exists, else a copy of the package's) with ``points``: a
+    point measured again replaces the old one; the others stay as they are."""
     import json
     from pathlib import Path
 
     from ..attention.sima import gpu_table
 
     table = json.loads(Path(path).read_text()) if Path(path).exists() else dict(gpu_table())
-    least = triton_crossover(rows)
-    old = table.get("gpus", {}).get(device_name)
-    sweeps = [config]
-    if old is not None:
-        least = None if least is None or old["min_tokens"] is None else max(least, old["min_tokens"])
-        sweeps = old.get("sweeps", []) + sweeps
-    table["gpus"] = {**table.get("gpus", {}), device_name: {"min_tokens": least, "sweeps": sweeps}}
+    new = {tuple(p[k] for k in _POINT_KEY) for p in points}
+    kept = [p for p in table.get("points", []) if tuple(p[k] for k in _POINT_KEY) not in new]
+    table["points"] = sorted(kept + points, key=lambda p: tuple(p[k] for k in _POINT_KEY))
     atomic_write_json(table, path)
     return table
 
 
 def format_gpu_table(rows: List[dict]) -> str:
-    """The GPU table: median with p10-p90, achieved bandwidth, the roofline time, the share of the peak HBM
-    bandwidth reached (= roofline / time), speed-up over the faster SDPA backend."""
-    head = (f"{'kind':<15} {'pass':<8} {'N':>6} {'median ms':>10} {'p10 ms':>9} {'p90 ms':>9} {'GB/s':>7} "
-            f"{'roofline ms':>12} {'% HBM':>11} {'x vs SDPA':>10}")
+    """The GPU table: eager median with p10-p90, the CUDA graph's time and the host's share (eager - graph),
+    achieved bandwidth, the roofline time, the share of the peak HBM bandwidth reached (= roofline / time),
+    speed-up over the faster SDPA backend. Times under 1 ms in µs."""
+    head = (f"{'kind':<15} {'pass':<8} {'N':>6} {'median':>11} {'p10':>11} {'p90':>11} {'graph':>11} {'host':>11} "
+            f"{'GB/s':>7} {'roofline':>11} {'% HBM':>7} {'x vs SDPA':>10}")
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
             lines.append(f"{r['kind']:<15} {r['pass']:<8} {r['tokens']:>6} not run: {r['error'][:80]}")
             continue
         up = f"{r['speedup_vs_sdpa']:.2f}" if r.get("speedup_vs_sdpa") else "-"
-        lines.append(f"{r['kind']:<15} {r['pass']:<8} {r['tokens']:>6} {r['median_ms']:>10.3f} {r['p10_ms']:>9.3f} "
-                     f"{r['p90_ms']:>9.3f} {r['gbps']:>7.0f} {r['roofline_ms']:>12.4f} "
-                     f"{100 * r['roofline_frac']:>10.1f}% {up:>10}")
+        lines.append(f"{r['kind']:<15} {r['pass']:<8} {r['tokens']:>6} {fmt_ms(r['median_ms']):>11} "
+                     f"{fmt_ms(r['p10_ms']):>11} {fmt_ms(r['p90_ms']):>11} {fmt_ms(r.get('graph_ms')):>11} "
+                     f"{fmt_ms(r.get('host_ms')):>11} {r['gbps']:>7.0f} {fmt_ms(r['roofline_ms']):>11} "
+                     f"{100 * r['roofline_frac']:>6.1f}% {up:>10}")
     return "\n".join(lines)
 
 
@@ -421,6 +500,8 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     notes = [f"bytes: the least any implementation moves (forward: q, k, v in, output out; backward: q, k, v and the "
              f"output gradient in, three gradients out); roofline: those bytes at {peak:g} GB/s; x vs SDPA: the "
              f"faster SDPA backend's time / time (> 1 is faster); % HBM: bytes / time / peak"]
+    notes[0] += ("; graph: the same calls replayed from a CUDA graph (GPU time alone); host: median - graph, the "
+                 "host's work the GPU waited for")
     warning = spread_warning({f"{r['kind']} {r['pass']} N={r['tokens']}": r.get("spread") for r in rows}, WIDE_SPREAD)
     notes += [warning] if warning else []
     print("\n".join(notes))
@@ -431,11 +512,42 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     }, args.output)
     print(f"wrote {args.output}")
     if args.write_table:
-        measured = {**versions, "dtype": args.dtype, "batch": args.batch, "heads": args.heads,
-                    "head_dim": args.head_dim, "tokens": args.tokens, "passes": args.passes}
-        entry = write_backend_table(rows, torch.cuda.get_device_name(device), args.write_table, measured)
-        print(f"wrote {args.write_table}: min_tokens "
-              f"{entry['gpus'][torch.cuda.get_device_name(device)]['min_tokens']} for auto on this GPU")
+        from ..attention.sima import gpu_capability
+
+        capability = gpu_capability(device)
+        points = table_points(rows, capability, {"gpu": torch.cuda.get_device_name(device), **versions})
+        write_backend_table(points, args.write_table)
+        faster = sum(p["triton_ms"] <= p["torch_ms"] for p in points)
+        print(f"wrote {args.write_table}: {len(points)} points for {capability} (Triton at least as fast as torch "
+              f"at {faster})")
+    return 0
+
+
+def main_host_cost(args: argparse.Namespace) -> int:
+    """``--host-cost``: the host's work per SimA Triton call against SDPA's (:mod:`simattn.bench.host_cost`)."""
+    from . import host_cost
+
+    try:
+        import simattn.attention.linear_triton  # noqa: F401 - the path measured
+    except ImportError as e:
+        raise ValueError(f"--host-cost times SimA's Triton path and needs the triton package ({e})") from None
+    threads = set_threads(args.threads or 1)
+    cpu = cpu_info()
+    machine = (f"{cpu.get('cpu_name') or platform.processor() or 'CPU name unknown'}, {threads} thread(s), "
+               f"torch {torch.__version__}, Triton {triton_version()}")
+    print(f"simattn bench attention --host-cost: SimA (backend 'triton', launches skipped) and SDPA on "
+          f"{'x'.join(map(str, host_cost.SHAPE))} fp32 CPU tensors; {machine}", flush=True)
+    rows = host_cost.measure(args.repeats, args.rounds)
+    print(host_cost.format_rows(rows))
+    notes = [host_cost.summary(rows, machine)]
+    warning = spread_warning(host_cost.spread_rows(rows), WIDE_SPREAD)
+    notes += [warning] if warning else []
+    print("\n".join(notes))
+    atomic_write_json({"config": {**vars(args), "threads": threads, "torch": torch.__version__,
+                                  "triton": triton_version(), "shape": list(host_cost.SHAPE), **cpu,
+                                  "wide_spread": WIDE_SPREAD},
+                       "results": rows, "notes": notes}, args.output)
+    print(f"wrote {args.output}")
     return 0
 
 
@@ -461,7 +573,7 @@ def _options():
         "threads": shared("threads", help="CPU threads, fixed for the whole run (default: torch's count, which "
                                           "follows OMP_NUM_THREADS)"),
         "repeats": shared("repeats", help="timed runs per measurement (median, p10, p90 reported; default 10 on "
-                                          "CPU, 50 on CUDA)"),
+                                          "CPU, 20 on CUDA, each a mean over back-to-back calls there)"),
         "rounds": shared("rounds", 3, "interleaved rounds over the kinds (median reported)"),
         "max_seconds": Opt(None, "CPU: stop repeating a measurement after this long (default 10)",
                            type=maybe(float), low=0.0, low_open=True),
@@ -474,8 +586,11 @@ def _options():
                      type=maybe(str), choices=["float32", "bfloat16", "float16"]),
         "output": shared("output", "runs/bench_attention.json", "JSON results file"),
         "write_table": Opt(None, "with --device cuda: also write SimA's backend table (sima_gpu_table.json's format) "
-                                 "here, with this GPU's entry from this sweep (needs kinds sima and sima_triton)",
+                                 "here, with this sweep's points (GPU times of kinds sima and sima_triton, both "
+                                 "needed); an existing table is updated",
                            type=maybe(str), check=check_path),
+        "host_cost": Opt(False, "instead of a sweep: the microseconds of host work per SimA Triton forward and "
+                                "forward+backward (launches skipped, on CPU, no GPU needed) beside SDPA's"),
     }
 
 
@@ -489,6 +604,14 @@ def main(argv: List[str]) -> int:
     args = p.parse_args(argv)
     check_bench_flags(args, _options())
     gpu = torch.device(args.device).type == "cuda"
+    if args.host_cost:
+        refuse_unused(args, ["tokens", "kinds", "heads", "batch", "passes", "hbm_gbps", "write_table", "max_seconds",
+                             "dtype"], "to the sweeps, not --host-cost (it times one tiny fixed shape)")
+        if gpu:
+            raise ValueError("--host-cost runs on CPU with the launches skipped (no GPU needed): drop --device")
+        check_out(args.output, folder=False)
+        args.repeats = args.repeats or 10
+        return main_host_cost(args)
     if gpu:
         require_cuda(args.device)
         refuse_unused(args, ["threads", "max_seconds"], "to the CPU sweep, not --device cuda")
@@ -509,7 +632,7 @@ def main(argv: List[str]) -> int:
             raise ValueError(f"--write-table compares sima with sima_triton: add {' '.join(missing)} to --kinds")
         check_out(args.write_table, folder=False)
     args.heads = args.heads or (16 if gpu else 6)
-    args.repeats = args.repeats or (50 if gpu else 10)
+    args.repeats = args.repeats or (20 if gpu else 10)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     if gpu:
         return main_gpu(args, p)

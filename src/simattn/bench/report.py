@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import platform
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
@@ -14,7 +15,7 @@ from ..utils.io import atomic_write_json, atomic_write_text, save_figure as _sav
 from ..utils.runlog import progress as runlog_progress
 
 __all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
-           "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning"]
+           "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
 
 T = TypeVar("T")
 
@@ -38,7 +39,21 @@ def spread_warning(spreads: Mapping[str, Optional[float]], limit: float = WIDE_S
     worst = max(wide, key=wide.get)
     return (f"warning: wide spread in {len(wide)} of {len(spreads)} timings (p10-p90 range above {limit:.0%} of the "
             f"median; widest: {worst}, {wide[worst]:.0%}): the machine was busy or the runs were too few; compare "
-            f"those medians with care, or rerun with more repeats/rounds")
+            f"those medians with care. {quiet_advice()}")
+
+
+def quiet_advice() -> str:
+    """How to get a quiet measurement, for the warnings that say a timing was not."""
+    return (f"For a quiet measurement: an idle machine, fewer threads than its {os.cpu_count() or 'several'} cores "
+            f"(--threads), more --repeats and --rounds")
+
+
+def fmt_ms(ms: Optional[float]) -> str:
+    """A time given in milliseconds, as tables print it: in µs under 1 ms (``18.2 µs``), else in ms (``2.500 ms``);
+    ``-`` for None."""
+    if ms is None:
+        return "-"
+    return f"{ms * 1e3:.1f} µs" if ms < 1 else f"{ms:.3f} ms"
 
 
 def progress(items: Sequence[T], desc: str, describe: Callable[[T], str] = str) -> Iterable[T]:
