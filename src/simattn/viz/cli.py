@@ -6,7 +6,8 @@ Examples::
     simattn viz --weights best.safetensors --image photo.jpg sklearn:china.jpg --block 5
 
 Writes, per image, ``<model>_<image>_block<i>.png`` (image and maps side by side), one overlay PNG per map at the
-model's input resolution, and ``viz.json`` listing them. Exit status 2 on bad input.
+model's input resolution, and ``viz.json`` listing them (a folder with an earlier ``viz.json`` takes
+``--overwrite``). Exit status 2 on bad input.
 
 Segmentation weights (``simattn segment``, or a file exported from them) draw, per image of the dataset they record
 (``--data-dir``, ``--split``, ``--count`` change which), the image, the predicted mask and the ground truth overlaid
@@ -35,6 +36,8 @@ def _options():
                      f"{', '.join(SKIMAGE_PHOTOS)}; sklearn: {', '.join(SKLEARN_PHOTOS)}", type=List[str]),
         "block": Opt(-1, "attention block index, negative from the end"),
         "output": Opt("runs/viz", "output folder", flags=("--out",)),
+        "overwrite": Opt(False, "write into a folder an earlier viz wrote (its viz.json), replacing the files of "
+                         "the same names; others there are kept"),
         "alpha": Opt(0.5, "heatmap opacity over the image", low=0.0, high=1.0),
         "cmap": Opt("jet", "matplotlib colormap", choices=_colormaps, allowed="a matplotlib colormap name "
                     "(jet, viridis, magma, ...)"),
@@ -130,6 +133,16 @@ def run_segmentation(args: argparse.Namespace, source) -> int:
     return 0
 
 
+def _check_output(args: argparse.Namespace) -> None:
+    """An earlier viz's folder (its ``viz.json``) is refused without --overwrite, before any work (the one output
+    policy, :func:`~simattn.utils.io.check_new_file`)."""
+    from ..utils.io import check_new_file
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--output {out} is a file; viz writes a folder of figures there")
+    check_new_file(out / "viz.json", args.overwrite, "--output")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -137,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models.factory import load_model, parse_model_kwargs
     from ..utils.io import atomic_write_json
 
+    _check_output(args)
     if args.weights is not None:
         from ..segment.validation import segmentation_source
         source = segmentation_source(args.weights)
