@@ -2,16 +2,20 @@
 # The GPU check for a short loan (under 9 minutes on one H100 or H200): SimA's op sweep at the acceptance grid (bf16,
 # H 6, d 64, B 128 and 8, N 197 577 1025 4097 16385, forward and forward+backward, against SDPA flash, with the share
 # of HBM bandwidth reached; ELU and XNorm beside them), SimA's backend table for this GPU, the CUDA tests beside the
-# torch.compile(fullgraph=True) DeiT-S train-step check, and DeiT-S training throughput and peak memory, SimA
-# against softmax, at 224 and 512 px. Installs nothing: it runs on the machine's python3 (torch, Triton, timm) with
-# the repo's src on PYTHONPATH.
+# torch.compile(fullgraph=True) DeiT-S train-step check, and the model rows (bf16 autocast, AdamW, training images/s):
+# DeiT-S eager at 224 px batch 256, 512 px batch 64 and 1024 px batch 16 (SimA 'auto', SimA on Triton, softmax and
+# the attention-free floor), compiled at 224 px (default mode and reduce-overhead, SimA and softmax), and a Semantic
+# FPN at 1024x2048 batch 8 (SimA and its floor), with scripts/gpu_model_check.py's verdicts on them. It runs on the
+# machine's python3 (torch, Triton, timm) with the repo's src on PYTHONPATH, and installs only the wheels
+# scripts/gpu_wheels.sh put in .whl (segmentation_models_pytorch, for the FPN rows; carry .whl with the run).
 #
 # Usage, from the repo root:  OUT=folder scripts/gpu_check.sh   (default folder runs/gpu_check)
 # Writes 8 files to the folder (what a device loan brings back): summary.txt (GPU, versions, one line per stage
 # with its exit code and seconds), logs.txt (compile-ahead, tests, compile check), attention.txt (both sweeps' logs
 # and tables), attention_b128.json, attention_b8.json, sima_gpu_table.json (copy it to src/simattn/attention/ to
-# let backend 'auto' use it), compile_check.json and model.tgz (the model table: json, csv, md, png). Each stage has
-# its own time limit, so one that hangs cannot eat the loan.
+# let backend 'auto' use it), compile_check.json and model.tgz (the model rows: one bench model folder per stage, and
+# the verdicts, model_check.txt, also in summary.txt). Each stage has its own time limit, so one that hangs cannot
+# eat the loan.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu_check}"
@@ -56,6 +60,24 @@ grep -v "^  " "$OUT/attention.txt"
 # The compile check runs beside them (neither is timed).
 stage "compile fullgraph DeiT-S" 140 "$OUT/compile_check.log" "$PY" scripts/gpu_compile_check.py \
     "$OUT/compile_check.json" &
+# segmentation_models_pytorch (the FPN rows' decoder) is not in the device image: the carried wheels, no index
+if ! "$PY" -c "import segmentation_models_pytorch" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/simattn_wheels \
+        .whl/*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/simattn_wheels" \
+        || echo "segmentation_models_pytorch: not installed and no wheel in .whl (scripts/gpu_wheels.sh, then carry" \
+                ".whl): the FPN rows will fail" | tee -a "$OUT/summary.txt"
+fi
+mkdir -p "$OUT/model"
+DEIT=(-m simattn bench model --device cuda --models sima_deit_small_patch16_224 --precision bf16
+      --measure train-throughput --warmup 3 --repeats 10 --rounds 1)
+# the compiled rows' graphs into inductor's on-disk caches beside the untimed tests (one short run of each, thrown
+# away), so that the timed rows below trace and load them instead of compiling for a minute each
+for mode in default reduce-overhead; do
+    stage "compile ahead DeiT-S $mode" 140 "$OUT/model/warm_$mode.log" "$PY" "${DEIT[@]}" --attn sima softmax \
+        --img-size 224 --batch-size 256 --compile --compile-mode "$mode" --warmup 1 --repeats 1 \
+        --output "/tmp/simattn_warm_$mode" &
+done
 # (one inductor compile thread: its pool of compile processes outlives the test, which the suite counts as a leak)
 stage tests 140 "$OUT/tests.log" env SIMATTN_TRITON_AUTOTUNE=0 TORCHINDUCTOR_COMPILE_THREADS=1 "$PY" -m pytest -q -o addopts="-ra" \
     -p no:randomly -p no:cacheprovider -n 6 --dist load tests/test_sima_cuda.py tests/test_sima_triton.py -k cuda
@@ -63,12 +85,19 @@ wait
 cat "$OUT/tests.log" "$OUT/compile_check.log" >> "$OUT/logs.txt" && rm -f "$OUT/tests.log" "$OUT/compile_check.log"
 grep -E "passed|failed|error" "$OUT/logs.txt" | tail -15
 
-# SimA as 'auto' picks it from the package's table (sima) and on the Triton kernels (triton), against softmax
-stage "model DeiT-S train" 140 "$OUT/logs.txt" "$PY" -m simattn bench model --device cuda \
-    --models sima_deit_small_patch16_224 --attn sima triton=sima softmax --attn-kwargs triton.backend=triton \
-    --img-size 224 512 --precision bf16 \
-    --measure train-throughput memory --fill-batch --batch-size 256 --warmup 2 --repeats 5 --rounds 1 \
-    --output "$OUT/model"
+# SimA as 'auto' picks it (sima) and on the Triton kernels (triton), against softmax and the attention-free floor
+stage "model DeiT-S eager" 200 "$OUT/model/eager.log" "$PY" "${DEIT[@]}" --attn sima triton=sima softmax \
+    --attn-kwargs triton.backend=triton --img-size 224 512 1024 --batch-size 256 64 16 --floor \
+    --output "$OUT/model/model_eager"
+stage "model DeiT-S compiled" 100 "$OUT/model/compiled.log" "$PY" "${DEIT[@]}" --attn sima softmax \
+    --img-size 224 --batch-size 256 --compile --output "$OUT/model/model_compiled"
+stage "model DeiT-S reduce-overhead" 100 "$OUT/model/graphs.log" "$PY" "${DEIT[@]}" --attn sima softmax \
+    --img-size 224 --batch-size 256 --compile --compile-mode reduce-overhead --output "$OUT/model/model_graphs"
+# 150 classes at 1024x2048 and batch 8 are 2.5e9 logits: the loss runs in chunks
+stage "model FPN 1024x2048" 150 "$OUT/model/fpn.log" "$PY" "${DEIT[@]}" --head fpn \
+    --img-size 1024x2048 --batch-size 8 --attn sima --floor --warmup 2 --repeats 5 --output "$OUT/model/model_fpn"
+"$PY" scripts/gpu_model_check.py "$OUT/model" > "$OUT/model/model_check.txt" 2>&1
+grep -h "^|" "$OUT"/model/model_*/bench_model.md | grep -v "^|---" | cut -c1-200
+cat "$OUT/model/model_check.txt" | tee -a "$OUT/summary.txt"
 tar czf "$OUT/model.tgz" -C "$OUT" model 2>/dev/null && rm -rf "$OUT/model"
-grep -A 12 "== model" "$OUT/logs.txt" | tail -12
 cat "$OUT/summary.txt"

@@ -39,7 +39,15 @@ the model (:func:`linear_floor`; a convolution patch embedding is not a linear a
 same runtime, precision and threads and timed in the same worker (``floor_ms``; ``of_floor`` = the model's p50 /
 the floor's). On onnxruntime and ExecuTorch a separate profiled run (:func:`runtime_profile`) gives the shares of
 the runtime's time outside matmul-type kernels (``non_linear_share``) and, on ExecuTorch, outside XNNPACK's
-delegate calls (``non_delegated_share``).
+delegate calls (``non_delegated_share``). ``--floor`` also adds the attention-free floor to each configuration on
+torch: a row labelled ``floor``, the same network with every attention core replaced by a zero-cost stand-in
+(:func:`~.runner.without_attention`), measured as the other rows are (training and inference, eager or compiled,
+classifier or segmenter); ``floor_ratios`` gives each row's time over it.
+
+A configuration that fails is a row whose ``error`` is its cause (the exception's first line; on CUDA with the
+kernel's device-side assertion), and the next starts in a fresh process. A segmenter's training step takes its
+per-pixel loss in chunks where the logits are more than one CUDA loss call indexes
+(:func:`simattn.engine.losses.pixel_cross_entropy`).
 
 Results go to ``bench_model.{json,csv,md,png}`` (the figure: bars per runtime and precision for one input size,
 lines against size for several). ``--fixed-order`` runs SimA as (q̂k̂ᵀ)v, the paper's way of
