@@ -13,14 +13,17 @@
   order so both are O(ND²). Each model runs in its own subprocess (:func:`simattn.bench.model.workers.run_specs`).
 
 The comparison tables of SimA and SOFT (SimA's Table 2, SOFT's Table 1 and Fig. 1b, and every kind trained on the
-embedded digits) are :mod:`simattn.bench.paper_tables`; ``--only`` picks parts (``table3 figure_a1 table2 table1
-figure1b digits``; default all).
+embedded digits) are :mod:`simattn.bench.paper_tables`; the newer softmax-free attentions beside all the others
+(params, GMACs and exp counts at DeiT-T beside each paper's DeiT-T figures, CPU latency at 197 and 785 tokens, digits
+top-1 over seeds with the non-finite and softmax-margin check) are :mod:`simattn.bench.paper_peers` (``peers``).
+``--only`` picks parts (``table3 figure_a1 table2 table1 figure1b digits peers``; default all).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
 comparison that carries across machines. The full run covers the paper's ranges (224-1536 px; dims to 3072 on CPU,
 8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--output``: ``paper.md``
 (every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
-``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs).
+``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs),
+``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``).
 """
 from __future__ import annotations
 
@@ -328,14 +331,16 @@ def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-PARTS = ("table3", "figure_a1", "table2", "table1", "figure1b", "digits")
+PARTS = ("table3", "figure_a1", "table2", "table1", "figure1b", "digits", "peers")
 QUICK = {"repeats": 10, "rounds": 3, "sizes": [224, 320, 448], "dims": [192, 384, 768], "deit_depth": 4,
          "repeats_models": 5, "warmup_models": 1, "rounds_models": 1,
-         "table1_batch": 2, "figure1b_p": [1, 2], "figure1b_depth": 2, "digits_epochs": 1}
+         "table1_batch": 2, "figure1b_p": [1, 2], "figure1b_depth": 2, "digits_epochs": 1, "peers_epochs": 1,
+         "peers_repeats": 2}
 FULL_CUDA_DIMS = [384, 768, 1536, 3072, 6144, 8192]
 FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], "dims": [384, 768, 1536, 3072],
         "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2,
-        "table1_batch": 16, "figure1b_p": list(range(1, 9)), "figure1b_depth": 12, "digits_epochs": None}
+        "table1_batch": 16, "figure1b_p": list(range(1, 9)), "figure1b_depth": 12, "digits_epochs": None,
+        "peers_epochs": None, "peers_repeats": 5}
 FIGURE1B_KINDS = ["softmax", "linformer", "performer", "nystrom", "soft", "sima"]
 
 
@@ -380,6 +385,14 @@ def _options():
         "digits_seeds": Opt([0, 1, 2], "digits: seeds per kind", type=List[int], low=0),
         "digits_recipe": Opt("paper_digits_cpu", "digits: the training recipe every kind runs"),
         "digits_epochs": Opt(None, "digits: epochs (default the recipe's; quick 1 epoch of 2 updates)", **count),
+        "peers_kinds": Opt(None, "peers: attention kinds (default every registered kind; softmax always, the "
+                                 "others are compared with it)", type=maybe(List[str]), check=some_of(_kind_names())),
+        "peers_epochs": Opt(None, "peers: digits epochs (default the recipe's 20; quick 1 epoch of 2 updates); seeds "
+                                  "and recipe are --digits-seeds and --digits-recipe", **count),
+        "peers_repeats": Opt(None, "peers: timed forward runs per kind and token count (default 5; quick 2)",
+                             **count),
+        "peers_parts": Opt(None, "peers: which measurements (costs latency digits; default all)",
+                           type=maybe(List[str]), check=some_of(["costs", "latency", "digits"])),
         "output": shared("output", "runs/bench_paper", "output folder"),
     }
 
@@ -408,6 +421,7 @@ PART_OPTIONS = {
     "table1": ("table1_batch",),
     "figure1b": ("figure1b_p", "figure1b_depth", "figure1b_kinds"),
     "digits": ("digits_kinds", "digits_epochs"),
+    "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts"),
 }
 
 
@@ -490,7 +504,40 @@ def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any
         write_csv(records, out / "digits.csv")
         sections += [f"## Every kind on the embedded digits ({machine})", "",
                      pt.digits_markdown(records, notes, args.digits_recipe, args.digits_seeds), ""]
+    if "peers" in args.only:
+        sections += peers_section(args, out, meta, machine)
     return sections, failed
+
+
+def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], machine: str) -> List[str]:
+    """Run the peers part (:mod:`simattn.bench.paper_peers`), write ``peers.{json,csv,png}`` and return its report
+    section."""
+    from . import paper_peers as pp
+
+    kinds, notes = pp.registered_kinds(args.peers_kinds)
+    parts = args.peers_parts or ["costs", "latency", "digits"]
+    costs, latency, digits = [], [], []
+    if "costs" in parts:
+        costs, more = pp.run_peer_costs(kinds)
+        notes += more
+    if "latency" in parts:
+        latency = pp.run_peer_latency(kinds, repeats=args.peers_repeats)
+    if "digits" in parts:
+        overrides: Dict[str, Any] = {"threads": meta["threads"]}
+        if args.peers_epochs is not None:
+            overrides["epochs"] = args.peers_epochs
+        if args.quick:
+            overrides["steps_per_epoch"] = 2
+        digits, more = pp.run_peer_digits(kinds, args.digits_seeds, out / "peers_digits", args.digits_recipe,
+                                          overrides)
+        notes += more
+    rows = pp.peers_records(kinds, costs, latency, digits)
+    write_json({"meta": meta, "rows": rows, "notes": notes, "digits_runs": digits}, out / "peers.json")
+    write_csv(rows, out / "peers.csv")
+    title = f"every attention kind at DeiT-T and on digits ({machine})"
+    pp.plot_peers(rows, out / "peers.png", title)
+    return [f"## Peers: {title}", "", pp.peers_markdown(rows, notes, args.digits_recipe, args.digits_seeds), "",
+            "![peers](peers.png)", ""]
 
 
 def main(argv: Optional[List[str]] = None) -> int:

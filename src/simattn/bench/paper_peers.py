@@ -1,0 +1,250 @@
+"""``simattn bench paper --only peers``: every registered attention kind side by side, at DeiT-T size and on digits.
+
+The softmax-free attentions published after SimA report DeiT-T (or Swin-T, PVT-T) results with their own code;
+here every kind runs in the same network, counted, timed and trained the same way:
+
+* **Costs** (:func:`run_peer_costs`): params, GMACs and exp-like evaluations per image of each kind's DeiT-T at
+  224 px, batch 1 (:func:`simattn.bench.paper_tables.measure_row`), beside the paper's DeiT-T figures
+  (:data:`PEER_PAPERS`) where the paper has a DeiT-T row. A kind's DeiT-T is its own registered
+  ``<kind>_deit_tiny_patch16_224`` where there is one (with that model's settings: Agent-DeiT's agents and biases,
+  sigmoid attention's qk-LayerNorm), otherwise DeiT-T's layout with the kind's default options
+  (``sima_deit_tiny_patch16_224`` with ``attn_type=<kind>``).
+* **Latency** (:func:`run_peer_latency`): forward of the same model at 197 tokens (224 px) and 785 tokens (448 px,
+  the position embedding resampled), batch 1, inference mode, on this CPU at the command's thread count.
+* **Digits** (:func:`run_peer_digits`): every kind trained by the one training engine
+  (:func:`simattn.bench.paper_tables.run_digits`, the ``paper_digits_cpu`` recipe: 20 epochs), seeds 0-2, top-1
+  mean ± spread, and the check each new kind is held to: no non-finite step (the engine stops a run at the first
+  one) and a mean top-1 within :data:`DIGITS_MARGIN` points of softmax's.
+
+:func:`peers_records` joins the three by kind; :func:`peers_markdown` and :func:`plot_peers` write the table and the
+figure. A part left out (no digits run, no timing) leaves its columns empty.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from ..attention import list_attentions
+from .report import markdown_table, new_figure, progress, save_figure
+
+__all__ = ["PeerPaper", "PEER_PAPERS", "DIGITS_MARGIN", "PEER_TOKENS", "peer_model", "registered_kinds",
+           "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check", "peers_records", "peers_markdown",
+           "plot_peers"]
+
+
+@dataclass(frozen=True)
+class PeerPaper:
+    """A paper's DeiT-T row (``params_m``, ``gflops`` as the paper counts them: multiply-adds, ``top1`` on
+    ImageNet-1k), or only ``note`` where the paper has none."""
+
+    method: str
+    params_m: Optional[float] = None
+    gflops: Optional[float] = None
+    top1: Optional[float] = None
+    note: str = ""
+
+
+#: the papers' DeiT-T figures (ImageNet-1k, 224 px) of the kinds that have one; DeiT-T itself for softmax
+PEER_PAPERS: Dict[str, PeerPaper] = {
+    "softmax": PeerPaper("DeiT-T (Touvron et al.)", 5.7, 1.3, 72.2),
+    "agent": PeerPaper("Agent-DeiT-T (Han et al., ECCV 2024)", 6.0, 1.2, 74.9),
+    "inline": PeerPaper("InLine-DeiT-T (Han et al., NeurIPS 2024)", top1=74.5,
+                        note="its params and FLOPs are not recorded here"),
+    "slab": PeerPaper("SLAB-DeiT-T (Guo et al., ICML 2024)", top1=74.3, note="its params and FLOPs are not recorded here"),
+    "flatten": PeerPaper("FLatten (Han et al., ICCV 2023)", note="no DeiT-T row (Swin-T 82.1, PVT-T 77.8)"),
+    "polaformer": PeerPaper("PolaFormer (Meng et al., ICLR 2025)", note="no DeiT-T row (Swin-T 82.6, PVT-T 78.8)"),
+    "sigmoid": PeerPaper("Sigmoid attention (Ramapuram et al., ICLR 2025)",
+                         note="no DeiT-T row (ViT-B/16, reported to match softmax)"),
+}
+#: a kind passes the digits check within this many points of softmax's mean top-1
+DIGITS_MARGIN = 10.0
+#: the latency points: tokens → image size (16 px patches and a class token)
+PEER_TOKENS = {197: 224, 785: 448}
+
+
+def peer_model(kind: str) -> Tuple[str, Dict[str, Any]]:
+    """The DeiT-T model of ``kind``: its own ``<kind>_deit_tiny_patch16_224`` if registered, else DeiT-T's layout
+    with the kind (and its default options)."""
+    from ..models import list_models
+
+    own = f"{kind}_deit_tiny_patch16_224"
+    if own in list_models():
+        return own, {}
+    return "sima_deit_tiny_patch16_224", {"attn_type": kind}
+
+
+def _paper_row(kind: str):
+    from .paper_tables import PaperModel
+
+    model, kwargs = peer_model(kind)
+    paper = PEER_PAPERS.get(kind)
+    figures = {} if paper is None else {"params_m": paper.params_m, "gflops": paper.gflops, "top1": paper.top1}
+    return PaperModel(paper.method if paper else kind, model, kind, figures, model_kwargs=kwargs)
+
+
+def run_peer_costs(kinds: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Params, GMACs and exp counts per image of each kind's DeiT-T at 224 px; a kind whose model fails to build
+    or run gets its error instead."""
+    from .paper_tables import measure_row
+
+    records, notes = [], []
+    for kind in progress(list(kinds), "peers: costs", str):
+        try:
+            rec = measure_row(_paper_row(kind))
+        except (RuntimeError, ValueError) as e:
+            records.append({"kind": kind, "error": str(e).splitlines()[0]})
+            continue
+        rec["kind"] = kind
+        records.append(rec)
+    for kind, paper in PEER_PAPERS.items():
+        if paper.note and kind in kinds:
+            notes.append(f"{kind}: {paper.method}: {paper.note}.")
+    return records, notes
+
+
+def run_peer_latency(kinds: Sequence[str], *, repeats: int = 5, warmup: int = 1) -> List[Dict[str, Any]]:
+    """Forward latency (median ms) of each kind's DeiT-T at each of :data:`PEER_TOKENS`, batch 1."""
+    from ..models.factory import create_model
+    from ..utils.timing import time_fn
+
+    records = []
+    for kind in progress(list(kinds), "peers: latency", str):
+        model_name, kwargs = peer_model(kind)
+        rec: Dict[str, Any] = {"kind": kind}
+        try:
+            torch.manual_seed(0)
+            model = create_model(model_name, **kwargs).eval()
+            for tokens, size in PEER_TOKENS.items():
+                x = torch.randn(1, 3, size, size)
+                with torch.inference_mode():
+                    rec[f"latency_{tokens}_ms"] = time_fn(lambda: model(x), warmup=warmup, repeats=repeats)["median_ms"]
+        except (RuntimeError, ValueError) as e:
+            rec["latency_error"] = str(e).splitlines()[0]
+        records.append(rec)
+    return records
+
+
+def run_peer_digits(kinds: Sequence[str], seeds: Sequence[int], out: Path, recipe: str = "paper_digits_cpu",
+                    overrides: Optional[Mapping[str, Any]] = None) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Train every kind on digits (:func:`simattn.bench.paper_tables.run_digits`) and add the check
+    (:func:`digits_check`; it needs softmax among ``kinds``)."""
+    from .paper_tables import run_digits
+
+    records, notes = run_digits(kinds, seeds, out, recipe, overrides)
+    return digits_check(records), notes
+
+
+def digits_check(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """Each digits record with ``nonfinite_steps`` (skipped updates, plus runs stopped by a non-finite loss),
+    ``gap_to_softmax`` (points) and ``passes`` (no failed run, no non-finite step, within the margin)."""
+    softmax = next((r.get("top1_mean") for r in records if r["kind"] == "softmax"), None)
+    checked = []
+    for rec in records:
+        runs = rec.get("runs", [])
+        nonfinite = sum(r.get("nonfinite_skipped", 0) for r in runs) + \
+            sum("non-finite" in r.get("error", "") for r in runs)
+        mean = rec.get("top1_mean")
+        gap = None if mean is None or softmax is None else mean - softmax
+        passes = (gap is not None and gap >= -DIGITS_MARGIN and nonfinite == 0 and not rec.get("failed")
+                  and len(runs) > 0)
+        checked.append({**rec, "nonfinite_steps": nonfinite, "gap_to_softmax": gap, "passes": passes})
+    return checked
+
+
+def _gap(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
+    return None if ours is None or not paper else (ours / paper - 1) * 100
+
+
+def peers_records(kinds: Sequence[str], costs: Sequence[Mapping[str, Any]] = (),
+                  latency: Sequence[Mapping[str, Any]] = (),
+                  digits: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
+    """One row per kind: what each part measured (parts not run leave their columns out) and the paper's DeiT-T
+    figures."""
+    by_kind = {}
+    for part in (costs, latency, digits):
+        for rec in part:
+            by_kind.setdefault(rec["kind"], {}).update(rec)
+    rows = []
+    for kind in kinds:
+        got = by_kind.get(kind, {})
+        paper = PEER_PAPERS.get(kind, PeerPaper(""))
+        model, _ = peer_model(kind)
+        row = {"kind": kind, "model": model, "exp_class": got.get("exp_class"),
+               "params_m": got.get("params_m"), "paper_params_m": paper.params_m,
+               "params_gap_pct": _gap(got.get("params_m"), paper.params_m), "gmacs": got.get("gmacs"),
+               "paper_gflops": paper.gflops, "gmacs_gap_pct": _gap(got.get("gmacs"), paper.gflops),
+               "exp_kind": got.get("exp_kind"), "exp_other": got.get("exp_other_attention"),
+               "paper_top1": paper.top1}
+        row.update({f"latency_{t}_ms": got.get(f"latency_{t}_ms") for t in PEER_TOKENS})
+        for key in ("top1_mean", "top1_spread", "seeds", "nonfinite_steps", "gap_to_softmax", "passes"):
+            row[key] = got.get(key)
+        errors = [got[k] for k in ("error", "latency_error") if got.get(k)]
+        row["error"] = "; ".join(errors) or None
+        rows.append(row)
+    return rows
+
+
+def peers_markdown(rows: Sequence[Mapping[str, Any]], notes: Sequence[str], recipe: str,
+                   seeds: Sequence[int]) -> str:
+    cols = ["kind", "model", "exp_class", "params_m", "paper_params_m", "params_gap_pct", "gmacs", "paper_gflops",
+            "gmacs_gap_pct", "exp_kind", "paper_top1"] + [f"latency_{t}_ms" for t in PEER_TOKENS] + \
+           ["top1_mean", "top1_spread", "gap_to_softmax", "nonfinite_steps", "passes", "error"]
+    heads = ["kind", "DeiT-T model", "exp class", "params (M)", "paper (M)", "gap %", "GMACs", "paper FLOPs (G)",
+             "gap %", "exp / image", "paper DeiT-T top-1"] + [f"CPU ms, {t} tokens" for t in PEER_TOKENS] + \
+            ["digits top-1 mean", "± (std)", "vs softmax", "non-finite steps",
+             f"no non-finite step, within {DIGITS_MARGIN:g} of softmax", "error"]
+    text = (f"Params, GMACs (multiply-adds, the papers' FLOPs) and exp-like evaluations per image (inside the "
+            f"kind's attention) of each kind's DeiT-T at 224 px, batch 1; CPU forward latency p50 at batch 1 "
+            f"(197 tokens: 224 px, 785: 448 px); digits: recipe `{recipe}`, seeds {', '.join(map(str, seeds))}, "
+            f"top-1 at the last epoch, every kind through the same training engine. The paper column is each "
+            f"paper's DeiT-T on ImageNet-1k where it has one.")
+    return "\n".join([markdown_table(rows, cols, heads), "", text, ""] + [f"- {n}" for n in notes])
+
+
+def plot_peers(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> None:
+    """Left: digits top-1 per kind (mean ± std; softmax's mean and the margin below it as lines). Right: CPU
+    latency per kind at each token count (log scale)."""
+    import numpy as np
+
+    fig, axes = new_figure(2, size=6.5)
+    kinds = [r["kind"] for r in rows]
+    xs = np.arange(len(kinds))
+    means = [r["top1_mean"] if r.get("top1_mean") is not None else np.nan for r in rows]
+    spreads = [r["top1_spread"] or 0.0 for r in rows]
+    colors = ["tab:green" if r.get("passes") else "tab:red" if r.get("passes") is False else "tab:gray"
+              for r in rows]
+    axes[0].bar(xs, means, yerr=spreads, color=colors, capsize=3)
+    softmax = next((r["top1_mean"] for r in rows if r["kind"] == "softmax" and r.get("top1_mean") is not None), None)
+    if softmax is not None:
+        axes[0].axhline(softmax, color="k", linewidth=0.8, label="softmax")
+        axes[0].axhline(softmax - DIGITS_MARGIN, color="k", linestyle="--", linewidth=0.8,
+                        label=f"softmax − {DIGITS_MARGIN:g}")
+        axes[0].legend(fontsize=7)
+    axes[0].set_ylim(0, 100)
+    axes[0].set_ylabel("digits top-1 (%), mean ± std over seeds")
+    axes[0].set_title("digits (green: passes the check)", fontsize=9)
+    width = 0.8 / len(PEER_TOKENS)
+    for j, tokens in enumerate(PEER_TOKENS):
+        values = [r.get(f"latency_{tokens}_ms") or np.nan for r in rows]
+        axes[1].bar(xs + (j - (len(PEER_TOKENS) - 1) / 2) * width, values, width, label=f"{tokens} tokens")
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("DeiT-T forward p50 (ms), batch 1")
+    axes[1].legend(fontsize=7)
+    axes[1].set_title("CPU latency", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(xs, kinds, rotation=45, ha="right", fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+
+
+def registered_kinds(kinds: Optional[Sequence[str]] = None) -> Tuple[List[str], List[str]]:
+    """``kinds`` (default every registered one) that are registered, softmax first (every check compares with it),
+    and a note per one that is not."""
+    known = list_attentions()
+    asked = list(dict.fromkeys(["softmax", *(kinds or known)]))
+    return [k for k in asked if k in known], [f"{k} not run: attention kind {k!r} is not registered here"
+                                              for k in asked if k not in known]
