@@ -68,7 +68,7 @@ def _job(job):
 
     shared = []
     _compile_only(shared)
-    linear_triton._MAX_CALLS = 0  # no launch plan is kept, so every call goes through the (compiling) autotuners
+    linear_triton._call = lambda key, build: build()  # no launch plan kept: every call meets the autotuners
     device = "cuda"
     if sm90_here:
         from triton.runtime import driver

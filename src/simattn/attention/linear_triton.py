@@ -118,7 +118,7 @@ def dry_run(multiprocessors: int = 132) -> Iterator[None]:
 def _tuning() -> bool:
     """Whether launch configurations are autotuned on a GPU: yes unless ``SIMATTN_TRITON_AUTOTUNE=0``, which runs
     each kernel in its first configuration without timing any (quick checks and tests, which compile each shape
-    once instead of once per configuration)."""
+    once instead of once per configuration). Read when a call signature is first planned."""
     return os.environ.get("SIMATTN_TRITON_AUTOTUNE", "1") != "0"
 
 
@@ -224,9 +224,11 @@ def _mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
     return (0, 0) if mask is None else mask.stride()
 
 
-def _signature(*tensors) -> tuple:
-    """What a call's plan depends on in its tensors (None for those absent): shapes, strides, dtypes, device."""
-    return tuple(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in tensors)
+def _signature(q, k, v, mask, q_mask) -> tuple:
+    """What a call's plan depends on in its inputs: shapes, strides, dtypes, device (the masks' shapes, dtype and
+    device follow from q's and k's, checked by the caller)."""
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            None if mask is None else mask.stride(), None if q_mask is None else q_mask.stride())
 
 
 def _call(key: tuple, build):
@@ -361,19 +363,21 @@ def _tf32() -> bool:
 
 def _forward(kind: str, q, k, v, mask, q_mask, gamma, eps: float, bf16: bool, out_dtype: torch.dtype, save: bool):
     """The forward's outputs (:class:`_ForwardCall`), planned once per signature."""
-    dry, tune = _dry_sms, _tuning()
-    key = ("fwd", kind, _signature(q, k, v, mask, q_mask), gamma is not None, eps, bf16, out_dtype, save, dry, tune,
+    dry = _dry_sms
+    key = (kind, _signature(q, k, v, mask, q_mask), gamma is not None, eps, bf16, out_dtype, save, dry,
            q.dtype == torch.float32 and _tf32())
     call = _call(key, lambda: _ForwardCall(kind, q, k, v, mask, q_mask, eps, bf16, out_dtype, save,
-                                           _Mode(kind, q.device, dry, tune)))
+                                           _Mode(kind, q.device, dry, _tuning())))
     return call(q, k, v, mask, q_mask, gamma)
 
 
 def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
     """SimA's gradients (:class:`_BackwardCall`), planned once per signature."""
-    dry, tune = _dry_sms, _tuning()
-    key = ("bwd", _signature(g, q, k, v, mask, q_mask), eps, bf16, dry, tune, q.dtype == torch.float32 and _tf32())
-    call = _call(key, lambda: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16, _Mode("sima", q.device, dry, tune)))
+    dry = _dry_sms
+    key = ("sima backward", _signature(q, k, v, mask, q_mask), g.shape, g.stride(), g.dtype, eps, bf16, dry,
+           q.dtype == torch.float32 and _tf32())
+    call = _call(key, lambda: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16,
+                                            _Mode("sima", q.device, dry, _tuning())))
     return call(g, q, k, v, mask, q_mask, kvn, s_q, s_k)
 
 
