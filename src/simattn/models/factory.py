@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors
+from ..utils.io import (CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors,
+                        shape_mismatches)
 from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
 from .hub import resolve_weights
@@ -193,7 +194,13 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     model = create_model(spec["model"], **spec["config"])
     spec["num_classes"] = getattr(model, "num_classes", spec["num_classes"])
     if weights is not None:
-        load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]))
+        try:
+            load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]))
+        except CheckpointError as e:
+            if stored or "does not fit" not in str(e):
+                raise
+            raise CheckpointError(f"{e}; the file does not record its model: pass the --model-kwargs it was built "
+                                  "with") from None
         bad = non_finite_tensors(model)
         if bad:  # a diverged run's weights: every map, metric or export made from them would be meaningless
             tensor = model.state_dict()[bad[0]]
@@ -303,7 +310,7 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
         elif key not in own:
             report.unexpected.append(key)
         elif value.shape != own[key].shape:
-            wrong.append(f"{key} {tuple(value.shape)} vs {tuple(own[key].shape)}")
+            wrong.append(key)
         else:
             keep[key] = value
             if key in raw and raw[key].shape != value.shape:
@@ -313,7 +320,8 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
             (report.reset if key.startswith(heads) else report.missing).append(key)
     name = model_name or type(model).__name__
     if wrong:
-        raise CheckpointError(f"initial weights {path} do not fit {name}: shape mismatch: {_names(wrong)}")
+        raise CheckpointError(f"initial weights {path} do not fit {name}: shape mismatch: "
+                              f"{_names(shape_mismatches(wrong, raw, sd, own), 2)}")
     if not keep:
         raise CheckpointError(f"initial weights {path} do not fit {name}: none of their {len(sd)} tensors match "
                               f"the model's names (e.g. {_names(sorted(sd), 3)} vs {_names(list(own), 3)})")

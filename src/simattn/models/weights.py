@@ -200,11 +200,7 @@ def read_weights_record(path: PathLike) -> Optional[WeightsRecord]:
     if not path.is_file():
         raise FileNotFoundError(f"weights file not found: {path}")
     if path.suffix == ".safetensors":
-        try:
-            meta = read_safetensors_metadata(path)
-        except Exception as e:  # safetensors raises several types for a damaged header
-            raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
-        return parse_weights_metadata(meta, path)
+        return parse_weights_metadata(read_safetensors_metadata(path), path)
     state = load_checkpoint(path)
     if not isinstance(state.get("model_name"), str):
         return None

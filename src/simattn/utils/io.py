@@ -26,7 +26,7 @@ __all__ = [
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
     "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_file", "check_new_folder",
-    "atomic_folder",
+    "atomic_folder", "unreadable_checkpoint", "shape_mismatches",
 ]
 
 
@@ -267,19 +267,32 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         from safetensors.torch import load_file
         try:
             return load_file(str(path), device=str(map_location))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"cannot read safetensors file {path}: {e}") from None
+        except (SafetensorError, ValueError):
+            raise unreadable_checkpoint(path) from None
     try:
         obj = torch.load(path, map_location=map_location, weights_only=True)
     except OSError:
         raise
     except Exception as e:  # torch raises many types for corrupt files (RuntimeError, EOFError, UnpicklingError)
-        first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
-        reason = f"{type(e).__name__}: {first}" if first else type(e).__name__
-        raise CheckpointError(f"cannot read checkpoint {path} (truncated or not a checkpoint): {reason}") from None
+        raise unreadable_checkpoint(path, e) from None
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return dict(obj)
+
+
+def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None) -> CheckpointError:
+    """The one-line error for a file that is not a checkpoint we can read (truncated, damaged or another kind of
+    file), in our words rather than the reading library's; ``error`` is what it raised. A checkpoint that holds
+    Python objects ``weights_only=True`` refuses is named as such, with the object."""
+    import re
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error or ""))
+    if found:
+        return CheckpointError(f"cannot read checkpoint {path}: it holds a Python object ({found.group(1)}) beside "
+                               "its tensors, which loading with weights_only=True refuses; save its state dict "
+                               "alone where the file is trusted")
+    kind = "safetensors" if Path(path).suffix == ".safetensors" else "PyTorch"
+    return CheckpointError(f"cannot read checkpoint {path}: truncated or not a checkpoint (not a readable {kind} "
+                           "file); copy it again or name another file")
 
 
 def extract_state_dict(checkpoint: Mapping[str, Any], use_ema: bool = False) -> Dict[str, torch.Tensor]:
@@ -304,24 +317,29 @@ def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict
     unexpected and mis-shaped keys are reported by name in a :class:`CheckpointError`; the model is only modified
     when everything fits.
     """
-    sd = extract_state_dict(load_checkpoint(path), use_ema=use_ema)
-    if filter_fn is not None:
-        sd = filter_fn(sd, model)
+    raw = extract_state_dict(load_checkpoint(path), use_ema=use_ema)
+    sd = filter_fn(dict(raw), model) if filter_fn is not None else raw
     own = model.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
-    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in sd and sd[k].shape != own[k].shape]
+    shapes = shape_mismatches([k for k in own if k in sd and sd[k].shape != own[k].shape], raw, sd, own)
     if shapes or (strict and (missing or unexpected)):
-        parts = []
-        if missing:
-            parts.append(f"missing keys: {_names(missing)}")
-        if unexpected:
-            parts.append(f"unexpected keys: {_names(unexpected)}")
-        if shapes:
-            parts.append(f"shape mismatch: {_names(shapes)}")
+        parts = [f"{what}: {_names(names, 2)}" for what, names in (
+            ("shape mismatch", shapes), ("missing keys", missing), ("unexpected keys", unexpected)) if names]
         raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(parts))
     model.load_state_dict(sd, strict=strict)
     return {"missing": missing, "unexpected": unexpected}
+
+
+def shape_mismatches(keys: List[str], raw: Mapping[str, torch.Tensor], filtered: Mapping[str, torch.Tensor],
+                     own: Mapping[str, torch.Tensor]) -> List[str]:
+    """``'pos_embed (1, 17, 64) in the file vs (1, 197, 192) in the model'`` for each of ``keys`` (the first
+    spelled out, the others ``'name (file) vs (model)'``). The shape is the file's (``raw``), before a checkpoint
+    filter resampled it (``filtered``): the one the user can check against the file."""
+    out = [f"{k} {tuple((raw[k] if k in raw else filtered[k]).shape)} vs {tuple(own[k].shape)}" for k in keys]
+    if out:
+        out[0] = out[0].replace(" vs ", " in the file vs ", 1) + " in the model"
+    return out
 
 
 def _names(items, limit: int = 8) -> str:
@@ -356,7 +374,11 @@ def save_safetensors(model_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], 
 
 
 def read_safetensors_metadata(path: PathLike) -> Dict[str, str]:
-    """The metadata dict stored in a safetensors file (e.g. ``model`` and ``config``)."""
-    from safetensors import safe_open
-    with safe_open(str(path), framework="pt") as f:
-        return dict(f.metadata() or {})
+    """The metadata dict stored in a safetensors file (e.g. ``model`` and ``config``); a
+    :func:`unreadable_checkpoint` error for a damaged file."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, ValueError):
+        raise unreadable_checkpoint(path) from None
