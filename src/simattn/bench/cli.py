@@ -9,8 +9,8 @@ BENCHES = {
     "data": ("simattn.bench.data", "decode + augment throughput of a folder, tar shards and a saved HF dataset of "
                                    "the same images, beside the model's training throughput"),
     "model": ("simattn.bench.model.cli", "latency, throughput, exp/FLOP counts and memory of registered models"),
-    "paper": ("simattn.bench.paper", "the SimA and SOFT papers' tables and figures on this machine, ours beside "
-                                     "theirs (--only picks: table3 figure_a1 table2 table1 figure1b digits)"),
+    "paper": ("simattn.bench.paper", "the papers' tables and figures regenerated on this machine, their numbers "
+                                     "beside ours (--only picks: {parts})"),
 }
 
 
@@ -111,8 +111,10 @@ def require_cuda(device: str) -> None:
 def main(argv: List[str]) -> int:
     from ..utils.recipe import run_subcommand
 
+    from .paper import PARTS
+
     def bench(module: str) -> Callable[[List[str]], Any]:
         return lambda args: importlib.import_module(module).main(args)
 
-    return run_subcommand("simattn bench", argv, {name: (bench(module), help_)
+    return run_subcommand("simattn bench", argv, {name: (bench(module), help_.format(parts=" ".join(PARTS)))
                                                    for name, (module, help_) in BENCHES.items()}, noun="benchmark")
