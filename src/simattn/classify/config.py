@@ -99,6 +99,20 @@ class TrainConfig(EngineConfig):
                              "data is fed at the other; give one of them, or the same size to both")
         return self
 
+    def check_run(self) -> "TrainConfig":
+        """:meth:`validate`, then what the run checks before it builds anything: a model timm knows, its kwargs in
+        their declared ranges, a data directory for data on disk."""
+        self.validate()
+        from ..models._checks import check_model_kwargs
+        from ..models.factory import check_model_name
+        check_model_name(self.model)
+        if self.model_kwargs_build_the_model:
+            check_model_kwargs(self.model, self.model_kwargs)
+        if self.data_dir is None and self.dataset in _datasets_on_disk():
+            raise ValueError(f"dataset {self.dataset!r} is read from disk and needs a data directory: give --data-dir "
+                             "DIR (data_dir in a recipe), or --dataset digits for the embedded data")
+        return self
+
 
 def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:
     """Defaults, then the YAML ``recipe`` (a path or shipped name), then ``overrides``; every option checked.

@@ -45,7 +45,8 @@ class EngineConfig:
     sched_on_updates: bool = option(False, "step the schedule every update instead of every epoch")
     decay_rate: float = option(0.1, "poly: the power of the decay; step/multistep: the factor per decay",
                                low=0.0, low_open=True)
-    warmup_epochs: float = option(5, "linear warmup length", low=0.0)
+    warmup_epochs: float = option(5, "linear warmup length (at most a quarter of the run: a longer one is shortened, "
+                                     "with a note)", low=0.0)
     warmup_lr: float = option(1e-6, "learning rate at the start of warmup", low=0.0)
     min_lr: float = option(1e-5, "floor of the decayed learning rate", low=0.0)
     cooldown_epochs: int = option(0, "epochs at min_lr after the schedule", low=0)
@@ -95,6 +96,12 @@ class EngineConfig:
             raise ValueError("option 'resume': 'auto' continues <output>/last.pth, so it needs an output folder "
                              "(--output); or give the checkpoint's path")
         return self
+
+    def check_run(self) -> "EngineConfig":
+        """:meth:`validate`, and what a task checks before its run builds anything (its model and data can be
+        found): the one check of a run and of ``--print-config``. A recipe may load without it (a shipped ImageNet
+        recipe leaves ``data_dir`` to the command line)."""
+        return self.validate()
 
 
 def scaled_lr(cfg: EngineConfig, world_size: int = 1) -> float:

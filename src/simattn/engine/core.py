@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ from .log import MetricsLog
 from .state import load_train_state, resume_path, resume_run, save_run
 
 __all__ = ["Engine", "RunResult", "run", "session", "ENGINE_FILES", "build_optimizer", "build_scheduler", "scaled_lr",
-           "option_value"]
+           "option_value", "WARMUP_SHARE", "run_warmup_epochs"]
 
 #: the files the engine writes into every run folder (a task adds its own: ``Engine.task_files``)
 ENGINE_FILES = ("last.pth", "metrics.jsonl", "summary.json", "summary.csv", "config.yaml")
@@ -94,12 +95,32 @@ def build_optimizer(cfg: EngineConfig, model: nn.Module, world_size: int = 1) ->
     return optimizer, lr
 
 
+#: the largest share of a run its warm-up may take: a recipe's warm-up in a run cut short with ``--epochs`` would
+#: otherwise fill the run (the lr never reaching its peak) or leave the decay a few updates
+WARMUP_SHARE = 0.25
+
+
+def run_warmup_epochs(cfg: EngineConfig) -> float:
+    """The warm-up a run of ``cfg`` gets: ``warmup_epochs``, at most :data:`WARMUP_SHARE` of the run (in whole epochs
+    when the schedule steps per epoch)."""
+    cap = cfg.epochs * WARMUP_SHARE
+    return min(cfg.warmup_epochs, cap if cfg.sched_on_updates else math.floor(cap))
+
+
 def build_scheduler(cfg: EngineConfig, optimizer: torch.optim.Optimizer, updates_per_epoch: int):
-    """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown)."""
-    return create_scheduler_v2(
-        optimizer, sched=cfg.sched, num_epochs=cfg.epochs, warmup_epochs=cfg.warmup_epochs,
-        warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr, cooldown_epochs=cfg.cooldown_epochs, decay_rate=cfg.decay_rate,
-        step_on_epochs=not cfg.sched_on_updates, updates_per_epoch=updates_per_epoch)
+    """timm ``create_scheduler_v2`` → (scheduler or None, total epochs including cooldown).
+
+    A warm-up shortened by :func:`run_warmup_epochs` comes before the decay, which starts at the peak lr the warm-up
+    ends on (timm's warm-up otherwise overlaps the decay's first epochs, a step down that is small only while the
+    warm-up is a small part of the run); every other schedule is timm's as the recipe gives it."""
+    warmup = run_warmup_epochs(cfg)
+    shortened = warmup < cfg.warmup_epochs
+    scheduler, total = create_scheduler_v2(
+        optimizer, sched=cfg.sched, num_epochs=cfg.epochs - warmup if shortened else cfg.epochs,
+        warmup_epochs=warmup, warmup_prefix=shortened, warmup_lr=cfg.warmup_lr, min_lr=cfg.min_lr,
+        cooldown_epochs=cfg.cooldown_epochs, decay_rate=cfg.decay_rate, step_on_epochs=not cfg.sched_on_updates,
+        updates_per_epoch=updates_per_epoch)
+    return scheduler, int(round(total)) if shortened else total
 
 
 @contextlib.contextmanager
@@ -354,7 +375,12 @@ class Engine:
         return build_optimizer(self.cfg, self.model, self.dist.world_size)
 
     def build_scheduler(self):
-        return build_scheduler(self.cfg, self.optimizer, self.updates_per_epoch)
+        warmup, cfg = run_warmup_epochs(self.cfg), self.cfg
+        if warmup < cfg.warmup_epochs and cfg.sched != "none" and self.dist.is_main:
+            print(f"note: warmup_epochs {cfg.warmup_epochs:g} is more than {WARMUP_SHARE:.0%} of this "
+                  f"{cfg.epochs}-epoch run: warming up over {warmup:g} epochs instead, then the {cfg.sched} schedule "
+                  "from the peak lr (--warmup-epochs sets a shorter warm-up)", flush=True)
+        return build_scheduler(cfg, self.optimizer, self.updates_per_epoch)
 
     def train_time(self) -> float:
         """Seconds spent training, over every session of this run (resumed ones included)."""
@@ -592,7 +618,7 @@ def session(cfg: EngineConfig):
     """The process group of one command (joined under torchrun, else created here), its threads, and the run
     folders it holds, given up when its runs are over; ``cfg`` is checked first. Threads, random streams and
     backend flags are put back as they were. Yields the :class:`~simattn.engine.dist.DistInfo`."""
-    cfg.validate()
+    cfg.check_run()
     with preserved_global_state():
         set_threads(cfg.threads)
         created_group = not (torch_dist.is_available() and torch_dist.is_initialized())

@@ -190,13 +190,29 @@ def resume_run(engine: Any, path: Path, state: Mapping[str, Any]) -> int:
     engine.train_time_base = float(state.get("train_time_s", 0.0))
     engine.load_task_state(dict(state.get("task_state") or {}))
     _restore_rank(engine, path, state)
-    if engine.scheduler is not None:
-        engine.scheduler.step(engine.epoch)
-        engine.scheduler.step_update(engine.global_step)
+    _continue_schedule(engine, path, state)
     if engine.dist.is_main:
         print(f"resumed from {path}: epoch {engine.epoch + 1}, update {engine.step_in_epoch}/"
               f"{engine.updates_per_epoch} (global update {engine.global_step})", flush=True)
     return int(state.get("metrics_records", 0))
+
+
+def _continue_schedule(engine: Any, path: Path, state: Mapping[str, Any]) -> None:
+    """The learning rate of this run at the position resumed. timm schedulers are a pure function of the step: the
+    saved state only differs from the one just built when the recipe changed (e.g. more epochs), and then this run's
+    schedule is followed, the schedule of a run as long as this one, which a note says with the lr it moves to."""
+    if engine.scheduler is None:
+        return
+    saved, ignore = state.get("scheduler"), ("metric",)
+    current = {k: v for k, v in engine.scheduler.state_dict().items() if k not in ignore}
+    changed = bool(saved) and {k: v for k, v in saved.items() if k not in ignore} != current
+    saved_lr = engine.optimizer.param_groups[0]["lr"]  # the stopped run's, restored with the optimizer
+    engine.scheduler.step(engine.epoch)
+    engine.scheduler.step_update(engine.global_step)
+    if changed and engine.dist.is_main:
+        print(f"note: the learning-rate schedule differs from the one in {path}; following this run's recipe (a "
+              f"{engine.cfg.epochs}-epoch schedule): the lr moves from {saved_lr:.3g} to "
+              f"{engine.optimizer.param_groups[0]['lr']:.3g} at update {engine.global_step}", flush=True)
 
 
 def _restore_weights(engine: Any, path: Path, state: Mapping[str, Any]) -> None:
@@ -214,15 +230,6 @@ def _restore_weights(engine: Any, path: Path, state: Mapping[str, Any]) -> None:
         engine.precision.load_state_dict(state.get("scaler"))
     except (ValueError, KeyError, RuntimeError) as e:
         raise CheckpointError(f"{path}: optimizer state does not fit this run: {e}") from None
-    # timm schedulers are a pure function of the step: the saved state only differs from the one just built when the
-    # recipe changed (e.g. more epochs), and then the new recipe is the one to follow
-    saved_sched = state.get("scheduler")
-    if engine.scheduler is not None and saved_sched:
-        ignore = ("metric",)
-        current = {k: v for k, v in engine.scheduler.state_dict().items() if k not in ignore}
-        if {k: v for k, v in saved_sched.items() if k not in ignore} != current and engine.dist.is_main:
-            print(f"note: the learning-rate schedule differs from the one in {path}; following this run's recipe",
-                  flush=True)
 
 
 def _restore_rank(engine: Any, path: Path, state: Mapping[str, Any]) -> None:
