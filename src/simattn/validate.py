@@ -1,7 +1,7 @@
 """``simattn validate``: top-1/top-5 accuracy and loss of a model + weights on a dataset, as JSON.
 
-The model name, its kwargs and the preprocessing come from the weights' record (``simattn-weights-v1`` safetensors
-metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
+The model name, its kwargs, the preprocessing and the data come from the weights' record (``simattn-weights-v1``
+safetensors metadata or a ``last.pth`` train state, read by :func:`simattn.models.factory.load_model`), so
 ``simattn validate --weights run/best.safetensors`` reproduces the accuracy training reported. Resolution, crop
 ratio and interpolation can be changed freely. An exported file (``m.onnx``, ``m.pte``, any format of
 :mod:`simattn.deploy` that runs here) is evaluated in its runtime with the preprocessing its record holds, and gives
@@ -27,6 +27,7 @@ import torch
 
 from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
 from .models.hub import resolve_weights
+from .models.weights import read_weights_record
 from .utils.global_state import restores_global_state
 from .utils.io import atomic_write_json, check_outputs
 from .utils.recipe import flag_name
@@ -62,6 +63,8 @@ def _finite_json(result: Dict[str, Any]) -> Dict[str, Any]:
     return {**{k: (None if k in bad else v) for k, v in result.items()}, "non_finite": bad}
 
 
+#: what to do when a classifier's classes are not the dataset's
+OTHER_DATA = "name the data it was trained on with --dataset and --data-dir"
 #: the options that only segmentation weights take (their flags, for errors)
 SEGMENTATION_ONLY = ("mode", "crop_size", "stride", "flip", "scales", "save_predictions")
 #: the options that only classifiers take, with their defaults
@@ -83,7 +86,8 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                      save_predictions: Optional[str | Path] = None) -> Dict[str, Any]:
     """Evaluate ``weights`` (checkpoint or safetensors) on ``dataset``/``split``; returns metrics and settings.
 
-    ``model``/``model_kwargs`` default to what the weights record; the number of classes must match the dataset
+    ``model``/``model_kwargs`` default to what the weights record, and so do ``dataset``, ``data_dir`` and
+    ``split`` (digits' val split for a record that names no data); the number of classes must match the dataset
     (weights that do not record it get the dataset's). Non-finite metrics are None (listed in ``non_finite``).
     Segmentation weights go to :func:`simattn.segment.validation.validate_segmentation` (``mode`` ..
     ``save_predictions`` are theirs; ``dataset`` and ``split`` default to what the weights record).
@@ -113,8 +117,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                          "classifier")
     from .segment.config import SEGMENT_DATASETS
     from .data.factory import DATASETS
-    dataset = dataset or "digits"
-    split = split or "val"
+    dataset, data_dir, split = _recorded_data(weights, dataset, data_dir, split)
     if dataset not in DATASETS:
         only = " (a segmentation dataset)" if dataset in SEGMENT_DATASETS else ""
         raise ValueError(f"--dataset {dataset}{only}: {weights.name} holds a classifier; classification datasets: "
@@ -129,6 +132,25 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                                 batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
                                 amp_dtype=amp_dtype, channels_last=channels_last, show_progress=show_progress,
                                 threads=threads)
+
+
+def _recorded_data(weights: Path, dataset: Optional[str], data_dir: Optional[str], split: Optional[str]):
+    """(dataset, data_dir, split) to score a classifier on: those given, else those its record names (the dataset,
+    and its root and evaluated split when the dataset is the recorded one), else digits' val split (older records
+    name no data)."""
+    from . import deploy
+
+    record = None
+    if weights.is_file():
+        record = deploy.read_metadata(weights) if deploy.for_path(weights) is not None else \
+            read_weights_record(weights)
+    recorded = dict(record.extra) if record is not None else {}
+    name = dataset or recorded.get("dataset") or "digits"
+    same = isinstance(recorded.get("dataset"), str) and name.lower() == recorded["dataset"].lower()
+    if same:
+        data_dir = data_dir if data_dir is not None else recorded.get("data_dir")
+        split = split or recorded.get("val_split")
+    return name, data_dir, split or "val"
 
 
 def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,
@@ -160,7 +182,7 @@ def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Opti
                          "probe) or fine-tune it with simattn train --initial-checkpoint")
     if spec["num_classes"] != n_classes:
         raise ValueError(f"model {spec['model']} has {spec['num_classes']} classes but dataset {dataset!r} has "
-                         f"{n_classes}")
+                         f"{n_classes}: {OTHER_DATA}")
     _check_classes((spec.get("extra") or {}).get("classes"), data, dataset, "the weights")
     net.to(dev)
     if channels_last:
@@ -271,7 +293,7 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     recorded = record.num_classes
     if recorded is not None and recorded != n_classes:
         raise ValueError(f"{path.name} ({record.model}) has {recorded} classes but dataset {dataset!r} has "
-                         f"{n_classes}")
+                         f"{n_classes}: {OTHER_DATA}")
     _check_classes(record.extra.get("classes"), data, dataset, f"{path.name}'s weights")
     net = DeployedModel(path, threads)
     meta = record.data_config
@@ -294,14 +316,14 @@ def _options():
     from .segment.validation import eval_option_specs
     from .utils.recipe import INTERPOLATIONS, Opt, check_device, maybe
     return {
-        "dataset": Opt(None, "classifiers: digits (default) | folder/imagenet | cifar10 | cifar100 | hfds; "
-                             "segmentation weights: the dataset they record (default) | digits | ade20k | voc | "
-                             "cityscapes | folder | hfds",
+        "dataset": Opt(None, "the dataset the weights record (default; digits for a classifier whose record "
+                             "names none) | classifiers: digits | folder/imagenet | cifar10 | cifar100 | hfds; "
+                             "segmentation weights: digits | ade20k | voc | cityscapes | folder | hfds",
                        type=maybe(str), choices=list(dict.fromkeys([*DATASETS, *SEGMENT_DATASETS]))),
-        "data_dir": Opt(None, "dataset root (not used by digits; segmentation weights: default the recorded one)",
-                        type=maybe(str)),
-        "split": Opt(None, "split (sub-folder) to evaluate (default: val, or the split the segmentation run "
-                           "evaluated on)", type=maybe(str)),
+        "data_dir": Opt(None, "dataset root (not used by digits; default: the recorded one, for the recorded "
+                              "dataset)", type=maybe(str)),
+        "split": Opt(None, "split (sub-folder) to evaluate (default: the split the run evaluated on, else val)",
+                     type=maybe(str)),
         "img_size": Opt(None, "evaluation resolution (default: as trained)", type=maybe(int), low=1),
         "crop_pct": Opt(None, "center-crop ratio (default: as trained)", type=maybe(float), low=0.0, high=1.0,
                         low_open=True),
@@ -329,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command_parser("simattn validate",
                        "Top-1/top-5 accuracy and loss of a model + weights on a dataset, printed as JSON; for "
                        "segmentation weights (simattn segment, or a file exported from them), mIoU, mAcc, aAcc and "
-                       "per-class IoU. Model, kwargs, preprocessing (and a segmenter's dataset) default to those "
-                       "recorded with the weights.")
+                       "per-class IoU. Model, kwargs, preprocessing and dataset default to those recorded with the "
+                       "weights.")
     add_model_arguments(p, weights_required=True)
     add_option_flags(p, _options())
     return p

@@ -33,8 +33,8 @@ from .config import TrainConfig
 from .evaluation import evaluate
 from .transforms import build_mixup, build_transform, data_config_for
 
-__all__ = ["train", "Trainer", "TrainResult", "RUN_FILES", "open_datasets", "build_model", "build_optimizer",
-           "build_scheduler", "summary_table"]
+__all__ = ["train", "Trainer", "TrainResult", "RUN_FILES", "open_datasets", "data_record", "build_model",
+           "build_optimizer", "build_scheduler", "summary_table"]
 
 TrainResult = RunResult
 #: the files a training run writes into its folder (``overwrite`` moves them aside until the new run succeeded)
@@ -59,6 +59,13 @@ def open_datasets(cfg: TrainConfig):
             raise ValueError(f"{where}={value} does not match dataset {cfg.dataset!r}, which has {len(classes)} "
                              "classes")
     return train_set, val_set, list(classes)
+
+
+def data_record(cfg: TrainConfig) -> Dict[str, Any]:
+    """What a weights file says about the data it classifies, so that ``simattn validate`` evaluates it there by
+    default: the dataset, its root (when one was given) and the split the run evaluated."""
+    from ..models.weights import DATA_RECORD_KEYS
+    return {k: str(getattr(cfg, k)) for k in DATA_RECORD_KEYS if getattr(cfg, k)}
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
@@ -231,7 +238,7 @@ class Trainer(Engine):
         check_finite_weights(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, producer=self.producer,
                                 recipe=self.cfg.recipe or "", classes=[str(c) for c in self.classes],
-                                **{**self.export_metadata(), **extra})
+                                **{**data_record(self.cfg), **self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
 
 

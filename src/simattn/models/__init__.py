@@ -5,7 +5,7 @@ One file per family (names distinct from timm's own module names, which are regi
 ``sima_cvt`` (CvT with SimA), ``soft_vit`` (SOFT pyramids).
 
 Task packages build, load and start models only through :mod:`simattn.models.factory` (``create_model``,
-``load_model``, ``load_initial_weights``); every ``.safetensors`` file carries the record of
+``load_model``, ``load_initial_weights``, also importable from here); every ``.safetensors`` file carries the record of
 :mod:`simattn.models.weights`. :func:`prepare_for_export` lays a model out for export at one input size.
 
 Graph capture: every model scripts with ``torch.jit.script``, traces with ``torch.fx`` (timm's feature extraction
@@ -20,6 +20,7 @@ from timm.layers import register_notrace_module
 from ..attention import TokenAttention
 from . import segmentation, sima_cvt, sima_vit, sima_xcit, soft_vit, ufo_vit
 from .export_ready import prepare_for_export, revert_sync_batchnorm
+from .factory import create_model, load_initial_weights, load_model
 
 # timm's FX tracing (feature_cls='fx', create_feature_extractor) keeps attention modules whole: each kind picks
 # its matmul order, dtypes and autocast handling from shapes and state in Python.
@@ -35,4 +36,5 @@ def list_models() -> List[str]:
     return sorted(name for family in FAMILIES for name in timm.list_models(module=family))
 
 
-__all__ = ["FAMILIES", "SEGMENTERS", "list_models", "prepare_for_export", "revert_sync_batchnorm"]
+__all__ = ["FAMILIES", "SEGMENTERS", "list_models", "create_model", "load_model", "load_initial_weights",
+           "prepare_for_export", "revert_sync_batchnorm"]

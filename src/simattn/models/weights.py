@@ -11,7 +11,8 @@ Schema ``simattn-weights-v1`` (safetensors metadata is a str → str mapping; "J
                     ``mean``, ``std``, ``crop_pct``, ``interpolation``)
 ``producer``        the command that wrote the file (``simattn train``, ``simattn ssl``, ``simattn convert``, ...)
 ``simattn_version`` the package version that wrote it
-any other key       JSON value: extra facts (metrics, recipe, teacher name, ...), returned in ``extra``
+any other key       JSON value: extra facts (metrics, recipe, teacher name, the data: ``dataset``, ``data_dir``,
+                    ``val_split``, ...), returned in ``extra``
 ==================  ==================================================================================================
 
 ``create_model(meta['model'], **json.loads(meta['config']))`` rebuilds the network the weights fit.
@@ -36,11 +37,14 @@ from torch import nn
 from ..utils.io import CheckpointError, PathLike, load_checkpoint, read_safetensors_metadata, save_safetensors
 
 __all__ = ["WEIGHTS_FORMAT", "WeightsRecord", "weights_metadata", "save_weights", "read_weights_record",
-           "parse_weights_metadata", "export_record", "read_deployed_record", "DATA_CONFIG_KEYS"]
+           "parse_weights_metadata", "export_record", "read_deployed_record", "DATA_CONFIG_KEYS", "DATA_RECORD_KEYS"]
 
 WEIGHTS_FORMAT = "simattn-weights-v1"
 
 _RESERVED = ("format", "model", "config", "num_classes", "data_config", "producer", "simattn_version")
+#: the extra entries that name the data a classifier was trained on (``simattn validate`` scores it there): the
+#: dataset, its root when one was given, and the split the run evaluated
+DATA_RECORD_KEYS = ("dataset", "data_dir", "val_split")
 #: the preprocessing an exported file records (``input_size``, ``mean`` and ``std`` always)
 DATA_CONFIG_KEYS = ("input_size", "mean", "std", "crop_pct", "interpolation")
 
@@ -205,8 +209,10 @@ def read_weights_record(path: PathLike) -> Optional[WeightsRecord]:
     if not isinstance(state.get("model_name"), str):
         return None
     kwargs = dict(state.get("model_kwargs") or {})
+    config = state.get("config") if isinstance(state.get("config"), Mapping) else {}
     return WeightsRecord(model=state["model_name"], model_kwargs=kwargs, num_classes=kwargs.get("num_classes"),
-                         data_config=state.get("data_config"), producer="simattn train", format="train-state")
+                         data_config=state.get("data_config"), producer="simattn train", format="train-state",
+                         extra={k: config[k] for k in DATA_RECORD_KEYS if config.get(k) is not None})
 
 
 def export_record(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any], *,
