@@ -14,6 +14,10 @@ from simattn.attention.agent import agent_attention
 from simattn.attention.cosformer import cosformer_attention
 from simattn.attention.efficient import efficient_attention
 from simattn.attention.elu import elu_attention
+from simattn.attention.flatten import flatten_attention
+from simattn.attention.inline import inline_attention
+from simattn.attention.polaformer import polaformer_attention
+from simattn.attention.slab import slab_attention
 from simattn.attention.linformer import linformer_attention
 from simattn.attention.nystrom import nystrom_attention
 from simattn.attention.performer import orthogonal_random_features, performer_attention
@@ -81,6 +85,18 @@ def _performer_oracle(q, k, v, **kw):
     return R.performer_reference(q, k, v, PERFORMER_FEATURES.to(q.device, _acc(q)), **kw)
 
 
+def _with_params(fn, **fixed):
+    """fn with per-channel tensor options in fp32 for low-precision inputs, as a module's parameters stay (fp64 for
+    fp64 inputs)."""
+    def call(q, k, v, **kw):
+        return fn(q, k, v, **{key: val.to(q.device, _acc(q)) for key, val in fixed.items()}, **kw)
+    return call
+
+
+LINEAR_SCALE = 0.4 + 0.8 * torch.rand(1, H, 1, 16, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+POLA_POWER = 1 + 4 * torch.rand(1, H, 1, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+
 # name → (fast op, oracle, takes different query/key lengths, takes a key mask)
 CASES = {
     "sima_kv_first": (partial(sima_attention, order="kv_first"), partial(R.sima_reference, order="kv_first"), True, True),
@@ -108,6 +124,13 @@ CASES = {
               partial(R.agent_reference, grid_size=SOFT_GRID, pool_side=3), False, False),
     "sigmoid": (sigmoid_attention, R.sigmoid_reference, True, True),
     "sigmoid_bias": (partial(sigmoid_attention, bias=-1.5), partial(R.sigmoid_reference, bias=-1.5), True, True),
+    # per-channel scales s and powers p in [1, 5] as the modules' softplus and 1 + 4·sigmoid give them (d = 16)
+    "flatten": (_with_params(flatten_attention, scale=LINEAR_SCALE),
+                _with_params(R.flatten_reference, scale=LINEAR_SCALE), True, False),
+    "inline": (inline_attention, R.inline_reference, True, False),
+    "slab": (slab_attention, R.slab_reference, True, False),
+    "polaformer": (_with_params(polaformer_attention, power=POLA_POWER, scale=LINEAR_SCALE),
+                   _with_params(R.polaformer_reference, power=POLA_POWER, scale=LINEAR_SCALE), True, False),
 }
 #: cases on the fixed SOFT_GRID (N = 20 tokens only)
 GRID_CASES = {"soft", "nystrom", "cosformer_reweight", "agent"}
@@ -214,6 +237,39 @@ def _agent_module_oracle(m, q, k, v, grid):
     return out
 
 
+def _grid_linear_module_oracle(m, x, q, k, v, grid):
+    """FLatten, InLine, SLAB and PolaFormer: the key encoding, the kind's oracle, the depthwise conv on V and InLine's
+    local branch (its released form: a conv grouped per image and channel), on the grid tokens only."""
+    B, Hh, N, d = q.shape
+    prefix = N - grid[0] * grid[1]
+    zeros = torch.zeros_like(v[:, :, :prefix])
+    if m.positional_encoding is not None:  # on the grid the encoding was built for
+        k = k + torch.cat([zeros, m.positional_encoding.reshape(1, -1, Hh, d).transpose(1, 2).expand_as(v[:, :, prefix:])], 2)
+    if m.attn_name == "flatten":
+        scale = torch.log1p(torch.exp(m.feature_scale)).reshape(1, Hh, 1, d)
+        out = R.flatten_reference(q, k, v, focusing_factor=m.focusing_factor, scale=scale, eps=m.eps)
+    elif m.attn_name == "slab":
+        out = R.slab_reference(q, k, v, eps=m.eps)
+    elif m.attn_name == "polaformer":
+        scale = torch.log1p(torch.exp(m.feature_scale)).reshape(1, Hh, 1, d)
+        out = R.polaformer_reference(q, k, v, power=1 + m.alpha / (1 + torch.exp(-m.power)), scale=scale, eps=m.eps)
+    else:
+        out = R.inline_reference(q, k, v, scale=m.feature_scale)
+    img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, *grid)
+    if m.dwc is not None:
+        ks = m.dwc.kernel_size[0]
+        conv = F.conv2d(img.reshape(B * Hh, d, *grid), m.dwc.weight, m.dwc.bias, padding=ks // 2, groups=d)
+        out = out + torch.cat([zeros, conv.reshape(B, Hh, d, -1).transpose(-2, -1)], dim=2)
+    if getattr(m, "residual", None) is not None:
+        c1, c2 = m.residual[0], m.residual[2]
+        hidden = _gelu(F.conv1d(x.mean(1).unsqueeze(-1), c1.weight, c1.bias, groups=Hh))
+        ks = m.local_kernel
+        kernels = F.conv1d(hidden, c2.weight, c2.bias, groups=Hh).reshape(B * Hh * d, 1, ks, ks)
+        conv = F.conv2d(img.reshape(1, B * Hh * d, *grid), kernels, padding=ks // 2, groups=B * Hh * d)
+        out = out + torch.cat([zeros, conv.reshape(B, Hh, d, -1).transpose(-2, -1)], dim=2)
+    return out
+
+
 def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
     """The module's forward from its parameters and the kind's oracle, in plain torch."""
     B, N, C = x.shape
@@ -257,9 +313,13 @@ def module_oracle(m, x, mask=None, is_causal=False, grid_size=None):
         out = _agent_module_oracle(m, q, k, v, grid_size)
     elif kind == "sigmoid":
         out = R.sigmoid_reference(q, k, v, bias=m.bias, mask=mask)
+    elif kind in ("flatten", "inline", "slab", "polaformer"):
+        out = _grid_linear_module_oracle(m, x, q, k, v, grid_size)
     else:  # pragma: no cover - a kind registered without an oracle must get one here
         raise AssertionError(f"no oracle for attention kind {kind!r}")
     out = out.transpose(1, 2).reshape(B, N, C)
+    if kind == "polaformer":  # its gate xW_g, no activation
+        out = out * (x @ m.g.weight.T + m.g.bias)
     return out @ m.proj.weight.T + m.proj.bias
 
 

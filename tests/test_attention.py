@@ -160,9 +160,12 @@ MODULES = [
     ("agent", {"agent_num": 9, "window": 3, "num_prefix_tokens": 1}),
     ("agent", {"agent_num": 4, "window": 5, "dwc_kernel": 0, "num_prefix_tokens": 0}),
     ("sigmoid", {}), ("sigmoid", {"qk_norm": True, "bias": -2.0}),
+    # key encodings built for the 4×5 grid (zero as initialized here; tests/test_peer_kinds_linear.py moves them)
+    ("flatten", {"num_prefix_tokens": 1, "pos_grid": (4, 5)}), ("inline", {"num_prefix_tokens": 1}),
+    ("slab", {"num_prefix_tokens": 0, "pos_grid": (4, 5)}), ("polaformer", {"num_prefix_tokens": 1, "dwc_kernel": 3}),
 ]
 #: kinds whose module test runs on the 4×5 grid (as ``grid_size``), after ``num_prefix_tokens`` tokens
-_ON_GRID = ("soft", "linformer", "nystrom", "agent")
+_ON_GRID = ("soft", "linformer", "nystrom", "agent", "flatten", "inline", "slab", "polaformer")
 
 
 def test_every_registered_kind_has_a_module_oracle_case():

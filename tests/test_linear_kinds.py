@@ -28,6 +28,9 @@ EXP_CLASS = {"softmax": "HN²", "linformer": "HN²", "performer": "ND", "nystrom
              "cosformer": "0", "sima": "0", "xca": "Hd²", "elu": "ND", "relu": "0", "xnorm": "0"}
 # agent attention: 2·N·n softmax exps per head with n agents fixed; sigmoid attention: one per query-key pair
 EXP_CLASS.update({"agent": "HN", "sigmoid": "HN²"})
+# the linear kinds on the grid: softplus/sigmoid of parameters (FLatten, PolaFormer) and InLine's kernel GELU, per
+# channel whatever N; SLAB's ReLU none
+EXP_CLASS.update({"flatten": "Hd²", "inline": "Hd²", "slab": "0", "polaformer": "Hd²"})
 
 
 # ---------------------------------------------------------------- exp-count class

@@ -10,12 +10,16 @@ from .agent import AgentAttention, agent_attention, agent_attention_reference
 from .cosformer import CosFormerAttention, cosformer_attention, cosformer_attention_reference
 from .efficient import EfficientAttention, efficient_attention, efficient_attention_reference
 from .elu import ELUAttention, elu_attention, elu_attention_reference
+from .flatten import FLattenAttention, flatten_attention, flatten_attention_reference
+from .inline import InLineAttention, inline_attention, inline_attention_reference
 from .linformer import LinformerAttention, linformer_attention, linformer_attention_reference
 from .nystrom import NystromAttention, nystrom_attention, nystrom_attention_reference
 from .performer import (PerformerAttention, orthogonal_random_features, performer_attention,
                         performer_attention_reference)
+from .polaformer import PolaFormerAttention, polaformer_attention, polaformer_attention_reference
 from .relu import ReLUAttention, relu_attention, relu_attention_reference
 from .sima import SimAAttention, sima_attention, sima_attention_reference, sima_normalize
+from .slab import SLABAttention, slab_attention, slab_attention_reference
 from .soft import SoftAttention, pinv_residual, soft_attention
 from .sigmoid import SigmoidAttention, sigmoid_attention, sigmoid_attention_reference
 from .softmax import SoftmaxAttention, softmax_attention, softmax_attention_reference
@@ -39,4 +43,8 @@ __all__ = [
     "CosFormerAttention", "cosformer_attention", "cosformer_attention_reference",
     "AgentAttention", "agent_attention", "agent_attention_reference",
     "SigmoidAttention", "sigmoid_attention", "sigmoid_attention_reference",
+    "FLattenAttention", "flatten_attention", "flatten_attention_reference",
+    "InLineAttention", "inline_attention", "inline_attention_reference",
+    "SLABAttention", "slab_attention", "slab_attention_reference",
+    "PolaFormerAttention", "polaformer_attention", "polaformer_attention_reference",
 ]

@@ -428,3 +428,58 @@ def sigmoid_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
         weights = weights * mask[:, None, None, :].to(weights.dtype)
     return weights @ v
 
+
+# ---------------------------------------------------------------------------------------------------- FLatten, InLine, SLAB, PolaFormer
+__all__ += ["flatten_reference", "inline_reference", "slab_reference", "polaformer_reference"]
+
+
+def flatten_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focusing_factor: float = 3.0,
+                      scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """Han et al. (ICCV 2023): φ(x) = f_p((ReLU(x) + 1e-6) / s), f_p(y) = ‖y‖ / ‖y^p‖ · y^p with the norms over all
+    H·d channels of a token (the released code's layout); A = φ(Q)φ(K)ᵀ, out = A V / (A 1 + N·eps), which is the
+    released φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(K) + eps). ``scale``: a number or (1, H, 1, d)."""
+    def phi(x):
+        y = (_positive_part(x) + 1e-6) / scale
+        B, H, N, d = y.shape
+        tokens = y.transpose(1, 2).reshape(B, N, H * d)
+        powered = tokens ** focusing_factor
+        mapped = powered * torch.linalg.vector_norm(tokens, dim=-1, keepdim=True) \
+            / torch.linalg.vector_norm(powered, dim=-1, keepdim=True)
+        return mapped.reshape(B, N, H, d).transpose(1, 2)
+
+    attn = phi(q) @ phi(k).transpose(-2, -1)
+    return (attn @ v) / (attn.sum(-1, keepdim=True) + k.shape[-2] * eps)
+
+
+def inline_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     scale: Optional[float] = None) -> torch.Tensor:
+    """Han et al. (NeurIPS 2024), injective linear attention with φ(x) = x·√(s/N), s = d^-½ (the released DeiT's):
+    w_ij = φ(q_i)ᵀφ(k_j) − 1/N Σ_m φ(q_i)ᵀφ(k_m) + 1/N (each row sums to 1), out = W V. Without the local branch."""
+    s = q.shape[-1] ** -0.5 if scale is None else scale
+    n = k.shape[-2]
+    logits = (q @ k.transpose(-2, -1)) * (s / n)
+    return (logits - logits.mean(-1, keepdim=True) + 1.0 / n) @ v
+
+
+def slab_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """Guo et al. (ICML 2024), simplified linear attention without its conv: A = ReLU(Q)ReLU(K)ᵀ,
+    out = A V / (A 1 + eps)."""
+    attn = _positive_part(q) @ _positive_part(k).transpose(-2, -1)
+    return (attn @ v) / (attn.sum(-1, keepdim=True) + eps)
+
+
+def polaformer_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, power: Union[float, torch.Tensor],
+                         scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6) -> torch.Tensor:
+    """Meng et al. (ICLR 2025), polarity-aware linear attention without its conv and gate: with q, k divided by s,
+    x⁺ = max(x, 0)^p and x⁻ = max(−x, 0)^p (p per channel), the same-sign weights A_s = q⁺k⁺ᵀ + q⁻k⁻ᵀ weight the
+    first half of V's channels, the opposite-sign A_o = q⁺k⁻ᵀ + q⁻k⁺ᵀ the second; each out = A V / (A 1 + N·eps),
+    the released φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(K) + eps). ``power``, ``scale``: numbers or (1, H, 1, d)."""
+    q, k = q / scale, k / scale
+    q_pos, q_neg = _positive_part(q) ** power, _positive_part(-q) ** power
+    k_pos, k_neg = _positive_part(k) ** power, _positive_part(-k) ** power
+    same = q_pos @ k_pos.transpose(-2, -1) + q_neg @ k_neg.transpose(-2, -1)
+    opposite = q_pos @ k_neg.transpose(-2, -1) + q_neg @ k_pos.transpose(-2, -1)
+    n, half = k.shape[-2], v.shape[-1] // 2
+    out_same = (same @ v[..., :half]) / (same.sum(-1, keepdim=True) + n * eps)
+    out_opposite = (opposite @ v[..., half:]) / (opposite.sum(-1, keepdim=True) + n * eps)
+    return torch.cat([out_same, out_opposite], dim=-1)

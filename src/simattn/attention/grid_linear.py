@@ -1,0 +1,129 @@
+"""The module skeleton of the linear kinds that work on the 2-D token grid: FLatten, InLine, SLAB and PolaFormer.
+
+Their released modules share two pieces around the attention itself, both on the grid tokens only (prefix tokens,
+a class token, take part in the attention but not in the grid's convolutions and encodings):
+
+- ``dwc``: a depthwise k×k convolution of V over the grid, added to the attention's output; one filter bank of the
+  head dim, shared by all heads (their ``Conv2d(d, d, k, groups=d)`` on (B·H, d, H, W)). FLatten calls it the rank
+  restoration module.
+- ``positional_encoding``: a learned (1, H·W, C) encoding added to k (zero at initialization). Built for the grid
+  ``pos_grid``; other grids get it resampled bicubically (antialiased), as timm resamples position embeddings.
+
+The grid comes as ``grid_size`` or is inferred as SOFT's (a square grid after 0 or 1 prefix tokens). Neither piece
+fits a token mask or keys of another length, so the kinds take neither.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._common import check_count, check_positive
+from .base import TokenAttention
+from .soft import infer_grid, scripted_grid
+
+__all__ = ["GridLinearAttention", "grid_image", "grid_tokens", "key_position", "per_channel"]
+
+
+def per_channel(owner: str, name: str, value, q: torch.Tensor):
+    """A per-channel option of q (B, H, N, d) (FLatten's and PolaFormer's scale, PolaFormer's power): a finite
+    number > 0, or a tensor on q's device with one value per channel (H·d values, e.g. shaped (H, d) or the released
+    (1, 1, H·d)), returned shaped (1, H, 1, d). A one-line ValueError otherwise. Shapes only, no values: reading them
+    would wait for the GPU."""
+    if not torch.is_tensor(value):
+        return check_positive(owner, name, value)
+    H, d = q.shape[1], q.shape[-1]
+    if value.device != q.device:
+        raise ValueError(f"{owner}: {name} is on {value.device} but q is on {q.device}; allowed: one device")
+    if value.numel() != H * d:
+        raise ValueError(f"{owner}: {name} has shape {tuple(value.shape)}; expected one value per channel: "
+                         f"{H} heads x {d} = {H * d} values, e.g. shaped ({H}, {d})")
+    return value.reshape(1, H, 1, d)
+
+
+def grid_image(x: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
+    """The grid tokens of x (B, H, N, d) as (B·H, d, H, W) images, each head's channels one image."""
+    B, Hh, N, d = x.shape
+    return x[:, :, prefix:].reshape(B * Hh, grid[0], grid[1], d).permute(0, 3, 1, 2)
+
+
+def grid_tokens(img: torch.Tensor, heads: int, prefix: int) -> torch.Tensor:
+    """(B·H, d, H, W) images back as (B, H, P + H·W, d) tokens, zeros for the ``prefix`` leading tokens."""
+    BH, d = img.shape[0], img.shape[1]
+    out = img.flatten(2).transpose(1, 2).reshape(BH // heads, heads, -1, d)
+    return F.pad(out, [0, 0, prefix, 0])
+
+
+def key_position(k: torch.Tensor, encoding: torch.Tensor, pos_grid: Tuple[int, int], grid: Tuple[int, int],
+                 prefix: int) -> torch.Tensor:
+    """k (B, H, N, d) with the learned (1, Hp·Wp, C) ``encoding`` of grid ``pos_grid`` added to its grid tokens
+    (resampled bicubically where the grid differs)."""
+    B, Hh, N, d = k.shape
+    if grid[0] != pos_grid[0] or grid[1] != pos_grid[1]:
+        img = encoding.reshape(1, pos_grid[0], pos_grid[1], -1).permute(0, 3, 1, 2)
+        img = F.interpolate(img, size=(grid[0], grid[1]), mode="bicubic", align_corners=False, antialias=True)
+        encoding = img.flatten(2).transpose(1, 2)
+    enc = encoding.reshape(1, grid[0] * grid[1], Hh, d).transpose(1, 2)
+    return k + F.pad(enc, [0, 0, prefix, 0])
+
+
+class GridLinearAttention(TokenAttention):
+    """A linear kind with the grid pieces above. Options: ``dwc_kernel`` (the depthwise conv on V; 0 = none),
+    ``pos_grid`` ((H, W) of the key position encoding; None = none) and ``num_prefix_tokens`` (None = infer 0 or
+    1). ``forward(x, grid_size=(H, W))`` for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is
+    rejected; no token masks, no keys of another length."""
+
+    supports_mask = False
+    supports_cross_length = False
+    uses_grid = True
+    attend_uses_grid = True
+    exp_complexity = "0"
+
+    def __init__(self, dim: int, num_heads: int = 8, *, dwc_kernel: int = 5,
+                 pos_grid: Optional[Sequence[int]] = None, num_prefix_tokens: Optional[int] = None,
+                 **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        name = type(self).__name__
+        check_count(name, "dwc_kernel", dwc_kernel, low=0)
+        if dwc_kernel % 2 == 0 and dwc_kernel:
+            raise ValueError(f"{name}: dwc_kernel={dwc_kernel}; allowed: 0 (none) or an odd kernel size")
+        if num_prefix_tokens is not None:
+            check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
+        if pos_grid is not None and (not isinstance(pos_grid, (tuple, list)) or len(pos_grid) != 2):
+            raise ValueError(f"{name}: pos_grid={pos_grid!r}; allowed: None or (H, W), two integers >= 1")
+        self.num_prefix_tokens = num_prefix_tokens
+        self.dwc_kernel = dwc_kernel
+        d = self.head_dim
+        self.dwc = nn.Conv2d(d, d, dwc_kernel, padding=dwc_kernel // 2, groups=d) if dwc_kernel else None
+        self.pos_grid: Tuple[int, int] = (0, 0)
+        if pos_grid is not None:
+            gh, gw = (check_count(name, "pos_grid", s) for s in pos_grid)
+            self.pos_grid = (gh, gw)
+            self.positional_encoding = nn.Parameter(torch.zeros(1, gh * gw, dim))
+        else:
+            self.register_parameter("positional_encoding", None)
+
+    def token_grid(self, n: int, grid_size: Optional[Tuple[int, int]]) -> Tuple[Tuple[int, int], int]:
+        """((H, W), number of prefix tokens) of n tokens."""
+        if torch.jit.is_scripting():
+            return scripted_grid(n, grid_size, self.num_prefix_tokens)
+        else:
+            return infer_grid(n, grid_size, self.num_prefix_tokens, name=self.attn_name)
+
+    def add_key_position(self, k: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
+        encoding = self.positional_encoding
+        if encoding is None:
+            return k
+        return key_position(k, encoding, self.pos_grid, grid, prefix)
+
+    def add_value_conv(self, out: torch.Tensor, v: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
+        dwc = self.dwc
+        if dwc is None:
+            return out
+        return out + grid_tokens(dwc(grid_image(v, grid, prefix)), self.num_heads, prefix).to(out.dtype)
+
+    def extra_repr(self) -> str:
+        pos = f", pos_grid={self.pos_grid}" if self.positional_encoding is not None else ""
+        return f"{super().extra_repr()}, dwc_kernel={self.dwc_kernel}{pos}"

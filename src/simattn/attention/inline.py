@@ -1,0 +1,126 @@
+"""InLine: injective linear attention (Han et al., NeurIPS 2024).
+
+Linear attention normalized by division maps queries that differ only in scale to the same weights (it is not
+injective). InLine subtracts instead: with φ(x) = x·√(s/N), s = d^-½ (the released DeiT's kernel),
+
+    w_ij = φ(q_i)ᵀφ(k_j) − 1/N Σ_m φ(q_i)ᵀφ(k_m) + 1/N,   out_i = Σ_j w_ij v_j + local_i,
+
+each row of W summing to 1. Linear in N: out_i = v̄ + s · q_iᵀ Σ_j (k_j − k̄)(v_j − v̄)ᵀ / N, which the fast path
+computes from centered keys and values (no cancellation between q(KᵀV)/N and (q·k̄)v̄ when the means are large).
+No exp in the attention.
+
+The local branch: a 3×3 depthwise conv of V over the grid tokens whose kernels are predicted per image and channel
+from the mean of the input tokens, ``residual`` = Conv1d(C, C, 1, groups=H) → GELU → Conv1d(C, 9C, 1, groups=H)
+(one GELU per channel and image: exp-like work independent of N, SimA's class Hd²). The fast path runs it as nine
+shifted products (no per-image grouped conv, so any batch size exports).
+
+Released code (LeapLabTHU/InLine, ``InLineAttention`` of ``models/inline_deit.py``, no license: run only to
+measure): the class token takes part in the attention and in the mean that predicts the kernels, but not in the
+conv; followed here. Checked on fixed inputs (B 2, a class token and a 14×14 grid, C 96, 6 heads, fp64, random
+weights copied from its module into ours): max |ours − released| = 4.6e-14, on outputs up to 64.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._common import acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, matmul_dtype, no_autocast
+from ._registry import register_attention
+from .grid_linear import GridLinearAttention
+from .reference import inline_reference as inline_attention_reference
+
+__all__ = ["inline_attention", "inline_attention_reference", "local_conv", "InLineAttention"]
+
+
+def _inline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    v_mean = v.mean(dim=-2, keepdim=True)
+    k_centered = k - k.mean(dim=-2, keepdim=True)
+    kv = k_centered.transpose(-2, -1) @ ((v - v_mean) / k.shape[-2])  # (B, H, d, dv)
+    return v_mean + (q * scale) @ kv
+
+
+def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                     scale: Optional[float] = None) -> torch.Tensor:
+    """InLine attention on q (B, H, Nq, d), k, v (B, H, Nk, ·) without the local branch; ``scale`` s (default
+    d^-½). The means and the d×dv matrix run in fp32 under autocast."""
+    check_qkv(q, k, v, "inline")
+    s = q.shape[-1] ** -0.5 if scale is None else check_positive("inline", "scale", scale)
+    dt, acc = matmul_dtype(q), acc_dtype(q)
+    with no_autocast(q):
+        out = _inline(q.to(acc), k.to(acc), v.to(acc), s)
+    return out.to(dt)
+
+
+def local_conv(v: torch.Tensor, weights: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
+    """InLine's local branch: the grid tokens of v (B, H, N, d), each image's channels convolved with their own
+    k×k kernel ``weights`` (B, H·d, k, k) (cross-correlation, zero padding), as (B, H, N, d) with zeros for the
+    ``prefix`` leading tokens."""
+    B, Hh, N, d = v.shape
+    gh, gw = grid
+    size = weights.shape[-1]
+    img = F.pad(v[:, :, prefix:].transpose(-2, -1).reshape(B, Hh * d, gh, gw), [size // 2] * 4)
+    out = torch.zeros_like(img[:, :, :gh, :gw])
+    for a in range(size):
+        for b in range(size):
+            out = out + weights[:, :, a, b, None, None] * img[:, :, a:a + gh, b:b + gw]
+    return F.pad(out.reshape(B, Hh, d, gh * gw).transpose(-2, -1), [0, 0, prefix, 0])
+
+
+@register_attention("inline")
+class InLineAttention(GridLinearAttention):
+    """InLine with timm's ``Attention`` signature. Options: ``local_kernel`` (the local branch's kernel size, 3 as
+    released; 0 = no local branch), ``scale`` (s, default d^-½) and the grid options of
+    :class:`GridLinearAttention` (InLine has neither a fixed conv on V nor a key encoding: ``dwc_kernel`` 0 and
+    ``pos_grid`` None by default)."""
+
+    exp_complexity = "Hd²"
+
+    def __init__(self, dim: int, num_heads: int = 8, *, local_kernel: int = 3, scale: Optional[float] = None,
+                 dwc_kernel: int = 0, **kwargs) -> None:
+        super().__init__(dim, num_heads, dwc_kernel=dwc_kernel, **kwargs)
+        name = type(self).__name__
+        check_count(name, "local_kernel", local_kernel, low=0)
+        if local_kernel % 2 == 0 and local_kernel:
+            raise ValueError(f"{name}: local_kernel={local_kernel}; allowed: 0 (none) or an odd kernel size")
+        self.local_kernel = local_kernel
+        self.feature_scale = self.head_dim ** -0.5 if scale is None else check_positive(name, "scale", scale)
+        self.residual: Optional[nn.Module] = None
+        if local_kernel:
+            self.residual = nn.Sequential(
+                nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
+                nn.Conv1d(dim, dim * local_kernel * local_kernel, 1, groups=num_heads))
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        """x (B, N, C) → (B, N, C): the base class's forward with the local branch, which needs x itself."""
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
+            self._check_call(x, attn_mask, is_causal)
+        grid, prefix = self.token_grid(x.shape[1], grid_size)
+        q, k, v = self.project(x)
+        out = self.attend(q, k, v, attn_mask, grid_size=grid)
+        residual = self.residual
+        if residual is not None:
+            B, C = x.shape[0], x.shape[2]
+            weights = residual(x.mean(dim=1).unsqueeze(-1)).reshape(B, C, self.local_kernel, self.local_kernel)
+            out = out + local_conv(v, weights, grid, prefix).to(out.dtype)
+        return self._output(out, x)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        grid, prefix = self.token_grid(k.shape[-2], grid_size)
+        k = self.add_key_position(k, grid, prefix)
+        if torch.jit.is_scripting():  # autocast handling is Python
+            acc = torch.promote_types(q.dtype, torch.float32)
+            out = _inline(q.to(acc), k.to(acc), v.to(acc), self.feature_scale).to(v.dtype)
+        else:
+            out = inline_attention(q, k, v, scale=self.feature_scale)
+        return self.add_value_conv(out, v, grid, prefix)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, local_kernel={self.local_kernel}"

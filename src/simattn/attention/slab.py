@@ -1,0 +1,67 @@
+"""SLAB's simplified linear attention (Guo et al., ICML 2024).
+
+    out_i = ReLU(q_i) (ReLU(K)ᵀ V) / (ReLU(q_i) · Σ_j ReLU(k_j) + eps) + DWC(V)_i,
+
+computed in fp32 (the paper's and the released code's choice, against fp16 overflow of the sums), linear in N and
+free of exp. The depthwise conv on V (kernel 5) and a learned position encoding added to k act on the grid tokens
+(:mod:`simattn.attention.grid_linear`). SLAB's other half, PRepBN (LayerNorm replaced by a re-parameterized
+BatchNorm during training), is a normalization of the whole block: see :mod:`simattn.models.prepbn`.
+
+Released code (xinghaochen/SLAB, ``Attention`` of ``classification/models/slab_deit.py``, no license: run only to
+measure): the same formula, with the product order picked by cost (the same value). Its DeiT has no class token
+(the tokens are averaged for the head), which the models here follow; a prefix token, where a model has one, takes
+part in the attention but not in the conv or the key encoding. Checked on fixed inputs (B 2, a 14×14 grid, C 64,
+2 heads, fp64 with its fp32 cast read as fp64, random weights copied from its module into ours):
+max |ours − released| = 3.6e-15, on outputs up to 33.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._registry import register_attention
+from .grid_linear import GridLinearAttention
+from .reference import slab_reference as slab_attention_reference
+
+__all__ = ["slab_attention", "slab_attention_reference", "SLABAttention"]
+
+
+def _slab(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    phi_q, phi_k = F.relu(q), F.relu(k)
+    kv = phi_k.transpose(-2, -1) @ v  # (B, H, d, dv)
+    denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1) + eps  # (B, H, Nq, 1)
+    return (phi_q @ kv) / denom
+
+
+def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
+    """SLAB's linear attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the conv on V; fp32 under autocast."""
+    check_qkv(q, k, v, "slab")
+    check_positive("slab", "eps", eps)
+    dt, acc = matmul_dtype(q), acc_dtype(q)
+    with no_autocast(q):
+        out = _slab(q.to(acc), k.to(acc), v.to(acc), eps)
+    return out.to(dt)
+
+
+@register_attention("slab")
+class SLABAttention(GridLinearAttention):
+    """SLAB's attention with timm's ``Attention`` signature. Options: ``eps`` and the grid options of
+    :class:`GridLinearAttention` (``dwc_kernel`` 5 by default, ``pos_grid``, ``num_prefix_tokens``)."""
+
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.eps = check_positive(type(self).__name__, "eps", eps)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        grid, prefix = self.token_grid(k.shape[-2], grid_size)
+        k = self.add_key_position(k, grid, prefix)
+        if torch.jit.is_scripting():  # autocast handling is Python
+            acc = torch.promote_types(q.dtype, torch.float32)
+            out = _slab(q.to(acc), k.to(acc), v.to(acc), self.eps).to(v.dtype)
+        else:
+            out = slab_attention(q, k, v, eps=self.eps)
+        return self.add_value_conv(out, v, grid, prefix)
