@@ -10,7 +10,7 @@ BENCHES = {
                                    "the same images, beside the model's training throughput"),
     "model": ("simattn.bench.model.cli", "latency, throughput, exp/FLOP counts and memory of registered models"),
     "paper": ("simattn.bench.paper", "the papers' tables and figures regenerated on this machine, their numbers "
-                                     "beside ours (--only picks: {parts})"),
+                                     "beside ours (--only picks parts: simattn bench paper --help lists them)"),
 }
 
 
@@ -111,10 +111,8 @@ def require_cuda(device: str) -> None:
 def main(argv: List[str]) -> int:
     from ..utils.recipe import run_subcommand
 
-    from .paper import PARTS
-
     def bench(module: str) -> Callable[[List[str]], Any]:
         return lambda args: importlib.import_module(module).main(args)
 
-    return run_subcommand("simattn bench", argv, {name: (bench(module), help_.format(parts=" ".join(PARTS)))
+    return run_subcommand("simattn bench", argv, {name: (bench(module), help_)
                                                    for name, (module, help_) in BENCHES.items()}, noun="benchmark")
