@@ -15,8 +15,10 @@ XCiT, CvT, SOFT and UFO backbones); UperNet's pyramid pooling is exported for th
 second size and falls back to fixed, saying so), and the other formats take one size: ``simattn validate`` resizes
 images to it.
 
-With ``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
-(``m.pte.json``), so exports of one model to several formats keep their own reports. Every format but ONNX is
+Without ``--format`` the format is the one ``-o``'s suffix names (``-o m.pte``: ExecuTorch), else ONNX. With
+``--quantize``, ``-o`` is the int8 file. The JSON report goes beside ``-o`` under its whole name plus ``.json``
+(``m.pte.json``), so exports of one model to several formats keep their own reports. An existing ``-o`` or report
+is replaced only with ``--overwrite``. Every format but ONNX is
 captured at one fixed input size. The file is written in a folder beside ``-o`` and moved there once every check
 passed. With ``--format executorch`` or ``onnx`` it prints what runs outside the fast kernels (``not delegated:``,
 also in the report). Exit status: 0 on success, 1 when parity, ``--require-exp-free`` or ``--require-delegated``
