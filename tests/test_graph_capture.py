@@ -4,10 +4,10 @@ timm's model tests; ``torch.fx.symbolic_trace`` forward and backward), ``torch.e
 (strict and non-strict) and ``torch.compile(fullgraph=True)``; then export at a fixed input size through
 ``prepare_for_export``.
 
-Every model runs in its smallest configuration (one block per stage, narrow, 32-64 px, batch 2). Captures that
-cost seconds (``torch.export``, ``torch.compile``, loading saved TorchScript, scripting an FX graph) run once per
-distinct network: models whose smallest build is the same network (same module tree, shapes and settings, the
-patch embedding aside; e.g. ``sima_deit_{tiny,small,base}`` once narrowed, XCiT sizes that differ only in the
+Every model runs in its smallest configuration (one block per stage, narrow, 32-64 px, batch 2). Every capture
+(each costs seconds: TorchScript, FX, ``torch.export``, ``torch.compile``) runs once per distinct network: models
+whose smallest build is the same network (same module tree, shapes and settings, the patch embedding aside; e.g.
+``sima_deit_{tiny,small,base}`` or ``flatten_deit_{tiny,small}`` once narrowed, XCiT sizes that differ only in the
 layer-scale init, or ``relu_vit_small_patch{8,16,32}_224``) share the first one's result, and fail with its error.
 """
 import contextlib
@@ -68,7 +68,8 @@ def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
 
 
 def test_every_family_has_a_small_configuration():
-    assert len(MODELS) == 41 + 4  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
+    assert len(MODELS) == 41 + 4 + 8  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
+    # + {flatten,inline,slab,polaformer}_deit_{tiny,small}
     for name in MODELS:
         _small(name)
 
@@ -122,18 +123,18 @@ def _plain_torchscript():
 @pytest.mark.parametrize("name", MODELS)
 def test_torchscript(name):
     model, x = _build(name)
-    with _plain_torchscript():
-        expected = model(x)
-        scripted = torch.jit.script(model)
-        torch.testing.assert_close(scripted(x), expected, **TOL)
-        buffer = io.BytesIO()
-        torch.jit.save(scripted, buffer)  # plain TorchScript: a Python callback would not save
 
-        def load():
+    def capture():
+        with _plain_torchscript():
+            expected = model(x)
+            scripted = torch.jit.script(model)
+            torch.testing.assert_close(scripted(x), expected, **TOL)
+            buffer = io.BytesIO()
+            torch.jit.save(scripted, buffer)  # plain TorchScript: a Python callback would not save
             buffer.seek(0)
             torch.testing.assert_close(torch.jit.load(buffer)(x), expected, **TOL)
 
-        _capture_once("torch.jit.load", name, model, load)
+    _capture_once("torch.jit.script", name, model, capture)
 
 
 # ---- FX: timm's model-test contract (its tests/test_models.py) ----------------------------------------------------
@@ -142,17 +143,17 @@ def test_fx_forward_and_torchscript(name):
     """timm's FX feature extraction (``timm.models._features_fx.create_feature_extractor``, with timm's no-trace
     lists; what ``feature_cls='fx'`` builds on) gives the eager output, and so does its graph scripted."""
     model, x = _build(name)
-    with _plain_torchscript():
-        expected = model(x)
-        fx_model = timm_feature_extractor(model, [model.pretrained_cfg["classifier"]])  # the output node
-        out, = fx_model(x).values()
-        torch.testing.assert_close(out, expected, **TOL)
 
-        def script():
+    def capture():
+        with _plain_torchscript():
+            expected = model(x)
+            fx_model = timm_feature_extractor(model, [model.pretrained_cfg["classifier"]])  # the output node
+            out, = fx_model(x).values()
+            torch.testing.assert_close(out, expected, **TOL)
             out, = torch.jit.script(fx_model)(x).values()
             torch.testing.assert_close(out, expected, **TOL)
 
-        _capture_once("FX then TorchScript", name, model, script)
+    _capture_once("FX then TorchScript", name, model, capture)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -162,18 +163,22 @@ def test_fx_symbolic_trace_forward_and_backward(name):
     (timm's own ViT as well), so the ViTs are traced at a fixed size here (``dynamic_img_size=False``)."""
     fixed = {"dynamic_img_size": False} if model_entrypoint(name).__module__.endswith("sima_vit") else {}
     model, x = _build(name, **fixed)
-    graph_module = torch.fx.symbolic_trace(model)
-    torch.testing.assert_close(graph_module(x), model(x), **TOL)
-    model.train()
-    model(x).square().mean().backward()
-    expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    graph_module = torch.fx.symbolic_trace(model)  # the training graph (dropout, BatchNorm statistics)
-    graph_module(x).square().mean().backward()
-    grads = {n: p.grad for n, p in graph_module.named_parameters() if p.grad is not None}
-    assert len(grads) == len(expected) == sum(1 for p in model.parameters() if p.requires_grad)
-    for n, g in expected.items():
-        torch.testing.assert_close(grads[n], g, **TOL, msg=n)
+
+    def capture():
+        graph_module = torch.fx.symbolic_trace(model)
+        torch.testing.assert_close(graph_module(x), model(x), **TOL)
+        model.train()
+        model(x).square().mean().backward()
+        expected = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad(set_to_none=True)
+        graph_module = torch.fx.symbolic_trace(model)  # the training graph (dropout, BatchNorm statistics)
+        graph_module(x).square().mean().backward()
+        grads = {n: p.grad for n, p in graph_module.named_parameters() if p.grad is not None}
+        assert len(grads) == len(expected) == sum(1 for p in model.parameters() if p.requires_grad)
+        for n, g in expected.items():
+            torch.testing.assert_close(grads[n], g, **TOL, msg=n)
+
+    _capture_once("fx.symbolic_trace", name, model, capture)
 
 
 # ---- torch.export and torch.compile ---------------------------------------------------------------------------

@@ -166,6 +166,8 @@ default_cfgs = generate_default_cfgs({
     # No weights of these are published in timm's format: recipes in configs/ (DeiT's crop 0.875 evaluation).
     **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for kind in ("agent", "sigmoid")
        for size in ("tiny", "small")},
+    **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for kind in ("flatten", "inline", "slab", "polaformer")
+       for size in ("tiny", "small")},
     # big_vision's ViT input pipeline: inputs in [-1, 1], bilinear resize, resize 256 / crop 224.
     **{f"relu_vit_small_patch{p}_224.in1k": _cfg(**_BIG_VISION) for p in (32, 16, 8)},
     **{f"relu_vit_small_patch{p}_gap_224.in21k": _cfg(num_classes=21843, **_BIG_VISION) for p in (32, 16, 8)},
@@ -287,3 +289,85 @@ def sigmoid_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> Vision
     """DeiT-S with sigmoid attention, qk-LayerNorm and LayerScale."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_SIGMOID)
     return _create("sigmoid_deit_small_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+# The linear kinds on the grid in DeiT. Their depthwise conv on V (kernel 5) and, for FLatten, SLAB and PolaFormer,
+# the learned key encoding of their released modules (built for the grid of ``img_size``, resampled for others).
+# FLatten's and PolaFormer's papers have no DeiT models (Swin, PVT, CSwin): DeiT's layout with the class token, which
+# joins the attention but not the grid's conv and encoding, as in InLine's released DeiT.
+def _grid_linear(variant: str, pretrained: bool, args: Dict[str, Any], kwargs: Dict[str, Any],
+                 **attn: Any) -> VisionTransformer:
+    args = dict(args, **kwargs)
+    if attn.pop("key_encoding", True):
+        img = args.get("img_size", 224)
+        img = (img, img) if isinstance(img, int) else tuple(img)
+        patch = args["patch_size"]
+        attn["pos_grid"] = (img[0] // patch, img[1] // patch)
+    # the prefix tokens are known here: a grid that is not square fails clearly instead of being guessed
+    attn["num_prefix_tokens"] = int(args.get("class_token", True)) + args.get("reg_tokens", 0)
+    args["attn_kwargs"] = {**attn, **(args.get("attn_kwargs") or {})}
+    return _create(variant, pretrained, **args)
+
+
+@register_model
+def flatten_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-T with FLatten attention: focusing factor 3, 5×5 conv on V, key encoding (6.19M params)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn_type="flatten")
+    return _grid_linear("flatten_deit_tiny_patch16_224", pretrained, args, kwargs, focusing_factor=3.0, dwc_kernel=5)
+
+
+@register_model
+def flatten_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-S with FLatten attention: focusing factor 3, 5×5 conv on V, key encoding (23.0M params)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, attn_type="flatten")
+    return _grid_linear("flatten_deit_small_patch16_224", pretrained, args, kwargs, focusing_factor=3.0, dwc_kernel=5)
+
+
+# InLine-DeiT (the released inline_deit_{tiny,small}): InLine attention in every block with its 3×3 local branch;
+# T has 6 heads of 32 channels, S is 320 wide with 10 heads (the paper's InLine-DeiT-S, not DeiT-S's 384).
+@register_model
+def inline_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """InLine-DeiT-T: dim 192, 6 heads, 3×3 local branch (6.48M params; paper: 6.5M, 74.5% top-1)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=6, attn_type="inline")
+    return _grid_linear("inline_deit_tiny_patch16_224", pretrained, args, kwargs, key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """InLine-DeiT-S: dim 320, 10 heads, 3×3 local branch (16.7M params)."""
+    args = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, attn_type="inline")
+    return _grid_linear("inline_deit_small_patch16_224", pretrained, args, kwargs, key_encoding=False, local_kernel=3)
+
+
+# SLAB-DeiT (the released deit_{tiny,small}_patch16_224_linear_repbn): no class token, the final LayerNorm's tokens
+# averaged into the head, position embedding on the patches; simplified linear attention with a 5×5 conv on V and
+# the key encoding in every block.
+_SLAB = dict(attn_type="slab", class_token=False, global_pool="avg", fc_norm=False)
+
+
+@register_model
+def slab_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """SLAB-DeiT-T: simplified linear attention, no class token, average pooling (6.19M params)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, **_SLAB)
+    return _grid_linear("slab_deit_tiny_patch16_224", pretrained, args, kwargs, dwc_kernel=5)
+
+
+@register_model
+def slab_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """SLAB-DeiT-S: simplified linear attention, no class token, average pooling (22.5M params)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_SLAB)
+    return _grid_linear("slab_deit_small_patch16_224", pretrained, args, kwargs, dwc_kernel=5)
+
+
+@register_model
+def polaformer_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-T with PolaFormer attention: α 4, 5×5 conv on V, key encoding, gate (6.64M params)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn_type="polaformer")
+    return _grid_linear("polaformer_deit_tiny_patch16_224", pretrained, args, kwargs, alpha=4.0, dwc_kernel=5)
+
+
+@register_model
+def polaformer_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-S with PolaFormer attention: α 4, 5×5 conv on V, key encoding, gate (24.8M params)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, attn_type="polaformer")
+    return _grid_linear("polaformer_deit_small_patch16_224", pretrained, args, kwargs, alpha=4.0, dwc_kernel=5)
