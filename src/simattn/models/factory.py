@@ -199,8 +199,8 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
         except CheckpointError as e:
             if stored or "does not fit" not in str(e):
                 raise
-            raise CheckpointError(f"{e}; the file does not record its model: pass the --model-kwargs it was built "
-                                  "with") from None
+            raise CheckpointError(f"{e}; the file records no model: pass the --model-kwargs it was built with"
+                                  ) from None
         bad = non_finite_tensors(model)
         if bad:  # a diverged run's weights: every map, metric or export made from them would be meaningless
             tensor = model.state_dict()[bad[0]]

@@ -324,8 +324,8 @@ def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict
     unexpected = [k for k in sd if k not in own]
     shapes = shape_mismatches([k for k in own if k in sd and sd[k].shape != own[k].shape], raw, sd, own)
     if shapes or (strict and (missing or unexpected)):
-        parts = [f"{what}: {_names(names, 2)}" for what, names in (
-            ("shape mismatch", shapes), ("missing keys", missing), ("unexpected keys", unexpected)) if names]
+        parts = [f"{what}: {_names(names, limit)}" for what, names, limit in (
+            ("shape mismatch", shapes, 2), ("missing keys", missing, 1), ("unexpected keys", unexpected, 1)) if names]
         raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(parts))
     model.load_state_dict(sd, strict=strict)
     return {"missing": missing, "unexpected": unexpected}
