@@ -149,24 +149,23 @@ def check_per_head(owner: str, name: str, value: Any, q: torch.Tensor) -> Any:
 
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str, same_length: bool = False) -> None:
     """Validate (B, H, N, d) query/key/value shapes and their device with one-line errors."""
-    for t, tn in ((q, "q"), (k, "k"), (v, "v")):
-        if t.dim() != 4:
-            raise ValueError(f"{name}: {tn} must have shape (B, H, N, d), got a {t.dim()}-D tensor of shape {tuple(t.shape)}")
+    qs, ks, vs = q.shape, k.shape, v.shape  # each read once: every call of every kind runs this
+    if len(qs) != 4 or len(ks) != 4 or len(vs) != 4:
+        tn, t = next((tn, t) for tn, t in (("q", qs), ("k", ks), ("v", vs)) if len(t) != 4)
+        raise ValueError(f"{name}: {tn} must have shape (B, H, N, d), got a {len(t)}-D tensor of shape {tuple(t)}")
     if q.device != k.device or k.device != v.device:
         raise ValueError(f"{name}: q, k and v must be on one device, got q on {q.device}, k on {k.device}, "
                          f"v on {v.device}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(
-            f"{name}: batch and head dims must match, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"{name}: q and k head dims differ: q {tuple(q.shape)} vs k {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"{name}: k and v token counts differ: k {tuple(k.shape)} vs v {tuple(v.shape)}")
-    if same_length and q.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            f"{name}: this attention needs equal query and key lengths, got {q.shape[-2]} and {k.shape[-2]}")
-    if q.shape[-2] == 0 or k.shape[-2] == 0:
-        raise ValueError(f"{name}: empty token axis: q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if qs[0] != ks[0] or qs[1] != ks[1] or ks[0] != vs[0] or ks[1] != vs[1]:
+        raise ValueError(f"{name}: batch and head dims must match, got q {tuple(qs)}, k {tuple(ks)}, v {tuple(vs)}")
+    if qs[3] != ks[3]:
+        raise ValueError(f"{name}: q and k head dims differ: q {tuple(qs)} vs k {tuple(ks)}")
+    if ks[2] != vs[2]:
+        raise ValueError(f"{name}: k and v token counts differ: k {tuple(ks)} vs v {tuple(vs)}")
+    if same_length and qs[2] != ks[2]:
+        raise ValueError(f"{name}: this attention needs equal query and key lengths, got {qs[2]} and {ks[2]}")
+    if qs[2] == 0 or ks[2] == 0:
+        raise ValueError(f"{name}: empty token axis: q {tuple(qs)}, k {tuple(ks)}")
 
 
 def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name: str,
@@ -199,17 +198,19 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
 TRITON_MAX_HEAD_DIM = 128
 #: the dtypes of q, k and v those kernels take
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # asked once: auto asks on every call
 
 
 def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.linear_triton`) cannot take q, k, v
     (None where they can): :data:`TRITON_DTYPES`, head dims up to :data:`TRITON_MAX_HEAD_DIM`, and the triton
     package."""
-    if any(t.dtype not in TRITON_DTYPES for t in (q, k, v)):
+    if not (q.dtype in TRITON_DTYPES and k.dtype in TRITON_DTYPES and v.dtype in TRITON_DTYPES):
         return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if max(q.shape[-1], v.shape[-1]) > TRITON_MAX_HEAD_DIM:
-        return f"takes head dims up to {TRITON_MAX_HEAD_DIM}, got d={q.shape[-1]}, dv={v.shape[-1]}"
-    if importlib.util.find_spec("triton") is None:
+    d, dv = q.shape[-1], v.shape[-1]
+    if d > TRITON_MAX_HEAD_DIM or dv > TRITON_MAX_HEAD_DIM:
+        return f"takes head dims up to {TRITON_MAX_HEAD_DIM}, got d={d}, dv={dv}"
+    if not _TRITON_INSTALLED:
         return "needs the triton package"
     return None
 

@@ -7,7 +7,7 @@ is timed is what a call costs the host, the part a GPU waits for in eager mode. 
 ``F.scaled_dot_product_attention`` (kind ``sdpa``) on the same tiny tensors: its host path plus a CPU computation
 small enough not to matter. Each figure is a mean over a batch of back-to-back calls with Python's garbage collector
 paused; the rows give the median over batches and rounds with p10 and p90, and ``x_sdpa`` is SimA's median over
-SDPA's for the same pass. The kinds alternate within each round, so a drift in the machine's load hits both alike.
+SDPA's for the same pass. The kinds alternate batch by batch, so a drift in the machine's load hits both alike.
 """
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ def measure(repeats: int, rounds: int, calls: int = 200, fns=None) -> List[dict]
         enabled = gc.isenabled()
         gc.disable()
         try:
-            for _ in range(rounds):
+            for _ in range(rounds * repeats):  # one batch of each in turn: a drift in the load hits all alike
                 for key, fn in fns.items():
-                    samples.setdefault(key, []).extend(_per_call_us(fn, calls) for _ in range(repeats))
+                    samples.setdefault(key, []).append(_per_call_us(fn, calls))
         finally:
             if enabled:
                 gc.enable()
