@@ -73,6 +73,17 @@ def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
     assert "not run: no kernel" in table[6]
 
 
+def test_rounds_keep_a_graph_time_only_where_every_round_has_one():
+    both = [{"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "graph_ms": 0.2},
+            {"median_ms": 3.0, "p10_ms": 3.0, "p90_ms": 3.0, "graph_ms": 0.4},
+            {"median_ms": 2.0, "p10_ms": 2.0, "p90_ms": 2.0, "graph_ms": 0.3}]
+    assert bench.rounds_median(both) == {"median_ms": 2.0, "p10_ms": 2.0, "p90_ms": 2.0, "graph_ms": 0.3}
+    failed = [both[0], {**both[1], "graph_error": "operation not permitted when stream is capturing"}]
+    failed[1].pop("graph_ms")
+    assert bench.rounds_median(failed) == {"median_ms": 2.0, "p10_ms": 2.0, "p90_ms": 2.0,
+                                           "graph_error": "operation not permitted when stream is capturing"}
+
+
 @pytest.mark.parametrize("name, gbps", [("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H200", 4800),
                                         ("NVIDIA GH200 480GB", 4000), ("NVIDIA A100-SXM4-80GB", 2039),
                                         ("NVIDIA H100 PCIe", 2000), ("Some Future GPU", bench.DEFAULT_HBM_GBPS)])
