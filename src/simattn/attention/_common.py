@@ -186,6 +186,8 @@ def check_token_mask(mask: Optional[torch.Tensor], batch: int, length: int, name
 def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor], q_mask: Optional[torch.Tensor],
                   name: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Validate key and query keep-masks. With equal lengths (self-attention) the key mask also masks queries."""
+    if mask is None and q_mask is None:
+        return None, None
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], name, k.device)
     if q_mask is None and mask is not None and q.shape[-2] == k.shape[-2]:
         q_mask = mask
