@@ -35,10 +35,11 @@ Host path. A call's signature (shapes, strides, dtypes, masks present, flags, de
 data: the token-axis plan, grids, constexprs, the outputs' shapes and, once a GPU has tuned it, the launch
 configuration. The first call at a signature builds that (:class:`_ForwardCall`, :class:`_BackwardCall`) and a
 repeat call looks it up, allocates its outputs and launches: it checks nothing (the caller, ``sima_attention`` or
-the ELU/XNorm functions, checked the inputs once) and no longer goes through Triton's autotuner. Eagerly, SimA's
-autograd is a ``torch.autograd.Function`` (a few microseconds); while compiling, exporting or tracing, and on
-tensor subclasses or under dispatch modes, the same calls run behind torch custom ops (``simattn::linear_attn_fwd``,
-``simattn::sima_bwd``) with fake implementations and registered autograd, so ``torch.compile(fullgraph=True)`` and
+the ELU/XNorm functions, checked the inputs once) and launches a tuned kernel directly, not through Triton's
+autotuner. Eagerly, SimA's autograd is a ``torch.autograd.Function`` (a few microseconds); while compiling,
+exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind torch custom ops
+(``simattn::linear_attn_fwd``, ``simattn::sima_bwd``; their dispatch measured several times the Function's) with
+fake implementations and registered autograd, so ``torch.compile(fullgraph=True)`` and
 ``torch.export`` see one op each way, and CUDA graphs capture either. On a GPU, tile sizes, warps and pipeline
 depth are autotuned once per (tokens per program rounded to a power of two, d, dv, dtypes, path) in the process
 (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration, untimed).
