@@ -52,7 +52,8 @@ from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_torch", "sima_scripted", "sima_normalize",
            "sima_path", "resolve_sima_order", "resolve_sima_backend", "cpp_refusal", "triton_refusal",
-           "measured_backend", "gpu_table", "backend_table", "index_points", "gpu_capability", "SimAAttention"]
+           "measured_backend", "gpu_table", "backend_table", "index_points", "gpu_points", "gpu_capability",
+           "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
 _BACKENDS = ("auto", "torch", "triton", "cpp")
