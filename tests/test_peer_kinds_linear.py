@@ -200,3 +200,44 @@ def test_bad_functional_options():
         inline_attention(q, k, v, scale=-1.0)
     with pytest.raises(ValueError, match="slab: k and v token counts differ"):
         slab_attention(q, k, v[:, :, :5])
+
+
+# ---------------------------------------------------------------- PRepBN (SLAB's norm)
+def test_prepbn_hands_layernorm_over_to_repbn():
+    """λ·LN(x) + (1 − λ)·(BN(x) + αx) with λ falling 1 → 0 over ``steps`` training calls after ``warmup`` calls of
+    LayerNorm; RepBN with the running statistics in eval, also scripted."""
+    from simattn.models.prepbn import PRepBN
+    torch.manual_seed(0)
+    norm = PRepBN(8, steps=2, warmup=1)
+    with torch.no_grad():
+        norm.norm2.alpha.fill_(0.7)
+        norm.norm1.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 8) * 2 + 1
+
+    def layer_norm(t):
+        mu, var = t.mean(-1, keepdim=True), t.var(-1, unbiased=False, keepdim=True)
+        return (t - mu) / torch.sqrt(var + 1e-6) * norm.norm1.weight + norm.norm1.bias
+
+    def rep_bn(t, mean, var):
+        return (t - mean) / torch.sqrt(var + 1e-5) + 0.7 * t
+
+    flat = x.reshape(-1, 8)
+    batch = rep_bn(x, flat.mean(0), flat.var(0, unbiased=False))
+    for lam in (1.0, 1.0, 0.5, 0.0, 0.0):  # warm-up, then 2/2, 1/2, 0 and 0 steps left
+        torch.testing.assert_close(norm(x), lam * layer_norm(x) + (1 - lam) * batch)
+    assert norm.steps_left.item() == 0 and norm.warmup_left.item() == 0
+    norm.eval()
+    expected = rep_bn(x, norm.norm2.bn.running_mean, norm.norm2.bn.running_var)
+    torch.testing.assert_close(norm(x), expected)
+    torch.testing.assert_close(torch.jit.script(norm)(x), expected)
+
+
+def test_slab_models_take_prepbn_for_every_norm():
+    with torch.device("meta"):
+        model = timm.create_model("slab_deit_tiny_patch16_224", prepbn_steps=60000)
+    norms = [m for m in model.modules() if type(m).__name__ == "PRepBN"]
+    assert len(norms) == 25 and all(n.steps == 60000 for n in norms)  # two per block and the final one
+    # each adds a BatchNorm (2C) and α to its LayerNorm
+    assert sum(p.numel() for p in model.parameters()) == _deit(192) + _extra("slab", 192, 3) + 25 * (2 * 192 + 1)
+    with pytest.raises(ValueError, match="slab_deit_tiny_patch16_224: prepbn_steps=-1; allowed: an integer >= 0"):
+        timm.create_model("slab_deit_tiny_patch16_224", prepbn_steps=-1)

@@ -14,6 +14,7 @@ token pooling, Linear + tanh pre-logits layer) and ``relu_vit_small_patch{32,16,
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from typing import Any, Dict, List, Optional, Union
 
 import torch
@@ -27,7 +28,8 @@ from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_fil
 
 from ._checks import check_model_kwargs, image_batch_error
 from ..attention import attention_class
-from ..attention._common import fx_tracing
+from ..attention._common import check_count, fx_tracing
+from .prepbn import PRepBN
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -339,24 +341,34 @@ def inline_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionT
     return _grid_linear("inline_deit_small_patch16_224", pretrained, args, kwargs, key_encoding=False, local_kernel=3)
 
 
-# SLAB-DeiT (the released deit_{tiny,small}_patch16_224_linear_repbn): no class token, the final LayerNorm's tokens
+# SLAB-DeiT (the released deit_{tiny,small}_patch16_224_linear_repbn): no class token, the final norm's tokens
 # averaged into the head, position embedding on the patches; simplified linear attention with a 5×5 conv on V and
-# the key encoding in every block.
+# the key encoding in every block. ``prepbn_steps=S`` makes every norm PRepBN handing LayerNorm over to RepBN in S
+# training steps (the released models: 60,000); 0 (default) keeps LayerNorm.
 _SLAB = dict(attn_type="slab", class_token=False, global_pool="avg", fc_norm=False)
 
 
+def _slab(variant: str, pretrained: bool, args: Dict[str, Any], kwargs: Dict[str, Any],
+          prepbn_steps: int) -> VisionTransformer:
+    if check_count(variant, "prepbn_steps", prepbn_steps, low=0):
+        args = dict(args, norm_layer=partial(PRepBN, steps=prepbn_steps))
+    return _grid_linear(variant, pretrained, args, kwargs, dwc_kernel=5)
+
+
 @register_model
-def slab_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """SLAB-DeiT-T: simplified linear attention, no class token, average pooling (6.19M params)."""
+def slab_deit_tiny_patch16_224(pretrained: bool = False, prepbn_steps: int = 0, **kwargs) -> VisionTransformer:
+    """SLAB-DeiT-T: simplified linear attention, no class token, average pooling (6.19M params; 6.20M with
+    PRepBN)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, **_SLAB)
-    return _grid_linear("slab_deit_tiny_patch16_224", pretrained, args, kwargs, dwc_kernel=5)
+    return _slab("slab_deit_tiny_patch16_224", pretrained, args, kwargs, prepbn_steps)
 
 
 @register_model
-def slab_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
-    """SLAB-DeiT-S: simplified linear attention, no class token, average pooling (22.5M params)."""
+def slab_deit_small_patch16_224(pretrained: bool = False, prepbn_steps: int = 0, **kwargs) -> VisionTransformer:
+    """SLAB-DeiT-S: simplified linear attention, no class token, average pooling (22.97M params; 22.99M with
+    PRepBN)."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_SLAB)
-    return _grid_linear("slab_deit_small_patch16_224", pretrained, args, kwargs, dwc_kernel=5)
+    return _slab("slab_deit_small_patch16_224", pretrained, args, kwargs, prepbn_steps)
 
 
 @register_model
