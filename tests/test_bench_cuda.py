@@ -208,6 +208,9 @@ def test_attention_sweep_on_cuda(tmp_path, monkeypatch):
     rows = json.loads(out.read_text())["results"]
     triton = [r for r in rows if r["kind"] == "sima_triton"]
     assert len(triton) == 4 and all("error" not in r and r["gbps"] > 0 for r in triton)
+    # short calls are replayed from a CUDA graph too: GPU time alone, and the host's share beside it
+    assert all(r["graph_ms"] > 0 and r["host_ms"] == r["median_ms"] - r["graph_ms"] for r in triton
+               if r["tokens"] == 197), [(r.get("graph_ms"), r.get("graph_error")) for r in triton]
 
 
 @CUDA
