@@ -63,6 +63,8 @@ def test_a_hub_folder_is_taken_without_local_dir_and_a_run_folder_names_its_file
     result = _validate(capsys, "--weights", str(tmp_path / "hub"), "--dataset", "folder", "--data-dir", str(data))
     assert result["model"] == DEIT and result["samples"] == 4
     assert result["weights"] == str(tmp_path / "hub" / "model.safetensors")
+    assert simattn_main(["hub", "save", "--weights", str(tmp_path / "hub"), "--output", str(tmp_path / "copy")]) == 0
+    assert (tmp_path / "copy" / "model.safetensors").is_file()
 
     run = tmp_path / "run"
     run.mkdir()

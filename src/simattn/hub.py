@@ -85,7 +85,7 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
         if deploy.for_path(args["weights"]) is not None:
             raise ValueError(f"--weights {args['weights']} is an exported file; hub save takes the weights it was "
                              "exported from (.safetensors, or a run's last.pth)")
-        if not Path(args["weights"]).is_file():
+        if not resolve_weights(args["weights"]).is_file():  # a folder timm reads is taken as local-dir:
             raise FileNotFoundError(f"weights file not found: {args['weights']}")
     if args["output"] is not None:
         local = source is None or source[0] == "local-dir"  # (an hf-hub download lies in the Hub's cache)
