@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..data.images import resolve_data_config
     from ..models.factory import load_model, parse_model_kwargs
-    from ..models.weights import export_record
+    from ..models.weights import DATA_RECORD_KEYS, export_record
     from ..utils.io import atomic_write_json
     from .architecture import attention_kind
 
@@ -293,8 +293,9 @@ def run(args: argparse.Namespace) -> int:
                               "format": fmt.name, "quantize": mode, "output": str(output)}
     extra = spec.get("extra") or {}
     classes = extra.get("classes")
-    task: Dict[str, Any] = {}
-    if segmentation is not None:  # the data it segments, so that validate scores the file on the same images
+    # the data it was trained on, so that validate scores the file on the same images
+    task: Dict[str, Any] = {k: extra[k] for k in DATA_RECORD_KEYS if k in extra}
+    if segmentation is not None:
         task = {**segmentation.record(), **{k: extra[k] for k in ("label_ids", "palette", "ignore_index")
                                              if k in extra}}
     record = export_record(spec["model"], spec["config"], data_config, attention=kind,
