@@ -90,7 +90,7 @@ def check_new_file(path: PathLike, overwrite: bool = False, flag: str = "--outpu
     path = Path(path)
     if written_through(path):
         return
-    if path.is_dir() and not path.is_symlink():
+    if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder, not a file: choose another {flag}")
     if path.exists() and not overwrite:
         raise ValueError(f"{flag} {path} exists: pass --overwrite to replace it, or choose another {flag}")
