@@ -43,12 +43,12 @@ def int8_runtimes() -> List[str]:
 
 
 def _check_model(name: str) -> Optional[str]:
-    import timm
-
-    from ...models import list_models
-    if timm.is_model(name):
-        return None
-    return f"unknown model {name!r} (not registered with timm; simattn models: {', '.join(list_models())})"
+    from ...models.factory import check_model_name
+    try:
+        check_model_name(name)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _check_attention(kind: str) -> Optional[str]:
