@@ -1,0 +1,203 @@
+"""Point-wise activation attention, out = s · h(q kᵀ/√d + b) v, as flash-style Triton kernels, forward and backward:
+sigmoid attention (``sigmoid_attention(..., backend='triton')``: h = σ, b = −log n or a given number, s = 1) and
+ReLU attention (``relu_attention(..., backend='triton')``: h = relu or σ, b = 0, s = L^(-a)). The kernels and the
+maths are :mod:`simattn.attention.activation_kernels`; this module launches them.
+
+Host path, as :mod:`simattn.attention.linear_triton`'s (whose launch modes, plan cache and :func:`dry_run` it
+shares): the first call at a signature (shapes, strides, dtypes, mask present, h, which of b and s apply, output
+dtype, device) plans its launches; a repeat call looks the plan up, allocates its outputs and launches, checking
+nothing (the kinds' functions checked the inputs). Eagerly the autograd is a ``torch.autograd.Function``; while
+compiling, exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind the
+custom ops ``simattn::activation_attn_fwd`` and ``simattn::activation_attn_bwd`` with fake implementations and
+registered autograd. On a GPU the key (or query) tile, warps and pipeline depth are autotuned once per (streamed
+tokens rounded to a power of two, d, dv, h, dtypes) (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration).
+
+q, k, v are read through their strides (views of a fused qkv projection are not copied); the gradients come back
+contiguous in q's, k's and v's dtypes, the output in ``out_dtype``.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import triton
+
+from . import activation_kernels as K
+from . import linear_triton as LT
+
+__all__ = ["activation_triton", "TRITON_H"]
+
+#: h the kernels compute, by name, with their constexpr code
+TRITON_H = {"relu": K.ACT_RELU, "sigmoid": K.ACT_SIGMOID}
+#: queries (forward, dq) or keys (dk, dv) a program holds: on a GPU by head size, in the interpreter small, so that
+#: short test inputs span several tiles (the streamed tile is 32 there, linear_triton's)
+_INTERPRETER_BLOCK_M = 16
+
+
+def _block_m(d: int, e: int, mode) -> int:
+    if mode.interpret:
+        return _INTERPRETER_BLOCK_M
+    return 128 if max(d, e) <= 64 else 64
+
+
+def _flags(activation: str, bias: Optional[float], alpha: Optional[float]) -> dict:
+    return dict(ACT=TRITON_H[activation], LOG_N_BIAS=bias is None, LENGTH_SCALE=alpha is not None)
+
+
+def _scalars(q: torch.Tensor, bias: Optional[float], alpha: Optional[float]) -> Tuple[float, float, float]:
+    """(c = 1/√d, b or 0, a or 0): the kernels' float arguments, not part of a plan."""
+    return q.shape[-1] ** -0.5, 0.0 if bias is None else bias, 0.0 if alpha is None else alpha
+
+
+class _ForwardCall:
+    """A forward at one signature: out (B, H, Nq, dv) in ``out_dtype``."""
+
+    def __init__(self, flags: dict, q, k, v, mask, out_dtype: torch.dtype, mode):
+        B, H, n_q, d = q.shape
+        n_k, e = k.shape[-2], v.shape[-1]
+        block_m = _block_m(d, e, mode)
+        self.mode, self.out_shape, self.out_dtype = mode, (B, H, n_q, e), out_dtype
+        self.head = (H, n_q, n_k, float(n_k), d, e)
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), n_q * e * H, n_q * e, e, 1, *LT._mask_strides(mask),
+                        triton.next_power_of_2(n_k))
+        self.launch = LT._Launch(K._fwd_kernel, (triton.cdiv(n_q, block_m), B, H), dict(
+            flags, HAS_KM=mask is not None, QK_NATIVE=LT._native(q, k), PV_NATIVE=v.dtype == torch.bfloat16,
+            UPCAST=mode.interpret, PREC=LT._precision(q), BLOCK_D=LT._block(d), BLOCK_E=LT._block(e),
+            BLOCK_M=block_m), mode)
+
+    def __call__(self, q, k, v, mask, scalars):
+        out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
+        with self.mode.device():
+            self.launch(q, k, v, LT._u8(mask, q), out, *self.head, *scalars, *self.strides)
+        return out
+
+
+class _BackwardCall:
+    """The gradients at one signature: dk, dv from one launch over key tiles, dq from one over query tiles."""
+
+    def __init__(self, flags: dict, g, q, k, v, mask, mode):
+        B, H, n_q, d = q.shape
+        n_k, e = k.shape[-2], v.shape[-1]
+        block_m = _block_m(d, e, mode)
+        self.mode = mode
+        self.head = (H, n_q, n_k, float(n_k), d, e)
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride(), *LT._mask_strides(mask))
+        consts = dict(flags, HAS_KM=mask is not None, QK_NATIVE=LT._native(q, k), VG_NATIVE=LT._native(v, g),
+                      UPCAST=mode.interpret, PREC=LT._precision(q), BLOCK_D=LT._block(d), BLOCK_E=LT._block(e),
+                      BLOCK_M=block_m)
+        self.buckets = (triton.next_power_of_2(n_q), triton.next_power_of_2(n_k))
+        self.dkdv = LT._Launch(K._dkdv_kernel, (triton.cdiv(n_k, block_m), B, H),
+                               dict(consts, PV_NATIVE=g.dtype == torch.bfloat16), mode)
+        self.dq = LT._Launch(K._dq_kernel, (triton.cdiv(n_q, block_m), B, H), consts, mode)
+
+    def __call__(self, g, q, k, v, mask, scalars):
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
+        dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+        m = LT._u8(mask, q)
+        with self.mode.device():
+            self.dkdv(q, k, v, g, m, dk, dv, *self.head, *scalars, *self.strides, self.buckets[0])
+            self.dq(q, k, v, g, m, dq, *self.head, *scalars, *self.strides, self.buckets[1])
+        return dq, dk, dv
+
+
+def _key(what: str, activation, bias, alpha, q, k, v, mask) -> tuple:
+    return (what, activation, bias is None, alpha is None, LT._signature(q, k, v, mask, None), LT._dry_sms,
+            q.dtype == torch.float32 and LT._tf32())
+
+
+def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float],
+             out_dtype: torch.dtype) -> torch.Tensor:
+    """The output (:class:`_ForwardCall`), planned once per signature."""
+    dry = LT._dry_sms
+    key = (*_key("activation forward", activation, bias, alpha, q, k, v, mask), out_dtype)
+    call = LT._call(key, lambda: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype,
+                                              LT._Mode(activation, q.device, dry, LT._tuning())))
+    return call(q, k, v, mask, _scalars(q, bias, alpha))
+
+
+def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float]):
+    """dq, dk, dv (:class:`_BackwardCall`), planned once per signature."""
+    dry = LT._dry_sms
+    key = (*_key("activation backward", activation, bias, alpha, q, k, v, mask), g.shape, g.stride(), g.dtype)
+    call = LT._call(key, lambda: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask,
+                                               LT._Mode(activation, q.device, dry, LT._tuning())))
+    return call(g, q, k, v, mask, _scalars(q, bias, alpha))
+
+
+# ------------------------------------------------------------------------------------------------ autograd and ops
+
+
+class _ActivationAttention(torch.autograd.Function):
+    """Forward and backward for eager calls."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, activation, bias, alpha, out_dtype):
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.params = (activation, bias, alpha)
+        return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, mask = ctx.saved_tensors
+        return (*_backward(g, q, k, v, mask, *ctx.params), None, None, None, None, None)
+
+
+# Registered for CUDA and, for the interpreter, CPU tensors.
+
+
+@torch.library.custom_op("simattn::activation_attn_fwd", mutates_args=(), device_types=("cuda", "cpu"))
+def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], activation: str,
+            bias: Optional[float], alpha: Optional[float], out_dtype: torch.dtype) -> torch.Tensor:
+    return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, mask, activation, bias, alpha, out_dtype):
+    return q.new_empty(*q.shape[:-1], v.shape[-1], dtype=out_dtype)
+
+
+@torch.library.custom_op("simattn::activation_attn_bwd", mutates_args=(), device_types=("cuda", "cpu"))
+def _bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+            activation: str, bias: Optional[float], alpha: Optional[float]
+            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _backward(g, q, k, v, mask, activation, bias, alpha)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(g, q, k, v, mask, activation, bias, alpha):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, mask, activation, bias, alpha, _ = inputs
+    ctx.save_for_backward(q, k, v, mask)
+    ctx.params = (activation, bias, alpha)
+
+
+def _grads(ctx, g):
+    q, k, v, mask = ctx.saved_tensors
+    return (*_bwd_op(g, q, k, v, mask, *ctx.params), None, None, None, None, None)
+
+
+_fwd_op.register_autograd(_grads, setup_context=_setup_context)
+
+
+# ------------------------------------------------------------------------------------------------ entry point
+
+
+def activation_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str,
+                      bias: Optional[float] = None, alpha: Optional[float] = None,
+                      mask: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """s · h(q kᵀ/√d + b) v on q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv) → (B, H, Nq, dv), with
+    ``activation`` h (a key of :data:`TRITON_H`), b = ``bias`` or, when None, −log n, and s = n^(-``alpha``) or,
+    when None, 1; n is the number of keys the (B, Nk) keep-``mask`` keeps. Differentiable in q, k and v. Called by
+    :func:`simattn.attention.sigmoid.sigmoid_attention` and :func:`simattn.attention.relu.relu_attention`, which
+    have checked the inputs and :func:`~simattn.attention._common.triton_refusal`; a device the kernels cannot run
+    on is refused here."""
+    out_dtype = out_dtype or v.dtype
+    if LT._as_op(q):
+        return _fwd_op(q, k, v, mask, activation, bias, alpha, out_dtype)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _ActivationAttention.apply(q, k, v, mask, activation, bias, alpha, out_dtype)
+    return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
