@@ -6,7 +6,7 @@ from the keys, then the queries read from the agents, each step a softmax over n
     V_A = softmax(A Kᵀ/√d + B₁) V,    O = softmax(Q Aᵀ/√d + B₂) V_A,
 
 linear in N for a fixed n (2·N·n exps per head: SimA's Table 2 class HN). The agent biases B₁ (n×N) and B₂ (N×n)
-carry the tokens' positions, each the sum of three parts (the paper's Sec. 4): a block bias of 7×7 per agent,
+carry the tokens' positions, each the sum of the paper's three parts: a block bias of 7×7 per agent,
 bilinearly resized to the token grid, a row bias and a column bias per agent (one value per grid row and column,
 ``window`` of them; resized linearly when the grid differs). A depthwise 3×3 conv of V on the grid is added to the
 output, restoring the diversity a rank-n summary loses. Prefix (class) tokens take part as queries and keys but
