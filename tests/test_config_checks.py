@@ -12,6 +12,7 @@ import yaml
 from timm.scheduler import create_scheduler_v2
 
 from simattn.classify.config import TrainConfig, load_config
+from simattn.classify.task import train
 from simattn.cli import main as simattn_main
 from simattn.convert.config import ConvertConfig
 from simattn.detect.config import DetectConfig
@@ -72,14 +73,17 @@ NOT_RUNNABLE = [
 
 
 @pytest.mark.parametrize("flags,message", NOT_RUNNABLE, ids=[" ".join(f) for f, _ in NOT_RUNNABLE])
-def test_print_config_passes_the_checks_of_the_run(capsys, flags, message):
+def test_print_config_passes_the_checks_of_the_run(capsys, tmp_path, flags, message):
     code = simattn_main(["train", "-c", "digits_cpu", *flags, "--print-config"])
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if not line.startswith("note: ")]  # notes on dropped options stay
     assert code == 2 and len(lines) == 1 and message in lines[0], err
     assert out == ""  # nothing printed before the error
-    with pytest.raises(ValueError, match=message.split(":")[0]):  # the run's parse stage: the same check
-        recipe_from_args(TrainConfig, _train_parser().parse_args(["-c", "digits_cpu", *flags]))
+    output = ["--output", str(tmp_path / "run")]
+    config = recipe_from_args(TrainConfig, _train_parser().parse_args(["-c", "digits_cpu", *flags, *output]))
+    with pytest.raises(ValueError, match=message.split(":")[0]):  # the run checks the same before any work
+        train(config)
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_recipe_that_leaves_the_data_to_the_command_line_still_loads():

@@ -758,16 +758,10 @@ def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
 
 def recipe_from_args(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
     """The checked recipe of :func:`add_recipe_options`' arguments: the recipe, then the ``--set`` items and flags
-    (or ``overrides``, when the command took some of them for itself)."""
-    return _checked_for_run(load_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None
-                                        else overrides, command=getattr(args, "recipe_command", None)))
-
-
-def _checked_for_run(config: Any) -> Any:
-    """``config`` after its schema's ``check_run()`` (a task's: what its run checks before building anything), the
-    one check of a command's run and of its ``--print-config``."""
-    check = getattr(config, "check_run", None)
-    return check() if check is not None else config
+    (or ``overrides``, when the command took some of them for itself). What a run needs beyond that (a task's
+    ``check_run()``: its model and data) the run checks first, as ``--print-config`` does."""
+    return load_recipe(schema, args.config, recipe_overrides(schema, args) if overrides is None else overrides,
+                       command=getattr(args, "recipe_command", None))
 
 
 def config_yaml(resolved: Resolved) -> str:
@@ -803,7 +797,9 @@ def print_config_if_asked(schema: type, args: Any, overrides: Optional[Mapping[s
                               getattr(args, "recipe_command", None))
     for note in resolved.notes:
         print(f"note: {note}", file=sys.stderr, flush=True)
-    _checked_for_run(resolved.config())
+    config = resolved.config()
+    if hasattr(config, "check_run"):  # what the run checks before it builds anything (a task's model and data)
+        config.check_run()
     print(config_yaml(resolved), end="", flush=True)
     return True
 
