@@ -29,9 +29,9 @@ __all__ = ["activation_triton", "TRITON_H"]
 
 #: h the kernels compute, by name, with their constexpr code
 TRITON_H = {"relu": K.ACT_RELU, "sigmoid": K.ACT_SIGMOID}
-#: queries (forward, dq) or keys (dk, dv) a program holds: on a GPU by head size, in the interpreter small, so that
-#: short test inputs span several tiles (the streamed tile is 32 there, linear_triton's)
-_INTERPRETER_BLOCK_M = 16
+# queries (forward, dq) or keys (dk, dv) a program holds: on a GPU by head size; in the interpreter as small as the
+# streamed tile (linear_triton's 32), so that short test inputs span several tiles
+_INTERPRETER_BLOCK_M = 32
 
 
 def _block_m(d: int, e: int, mode) -> int:

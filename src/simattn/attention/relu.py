@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv, check_token_mask,
                       no_autocast, range_safe_dtype)
 from ._registry import register_attention
+from .activation_backend import check_backend, runs_triton
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
 
@@ -85,10 +86,14 @@ def relu_weights(q: torch.Tensor, k: torch.Tensor, *, activation: str = "relu", 
 
 
 def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activation: str = "relu",
-                   alpha: float = 1.0, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                   alpha: float = 1.0, mask: Optional[torch.Tensor] = None, backend: str = "auto") -> torch.Tensor:
     """ReLU attention on q (B, H, Nq, d), k, v (B, H, Nk, ·).
 
-    Fast path: for positively homogeneous h (relu, relu2, identity) the scalars √d⁻¹ and L^(-alpha) are folded into
+    ``backend``: 'triton' runs h = relu or sigmoid as flash-style Triton kernels, forward and backward, with no
+    N×N tensor (:mod:`simattn.attention.activation_triton`); 'auto' does so on CUDA where they take the call and
+    runs torch elsewhere, for the other h and in exported graphs; 'torch' never.
+
+    Torch path: for positively homogeneous h (relu, relu2, identity) the scalars √d⁻¹ and L^(-alpha) are folded into
     q (Nq×d work instead of Nq×Nk); masked keys are zeroed in k and v (h(0) = 0 for those h), and h runs in place.
     Everything runs in fp32 under autocast (see :func:`relu_weights`); the output is fp32 under fp16 autocast
     (it is unnormalized and can exceed fp16's range), the autocast dtype under bf16.
@@ -99,6 +104,10 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu", k.device)
     degree = _HOMOGENEOUS_DEGREE.get(activation)
     out_dtype = _out_dtype(q)
+    if runs_triton("relu", backend, q, k, v, activation):
+        from .activation_triton import activation_triton
+        return activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
+                                 out_dtype=out_dtype)
     if degree is None:
         weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
         with no_autocast(q):
@@ -120,7 +129,8 @@ class ReLUAttention(TokenAttention):
     """ReLU attention with timm's ``Attention`` signature.
 
     Extra options: ``activation`` (h: relu, relu2, gelu, softplus, identity, relu6, sigmoid), ``alpha`` (the
-    sequence-length exponent a, default 1). qk-LayerNorm is timm's ``qk_norm=True``; the gate is ``gated=True``.
+    sequence-length exponent a, default 1), ``backend`` ('auto' | 'torch' | 'triton', :func:`relu_attention`).
+    qk-LayerNorm is timm's ``qk_norm=True``; the gate is ``gated=True``.
     ``attn_weights`` is a hook point; when hooked, or when ``attn_drop`` is active (training), the explicit weights
     are materialized, passed through it and dropped.
 
@@ -134,12 +144,13 @@ class ReLUAttention(TokenAttention):
     supports_attn_drop = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, activation: str = "relu", alpha: float = 1.0,
-                 **kwargs) -> None:
+                 backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         _activation(activation)
         check_finite(type(self).__name__, "alpha", alpha)
         self.activation = activation
         self.alpha = alpha
+        self.backend = check_backend(type(self).__name__, backend)
         if activation in _EXP_LIKE_H:
             self.exp_complexity = "HN²"
         self.attn_weights = HookPoint()
@@ -160,7 +171,8 @@ class ReLUAttention(TokenAttention):
             w = self.attn_weights(relu_weights(q, k, activation=self.activation, alpha=self.alpha, mask=mask))
             with no_autocast(v):
                 return (self.attn_drop(w) @ v.to(w.dtype)).to(_out_dtype(v))
-        return relu_attention(q, k, v, activation=self.activation, alpha=self.alpha, mask=mask)
+        return relu_attention(q, k, v, activation=self.activation, alpha=self.alpha, mask=mask,
+                              backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, activation={self.activation!r}, alpha={self.alpha}"

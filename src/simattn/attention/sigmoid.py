@@ -8,7 +8,8 @@ itself is the weighting. One sigmoid per query-key pair: SimA's Table 2 class HN
 
 A key mask removes keys (weight 0) and n counts the kept keys, so a masked call equals one on the kept tokens.
 Scores and sigmoid run in fp32 (fp64 for fp64 inputs) under autocast; the output is unnormalized (up to n·|v|), so
-under fp16 autocast it is returned in fp32, as the ``relu`` kind's.
+under fp16 autocast it is returned in fp32, as the ``relu`` kind's. ``backend='triton'`` (``'auto'`` on CUDA) runs
+it as flash-style Triton kernels, forward and backward, with no N×N tensor (:mod:`simattn.attention.activation_triton`).
 
 Released code (apple/ml-sigmoid-attention, ``attention_simulator/layers/attention.py`` ``Attention`` with
 ``activations.unnormalized_sigmoid_attention`` and ``attn_bias = −log n``, its temperature at 0): run on fixed
@@ -26,6 +27,7 @@ import torch
 
 from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_token_mask, no_autocast, range_safe_dtype
 from ._registry import register_attention
+from .activation_backend import check_backend, runs_triton
 from .base import TokenAttention
 from .reference import sigmoid_reference as sigmoid_attention_reference
 
@@ -66,13 +68,17 @@ def sigmoid_weights(q: torch.Tensor, k: torch.Tensor, *, bias: Optional[float] =
 
 
 def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias: Optional[float] = None,
-                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      mask: Optional[torch.Tensor] = None, backend: str = "auto") -> torch.Tensor:
     """Sigmoid attention on q (B, H, Nq, d), k, v (B, H, Nk, ·): σ(q kᵀ/√d + b) v with b = −log n (n the kept
     keys) unless ``bias``; ``mask`` (B, Nk) removes keys. Under autocast the output is autocast's dtype, fp16 lifted
-    to fp32 (it is unnormalized)."""
+    to fp32 (it is unnormalized). ``backend``: 'auto' (the Triton kernels on CUDA where they take the call, torch
+    elsewhere and in exported graphs), 'torch' or 'triton' (:mod:`~simattn.attention.activation_backend`)."""
     check_qkv(q, k, v, "sigmoid")
     mask = _check(q, k, bias, mask)
     out_dtype = range_safe_dtype(q) if torch.is_autocast_enabled(q.device.type) else v.dtype
+    if runs_triton("sigmoid", backend, q, k, v, "sigmoid"):
+        from .activation_triton import activation_triton
+        return activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask, out_dtype=out_dtype)
     with no_autocast(q):
         w = _weights(q, k, mask, bias)
         return (w @ v.to(acc_dtype(v))).to(out_dtype)
@@ -82,18 +88,20 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
 class SigmoidAttention(TokenAttention):
     """Sigmoid attention with timm's ``Attention`` signature.
 
-    Option ``bias``: b (None = −log n, the paper's). qk-LayerNorm is timm's ``qk_norm=True``. ``attn_weights`` is a
+    Options ``bias``: b (None = −log n, the paper's); ``backend`` ('auto' | 'torch' | 'triton'). qk-LayerNorm is timm's ``qk_norm=True``. ``attn_weights`` is a
     hook point on the weights; ``attn_drop`` drops them in training.
     """
 
     exp_complexity = "HN²"
     supports_attn_drop = True
 
-    def __init__(self, dim: int, num_heads: int = 8, *, bias: Optional[float] = None, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, bias: Optional[float] = None, backend: str = "auto",
+                 **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         if bias is not None:
             check_finite(type(self).__name__, "bias", bias)
         self.bias = None if bias is None else float(bias)
+        self.backend = check_backend(type(self).__name__, backend)
         self.attn_weights = HookPoint()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -109,7 +117,7 @@ class SigmoidAttention(TokenAttention):
             out_dtype = range_safe_dtype(v) if torch.is_autocast_enabled(v.device.type) else v.dtype
             with no_autocast(v):
                 return (self.attn_drop(w) @ v.to(w.dtype)).to(out_dtype)
-        return sigmoid_attention(q, k, v, bias=self.bias, mask=mask)
+        return sigmoid_attention(q, k, v, bias=self.bias, mask=mask, backend=self.backend)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, bias={'-log n' if self.bias is None else self.bias}"

@@ -1,0 +1,46 @@
+"""Which implementation runs a call of a point-wise activation kind (``sigmoid``, ``relu``): its torch ops or the
+flash-style Triton kernels (:mod:`simattn.attention.activation_triton`). Decided without importing Triton, so CPU
+calls never load it."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._common import kernels_may_run, triton_refusal
+
+__all__ = ["ACTIVATION_BACKENDS", "TRITON_ACTIVATIONS", "activation_refusal", "check_backend", "runs_triton"]
+
+#: the ``backend`` values of the kinds
+ACTIVATION_BACKENDS = ("auto", "torch", "triton")
+#: the h the kernels compute (``activation_triton.TRITON_H``)
+TRITON_ACTIVATIONS = ("relu", "sigmoid")
+
+
+def check_backend(owner: str, backend: str) -> str:
+    if backend not in ACTIVATION_BACKENDS:
+        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(ACTIVATION_BACKENDS)}")
+    return backend
+
+
+def activation_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str) -> Optional[str]:
+    """Why the kernels cannot take this call (None where they can): h, then the Triton limits of ``_common``."""
+    if activation not in TRITON_ACTIVATIONS:
+        return f"computes h = {' or '.join(TRITON_ACTIVATIONS)}, got activation={activation!r}"
+    return triton_refusal(q, k, v)
+
+
+def runs_triton(owner: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                activation: str) -> bool:
+    """Whether the kernels run this call of checked q, k, v. ``'triton'`` runs them or raises a one-line ValueError
+    saying why it cannot (the device is checked where they launch); ``'auto'`` runs them on CUDA where they take
+    the call, outside graphs made for other runtimes (``torch.export``, TorchScript, fx), and torch otherwise."""
+    check_backend(owner, backend)
+    if backend == "torch" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
+        return False
+    if backend == "auto" and (q.device.type != "cuda" or not kernels_may_run()):
+        return False
+    refusal = activation_refusal(q, k, v, activation)
+    if refusal is not None and backend == "triton":
+        raise ValueError(f"{owner}: backend 'triton' {refusal}; backend 'auto' runs torch there")
+    return refusal is None

@@ -1,0 +1,171 @@
+"""The flash-style Triton kernels of sigmoid and ReLU attention against the plain references (fp64), forward and
+every gradient. Without CUDA they run in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, set by conftest.py
+before they are imported); with CUDA compiled on the GPU.
+
+Bounds. fp32: rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and each gradient (fp32 round-off gives
+~1e-7; a wrong derivative, scale or bias gives order 1). Half inputs, against the oracle on the same rounded values:
+the kernels round the weights to bf16 before they meet bf16 v (and the output gradient, for dv), and round each
+result once to the inputs' dtype; a rounding of relative size u per term gives an rms error ratio of about u, so the
+bound is 2u with u the unit round-off: 2⁻⁷ for bf16, 2⁻¹⁰ for fp16.
+"""
+import pytest
+import torch
+
+from simattn.attention import ReLUAttention, create_attention
+from simattn.attention import reference as R
+from simattn.attention.activation_backend import activation_refusal, runs_triton
+from simattn.attention.relu import relu_attention
+from simattn.attention.sigmoid import sigmoid_attention
+
+from attention_cases import error_ratio, rms
+
+pytest.importorskip("triton")
+from simattn.attention import activation_triton as at  # noqa: E402 - in the mode conftest set
+from simattn.attention import linear_kernels as LK  # noqa: E402
+
+TOL = 1e-4
+HALF_TOL = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+@pytest.fixture
+def device():
+    """CPU tensors in the interpreter, CUDA ones where the kernels were compiled."""
+    if LK.INTERPRETER:
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("the kernels are compiled but there is no CUDA device")
+    return "cuda"
+
+
+def _leaves(shapes, device, fused=False, seed=0, dtype=torch.float32):
+    """q, k, v and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection whose
+    strided views q, k, v are."""
+    gen = torch.Generator().manual_seed(seed)
+    (B, H, n_q, d), (_, _, n_k, d_v) = shapes
+    if fused:
+        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
+        return leaf.permute(2, 0, 3, 1, 4).unbind(0), [leaf]
+    leaves = [torch.randn(B, H, n, c, generator=gen).to(device, dtype).requires_grad_()
+              for n, c in ((n_q, d), (n_k, d), (n_k, d_v))]
+    return leaves, leaves
+
+
+def _views(leaves):
+    return leaves[0].permute(2, 0, 3, 1, 4).unbind(0) if len(leaves) == 1 else leaves
+
+
+def _run(kind, qkv, **kw):
+    if kind == "sigmoid":
+        return sigmoid_attention(*qkv, backend="triton", **kw)
+    return relu_attention(*qkv, backend="triton", **kw)
+
+
+def _reference(kind, qkv, **kw):
+    return (R.sigmoid_reference if kind == "sigmoid" else R.relu_reference)(*qkv, **kw)
+
+
+def _compare(kind, leaves, tol, **kw):
+    """Triton output and gradients against the oracle in fp64 on the same values, same upstream gradient."""
+    out = _run(kind, _views(leaves), **kw)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad(out, leaves, g.to(out.device, out.dtype))
+    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    mask = kw.pop("mask", None)
+    ref = _reference(kind, _views(hi), mask=None if mask is None else mask.cpu(), **kw)
+    ref_grads = torch.autograd.grad(ref, hi, g)
+    assert out.shape == ref.shape and out.dtype == leaves[0].dtype
+    assert error_ratio(out.cpu(), ref) <= tol, f"forward: error ratio {error_ratio(out.cpu(), ref):.3g}"
+    for a, b, name in zip(grads, ref_grads, ["qkv"] if len(hi) == 1 else ["q", "k", "v"]):
+        assert a.dtype == leaves[0].dtype and torch.isfinite(a).all()
+        assert error_ratio(a.cpu(), b) <= tol, f"d/d{name}: error ratio {error_ratio(a.cpu(), b):.3g}"
+    return out, ref
+
+
+CASES = {  # name → kind, ((B, H, Nq, d), (B, H, Nk, dv)), fused qkv, options
+    # N past the tiles (32 tokens in the interpreter), cross lengths, dv ≠ d, b = −log n
+    "sigmoid_cross_dv": ("sigmoid", ((1, 2, 21, 16), (1, 2, 37, 24)), False, {}),
+    "sigmoid_fused_qkv": ("sigmoid", ((2, 1, 20, 16), (2, 1, 20, 16)), True, {}),
+    "sigmoid_given_bias_d128": ("sigmoid", ((1, 1, 5, 128), (1, 1, 5, 128)), False, {"bias": -1.5}),
+    "relu_alpha": ("relu", ((1, 2, 33, 16), (1, 2, 33, 16)), True, {"alpha": 0.7}),
+    "relu_h_sigmoid_n1": ("relu", ((1, 2, 1, 16), (1, 2, 1, 16)), False, {"activation": "sigmoid"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_gradients_match_reference(case, device):
+    kind, shapes, fused, kw = CASES[case]
+    leaves = _leaves(shapes, device, fused)[1]
+    if kind == "relu" and shapes[0][2] > 1:  # relu's gradient lives on the positive scores: keep both signs
+        assert 0.2 < (_views(leaves)[0] @ _views(leaves)[1].transpose(-2, -1) > 0).float().mean() < 0.8
+    _compare(kind, leaves, TOL, **kw)
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "relu"])
+def test_key_mask_counts_the_kept_keys(kind, device):
+    """n in b = −log n and in L^(-a) counts each example's kept keys; removed keys get no weight and no gradient,
+    and an example with every key removed gives 0."""
+    leaves = _leaves(((3, 1, 9, 16), (3, 1, 40, 16)), device)[1]
+    mask = torch.rand(3, 40, generator=torch.Generator().manual_seed(1)) > 0.4
+    mask[2] = False
+    out, _ = _compare(kind, leaves, TOL, mask=mask.to(device), **({"alpha": 0.5} if kind == "relu" else {}))
+    assert not out[2].any()
+
+
+@pytest.mark.parametrize("kind, dtype", [("sigmoid", torch.bfloat16), ("relu", torch.float16)])
+def test_half_precision_within_bound(kind, dtype, device):
+    leaves = _leaves(((1, 1, 40, 16), (1, 1, 40, 32)), device, dtype=dtype, seed=4)[1]
+    _compare(kind, leaves, HALF_TOL[dtype])
+
+
+def test_module_backend_triton_equals_torch(device):
+    """The kinds' modules pass ``backend`` through: one qkv projection, both backends, same output."""
+    torch.manual_seed(0)
+    for name, kw in (("sigmoid", {}), ("relu", {"activation": "sigmoid", "alpha": 0.5})):
+        mods = [create_attention(name, 32, num_heads=2, backend=b, **kw).to(device) for b in ("torch", "triton")]
+        mods[1].load_state_dict(mods[0].state_dict())
+        x = torch.randn(1, 23, 32, device=device)
+        assert error_ratio(mods[1](x), mods[0](x)) <= TOL
+
+
+def test_custom_ops_pass_opcheck(device):
+    """Schema, fake implementations and the autograd registration of both ops, on strided views with a mask."""
+    (q, k, v), _ = _leaves(((1, 1, 4, 16), (1, 1, 4, 16)), device, fused=True)
+    mask = torch.tensor([[True, True, True, False]], device=device)
+    checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+    args = (q, k, v, mask, "sigmoid", None, None, torch.float32)
+    torch.library.opcheck(torch.ops.simattn.activation_attn_fwd.default, args, test_utils=checks)
+    g = torch.randn(1, 1, 4, 16, device=device)
+    torch.library.opcheck(torch.ops.simattn.activation_attn_bwd.default,
+                          (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0), test_utils=checks)
+
+
+def test_auto_runs_torch_on_cpu_and_where_the_kernels_refuse():
+    q = torch.randn(1, 2, 5, 16)
+    assert not runs_triton("relu", "auto", q, q, q, "relu")
+    assert activation_refusal(q, q, q, "relu") is None and activation_refusal(q, q, q, "sigmoid") is None
+    assert "relu or sigmoid" in activation_refusal(q, q, q, "gelu")
+    assert "float64" in activation_refusal(q.double(), q.double(), q.double(), "sigmoid")
+
+
+def test_triton_refusals_are_one_line():
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match=r"^relu: backend 'triton' computes h = relu or sigmoid, got "
+                                         r"activation='gelu'; backend 'auto' runs torch there$"):
+        relu_attention(q, q, q, activation="gelu", backend="triton")
+    with pytest.raises(ValueError, match=r"^sigmoid: unknown backend 'cuda'; expected one of auto, torch, triton$"):
+        sigmoid_attention(q, q, q, backend="cuda")
+    with pytest.raises(ValueError, match="ReLUAttention: unknown backend"):
+        ReLUAttention(32, 2, backend="fast")
+
+
+def test_a_repeat_call_reuses_its_plan(device, monkeypatch):
+    """The first call at a signature plans its launch; a repeat with new values only looks it up."""
+    from simattn.attention import linear_triton as LT
+    monkeypatch.setattr(LT, "_CALLS", {})
+    (q, k, v), _ = _leaves(((1, 1, 3, 16), (1, 1, 3, 16)), device)
+    with torch.no_grad():
+        first = at.activation_triton(q, k, v, activation="sigmoid")
+        plans = dict(LT._CALLS)
+        second = at.activation_triton(2 * q, k, v, activation="sigmoid")
+    assert len(plans) == 1 and LT._CALLS == plans
+    assert rms(first - second) > 0
