@@ -244,7 +244,8 @@ def _grid_linear_module_oracle(m, x, q, k, v, grid):
     prefix = N - grid[0] * grid[1]
     zeros = torch.zeros_like(v[:, :, :prefix])
     if m.positional_encoding is not None:  # on the grid the encoding was built for
-        k = k + torch.cat([zeros, m.positional_encoding.reshape(1, -1, Hh, d).transpose(1, 2).expand_as(v[:, :, prefix:])], 2)
+        encoding = m.positional_encoding.reshape(1, -1, Hh, d).transpose(1, 2)
+        k = k + torch.cat([zeros, encoding.expand_as(v[:, :, prefix:])], 2)
     if m.attn_name == "flatten":
         scale = torch.log1p(torch.exp(m.feature_scale)).reshape(1, Hh, 1, d)
         out = R.flatten_reference(q, k, v, focusing_factor=m.focusing_factor, scale=scale, eps=m.eps)

@@ -128,7 +128,8 @@ def test_onnx_graph_exp_ops(kind):
     buf = io.BytesIO()
     torch.onnx.export(m, (x,), buf, dynamo=False, opset_version=18)
     proto = onnx.load_from_string(buf.getvalue())
-    expected = {"flatten": {"Softplus": 1}, "inline": {"Erf": 1}, "slab": {}, "polaformer": {"Softplus": 1, "Sigmoid": 1}}
+    expected = {"flatten": {"Softplus": 1}, "inline": {"Erf": 1}, "slab": {},
+                "polaformer": {"Softplus": 1, "Sigmoid": 1}}
     assert audit_onnx(proto).exp_like == expected[kind]
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
@@ -138,7 +139,8 @@ def test_onnx_graph_exp_ops(kind):
 
 # parameters of DeiT-T (5,717,416) and DeiT-S (22,050,664) and what each kind adds per block, C wide with H heads:
 # FLatten: scale C, key encoding 196·C, conv d·25 + d; PolaFormer: those, gate C² + C and power C; SLAB: encoding
-# and conv, no class token nor its position (−2C); InLine: its kernel predictor, (C/H)·C + C + (C/H)·9C + 9C, at its own widths.
+# and conv, no class token nor its position (−2C); InLine: its kernel predictor, (C/H)·C + C + (C/H)·9C + 9C, at
+# its own widths.
 def _deit(dim):
     return 12 * (12 * dim * dim + 13 * dim) + 768 * dim + dim + 197 * dim + dim + 2 * dim + 1000 * dim + 1000
 

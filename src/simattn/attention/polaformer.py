@@ -11,9 +11,11 @@ exporters may fold.
 
 Released code (ZacharyMeng/PolaFormer, MIT; ``PolaLinearAttention`` of ``models/pola_pvt.py``, sr_ratio 1): its
 ``qg`` projection is our ``qkv`` (q) and ``g``, its ``kv`` our ``qkv`` (k, v); its ``scale`` is ``feature_scale``.
-It has no DeiT: the class token takes part in the attention but not in the conv or the key encoding, as in the
-same family's InLine DeiT. Checked on fixed inputs (B 2, a 7×7 grid, C 64, 2 heads, α 4, fp64, random weights
-copied from its module into ours): max |ours − released| = 2.8e-14, on outputs up to 98.
+The paper's description has learnable polarity-aware coefficient matrices weighting the two terms; the released
+module splits V's channels between them instead and multiplies by the gate: the code is followed here. It has no
+DeiT: the class token takes part in the attention but not in the conv or the key encoding, as in InLine's DeiT.
+Checked on fixed inputs (B 2, a 7×7 grid, C 64, 2 heads, α 4, fp64, random weights copied from its module into
+ours): max |ours − released| = 2.8e-14, on outputs up to 98.
 
 Precision: powers up to 1 + α of activations overflow fp16 at once and their products overflow fp32 from about
 |q|, |k| ~ 1e4 at α = 4. Each output is a ratio, unchanged when one query's features or all keys' features are
