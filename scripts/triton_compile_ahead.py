@@ -8,7 +8,8 @@ instead of timing them, one process per (batch, token count), so the compiled ke
 when the sweep starts.
 
 ``--sm90-here`` does the same on a machine without a GPU: every kernel path (SimA forward with and without the
-backward's state, the backward, ELU and XNorm, split and one-tile plans) is compiled for an H100/H200 (sm_90) with
+backward's state, the backward, ELU and XNorm, split and one-tile plans; sigmoid and relu attention's
+flash-style kernels, forward and backward) is compiled for an H100/H200 (sm_90) with
 Triton's own compiler and ptxas, through the same launch code, so a kernel that would not compile on the GPU fails
 here first. It prints the shared memory each kernel needs.
 
@@ -22,7 +23,7 @@ import multiprocessing
 import sys
 import time
 
-KINDS = ["sima_triton", "elu", "xnorm"]
+KINDS = ["sima_triton", "elu", "xnorm", "sigmoid_triton"]
 
 
 class _Sm90Driver:
@@ -84,6 +85,12 @@ def _job(job):
         q, k, v = (torch.randn(batch, 6, n, 64, dtype=getattr(torch, dtype_name)) for _ in range(3))
         linear_triton.linear_triton("elu", q, k, v)
         linear_triton.linear_triton("xnorm", q, k, v, gamma=torch.ones(batch * 6))
+        # the relu kind's kernels (h = relu, n^(-a) scale, a key mask), forward and backward
+        from simattn.attention.activation_triton import activation_triton
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = activation_triton(*leaves, activation="relu", bias=0.0, alpha=1.0,
+                                mask=torch.ones(batch, n, dtype=torch.bool))
+        out.backward(torch.ones_like(out))
     errors = [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
     return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
 

@@ -88,8 +88,9 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
 class SigmoidAttention(TokenAttention):
     """Sigmoid attention with timm's ``Attention`` signature.
 
-    Options ``bias``: b (None = −log n, the paper's); ``backend`` ('auto' | 'torch' | 'triton'). qk-LayerNorm is timm's ``qk_norm=True``. ``attn_weights`` is a
-    hook point on the weights; ``attn_drop`` drops them in training.
+    Options ``bias``: b (None = −log n, the paper's); ``backend`` ('auto' | 'torch' | 'triton',
+    :func:`sigmoid_attention`). qk-LayerNorm is timm's ``qk_norm=True``. ``attn_weights`` is a hook point on the
+    weights; ``attn_drop`` drops them in training.
     """
 
     exp_complexity = "HN²"
