@@ -587,6 +587,7 @@ def _options():
         "dtype": Opt(None, "float32, bfloat16 or float16 (default float32 on CPU, bfloat16 with --device cuda)",
                      type=maybe(str), choices=["float32", "bfloat16", "float16"]),
         "output": shared("output", "runs/bench_attention.json", "JSON results file"),
+        "overwrite": shared("overwrite"),
         "write_table": Opt(None, "with --device cuda: also write SimA's backend table (sima_gpu_table.json's format) "
                                  "here, with this sweep's points (GPU times of kinds sima and sima_triton, both "
                                  "needed); an existing table is updated",
@@ -611,7 +612,7 @@ def main(argv: List[str]) -> int:
                              "dtype"], "to the sweeps, not --host-cost (it times one tiny fixed shape)")
         if gpu:
             raise ValueError("--host-cost runs on CPU with the launches skipped (no GPU needed): drop --device")
-        check_out(args.output, folder=False)
+        check_out(args.output, args.overwrite)
         args.repeats = args.repeats or 10
         return main_host_cost(args)
     if gpu:
@@ -622,7 +623,7 @@ def main(argv: List[str]) -> int:
     else:
         refuse_unused(args, ["batch", "passes", "hbm_gbps", "write_table"],
                       "to --device cuda (the CPU sweep's batch is 8 at N = 197, 1 elsewhere, forward only)")
-    check_out(args.output, folder=False)
+    check_out(args.output, args.overwrite)
     args.batch = args.batch or 8
     args.passes = args.passes or list(PASSES)
     args.max_seconds = args.max_seconds or 10.0
@@ -632,7 +633,7 @@ def main(argv: List[str]) -> int:
         missing = [kind for kind in ("sima", "sima_triton") if kind not in args.kinds]
         if missing:
             raise ValueError(f"--write-table compares sima with sima_triton: add {' '.join(missing)} to --kinds")
-        check_out(args.write_table, folder=False)
+        check_out(args.write_table, True, flag="--write-table")  # an existing table is updated
     args.heads = args.heads or (16 if gpu else 6)
     args.repeats = args.repeats or (20 if gpu else 10)
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")

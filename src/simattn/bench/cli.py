@@ -37,6 +37,8 @@ def _bench_options():
         "max_time": Opt(None, "stop a measurement's timed runs after this (s)", **seconds),
         "timeout": Opt(None, "seconds before a worker is abandoned", **seconds),
         "output": Opt(None, "where the results go", type=maybe(str), check=check_path, flags=("--out",)),
+        "overwrite": Opt(False, "replace the results an earlier run left at --output (only the files this benchmark "
+                                "writes: a folder holding others is refused)"),
     }
 
 
@@ -85,16 +87,22 @@ def refuse_unused(args, unused: List[str], why: str) -> None:
         raise ValueError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} {why}")
 
 
-def check_out(path, folder: bool) -> None:
-    """``--output``: a one-line ValueError, before any work, when it is a file where a folder is written (``folder``)
-    or a folder where a file is."""
-    from pathlib import Path
+def check_out(path, overwrite: bool, writes: Optional[Sequence[str]] = None, flag: str = "--output") -> None:
+    """``--output`` under the one output policy, a one-line ValueError before any work: a file (``writes`` None;
+    :func:`~simattn.utils.io.check_new_file`) or a folder of the files named in ``writes``
+    (:func:`~simattn.utils.io.check_new_folder`). An existing one is refused without ``overwrite``; with it, a folder
+    holding anything else is refused too, naming it."""
+    from ..utils.io import check_new_file, check_new_folder
 
-    out = Path(path)
-    if folder and out.exists() and not out.is_dir():
-        raise ValueError(f"--output {out} is a file; the benchmark writes a folder of results there")
-    if not folder and out.is_dir():
-        raise ValueError(f"--output {out} is a folder; the benchmark writes a JSON file there")
+    if writes is None:
+        check_new_file(path, overwrite, flag)
+    else:
+        check_new_folder(path, overwrite, flag, writes=writes)
+
+
+def result_files(stem: str, suffixes: Sequence[str] = ("json", "csv", "md", "png")) -> List[str]:
+    """The names of a benchmark's results in its folder: ``<stem>.json``, ``.csv``, ``.md`` and ``.png``."""
+    return [f"{stem}.{suffix}" for suffix in suffixes]
 
 
 def require_cuda(device: str) -> None:

@@ -44,7 +44,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from ..data.factory import DATASETS, create_dataset
 from ..utils.values import OPTIONS_HELP, quoted
-from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
+from .cli import check_bench_flags, check_out, refuse_unused, require_cuda, result_files
 from .report import machine_info, markdown_table, new_figure, relative_spread, save_figure, spread_warning, \
     write_csv, write_json, write_text
 
@@ -411,6 +411,7 @@ def _options():
         "in_process": Opt(False, "time the model in this process (debugging)"),
         "seed": Opt(0, "seed of the loaders' shuffling", low=0),
         "output": shared("output", "runs/bench_data", "output folder"),
+        "overwrite": shared("overwrite"),
     }
 
 
@@ -476,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     check_bench_flags(args, _options())
     args.output = Path(args.output)
-    check_out(args.output, folder=True)
+    check_out(args.output, args.overwrite, result_files("bench_data"))
     require_cuda(args.device)
     if not args.train_step:
         refuse_unused(args, ["in_process", "timeout"], "to the model's training step, which --no-train-step leaves "

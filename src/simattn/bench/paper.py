@@ -42,7 +42,7 @@ from ..attention.elu import elu_attention_reference
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model.spec import BenchSpec
 from .model.workers import run_specs
-from .cli import check_bench_flags, check_out, refuse_unused
+from .cli import check_bench_flags, check_out, refuse_unused, result_files
 from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
     write_text
 
@@ -394,6 +394,7 @@ def _options():
         "peers_parts": Opt(None, "peers: which measurements (costs latency digits; default all)",
                            type=maybe(List[str]), check=some_of(["costs", "latency", "digits"])),
         "output": shared("output", "runs/bench_paper", "output folder"),
+        "overwrite": shared("overwrite"),
     }
 
 
@@ -423,6 +424,12 @@ PART_OPTIONS = {
     "digits": ("digits_kinds", "digits_epochs"),
     "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts"),
 }
+#: what the parts write into --output (tables, figures, the digits runs' folders) and the report: what
+#: --overwrite replaces; a folder holding anything else is refused
+PAPER_FILES = ("paper.md", "digits", "peers_digits", *result_files("table3", ("json", "csv", "png")),
+               *result_files("figure_a1", ("json", "csv", "png")), *result_files("table2", ("json", "csv")),
+               *result_files("table1", ("json", "csv")), *result_files("figure1b", ("json", "csv", "png")),
+               *result_files("digits", ("json", "csv")), *result_files("peers", ("json", "csv", "png")))
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -431,7 +438,7 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     for part, names in PART_OPTIONS.items():
         if part not in args.only:
             refuse_unused(args, list(names), f"to {part}, which --only {' '.join(args.only)} leaves out")
-    check_out(args.output, folder=True)
+    check_out(args.output, args.overwrite, PAPER_FILES)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
         defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box

@@ -16,7 +16,7 @@ from ...models.factory import parse_model_kwargs
 from ...utils.recipe import Opt, flag_name, maybe, option_paths
 from ...utils.timing import set_threads
 from ...utils.values import OPTIONS_HELP, parse_assignments
-from ..cli import check_bench_flags, check_out, refuse_unused, require_cuda, shared
+from ..cli import check_bench_flags, check_out, refuse_unused, require_cuda, result_files, shared
 from ..report import machine_info
 from .results import summary_markdown, speedups, runtime_speedups, write_results
 from .runner import check_builds
@@ -149,6 +149,7 @@ def _options() -> Dict[str, Opt]:
         "timeout": shared("timeout", help="seconds before a worker is abandoned (not with --in-process)"),
         "in_process": Opt(False, "measure in this process (debugging)"),
         "output": shared("output", "runs/bench_model", "output folder"),
+        "overwrite": shared("overwrite"),
     }
 
 
@@ -302,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``simattn bench model``."""
     args = parse_args(argv)
     require_cuda(args.device)
-    check_out(args.output, folder=True)
+    check_out(args.output, args.overwrite, result_files("bench_model"))
     if not args.compile:
         refuse_unused(args, ["compile_backend", "compile_mode"], "to --compile")
     for fmt in deploy.formats().values():
