@@ -29,7 +29,7 @@ from .models.factory import add_model_arguments, load_model, model_spec_from_wei
 from .models.hub import resolve_weights
 from .models.weights import read_weights_record
 from .utils.global_state import restores_global_state
-from .utils.io import atomic_write_json, check_outputs
+from .utils.io import atomic_write_json, check_new_file, check_outputs
 from .utils.recipe import flag_name
 from .utils.runlog import use_tqdm
 
@@ -339,6 +339,7 @@ def _options():
         "amp_dtype": Opt("bfloat16", choices=["bfloat16", "float16"]),
         "channels_last": Opt(False, "channels-last memory format"),
         "output": Opt(None, "also write the JSON result to this file", type=maybe(str)),
+        "overwrite": Opt(False, "replace an existing --output file"),
         **eval_option_specs(),
         "save_predictions": Opt(None, "segmentation weights: write each image's predicted label map to this new or "
                                       "empty folder (indexed PNG <image stem>.png, the dataset's label values and "
@@ -367,6 +368,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                                            if v.default is not None or getattr(args, k) is not None}))
     check_outputs({"--output": args.output, "--save-predictions": args.save_predictions},
                   {"--weights": args.weights, "--data-dir": args.data_dir})
+    if args.output:
+        check_new_file(args.output, args.overwrite)
     seg = {k: getattr(args, k) for k in SEGMENTATION_ONLY}
     result = validate_weights(args.weights, args.model, parse_model_kwargs(args.model_kwargs), dataset=args.dataset,
                               data_dir=args.data_dir, split=args.split, img_size=args.img_size, crop_pct=args.crop_pct,
