@@ -416,7 +416,8 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
     variants = [  # each kernel once, each kind's prologue or epilogue once, both token-axis plans, bf16 and fp32
         # ELU's prologue on bf16 keys: its fp32 features and SimA's own keys come from one function
         (kernels._stats_kernel, {**bf16, **u8},
-         dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, FEATURE_ELU=True, NATIVE=False, **common)),
+         dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, FEATURE_ELU=True, FEATURE_RELU=False, NATIVE=False,
+              **common)),
         (kernels._fwd_kernel, {**bf16, **u8}, dict(fwd, SPLIT=False)),
         (kernels._fwd_kernel, u8, dict(fwd, **st.KINDS["elu"].flags, KEY_SUMS=True, QUERY_SUMS=False, NATIVE=False,
                                        BF16_OUT=False, SAVE=False, SPLIT=True)),

@@ -49,11 +49,13 @@ LOOP_CONFIGS = ((32, 4, 3), (64, 4, 3), (64, 8, 2), (128, 8, 2))
 ONE_TILE_WARPS = (8, 4, 16)
 # What the tuned configuration depends on: tokens per program and programs (n_bucket, p_bucket: powers of two, unused
 # in the kernels' bodies), head dims and the path; triton adds the tensor arguments' dtypes.
-TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "NORMS", "HAS_Z"],
-             "fwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FOLD_L1", "FOLD_COLS_L2", "SPLIT",
+TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "NORMS", "HAS_Z"],
+             "fwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "FOLD_L1", "FOLD_COLS_L2",
+                     "SPLIT", "BF16_OUT"],
+             "one": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "FOLD_L1", "FOLD_COLS_L2",
                      "BF16_OUT"],
-             "one": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FOLD_L1", "FOLD_COLS_L2", "BF16_OUT"],
-             "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"]}
+             "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"],
+             "feature_bwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "STAGE"]}
 
 
 def _loop_tuned(name):
@@ -135,14 +137,35 @@ def _elu_features(x, rows):
 
 
 @triton.jit
-def _prologue(x, rows, FEATURE_ELU: tl.constexpr):
+def _relu_features(x, rows):
+    """SLAB's φ(x) = relu(x) in fp32, 0 on rows that take no part."""
+    return tl.where(rows[:, None], tl.maximum(x.to(tl.float32), 0.0), 0.0)
+
+
+@triton.jit
+def _prologue(x, rows, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr):
     """The feature map on a tile of q or k: the kind's (FEATURE_*), else x itself."""
     # one return: the compiler types every return of a function alike, constexpr branches included
     if FEATURE_ELU:
         phi = _elu_features(x, rows)
+    elif FEATURE_RELU:
+        phi = _relu_features(x, rows)
     else:
         phi = x
     return phi
+
+
+@triton.jit
+def _feature_slope(x, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr):
+    """φ'(x) of the prologue, elementwise in fp32 (1 without a feature map)."""
+    xf = x.to(tl.float32)
+    if FEATURE_ELU:
+        slope = tl.where(xf > 0, 1.0, tl.exp(xf))
+    elif FEATURE_RELU:
+        slope = tl.where(xf > 0, 1.0, 0.0)
+    else:
+        slope = tl.where(xf == xf, 1.0, 1.0)
+    return slope
 
 
 # ------------------------------------------------------------------------------------------------ epilogues
@@ -183,7 +206,8 @@ def _rows_l2_normalizer(out, q, eps):
 
 
 @triton.jit
-def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, NORM_DOT: tl.constexpr, NORM_ROWS_L2: tl.constexpr,
+def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr, NORM_DOT: tl.constexpr,
+           NORM_ROWS_L2: tl.constexpr,
            BF16_OUT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr,
            BLOCK_E: tl.constexpr):
     """One query tile: φ(q) W (bf16 operands with BF16_OUT, W given in bf16), then the kind's row normalizer."""
@@ -191,6 +215,8 @@ def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, NORM_DOT: tl.constexpr
     # the prologue's branch written out: each call of a helper costs the interpreter about a millisecond
     if FEATURE_ELU:
         x = _elu_features(q, rows)
+    elif FEATURE_RELU:
+        x = _relu_features(q, rows)
     else:
         x = q
     if BF16_OUT:
@@ -209,8 +235,8 @@ def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, NORM_DOT: tl.constexpr
 def _stats(x_base, y_base, z_base, xm_ptr, zm_ptr, b, start, lim_x, lim_z, sxn, sxd, syn, sye, szn, szd,
            smxb, smxn, smzb, smzn, offs_d, offs_e, d_ok, e_ok,
            HAS_XM: tl.constexpr, HAS_ZM: tl.constexpr, NORMS: tl.constexpr, HAS_Z: tl.constexpr,
-           FEATURE_ELU: tl.constexpr, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-           BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+           FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr, NATIVE: tl.constexpr, UPCAST: tl.constexpr,
+           PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """Over tokens [start, max(lim_x, lim_z)): φ(x)ᵀy (d×e) and, with NORMS, Σ|φ(x)| and (HAS_Z) Σ|z| per channel,
     all fp32. x, y end at lim_x, z at lim_z."""
     acc = tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32)
@@ -219,7 +245,7 @@ def _stats(x_base, y_base, z_base, xm_ptr, zm_ptr, b, start, lim_x, lim_z, sxn, 
     for n0 in range(start, tl.maximum(lim_x, lim_z), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
         rows = _keep(xm_ptr, b, smxb, smxn, offs, lim_x, HAS_XM)
-        x = _prologue(_tile(x_base, offs, offs_d, sxn, sxd, rows, d_ok), rows, FEATURE_ELU)
+        x = _prologue(_tile(x_base, offs, offs_d, sxn, sxd, rows, d_ok), rows, FEATURE_ELU, FEATURE_RELU)
         y = _tile(y_base, offs, offs_e, syn, sye, rows, e_ok)
         acc = _mm(tl.trans(x), y, acc, NATIVE, UPCAST, PREC)
         if NORMS:
@@ -250,9 +276,14 @@ def _sum_parts(part_ptr, sx_ptr, sz_ptr, bh64, n_split, d, e, offs_d, offs_e, d_
 
 
 @triton.jit
-def _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps):
-    """What SimA's backward reads: k̂ᵀv (fp32) and the unclamped norms."""
-    kvn = kv / tl.maximum(s_k, eps)[:, None]
+def _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps,
+                FOLD_L1: tl.constexpr):
+    """What the backward reads, fp32: SimA's (FOLD_L1) k̂ᵀv and the unclamped norms; a feature kind's φ(k)ᵀv and
+    z = Σφ(k) (in ``sk_ptr``)."""
+    if FOLD_L1:
+        kvn = kv / tl.maximum(s_k, eps)[:, None]
+    else:
+        kvn = kv
     tl.store(kv_ptr + bh64 * d * e + offs_d[:, None] * e + offs_e[None, :], kvn, mask=d_ok[:, None] & e_ok[None, :])
     tl.store(sq_ptr + bh64 * d + offs_d, s_q, mask=d_ok)
     tl.store(sk_ptr + bh64 * d + offs_d, s_k, mask=d_ok)
@@ -264,7 +295,8 @@ def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr,
                   n_bucket, p_bucket,
                   sxb, sxh, sxn, sxd, syb, syh, syn, sye, szb, szh, szn, szd, smxb, smxn, smzb, smzn,
                   HAS_XM: tl.constexpr, HAS_ZM: tl.constexpr, NORMS: tl.constexpr, HAS_Z: tl.constexpr,
-                  FEATURE_ELU: tl.constexpr, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                  FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr, NATIVE: tl.constexpr,
+                  UPCAST: tl.constexpr, PREC: tl.constexpr,
                   BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """Partial sums (:func:`_stats`) over token chunk ``program_id(1)`` of (batch, head) ``program_id(0)``."""
     b, h, bh64 = _head(H)
@@ -275,8 +307,8 @@ def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr,
     acc, s_x, s_z = _stats(x_ptr + b * sxb + h * sxh, y_ptr + b * syb + h * syh, z_ptr + b * szb + h * szh,
                            xm_ptr, zm_ptr, b, start, tl.minimum(n_x, start + chunk), tl.minimum(n_z, start + chunk),
                            sxn, sxd, syn, sye, szn, szd, smxb, smxn, smzb, smzn, offs_d, offs_e, d_ok, e_ok,
-                           HAS_XM, HAS_ZM, NORMS, HAS_Z, FEATURE_ELU, NATIVE, UPCAST, PREC, BLOCK, BLOCK_D,
-                           BLOCK_E)
+                           HAS_XM, HAS_ZM, NORMS, HAS_Z, FEATURE_ELU, FEATURE_RELU, NATIVE, UPCAST, PREC, BLOCK,
+                           BLOCK_D, BLOCK_E)
     part = bh64 * n_split + split
     tl.store(part_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], acc, mask=d_ok[:, None] & e_ok[None, :])
     if NORMS:
@@ -291,7 +323,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
                 sk_ptr, H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SPLIT: tl.constexpr, SAVE: tl.constexpr,
-                FEATURE_ELU: tl.constexpr, KEY_SUMS: tl.constexpr, QUERY_SUMS: tl.constexpr,
+                FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr, KEY_SUMS: tl.constexpr,
+                QUERY_SUMS: tl.constexpr,
                 FOLD_L1: tl.constexpr, FOLD_COLS_L2: tl.constexpr, NORM_DOT: tl.constexpr,
                 NORM_ROWS_L2: tl.constexpr, NATIVE: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr,
                 PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -307,11 +340,12 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
     else:
         kv, s_k, s_q = _stats(k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh, q_base, km_ptr, qm_ptr, b, 0,
                               n_k, n_q, skn, skd, svn, sve, sqn, sqd, skmb, skmn, sqmb, sqmn, offs_d, offs_e, d_ok,
-                              e_ok, HAS_KM, HAS_QM, KEY_SUMS, QUERY_SUMS, FEATURE_ELU, NATIVE, UPCAST, PREC,
-                              BLOCK, BLOCK_D, BLOCK_E)
+                              e_ok, HAS_KM, HAS_QM, KEY_SUMS, QUERY_SUMS, FEATURE_ELU, FEATURE_RELU, NATIVE, UPCAST,
+                              PREC, BLOCK, BLOCK_D, BLOCK_E)
     if SAVE:
         if split == 0:
-            _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps)
+            _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps,
+                        FOLD_L1)
     w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2)
     if BF16_OUT:
         w = w.to(tl.bfloat16)
@@ -320,8 +354,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
         offs = n0 + tl.arange(0, BLOCK)
         rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
         q = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
-        out = _apply(q, rows, w, s_k, eps, FEATURE_ELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC, BLOCK,
-                     BLOCK_E)
+        out = _apply(q, rows, w, s_k, eps, FEATURE_ELU, FEATURE_RELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC,
+                     BLOCK, BLOCK_E)
         tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
 
@@ -332,7 +366,8 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
                          H, n_q, n_k, d, e, eps, n_bucket, p_bucket,
                          sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                          HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SAVE: tl.constexpr,
-                         FEATURE_ELU: tl.constexpr, KEY_SUMS: tl.constexpr, QUERY_SUMS: tl.constexpr,
+                         FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr, KEY_SUMS: tl.constexpr,
+                         QUERY_SUMS: tl.constexpr,
                          FOLD_L1: tl.constexpr, FOLD_COLS_L2: tl.constexpr, NORM_DOT: tl.constexpr,
                          NORM_ROWS_L2: tl.constexpr, NATIVE: tl.constexpr, BF16_OUT: tl.constexpr,
                          UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -344,18 +379,20 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
     offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     k_rows = _keep(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
     q_rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
-    k = _prologue(_tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, k_rows, d_ok), k_rows, FEATURE_ELU)
+    k = _prologue(_tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, k_rows, d_ok), k_rows, FEATURE_ELU,
+                  FEATURE_RELU)
     v = _tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, k_rows, e_ok)
     q = _tile(q_ptr + b * sqb + h * sqh, offs, offs_d, sqn, sqd, q_rows, d_ok)
     kv = _mm(tl.trans(k), v, tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32), NATIVE, UPCAST, PREC)
     s_k = tl.reduce(tl.abs(k.to(tl.float32)), 0, _SUM)
     s_q = tl.reduce(tl.abs(q.to(tl.float32)), 0, _SUM)
     if SAVE:
-        _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps)
+        _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps, FOLD_L1)
     w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2)
     if BF16_OUT:
         w = w.to(tl.bfloat16)
-    out = _apply(q, q_rows, w, s_k, eps, FEATURE_ELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC, BLOCK, BLOCK_E)
+    out = _apply(q, q_rows, w, s_k, eps, FEATURE_ELU, FEATURE_RELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC,
+                 BLOCK, BLOCK_E)
     tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
              out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
 
@@ -380,7 +417,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
                               False, False, BLOCK_D, BLOCK_E)
     else:
         qg, _, _ = _stats(q_base, g_base, q_base, qm_ptr, qm_ptr, b, 0, n_q, 0, sqn, sqd, sgn, sge, sqn, sqd,
-                          sqmb, sqmn, sqmb, sqmn, offs_d, offs_e, d_ok, e_ok, HAS_QM, False, False, False, False,
+                          sqmb, sqmn, sqmb, sqmn, offs_d, offs_e, d_ok, e_ok, HAS_QM, False, False, False, False, False,
                           NATIVE, UPCAST, PREC, BLOCK, BLOCK_D, BLOCK_E)
     kvn = tl.load(kv_ptr + bh64 * d * e + offs_d[:, None] * e + offs_e[None, :], mask=de_ok, other=0.0)
     s_q_raw = tl.load(sq_ptr + bh64 * d + offs_d, mask=d_ok, other=1.0)
@@ -422,3 +459,94 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
                  dk.to(dk_ptr.dtype.element_ty), mask=in_range & d_ok[None, :])
         tl.store(dv_ptr + bh64 * n_k * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
                  dv.to(dv_ptr.dtype.element_ty), mask=in_range & e_ok[None, :])
+
+
+
+# ------------------------------------------------------------------------------------------------ feature backward
+@triton.jit
+def _feature_query_grads(q_base, g_base, dq_base, s, z, start, stop, d, eps, sqn, sqd, sgn, sge, offs_d,
+                         offs_e, d_ok, e_ok, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr,
+                         UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
+                         BLOCK_E: tl.constexpr):
+    """dq of queries [start, stop) (written contiguous at ``dq_base``) and their parts of dS = φ(q)ᵀĜ and
+    dz = −φ(q)ᵀt, fp32: Ĝ = G / den, t = Σ_e Ĝ ⊙ out per row."""
+    ds = tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32)
+    dz = tl.full((BLOCK_D,), 0.0, tl.float32)
+    s_t = tl.trans(s)
+    for n0 in range(start, stop, BLOCK):
+        offs = n0 + tl.arange(0, BLOCK)
+        rows = offs < stop  # the chunk's own: a tile past its end is the next chunk's
+        x = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
+        a = _prologue(x, rows, FEATURE_ELU, FEATURE_RELU).to(tl.float32)
+        den = tl.reduce(a * z[None, :], 1, _SUM) + eps
+        g_hat = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok).to(tl.float32) / den[:, None]
+        out = _mm(a, s, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC) / den[:, None]
+        t = tl.reduce(g_hat * out, 1, _SUM)
+        da = _mm(g_hat, s_t, tl.full((BLOCK, BLOCK_D), 0.0, tl.float32), False, UPCAST, PREC) - t[:, None] * z[None, :]
+        dq = da * _feature_slope(x, FEATURE_ELU, FEATURE_RELU)
+        tl.store(dq_base + offs.to(tl.int64)[:, None] * d + offs_d[None, :],
+                 dq.to(dq_base.dtype.element_ty), mask=rows[:, None] & d_ok[None, :])
+        ds = _mm(tl.trans(a), g_hat, ds, False, UPCAST, PREC)
+        dz -= tl.reduce(a * t[:, None], 0, _SUM)
+    return ds, dz
+
+
+@triton.jit
+def _feature_key_grads(k_base, v_base, km_ptr, dk_base, dv_base, ds, dz, b, start, stop, d, e, skn, skd, svn,
+                       sve, skmb, skmn, offs_d, offs_e, d_ok, e_ok, HAS_KM: tl.constexpr, FEATURE_ELU: tl.constexpr,
+                       FEATURE_RELU: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """dk = (v dSᵀ + dz) ⊙ φ'(k) and dv = φ(k) dS of keys [start, stop), contiguous; 0 for removed keys."""
+    ds_t = tl.trans(ds)
+    for n0 in range(start, stop, BLOCK):
+        offs = n0 + tl.arange(0, BLOCK)
+        in_range = offs < stop
+        rows = _keep(km_ptr, b, skmb, skmn, offs, stop, HAS_KM)
+        x = _tile(k_base, offs, offs_d, skn, skd, rows, d_ok)
+        phi = _prologue(x, rows, FEATURE_ELU, FEATURE_RELU).to(tl.float32)
+        y = _tile(v_base, offs, offs_e, svn, sve, rows, e_ok).to(tl.float32)
+        db = _mm(y, ds_t, tl.full((BLOCK, BLOCK_D), 0.0, tl.float32), False, UPCAST, PREC) + dz[None, :]
+        dk = tl.where(rows[:, None], db * _feature_slope(x, FEATURE_ELU, FEATURE_RELU), 0.0)
+        dv = _mm(phi, ds, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
+        tl.store(dk_base + offs.to(tl.int64)[:, None] * d + offs_d[None, :], dk.to(dk_base.dtype.element_ty),
+                 mask=in_range[:, None] & d_ok[None, :])
+        tl.store(dv_base + offs.to(tl.int64)[:, None] * e + offs_e[None, :], dv.to(dv_base.dtype.element_ty),
+                 mask=in_range[:, None] & e_ok[None, :])
+
+
+@_loop_tuned("feature_bwd")
+@triton.jit
+def _feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_ptr, pz_ptr, dq_ptr, dk_ptr, dv_ptr,
+                        H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
+                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, skmb, skmn,
+                        HAS_KM: tl.constexpr, STAGE: tl.constexpr, FEATURE_ELU: tl.constexpr,
+                        FEATURE_RELU: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                        BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The gradients of a feature kind with the per-row normalizer (``linear_triton``'s docstring) for (batch, head)
+    ``program_id(0)``, from the forward's S = φ(k)ᵀv and z = Σφ(k). STAGE 0: one program per head, queries then
+    keys. A split token axis takes two launches over chunk ``program_id(1)``: STAGE 1 writes the queries' dq and
+    partial dS, dz; STAGE 2 adds the partials in a fixed order and writes the keys' dk, dv."""
+    b, h, bh64 = _head(H)
+    split = tl.program_id(1)
+    offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
+    de_ok = d_ok[:, None] & e_ok[None, :]
+    start = split * chunk
+    if STAGE == 2:
+        ds, dz, _ = _sum_parts(part_ptr, pz_ptr, pz_ptr, bh64, n_split, d, e, offs_d, offs_e, d_ok, e_ok,
+                               True, False, BLOCK_D, BLOCK_E)
+    else:
+        s = tl.load(s_ptr + bh64 * d * e + offs_d[:, None] * e + offs_e[None, :], mask=de_ok, other=0.0)
+        z = tl.load(z_ptr + bh64 * d + offs_d, mask=d_ok, other=0.0)
+        ds, dz = _feature_query_grads(q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh, dq_ptr + bh64 * n_q * d,
+                                      s, z, start, tl.minimum(n_q, start + chunk), d, eps, sqn, sqd, sgn, sge,
+                                      offs_d, offs_e, d_ok, e_ok, FEATURE_ELU, FEATURE_RELU, UPCAST, PREC, BLOCK,
+                                      BLOCK_D, BLOCK_E)
+    if STAGE == 1:
+        part = bh64 * n_split + split
+        tl.store(part_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], ds, mask=de_ok)
+        tl.store(pz_ptr + part * d + offs_d, dz, mask=d_ok)
+    else:
+        _feature_key_grads(k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh, km_ptr, dk_ptr + bh64 * n_k * d,
+                           dv_ptr + bh64 * n_k * e, ds, dz, b, start, tl.minimum(n_k, start + chunk), d, e,
+                           skn, skd, svn, sve, skmb, skmn, offs_d, offs_e, d_ok, e_ok, HAS_KM, FEATURE_ELU,
+                           FEATURE_RELU, UPCAST, PREC, BLOCK, BLOCK_D, BLOCK_E)

@@ -60,7 +60,7 @@ import triton
 
 from . import linear_kernels as K
 
-__all__ = ["sima_triton", "linear_triton", "dry_run", "interpreting", "LinearKind", "KINDS"]
+__all__ = ["sima_triton", "linear_triton", "dry_run", "interpreting", "LinearKind", "KINDS", "FEATURE_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -77,16 +77,25 @@ class LinearKind:
     backward: bool = False
 
 
-_NO_FLAGS = dict(FEATURE_ELU=False, FOLD_L1=False, FOLD_COLS_L2=False, NORM_DOT=False, NORM_ROWS_L2=False)
+_NO_FLAGS = dict(FEATURE_ELU=False, FEATURE_RELU=False, FOLD_L1=False, FOLD_COLS_L2=False, NORM_DOT=False, NORM_ROWS_L2=False)
 #: the kinds the kernels compute, by name
 KINDS = {
     "sima": LinearKind(dict(_NO_FLAGS, FOLD_L1=True), key_sums=True, query_sums=True, half_products=True,
                        backward=True),
     "elu": LinearKind(dict(_NO_FLAGS, FEATURE_ELU=True, NORM_DOT=True), key_sums=True, query_sums=False,
-                      half_products=False),
+                      half_products=False, backward=True),
     "xnorm": LinearKind(dict(_NO_FLAGS, FOLD_COLS_L2=True, NORM_ROWS_L2=True), key_sums=False, query_sums=False,
                         half_products=True),
+    # SLAB: relu features, each row over relu(q)·Σrelu(k) (Σ|φ(k)| = Σφ(k) as φ ≥ 0)
+    "slab": LinearKind(dict(_NO_FLAGS, FEATURE_RELU=True, NORM_DOT=True), key_sums=True, query_sums=False,
+                       half_products=False, backward=True),
+    # features made by the caller (FLatten's focused map, whose norms span every head of a token), non-negative:
+    # φ(q)(φ(k)ᵀv) / (φ(q)·Σφ(k) + eps) on them
+    "features": LinearKind(dict(_NO_FLAGS, NORM_DOT=True), key_sums=True, query_sums=False, half_products=False,
+                           backward=True),
 }
+#: the kinds whose backward is the feature kinds' one (the others': SimA's)
+FEATURE_KINDS = ("elu", "slab", "features")
 #: largest tile (tokens × max(d, dv), padded to powers of two) for which a head's q, k, v are held whole on chip
 ONE_TILE_ELEMENTS = 256 * 64
 #: fewest tokens per program when the token axis is split over programs (GPU; the interpreter uses 32)
@@ -225,6 +234,11 @@ def _mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
     return (0, 0) if mask is None else mask.stride()
 
 
+def _features(flags: dict) -> dict:
+    """The prologue's flags (the feature map) among a kind's, False where not given."""
+    return {name: flags.get(name, False) for name in ("FEATURE_ELU", "FEATURE_RELU")}
+
+
 def _signature(q, k, v, mask, q_mask) -> tuple:
     """What a call's plan depends on in its inputs: shapes, strides, dtypes, device (the masks' shapes, dtype and
     device follow from q's and k's, checked by the caller)."""
@@ -245,7 +259,7 @@ class _Partials:
     """The partial-sum launch of a split token axis (:func:`~simattn.attention.linear_kernels._stats_kernel`):
     partial φ(x)ᵀy (B·H·splits, d, e) and, with ``norms``, Σ|φ(x)| and Σ|z| (z given), all fp32."""
 
-    def __init__(self, x, y, z, x_mask, z_mask, splits, chunk, feature_elu, norms, native, prec, mode):
+    def __init__(self, x, y, z, x_mask, z_mask, splits, chunk, features, norms, native, prec, mode):
         B, H, n_x, d = x.shape
         e = y.shape[-1]
         bh = B * H
@@ -256,7 +270,7 @@ class _Partials:
                      *x.stride(), *y.stride(), *zz.stride(), *_mask_strides(x_mask), *_mask_strides(z_mask))
         self.launch = _Launch(K._stats_kernel, (bh, splits), dict(
             HAS_XM=x_mask is not None, HAS_ZM=z_mask is not None, NORMS=norms, HAS_Z=z is not None,
-            FEATURE_ELU=feature_elu, NATIVE=native, UPCAST=mode.interpret, PREC=prec, BLOCK_D=_block(d),
+            **_features(features), NATIVE=native, UPCAST=mode.interpret, PREC=prec, BLOCK_D=_block(d),
             BLOCK_E=_block(e)), mode)
 
     def __call__(self, x, y, z, x_mask, z_mask):
@@ -297,7 +311,7 @@ class _ForwardCall:
         chunk = triton.cdiv(max(n_q, n_k), splits)
         if splits > 1:
             self.partials = _Partials(k, v, q if spec.query_sums else None, mask, q_mask if spec.query_sums else None,
-                                      splits, chunk, spec.flags["FEATURE_ELU"], spec.key_sums, native, prec, mode)
+                                      splits, chunk, spec.flags, spec.key_sums, native, prec, mode)
         self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits), *strides)
         self.launch = _Launch(K._fwd_kernel, (bh, splits), dict(flags, SPLIT=splits > 1), mode)
 
@@ -338,7 +352,7 @@ class _BackwardCall:
         native, prec = _native(q, g), _precision(q)
         self.partials = None
         if splits > 1:
-            self.partials = _Partials(q, g, None, q_mask, None, splits, chunk, False, False, native, prec, mode)
+            self.partials = _Partials(q, g, None, q_mask, None, splits, chunk, {}, False, native, prec, mode)
         self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
                      *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(q_mask),
                      *_mask_strides(mask))
@@ -355,6 +369,41 @@ class _BackwardCall:
             if self.partials is not None:
                 part, _, _ = self.partials(q, g, None, q_mask, None)
             self.launch(q, k, v, g, _u8(q_mask, q), _u8(mask, q), kvn, s_q, s_k, part, dq, dk, dv, *self.tail)
+        return dq, dk, dv
+
+
+class _FeatureBackwardCall:
+    """A feature kind's backward at one signature (:func:`~simattn.attention.linear_kernels._feature_bwd_kernel`):
+    dq, dk, dv (contiguous, in q's, k's, v's dtypes) from the output gradient g and the forward's S and z. A split
+    token axis takes two launches: the queries' stage writes partial dS, dz per chunk, the keys' stage adds them."""
+
+    def __init__(self, kind: str, g, q, k, v, mask, eps: float, mode: _Mode):
+        B, H, n_q, d = q.shape
+        n_k, e = k.shape[-2], v.shape[-1]
+        bh = B * H
+        self.mode = mode
+        splits, _ = _plan(bh, max(n_q, n_k), d, e, mode.sms, mode.least)
+        chunk = triton.cdiv(max(n_q, n_k), splits)
+        self.part_shapes = ((bh * splits, d, e), (bh * splits, d)) if splits > 1 else None
+        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
+                     *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(mask))
+        consts = dict(HAS_KM=mask is not None, **_features(KINDS[kind].flags), UPCAST=mode.interpret,
+                      PREC=_precision(q), BLOCK_D=_block(d), BLOCK_E=_block(e))
+        stages = (1, 2) if splits > 1 else (0,)
+        self.launches = [_Launch(K._feature_bwd_kernel, (bh, splits), dict(consts, STAGE=stage), mode)
+                         for stage in stages]
+
+    def __call__(self, g, q, k, v, mask, s, z):
+        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
+        dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+        part = pz = s
+        if self.part_shapes is not None:
+            part = torch.empty(self.part_shapes[0], device=q.device, dtype=torch.float32)
+            pz = torch.empty(self.part_shapes[1], device=q.device, dtype=torch.float32)
+        with self.mode.device():
+            for launch in self.launches:
+                launch(q, k, v, g, _u8(mask, q), s, z, part, pz, dq, dk, dv, *self.tail)
         return dq, dk, dv
 
 
@@ -382,6 +431,16 @@ def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
     return call(g, q, k, v, mask, q_mask, kvn, s_q, s_k)
 
 
+def _feature_backward(kind: str, g, q, k, v, mask, s, z, eps: float):
+    """A feature kind's gradients (:class:`_FeatureBackwardCall`), planned once per signature."""
+    dry = _dry_sms
+    key = (kind, "backward", _signature(q, k, v, mask, None), g.shape, g.stride(), g.dtype, eps, dry,
+           q.dtype == torch.float32 and _tf32())
+    call = _call(key, lambda: _FeatureBackwardCall(kind, g, q, k, v, mask, eps,
+                                                   _Mode(kind, q.device, dry, _tuning())))
+    return call(g, q, k, v, mask, s, z)
+
+
 # ------------------------------------------------------------------------------------------------ autograd and ops
 
 
@@ -400,6 +459,22 @@ class _SimA(torch.autograd.Function):
         q, k, v, mask, q_mask, kvn, s_q, s_k = ctx.saved_tensors
         return (*_backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16),
                 None, None, None, None, None)
+
+
+class _FeatureKind(torch.autograd.Function):
+    """A feature kind's forward and backward for eager calls."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, kind, eps, out_dtype):
+        out, s, _, z = _forward(kind, q, k, v, mask, None, None, eps, False, out_dtype, True)
+        ctx.save_for_backward(q, k, v, mask, s, z)
+        ctx.kind, ctx.eps = kind, eps
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, mask, s, z = ctx.saved_tensors
+        return (*_feature_backward(ctx.kind, g, q, k, v, mask, s, z, ctx.eps), None, None, None, None)
 
 
 # Registered for CUDA and, for the interpreter, CPU tensors.
@@ -438,19 +513,34 @@ def _bwd_fake(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps, bf16):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+@torch.library.custom_op("simattn::linear_feature_bwd", mutates_args=(), device_types=("cuda", "cpu"))
+def _feature_bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    mask: Optional[torch.Tensor], s: torch.Tensor, z: torch.Tensor, eps: float,
+                    kind: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _feature_backward(kind, g, q, k, v, mask, s, z, eps)
+
+
+@_feature_bwd_op.register_fake
+def _feature_bwd_fake(g, q, k, v, mask, s, z, eps, kind):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, mask, q_mask, _, eps, kind, bf16, _, save = inputs
     _, kvn, s_q, s_k = output
     ctx.save_for_backward(q, k, v, mask, q_mask, kvn, s_q, s_k)
-    ctx.eps, ctx.bf16, ctx.differentiable = eps, bf16, KINDS[kind].backward and save
+    ctx.eps, ctx.bf16, ctx.kind, ctx.differentiable = eps, bf16, kind, KINDS[kind].backward and save
     ctx.mark_non_differentiable(kvn, s_q, s_k)
 
 
 def _grads(ctx, grad_out, *_):
     if not ctx.differentiable:
-        raise RuntimeError("simattn::linear_attn_fwd: only SimA run with save=True has a backward")
+        raise RuntimeError("simattn::linear_attn_fwd: only the kinds with a backward, run with save=True, have one")
     q, k, v, mask, q_mask, kvn, s_q, s_k = ctx.saved_tensors
-    dq, dk, dv = _bwd_op(grad_out, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16)
+    if ctx.kind in FEATURE_KINDS:
+        dq, dk, dv = _feature_bwd_op(grad_out, q, k, v, mask, kvn, s_k, ctx.eps, ctx.kind)
+    else:
+        dq, dk, dv = _bwd_op(grad_out, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16)
     return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
@@ -491,11 +581,16 @@ def sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Opti
 def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                   mask: Optional[torch.Tensor] = None, gamma: Optional[torch.Tensor] = None, eps: float = 1e-6,
                   out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """The forward of ELU linear attention (``kind='elu'``) or XNorm (``'xnorm'``, ``gamma`` = γ_q γ_kv as a
-    (B·H,) fp32 tensor) with the fused kernel, all in fp32 as their torch paths; ``mask`` (B, Nk) removes keys.
-    Forward only: :func:`simattn.attention.elu.elu_attention` and :func:`~simattn.attention.xnorm.xnorm_attention`
-    call it, with checked inputs, where nothing needs a gradient."""
+    """A linear kind other than SimA with the fused kernels, all in fp32 as their torch paths; ``mask`` (B, Nk)
+    removes keys. ``kind``: ``'elu'`` (ELU linear attention), ``'xnorm'`` (XNorm, ``gamma`` = γ_q γ_kv as a (B·H,)
+    fp32 tensor), ``'slab'`` (relu features), ``'features'`` (q and k are non-negative features made by the caller,
+    e.g. FLatten's focused map). The ELU, SLAB and feature kinds have a backward (:data:`FEATURE_KINDS`), XNorm
+    runs forward only. Called by the kinds' functional ops with checked inputs."""
     out_dtype = out_dtype or q.dtype
+    save = (KINDS[kind].backward and torch.is_grad_enabled()
+            and (q.requires_grad or k.requires_grad or v.requires_grad))
     if _as_op(q):
-        return _fwd_op(q, k, v, mask, None, gamma, eps, kind, False, out_dtype, False)[0]
+        return _fwd_op(q, k, v, mask, None, gamma, eps, kind, False, out_dtype, save)[0]
+    if save:
+        return _FeatureKind.apply(q, k, v, mask, kind, eps, out_dtype)
     return _forward(kind, q, k, v, mask, None, gamma, eps, False, out_dtype, False)[0]
