@@ -164,7 +164,8 @@ class Engine:
     producer = "simattn train"
     #: what names a default run folder (``runs/<recipe or task>/<date-time>``)
     task_name = "train"
-    #: the files the task writes besides :data:`ENGINE_FILES` (``--overwrite`` moves them all aside)
+    #: the files the task writes besides :data:`ENGINE_FILES` (``--overwrite`` moves them all aside, and refuses a
+    #: folder holding anything else)
     task_files: Tuple[str, ...] = ()
     #: history keys that summary.csv shows after epoch and train_loss (timm's column names → history keys)
     csv_columns: Dict[str, str] = {}
@@ -227,7 +228,7 @@ class Engine:
         self.out = resolve_output(cfg.output, recipe_name(cfg.recipe), self.task_name, self.resume_path)
         if dist.is_main:  # another live run there: refused now rather than after the model and data are built
             check_not_in_use(self.out)
-        check_run_folder(self.out, self.resume_path, cfg.overwrite)
+        check_run_folder(self.out, self.resume_path, cfg.overwrite, writes=self.run_files)
         return load_train_state(self.resume_path, self.producer) if self.resuming else None
 
     def _build_loader(self, train_set) -> None:
@@ -277,7 +278,7 @@ class Engine:
             inputs = {flag_name(name): option_value(cfg, name) for name in self.input_options}
             check_inputs_kept(self.out, self.run_files, inputs)
             claim_run_folder(self.out, cfg.overwrite, () if in_place else self.run_files,
-                             resume_from=self.resume_path)
+                             resume_from=self.resume_path, writes=self.run_files)
         source = None if in_place or not self.resuming else self.resume_path.parent / "metrics.jsonl"
         self.log = MetricsLog(self.out, dist.is_main, keep_records, source=source)
         if dist.is_main:

@@ -6,8 +6,9 @@ Every command that trains (``train``, ``ssl train``, ``detect train``: the engin
   folder);
 - the folder may not hold files of another run, whichever they are, unless ``overwrite``: then the task's own output
   files are moved aside into a hidden ``.replaced-*`` folder and deleted only once the command has succeeded
-  (:func:`settle_replaced`; a failed or interrupted run gets them back); resuming into the folder of the checkpoint
-  being resumed is the one exception;
+  (:func:`settle_replaced`; a failed or interrupted run gets them back), and a folder holding anything else (a file
+  the run does not write) is refused, naming it; resuming into the folder of the checkpoint being resumed is the one
+  exception;
 - an input of the run (a teacher, initial weights) may not be one of the files the run would replace;
 - the output must be a writable folder (not a file, not under a file, not read-only): checked before any work;
 - temporary files left by killed writers (:func:`simattn.utils.io.stale_temp_files`) are removed;
@@ -204,20 +205,27 @@ def release_run_folder(out: Path) -> None:
 
 
 def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: bool = False,
-                     flag: str = "--overwrite") -> None:
-    """Raise a one-line ValueError if a run may not write to ``out`` (reads only; safe on every process)."""
+                     flag: str = "--overwrite", writes: Optional[Iterable[str]] = None) -> None:
+    """Raise a one-line ValueError if a run may not write to ``out`` (reads only; safe on every process). With
+    ``overwrite``, a folder holding anything but the names the run writes (``writes``; None: not checked) is refused
+    too, naming it: the run replaces its own files and keeps no other's beside its own."""
     blocker = _first_file_on_path(Path(out))
     if blocker is not None:
         where = "is a file" if blocker == Path(out) else f"is under {blocker}, which is a file"
         raise ValueError(f"output {out} {where}, not a folder: choose another --output")
-    if not Path(out).is_dir() or overwrite:
+    if not Path(out).is_dir():
         return
     present = run_files(out)
-    if not present:
+    if not present or (resume_from is not None and Path(resume_from).resolve().parent == Path(out).resolve()):
         return
-    if resume_from is not None and Path(resume_from).resolve().parent == Path(out).resolve():
+    if overwrite:
+        foreign = [] if writes is None else [name for name in present if name not in set(writes)]
+        if foreign:
+            raise ValueError(f"output {out} holds {_listed(foreign)}, which a run does not write (with {flag} it "
+                             f"replaces only {', '.join(writes)}): move {'it' if len(foreign) == 1 else 'them'} "
+                             "away or choose another --output")
         return
-    shown = ", ".join(present[:5]) + (f" (+{len(present) - 5} more)" if len(present) > 5 else "")
+    shown = _listed(present)
     if resume_from is not None:
         what = (f"{out} holds another run's files ({shown}), and the checkpoint being resumed ({resume_from}) is "
                 f"not in it: resume into the checkpoint's own folder (leave --output out), pick an empty --output, "
@@ -227,6 +235,10 @@ def check_run_folder(out: Path, resume_from: Optional[Path] = None, overwrite: b
         what = (f"{out} already holds files ({shown}) of another run: {hint}choose another --output, or pass {flag} "
                 "to replace them")
     raise ValueError(what)
+
+
+def _listed(names: List[str]) -> str:
+    return ", ".join(names[:5]) + (f" (+{len(names) - 5} more)" if len(names) > 5 else "")
 
 
 def check_inputs_kept(out: Path, replaced: Iterable[str], inputs: Mapping[str, Any]) -> None:
@@ -269,10 +281,11 @@ def settle_replaced(success: bool) -> None:
 
 
 def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str] = (), clean: bool = True,
-                     resume_from: Optional[Path] = None, lock: bool = True) -> bool:
+                     resume_from: Optional[Path] = None, lock: bool = True,
+                     writes: Optional[Iterable[str]] = None) -> bool:
     """Create ``out``, make sure it is writable, take its lock (``lock``: :func:`lock_run_folder`; refused in one
     line while another process runs there) and check it again under the lock (:func:`check_run_folder`: a run that
-    ended meanwhile may have filled it), remove stale temporary files (``clean``) and, with ``overwrite``, move the
+    ended meanwhile may have filled it; ``writes``: its file names), remove stale temporary files (``clean``) and, with ``overwrite``, move the
     files named in ``replaced`` (the task's outputs) aside until :func:`settle_replaced`. Main process only. Returns
     whether this call took the lock (False: not asked for, or this process held it already)."""
     out = Path(out)
@@ -283,7 +296,7 @@ def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str]
     took = lock_run_folder(out) if lock else False
     try:
         if lock:
-            check_run_folder(out, resume_from, overwrite)
+            check_run_folder(out, resume_from, overwrite, writes=writes)
         if clean:
             remove_stale_temp_files(out)
         if overwrite:
