@@ -72,6 +72,10 @@ def test_a_hub_folder_is_taken_without_local_dir_and_a_run_folder_names_its_file
     (run / "metrics.jsonl").write_text("{}\n")
     err = one_line_error(capsys, simattn_main(["validate", "--weights", str(run)]))
     assert f"{run / 'final.safetensors'}" in err and "not found" not in err
+    (tmp_path / "empty").mkdir()
+    err = one_line_error(capsys, simattn_main(["hub", "save", "--weights", str(tmp_path / "empty"), "--output",
+                                               str(tmp_path / "copy2")]))
+    assert "is a folder without weights files" in err and "not found" not in err
 
 
 def test_local_dir_of_a_file_says_it_is_a_file(tmp_path, capsys):
@@ -86,14 +90,14 @@ def test_a_bare_state_dict_of_another_size_names_the_files_shapes_in_one_short_l
     err = one_line_error(capsys, simattn_main(["validate", "--weights", str(bare), "--model", DEIT]))
     # the file holds a 4x4 grid + class token of 64 channels; the model 14x14 + 1 of 192
     assert "pos_embed (1, 17, 64) vs (1, 197, 192)" in err and "(1, 197, 64)" not in err
-    assert "in the file" in err and "--model-kwargs" in err and len(err.replace(str(bare), "")) < 360, err
+    assert "the file's vs the model's" in err and "--model-kwargs" in err and len(err.replace(str(bare), "")) < 360, err
 
     from simattn.models.factory import load_initial_weights
     from simattn.utils.io import CheckpointError
     initial = tmp_path / "initial.pth"
     torch.save(create_model(DEIT, num_classes=10, **TINY).state_dict(), initial)
-    with pytest.raises(CheckpointError, match=r"shape mismatch: cls_token \(1, 1, 32\) in the file vs \(1, 1, 64\) "
-                                              r"in the model, pos_embed \(1, 17, 32\) vs \(1, 17, 64\) \(\+\d+ more\)"):
+    with pytest.raises(CheckpointError, match=r"shape mismatch: cls_token \(1, 1, 32\) vs \(1, 1, 64\), pos_embed "
+                                              r"\(1, 17, 32\) vs \(1, 17, 64\) \(\+\d+ more\), the file's vs"):
         load_initial_weights(create_model(DEIT, **dict(TINY, embed_dim=64)), initial)
 
 

@@ -71,7 +71,7 @@ def build_save_parser() -> argparse.ArgumentParser:
 def _check_inputs(args: Mapping[str, Any]) -> None:
     """The one-line refusals that come before any work."""
     from . import deploy
-    from .models.hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, hub_name, resolve_weights
+    from .models.hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, hub_name, resolve_weights, weights_file
     from .utils.io import check_new_folder
 
     if args["weights"] is None:
@@ -85,8 +85,7 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
         if deploy.for_path(args["weights"]) is not None:
             raise ValueError(f"--weights {args['weights']} is an exported file; hub save takes the weights it was "
                              "exported from (.safetensors, or a run's last.pth)")
-        if not resolve_weights(args["weights"]).is_file():  # a folder timm reads is taken as local-dir:
-            raise FileNotFoundError(f"weights file not found: {args['weights']}")
+        weights_file(args["weights"])  # a folder timm reads is taken as local-dir:DIR
     if args["output"] is not None:
         local = source is None or source[0] == "local-dir"  # (an hf-hub download lies in the Hub's cache)
         weights = os.path.realpath(resolve_weights(args["weights"]) if local else args["weights"])

@@ -21,7 +21,7 @@ from ..utils.io import (CheckpointError, extract_state_dict, load_checkpoint, lo
                         shape_mismatches)
 from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
-from .hub import resolve_weights
+from .hub import weights_file
 from .weights import WeightsRecord, read_weights_record
 
 __all__ = ["create_model", "check_model_name", "similar_names", "model_options", "add_model_arguments",
@@ -177,9 +177,7 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "num_classes": None,
                             "producer": None, "extra": {}, "weights": None}
     if weights is not None:
-        path = resolve_weights(weights)
-        if not path.is_file():
-            raise FileNotFoundError(f"weights file not found: {path}")
+        path = weights_file(weights)
         weights = path
         stored = model_spec_from_weights(path)
         if stored:
@@ -287,9 +285,7 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     the model's tensors are missing than load (the weights are another architecture's).
     The model is only modified when no error is raised.
     """
-    path = resolve_weights(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"initial weights not found: {path}")
+    path = weights_file(path, "initial weights")
     record = read_weights_record(path) if path.suffix == ".safetensors" else None
     raw = _initial_state_dict(load_checkpoint(path), use_ema)
     filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
@@ -321,7 +317,7 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     name = model_name or type(model).__name__
     if wrong:
         raise CheckpointError(f"initial weights {path} do not fit {name}: shape mismatch: "
-                              f"{_names(shape_mismatches(wrong, raw, sd, own), 2)}")
+                              f"{shape_mismatches(wrong, raw, sd, own)}")
     if not keep:
         raise CheckpointError(f"initial weights {path} do not fit {name}: none of their {len(sd)} tensors match "
                               f"the model's names (e.g. {_names(sorted(sd), 3)} vs {_names(list(own), 3)})")

@@ -23,7 +23,7 @@ from torch import nn
 from ..utils.io import atomic_folder, save_safetensors
 
 __all__ = ["HUB_PREFIXES", "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME", "hub_name", "timm_loader", "resolve_weights",
-           "hub_config", "save_hub_folder"]
+           "weights_file", "hub_config", "save_hub_folder"]
 
 #: the model names timm reads from a folder (``local-dir:``) or a Hub repository (``hf-hub:``)
 HUB_PREFIXES = ("local-dir:", "hf-hub:")
@@ -57,7 +57,10 @@ def resolve_weights(weights: Union[str, Path]) -> Path:
     source = hub_name(weights)
     if source is None:
         path = Path(weights)
-        return _folder_weights(path, str(weights)) if path.is_dir() else path
+        # a folder of weights files; any other (an exported Core ML package) is left to its reader
+        holds_weights = path.is_dir() and ((path / CONFIG_NAME).is_file() or any(
+            p.is_file() and p.suffix in WEIGHTS_SUFFIXES for p in path.iterdir()))
+        return _folder_weights(path, str(weights)) if holds_weights else path
     kind, where = source
     if kind == "local-dir":
         folder = Path(where)
@@ -69,6 +72,18 @@ def resolve_weights(weights: Union[str, Path]) -> Path:
                                     "simattn hub save wrote)")
         return _folder_weights(folder, weights)
     return _download(where)
+
+
+def weights_file(weights: Union[str, Path], what: str = "weights file") -> Path:
+    """:func:`resolve_weights`, with a one-line FileNotFoundError when no file is there (``what``: how it names the
+    weights); a folder that holds no weights is named as one."""
+    path = resolve_weights(weights)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        raise FileNotFoundError(f"weights {weights} is a folder without weights files: name a weights file, or a "
+                                "folder simattn hub save wrote (config.json, model.safetensors)")
+    raise FileNotFoundError(f"{what} not found: {path}")
 
 
 def _folder_weights(folder: Path, name: str) -> Path:

@@ -198,11 +198,10 @@ def _maybe_json(text: str) -> Any:
 def read_weights_record(path: PathLike) -> Optional[WeightsRecord]:
     """The record of a weights file: safetensors metadata, or the ``model_name``/``model_kwargs``/``data_config``
     entries of a ``simattn train`` state (``last.pth``). None when the file does not name its model. ``path`` may
-    also be a folder timm reads (``local-dir:DIR``, ``hf-hub:ORG/NAME``: :func:`simattn.models.hub.resolve_weights`)."""
-    from .hub import resolve_weights
-    path = resolve_weights(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"weights file not found: {path}")
+    also be a folder timm reads (``DIR``, ``local-dir:DIR``, ``hf-hub:ORG/NAME``:
+    :func:`simattn.models.hub.resolve_weights`)."""
+    from .hub import weights_file
+    path = weights_file(path)
     if path.suffix == ".safetensors":
         return parse_weights_metadata(read_safetensors_metadata(path), path)
     state = load_checkpoint(path)

@@ -322,24 +322,23 @@ def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict
     own = model.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
-    shapes = shape_mismatches([k for k in own if k in sd and sd[k].shape != own[k].shape], raw, sd, own)
+    shapes = [k for k in own if k in sd and sd[k].shape != own[k].shape]
     if shapes or (strict and (missing or unexpected)):
-        parts = [f"{what}: {_names(names, limit)}" for what, names, limit in (
-            ("shape mismatch", shapes, 2), ("missing keys", missing, 1), ("unexpected keys", unexpected, 1)) if names]
+        parts = [f"shape mismatch: {shape_mismatches(shapes, raw, sd, own)}"] if shapes else []
+        parts += [f"{what}: {_names(names, 1)}" for what, names in (("missing keys", missing),
+                                                                    ("unexpected keys", unexpected)) if names]
         raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(parts))
     model.load_state_dict(sd, strict=strict)
     return {"missing": missing, "unexpected": unexpected}
 
 
 def shape_mismatches(keys: List[str], raw: Mapping[str, torch.Tensor], filtered: Mapping[str, torch.Tensor],
-                     own: Mapping[str, torch.Tensor]) -> List[str]:
-    """``'pos_embed (1, 17, 64) in the file vs (1, 197, 192) in the model'`` for each of ``keys`` (the first
-    spelled out, the others ``'name (file) vs (model)'``). The shape is the file's (``raw``), before a checkpoint
-    filter resampled it (``filtered``): the one the user can check against the file."""
-    out = [f"{k} {tuple((raw[k] if k in raw else filtered[k]).shape)} vs {tuple(own[k].shape)}" for k in keys]
-    if out:
-        out[0] = out[0].replace(" vs ", " in the file vs ", 1) + " in the model"
-    return out
+                     own: Mapping[str, torch.Tensor], limit: int = 2) -> str:
+    """``'pos_embed (1, 17, 64) vs (1, 197, 192) (+3 more), the file's vs the model's'`` for ``keys``, the first
+    ``limit`` named. The shape is the file's (``raw``), before a checkpoint filter resampled it (``filtered``): the
+    one the user can check against the file."""
+    shapes = [f"{k} {tuple((raw[k] if k in raw else filtered[k]).shape)} vs {tuple(own[k].shape)}" for k in keys]
+    return f"{_names(shapes, limit)}, the file's vs the model's"
 
 
 def _names(items, limit: int = 8) -> str:
