@@ -234,6 +234,25 @@ def triton_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *p
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
 
 
+#: the ``backend`` choices of the linear kinds on the fused kernels
+LINEAR_BACKENDS = ("auto", "torch", "triton")
+
+
+def linear_triton_chosen(name: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         *params: Any) -> bool:
+    """Whether a linear kind's call runs the fused kernels: ``'triton'`` always, forward and backward (else a
+    one-line ValueError saying why it cannot), ``'torch'`` never, ``'auto'`` where a forward-only kernel serves it
+    (:func:`triton_forward_applies`)."""
+    if backend not in LINEAR_BACKENDS:
+        raise ValueError(f"{name}: unknown backend {backend!r}; expected one of {', '.join(LINEAR_BACKENDS)}")
+    if backend == "triton":
+        refusal = triton_refusal(q, k, v)
+        if refusal is not None:
+            raise ValueError(f"{name}: backend 'triton' {refusal}; backend 'torch' runs it")
+        return True
+    return backend == "auto" and triton_forward_applies(q, k, v, *params)
+
+
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype a matmul on ``t`` runs in: autocast's dtype when autocast is on for t's device, else t's own."""
     return torch.get_autocast_dtype(t.device.type) if torch.is_autocast_enabled(t.device.type) else t.dtype

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_positive, check_qkv, linear_triton_chosen, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import flatten_reference as flatten_attention_reference
@@ -58,18 +58,30 @@ def _flatten(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, focusing_factor:
 
 
 def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focusing_factor: float = 3.0,
-                      scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6) -> torch.Tensor:
+                      scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6,
+                      backend: str = "auto") -> torch.Tensor:
     """Focused linear attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the conv on V.
 
     ``scale``: the positive divisor s of the features, a number or one value per channel (H·d values, e.g. the
-    module's softplus of its (1, 1, H·d) scale). Computed in fp32 under autocast."""
+    module's softplus of its (1, 1, H·d) scale). Computed in fp32 under autocast. ``backend``: ``'triton'`` makes
+    the features in torch (their norms span every head of a token) and runs the rest forward and backward as
+    fused kernels (:func:`simattn.attention.linear_triton.linear_triton`; CUDA, or CPU under
+    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops throughout, ``'auto'`` the kernels on CUDA where nothing needs a
+    gradient, else torch."""
     check_qkv(q, k, v, "flatten")
     check_positive("flatten", "focusing_factor", focusing_factor)
     check_positive("flatten", "eps", eps)
     scale = per_channel("flatten", "scale", scale, q)
     dt, acc = matmul_dtype(q), acc_dtype(q)
+    triton = linear_triton_chosen("flatten", backend, q, k, v, scale)
     with no_autocast(q):
         scale = scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
+        if triton:
+            from .linear_triton import linear_triton
+            phi_q = flatten_feature_map(q.to(acc), focusing_factor, scale)
+            phi_k = flatten_feature_map(k.to(acc), focusing_factor, scale)
+            # φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(k) + eps) = φ(q)(φ(K)ᵀV) / (φ(q)·Σφ(k) + N·eps)
+            return linear_triton("features", phi_q, phi_k, v, eps=eps * k.shape[-2], out_dtype=dt)
         out = _flatten(q.to(acc), k.to(acc), v.to(acc), focusing_factor, scale, eps)
     return out.to(dt)
 

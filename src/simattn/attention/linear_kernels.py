@@ -11,20 +11,25 @@ The skeleton, per (batch, head):
 
 :func:`_fwd_kernel` runs this with one program per (batch, head), or per chunk of the token axis when the sums of
 step 1 come from :func:`_stats_kernel`'s partials (``SPLIT``); :func:`_fwd_one_tile_kernel` holds a whole head in
-one tile. :func:`_bwd_kernel` is SimA's backward.
+one tile. :func:`_bwd_kernel` is SimA's backward; :func:`_feature_bwd_kernel` that of the kinds with a feature
+map and a per-row normalizer, whose chain through φ is the prologue's derivative (:func:`_feature_slope`).
 
 The kinds, by their flags (each a ``tl.constexpr``; the host's ``LinearKind`` records name them per kind):
 
 - SimA: no feature map; ``FOLD_L1`` (W = (kᵀv / s_k) / s_q, :func:`_l1_fold`); needs Σ|k| and Σ|q|.
 - ELU: ``FEATURE_ELU`` (φ = elu + 1 on q and k, :func:`_elu_features`); ``NORM_DOT`` (each row over φ(q)·Σφ(k),
   :func:`_dot_normalizer`); needs Σ|φ(k)| = Σφ(k).
+- SLAB: ``FEATURE_RELU`` (φ = relu on q and k, :func:`_relu_features`) and ``NORM_DOT``; its backward and ELU's
+  are :func:`_feature_bwd_kernel`'s. FLatten: ``NORM_DOT`` alone, on features made by the caller (its focused map's
+  norms span every head of a token, more than one program holds).
 - XNorm: ``FOLD_COLS_L2`` (columns of kᵀv over their l2 norm, times γ, :func:`_cols_l2_fold`); ``NORM_ROWS_L2``
   (each row over ‖q‖₂, :func:`_rows_l2_normalizer`).
 
-Adding a kind (FLatten's focused map, InLine, SLAB, PolaFormer ...): write its prologue and/or epilogue here as
+Adding a kind (InLine, PolaFormer ...): write its prologue and/or epilogue here as
 ``@triton.jit`` functions, give each a flag parameter on :func:`_prologue`, :func:`_fold` or :func:`_apply` (and on
 the kernels, which pass it through), branch on it there, and add a ``LinearKind`` record in ``linear_triton.KINDS``
-that sets the flags and says which sums it needs. A kind that needs more than d×dv state or per-channel sums
+that sets the flags and says which sums it needs; a new feature map with a per-row normalizer gets its backward
+by adding its derivative to :func:`_feature_slope`. A kind that needs more than d×dv state or per-channel sums
 needs a new skeleton.
 
 Every function is decorated where it is written. ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates, so

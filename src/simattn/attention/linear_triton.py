@@ -1,6 +1,7 @@
 """Linear attention with a d×dv state as fused Triton kernels: SimA's q̂(k̂ᵀv) forward and backward
-(``sima_attention(..., backend='triton')``), and the forward of ELU linear attention and UFO's XNorm, which share
-the skeleton with another prologue (the feature map on q and k) and epilogue (how the state is folded and applied).
+(``sima_attention(..., backend='triton')``), and the kinds that share its skeleton with another prologue (the
+feature map on q and k) and epilogue (how the state is folded and applied): ELU linear attention, SLAB and FLatten
+forward and backward, UFO's XNorm forward.
 
 Forward, per (batch, head), SimA:
 
@@ -22,6 +23,17 @@ Backward, with kvn = k̂ᵀv, G the output gradient and dkvn = q̂ᵀG:
 where the sign terms come from differentiating the l1 norms (and vanish for a channel whose norm is clamped to eps)
 and r is the same for q and k (SimA is invariant to scaling a channel of q or of k). One launch per (batch, head)
 accumulates qᵀG and writes dq, dk, dv; a split token axis adds one launch of partial qᵀG.
+
+Backward of a feature kind with a per-row normalizer (ELU, SLAB; FLatten's features made in torch, whose
+autograd chains them), with a = φ(q), b = φ(k), S = bᵀv (d×dv) and z = Σ_j b_j saved by the forward:
+
+    out_i = a_i S / den_i,  den_i = a_i·z + eps;    Ĝ_i = G_i / den_i,  t_i = Ĝ_i·out_i,
+    da_i = Ĝ_i Sᵀ − t_i z,   dS = aᵀĜ,   dz = −Σ_i t_i a_i,
+    db_j = v_j dSᵀ + dz,     dv_j = b_j dS,
+    dq = da ⊙ φ'(q),         dk = db ⊙ φ'(k)  (0 for removed keys).
+
+One launch per (batch, head) runs the queries (dq, and dS, dz accumulated on chip) then the keys; a split token
+axis takes two launches, the queries' chunks writing partial dS, dz and the keys' chunks adding them.
 
 Precision (the torch path's rules): sums, norms and the state in fp32. Products on tensor cores: kᵀv and qᵀG multiply
 equal half-precision inputs in their own dtype (exact products, fp32 accumulation); with bf16 compute the output

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_positive, check_qkv, linear_triton_chosen, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .grid_linear import GridLinearAttention
 from .reference import slab_reference as slab_attention_reference
@@ -36,11 +36,19 @@ def _slab(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torc
     return (phi_q @ kv) / denom
 
 
-def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float = 1e-6) -> torch.Tensor:
-    """SLAB's linear attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the conv on V; fp32 under autocast."""
+def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: float = 1e-6,
+                   backend: str = "auto") -> torch.Tensor:
+    """SLAB's linear attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the conv on V; fp32 under autocast.
+
+    ``backend``: ``'triton'`` runs it forward and backward as fused kernels (relu as the prologue of SimA's
+    skeleton, :func:`simattn.attention.linear_triton.linear_triton`; CUDA, or CPU under ``TRITON_INTERPRET=1``),
+    ``'torch'`` as torch ops, ``'auto'`` the kernels on CUDA where nothing needs a gradient, else torch."""
     check_qkv(q, k, v, "slab")
     check_positive("slab", "eps", eps)
     dt, acc = matmul_dtype(q), acc_dtype(q)
+    if linear_triton_chosen("slab", backend, q, k, v):
+        from .linear_triton import linear_triton
+        return linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _slab(q.to(acc), k.to(acc), v.to(acc), eps)
     return out.to(dt)

@@ -1,0 +1,143 @@
+"""SLAB, FLatten and ELU on SimA's Triton skeleton (their prologue and epilogue, and the feature kinds' backward)
+against the kinds' plain references in fp64, forward and every gradient; without CUDA the kernels run in Triton's
+interpreter on CPU (``TRITON_INTERPRET=1``, set by tests/conftest.py), with CUDA the CPU cases skip.
+
+Bound (fp32): rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and each gradient (round-off gives ~1e-7; a
+missing dz term, a wrong slope or a double-counted chunk gives order 1, measured 0.6).
+"""
+import pytest
+import torch
+
+from simattn.attention import reference as R
+from simattn.attention.flatten import flatten_attention
+from simattn.attention.slab import slab_attention
+
+from attention_cases import error_ratio
+
+pytest.importorskip("triton")
+from simattn.attention import linear_kernels as K  # noqa: E402 - in the mode conftest set
+from simattn.attention import linear_triton as st  # noqa: E402
+
+TOL = 1e-4
+PLANS = {"one_tile": (1, True), "one_launch_loop": (1, False), "split3": (3, False)}
+# bf16/fp16 inputs against fp64 on the same rounded values: the kernels compute in fp32 from them and round only the
+# output and gradients (bf16: 8 significant bits, fp16: 11); FLatten's focusing power of 3 and relu's kinks keep
+# the rest at fp32's level. Measured (interpreter) ≤ 4e-3 for bf16, ≤ 5e-4 for fp16.
+HALF_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def interpreted():
+    if not K.INTERPRETER:
+        pytest.skip("the kernels run compiled here, not on CPU tensors")
+
+
+@pytest.fixture
+def forced_plan(monkeypatch):
+    """Force a token-axis plan (programs per head, one tile) on calls planned from now on."""
+    monkeypatch.setattr(st, "_CALLS", {})
+    return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
+
+
+def _fused_qkv(B, H, N, d, dtype=torch.float32, seed=0):
+    """A fused (B, N, 3, H, d) projection and its strided q, k, v views (what ``TokenAttention.project`` gives)."""
+    fused = torch.randn(B, N, 3, H, d, generator=torch.Generator().manual_seed(seed)).to(dtype).requires_grad_()
+    return fused, fused.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _run(kind, q, k, v, backend, scale=None):
+    if kind == "slab":
+        return slab_attention(q, k, v, eps=1e-6, backend=backend)
+    return flatten_attention(q, k, v, focusing_factor=3.0, scale=scale, eps=1e-6, backend=backend)
+
+
+def _reference(kind, q, k, v, scale=None):
+    if kind == "slab":
+        return R.slab_reference(q, k, v, eps=1e-6)
+    return R.flatten_reference(q, k, v, focusing_factor=3.0, scale=scale, eps=1e-6)
+
+
+def _scale(H, d, seed=1):
+    """FLatten's per-channel divisor (1, H, 1, d), positive, as a leaf that takes a gradient."""
+    s = torch.rand(1, H, 1, d, generator=torch.Generator().manual_seed(seed)) + 0.5
+    return s.requires_grad_()
+
+
+# SLAB's relu prologue on every plan; FLatten's kernels (no prologue: features made in torch) in one tile and split
+@pytest.mark.parametrize("kind, plan", [("slab", plan) for plan in PLANS] + [("flatten", "one_tile"),
+                                                                             ("flatten", "split3")])
+def test_forward_and_gradients_match_reference(kind, plan, forced_plan):
+    """Token-axis plans, forced, on strided views of a fused qkv with N = 45 (not a multiple of the 32-token tile),
+    against the fp64 reference: the output, d/d(qkv) and (FLatten) d/d(scale)."""
+    forced_plan(PLANS[plan])
+    B, H, N, d = 1, 2, 45, 16
+    fused, (q, k, v) = _fused_qkv(B, H, N, d)
+    leaves = [fused] + ([_scale(H, d)] if kind == "flatten" else [])
+    out = _run(kind, q, k, v, "triton", *leaves[1:])
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, g.float())
+    hi = [t.detach().double().requires_grad_() for t in leaves]
+    ref = _reference(kind, *hi[0].permute(2, 0, 3, 1, 4).unbind(0), *hi[1:])
+    ref_grads = torch.autograd.grad(ref, hi, g)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert error_ratio(out, ref) <= TOL, f"forward: {error_ratio(out, ref):.3g}"
+    for a, b, name in zip(grads, ref_grads, ["qkv", "scale"]):
+        assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("kind", ["slab", "flatten"])
+def test_half_precision_within_bound(kind, dtype, forced_plan):
+    forced_plan(PLANS["one_launch_loop"])
+    B, H, N, d = 1, 2, 24, 16
+    gen = torch.Generator().manual_seed(4)
+    hi = [torch.randn(B, H, N, d, generator=gen).to(dtype).double().requires_grad_() for _ in range(3)]
+    lo = [t.detach().to(dtype).requires_grad_() for t in hi]
+    scale = torch.rand(1, H, 1, d, generator=gen) + 0.5
+    out = _run(kind, *lo, "triton", scale)
+    assert out.dtype == dtype
+    g = torch.randn(out.shape, generator=gen).to(dtype)
+    grads = torch.autograd.grad(out, lo, g)
+    ref = _reference(kind, *hi, scale.double())
+    ref_grads = torch.autograd.grad(ref, hi, g.double())
+    assert error_ratio(out, ref) <= HALF_TOL[dtype], f"forward: {error_ratio(out, ref):.3g}"
+    for a, b, name in zip(grads, ref_grads, "qkv"):
+        assert a.dtype == dtype and torch.isfinite(a).all()
+        assert error_ratio(a, b) <= HALF_TOL[dtype], f"d/d{name}: {error_ratio(a, b):.3g}"
+
+
+def test_elu_gradients_with_a_key_mask_on_a_split_axis(forced_plan):
+    """ELU's prologue derivative (elu' = exp below 0) through the feature backward, cross lengths, dv ≠ d, removed
+    keys (their gradients 0), the token axis split over 3 programs (two backward launches)."""
+    forced_plan(PLANS["split3"])
+    gen = torch.Generator().manual_seed(5)
+    B, H, n_q, n_k = 1, 2, 21, 40
+    leaves = [torch.randn(B, H, n, c, generator=gen).requires_grad_() for n, c in ((n_q, 16), (n_k, 16), (n_k, 32))]
+    mask = torch.rand(B, n_k, generator=gen) > 0.3
+    out = st.linear_triton("elu", *leaves, mask=mask, eps=1e-6)
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, g.float())
+    hi = [t.detach().double().requires_grad_() for t in leaves]
+    ref = R.elu_reference(*hi, mask=mask, eps=1e-6)
+    ref_grads = torch.autograd.grad(ref, hi, g)
+    assert error_ratio(out, ref) <= TOL
+    for a, b, name in zip(grads, ref_grads, "qkv"):
+        assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"
+    assert not grads[1].transpose(1, 2)[~mask].any() and not grads[2].transpose(1, 2)[~mask].any()
+
+
+def test_backend_choice_and_refusals(monkeypatch):
+    """'torch' and 'auto' on CPU tensors take torch (no kernel planned), 'triton' the kernels; 'triton' refuses what
+    the kernels cannot take with a one-line error, and an unknown backend is named."""
+    q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
+    monkeypatch.setattr(st, "_CALLS", {})
+    for backend in ("torch", "auto"):
+        slab_attention(q, k, v, backend=backend)
+        flatten_attention(q, k, v, backend=backend)
+    assert not st._CALLS
+    slab_attention(q, k, v, backend="triton")
+    assert [key[0] for key in st._CALLS] == ["slab"]
+    with pytest.raises(ValueError, match="slab: unknown backend 'cuda'"):
+        slab_attention(q, k, v, backend="cuda")
+    with pytest.raises(ValueError, match="flatten: backend 'triton' takes float32, float16 or bfloat16"):
+        flatten_attention(q.double(), k.double(), v.double(), backend="triton")
