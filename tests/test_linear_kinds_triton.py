@@ -10,6 +10,8 @@ import torch
 
 from simattn.attention import reference as R
 from simattn.attention.flatten import flatten_attention
+from simattn.attention.inline import inline_attention
+from simattn.attention.polaformer import polaformer_attention
 from simattn.attention.slab import slab_attention
 
 from attention_cases import error_ratio
@@ -45,60 +47,65 @@ def _fused_qkv(B, H, N, d, dtype=torch.float32, seed=0):
     return fused, fused.permute(2, 0, 3, 1, 4).unbind(0)
 
 
-def _run(kind, q, k, v, backend, scale=None):
-    if kind == "slab":
-        return slab_attention(q, k, v, eps=1e-6, backend=backend)
-    return flatten_attention(q, k, v, focusing_factor=3.0, scale=scale, eps=1e-6, backend=backend)
+FUNCTIONS = {"slab": (slab_attention, R.slab_reference), "flatten": (flatten_attention, R.flatten_reference),
+             "inline": (inline_attention, R.inline_reference),
+             "polaformer": (polaformer_attention, R.polaformer_reference)}
 
 
-def _reference(kind, q, k, v, scale=None):
-    if kind == "slab":
-        return R.slab_reference(q, k, v, eps=1e-6)
-    return R.flatten_reference(q, k, v, focusing_factor=3.0, scale=scale, eps=1e-6)
+def _params(kind, H, d, seed=1):
+    """The kind's tensor parameters, one value per channel (1, H, 1, d), as leaves that take a gradient: FLatten's
+    divisor s, PolaFormer's power p (1 to 2) and divisor."""
+    gen = torch.Generator().manual_seed(seed)
+    names = {"flatten": ["scale"], "polaformer": ["power", "scale"]}.get(kind, [])
+    return {name: (torch.rand(1, H, 1, d, generator=gen) + (1.0 if name == "power" else 0.5)).requires_grad_()
+            for name in names}
 
 
-def _scale(H, d, seed=1):
-    """FLatten's per-channel divisor (1, H, 1, d), positive, as a leaf that takes a gradient."""
-    s = torch.rand(1, H, 1, d, generator=torch.Generator().manual_seed(seed)) + 0.5
-    return s.requires_grad_()
+def _run(kind, q, k, v, backend, **params):
+    return FUNCTIONS[kind][0](q, k, v, backend=backend, **params)
 
 
-# SLAB's relu prologue on every plan; FLatten's kernels (no prologue: features made in torch) in one tile and split
-@pytest.mark.parametrize("kind, plan", [("slab", plan) for plan in PLANS] + [("flatten", "one_tile"),
-                                                                             ("flatten", "split3")])
+def _reference(kind, q, k, v, **params):
+    return FUNCTIONS[kind][1](q, k, v, **params)
+
+
+# SLAB's relu prologue on every plan; the kinds whose features are made in torch (no prologue) in one or two plans
+@pytest.mark.parametrize("kind, plan", [("slab", plan) for plan in PLANS] + [
+    ("flatten", "one_tile"), ("flatten", "split3"), ("inline", "split3"), ("polaformer", "one_launch_loop")])
 def test_forward_and_gradients_match_reference(kind, plan, forced_plan):
     """Token-axis plans, forced, on strided views of a fused qkv with N = 45 (not a multiple of the 32-token tile),
-    against the fp64 reference: the output, d/d(qkv) and (FLatten) d/d(scale)."""
+    against the fp64 reference: the output, d/d(qkv) and d/d(each tensor parameter)."""
     forced_plan(PLANS[plan])
     B, H, N, d = 1, 2, 45, 16
     fused, (q, k, v) = _fused_qkv(B, H, N, d)
-    leaves = [fused] + ([_scale(H, d)] if kind == "flatten" else [])
-    out = _run(kind, q, k, v, "triton", *leaves[1:])
+    params = _params(kind, H, d)
+    out = _run(kind, q, k, v, "triton", **params)
+    leaves = [fused, *params.values()]
     g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     grads = torch.autograd.grad(out, leaves, g.float())
     hi = [t.detach().double().requires_grad_() for t in leaves]
-    ref = _reference(kind, *hi[0].permute(2, 0, 3, 1, 4).unbind(0), *hi[1:])
+    ref = _reference(kind, *hi[0].permute(2, 0, 3, 1, 4).unbind(0), **dict(zip(params, hi[1:])))
     ref_grads = torch.autograd.grad(ref, hi, g)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert error_ratio(out, ref) <= TOL, f"forward: {error_ratio(out, ref):.3g}"
-    for a, b, name in zip(grads, ref_grads, ["qkv", "scale"]):
+    for a, b, name in zip(grads, ref_grads, ["qkv", *params]):
         assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("kind", ["slab", "flatten"])
+@pytest.mark.parametrize("kind", list(FUNCTIONS))
 def test_half_precision_within_bound(kind, dtype, forced_plan):
     forced_plan(PLANS["one_launch_loop"])
     B, H, N, d = 1, 2, 24, 16
     gen = torch.Generator().manual_seed(4)
     hi = [torch.randn(B, H, N, d, generator=gen).to(dtype).double().requires_grad_() for _ in range(3)]
     lo = [t.detach().to(dtype).requires_grad_() for t in hi]
-    scale = torch.rand(1, H, 1, d, generator=gen) + 0.5
-    out = _run(kind, *lo, "triton", scale)
+    params = {name: t.detach() for name, t in _params(kind, H, d).items()}
+    out = _run(kind, *lo, "triton", **params)
     assert out.dtype == dtype
     g = torch.randn(out.shape, generator=gen).to(dtype)
     grads = torch.autograd.grad(out, lo, g)
-    ref = _reference(kind, *hi, scale.double())
+    ref = _reference(kind, *hi, **{name: t.double() for name, t in params.items()})
     ref_grads = torch.autograd.grad(ref, hi, g.double())
     assert error_ratio(out, ref) <= HALF_TOL[dtype], f"forward: {error_ratio(out, ref):.3g}"
     for a, b, name in zip(grads, ref_grads, "qkv"):

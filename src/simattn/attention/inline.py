@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, matmul_dtype, no_autocast
+from ._common import (acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, linear_triton_chosen,
+                      matmul_dtype, no_autocast)
 from ._registry import register_attention
 from .grid_linear import GridLinearAttention
 from .reference import inline_reference as inline_attention_reference
@@ -42,14 +43,27 @@ def _inline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return v_mean + (q * scale) @ kv
 
 
+def _inline_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    from .linear_triton import linear_triton
+    # (k − k̄)ᵀ(v − v̄) = (k − k̄)ᵀv: the kernels' plain q(kᵀv) on the centered keys, then the mean of v
+    k_centered = k - k.mean(dim=-2, keepdim=True)
+    return linear_triton("plain", q * (scale / k.shape[-2]), k_centered, v) + v.mean(dim=-2, keepdim=True)
+
+
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                     scale: Optional[float] = None) -> torch.Tensor:
+                     scale: Optional[float] = None, backend: str = "auto") -> torch.Tensor:
     """InLine attention on q (B, H, Nq, d), k, v (B, H, Nk, ·) without the local branch; ``scale`` s (default
-    d^-½). The means and the d×dv matrix run in fp32 under autocast."""
+    d^-½). The means and the d×dv matrix run in fp32 under autocast. ``backend``: ``'triton'`` runs q(kᵀv) on the
+    centered keys forward and backward as fused kernels (SimA's skeleton with no feature map or normalizer, the
+    means in torch; CUDA, or CPU under ``TRITON_INTERPRET=1``), ``'torch'`` torch ops, ``'auto'`` the kernels on
+    CUDA where nothing needs a gradient, else torch."""
     check_qkv(q, k, v, "inline")
     s = q.shape[-1] ** -0.5 if scale is None else check_positive("inline", "scale", scale)
     dt, acc = matmul_dtype(q), acc_dtype(q)
+    triton = linear_triton_chosen("inline", backend, q, k, v)
     with no_autocast(q):
+        if triton:
+            return _inline_triton(q.to(acc), k.to(acc), v.to(acc), s).to(dt)
         out = _inline(q.to(acc), k.to(acc), v.to(acc), s)
     return out.to(dt)
 

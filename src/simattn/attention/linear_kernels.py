@@ -60,7 +60,8 @@ TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE
              "one": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "FOLD_L1", "FOLD_COLS_L2",
                      "BF16_OUT"],
              "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"],
-             "feature_bwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "STAGE"]}
+             "feature_bwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "NORM_DOT",
+                             "STAGE"]}
 
 
 def _loop_tuned(name):
@@ -471,10 +472,10 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
 @triton.jit
 def _feature_query_grads(q_base, g_base, dq_base, s, z, start, stop, d, eps, sqn, sqd, sgn, sge, offs_d,
                          offs_e, d_ok, e_ok, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.constexpr,
-                         UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr,
-                         BLOCK_E: tl.constexpr):
+                         NORM_DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """dq of queries [start, stop) (written contiguous at ``dq_base``) and their parts of dS = φ(q)ᵀĜ and
-    dz = −φ(q)ᵀt, fp32: Ĝ = G / den, t = Σ_e Ĝ ⊙ out per row."""
+    dz = −φ(q)ᵀt, fp32: Ĝ = G / den, t = Σ_e Ĝ ⊙ out per row (without NORM_DOT: den = 1, t = 0)."""
     ds = tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32)
     dz = tl.full((BLOCK_D,), 0.0, tl.float32)
     s_t = tl.trans(s)
@@ -483,16 +484,20 @@ def _feature_query_grads(q_base, g_base, dq_base, s, z, start, stop, d, eps, sqn
         rows = offs < stop  # the chunk's own: a tile past its end is the next chunk's
         x = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
         a = _prologue(x, rows, FEATURE_ELU, FEATURE_RELU).to(tl.float32)
-        den = tl.reduce(a * z[None, :], 1, _SUM) + eps
-        g_hat = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok).to(tl.float32) / den[:, None]
-        out = _mm(a, s, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC) / den[:, None]
-        t = tl.reduce(g_hat * out, 1, _SUM)
-        da = _mm(g_hat, s_t, tl.full((BLOCK, BLOCK_D), 0.0, tl.float32), False, UPCAST, PREC) - t[:, None] * z[None, :]
+        g_hat = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok).to(tl.float32)
+        da = tl.full((BLOCK, BLOCK_D), 0.0, tl.float32)
+        if NORM_DOT:
+            den = tl.reduce(a * z[None, :], 1, _SUM) + eps
+            g_hat = g_hat / den[:, None]
+            out = _mm(a, s, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC) / den[:, None]
+            t = tl.reduce(g_hat * out, 1, _SUM)
+            da -= t[:, None] * z[None, :]
+            dz -= tl.reduce(a * t[:, None], 0, _SUM)
+        da = _mm(g_hat, s_t, da, False, UPCAST, PREC)
         dq = da * _feature_slope(x, FEATURE_ELU, FEATURE_RELU)
         tl.store(dq_base + offs.to(tl.int64)[:, None] * d + offs_d[None, :],
                  dq.to(dq_base.dtype.element_ty), mask=rows[:, None] & d_ok[None, :])
         ds = _mm(tl.trans(a), g_hat, ds, False, UPCAST, PREC)
-        dz -= tl.reduce(a * t[:, None], 0, _SUM)
     return ds, dz
 
 
@@ -525,9 +530,10 @@ def _feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_p
                         H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, skmb, skmn,
                         HAS_KM: tl.constexpr, STAGE: tl.constexpr, FEATURE_ELU: tl.constexpr,
-                        FEATURE_RELU: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                        FEATURE_RELU: tl.constexpr, NORM_DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The gradients of a feature kind with the per-row normalizer (``linear_triton``'s docstring) for (batch, head)
+    """The gradients of a feature kind, with the per-row normalizer (NORM_DOT) or without (``linear_triton``'s
+    docstring), for (batch, head)
     ``program_id(0)``, from the forward's S = φ(k)ᵀv and z = Σφ(k). STAGE 0: one program per head, queries then
     keys. A split token axis takes two launches over chunk ``program_id(1)``: STAGE 1 writes the queries' dq and
     partial dS, dz; STAGE 2 adds the partials in a fixed order and writes the keys' dk, dv."""
@@ -544,8 +550,8 @@ def _feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_p
         z = tl.load(z_ptr + bh64 * d + offs_d, mask=d_ok, other=0.0)
         ds, dz = _feature_query_grads(q_ptr + b * sqb + h * sqh, g_ptr + b * sgb + h * sgh, dq_ptr + bh64 * n_q * d,
                                       s, z, start, tl.minimum(n_q, start + chunk), d, eps, sqn, sqd, sgn, sge,
-                                      offs_d, offs_e, d_ok, e_ok, FEATURE_ELU, FEATURE_RELU, UPCAST, PREC, BLOCK,
-                                      BLOCK_D, BLOCK_E)
+                                      offs_d, offs_e, d_ok, e_ok, FEATURE_ELU, FEATURE_RELU, NORM_DOT, UPCAST, PREC,
+                                      BLOCK, BLOCK_D, BLOCK_E)
     if STAGE == 1:
         part = bh64 * n_split + split
         tl.store(part_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], ds, mask=de_ok)

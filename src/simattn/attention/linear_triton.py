@@ -30,7 +30,9 @@ autograd chains them), with a = φ(q), b = φ(k), S = bᵀv (d×dv) and z = Σ_j
     out_i = a_i S / den_i,  den_i = a_i·z + eps;    Ĝ_i = G_i / den_i,  t_i = Ĝ_i·out_i,
     da_i = Ĝ_i Sᵀ − t_i z,   dS = aᵀĜ,   dz = −Σ_i t_i a_i,
     db_j = v_j dSᵀ + dz,     dv_j = b_j dS,
-    dq = da ⊙ φ'(q),         dk = db ⊙ φ'(k)  (0 for removed keys).
+    dq = da ⊙ φ'(q),         dk = db ⊙ φ'(k)  (0 for removed keys);
+
+without a normalizer (``'plain'``, out = a S) den = 1 and t = dz = 0.
 
 One launch per (batch, head) runs the queries (dq, and dS, dz accumulated on chip) then the keys; a split token
 axis takes two launches, the queries' chunks writing partial dS, dz and the keys' chunks adding them.
@@ -89,7 +91,8 @@ class LinearKind:
     backward: bool = False
 
 
-_NO_FLAGS = dict(FEATURE_ELU=False, FEATURE_RELU=False, FOLD_L1=False, FOLD_COLS_L2=False, NORM_DOT=False, NORM_ROWS_L2=False)
+_NO_FLAGS = dict(FEATURE_ELU=False, FEATURE_RELU=False, FOLD_L1=False, FOLD_COLS_L2=False, NORM_DOT=False,
+                 NORM_ROWS_L2=False)
 #: the kinds the kernels compute, by name
 KINDS = {
     "sima": LinearKind(dict(_NO_FLAGS, FOLD_L1=True), key_sums=True, query_sums=True, half_products=True,
@@ -105,9 +108,11 @@ KINDS = {
     # φ(q)(φ(k)ᵀv) / (φ(q)·Σφ(k) + eps) on them
     "features": LinearKind(dict(_NO_FLAGS, NORM_DOT=True), key_sums=True, query_sums=False, half_products=False,
                            backward=True),
+    # q(kᵀv) itself, on operands made by the caller (InLine's centered keys)
+    "plain": LinearKind(dict(_NO_FLAGS), key_sums=False, query_sums=False, half_products=False, backward=True),
 }
 #: the kinds whose backward is the feature kinds' one (the others': SimA's)
-FEATURE_KINDS = ("elu", "slab", "features")
+FEATURE_KINDS = ("elu", "slab", "features", "plain")
 #: largest tile (tokens × max(d, dv), padded to powers of two) for which a head's q, k, v are held whole on chip
 ONE_TILE_ELEMENTS = 256 * 64
 #: fewest tokens per program when the token axis is split over programs (GPU; the interpreter uses 32)
@@ -399,7 +404,8 @@ class _FeatureBackwardCall:
         self.part_shapes = ((bh * splits, d, e), (bh * splits, d)) if splits > 1 else None
         self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
                      *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(mask))
-        consts = dict(HAS_KM=mask is not None, **_features(KINDS[kind].flags), UPCAST=mode.interpret,
+        consts = dict(HAS_KM=mask is not None, **_features(KINDS[kind].flags),
+                      NORM_DOT=KINDS[kind].flags["NORM_DOT"], UPCAST=mode.interpret,
                       PREC=_precision(q), BLOCK_D=_block(d), BLOCK_E=_block(e))
         stages = (1, 2) if splits > 1 else (0,)
         self.launches = [_Launch(K._feature_bwd_kernel, (bh, splits), dict(consts, STAGE=stage), mode)
@@ -596,8 +602,9 @@ def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """A linear kind other than SimA with the fused kernels, all in fp32 as their torch paths; ``mask`` (B, Nk)
     removes keys. ``kind``: ``'elu'`` (ELU linear attention), ``'xnorm'`` (XNorm, ``gamma`` = γ_q γ_kv as a (B·H,)
     fp32 tensor), ``'slab'`` (relu features), ``'features'`` (q and k are non-negative features made by the caller,
-    e.g. FLatten's focused map). The ELU, SLAB and feature kinds have a backward (:data:`FEATURE_KINDS`), XNorm
-    runs forward only. Called by the kinds' functional ops with checked inputs."""
+    e.g. FLatten's focused map, PolaFormer's polar parts), ``'plain'`` (q(kᵀv), no normalizer: InLine's core).
+    All but XNorm have a backward (:data:`FEATURE_KINDS`'s, SimA's skeleton); XNorm runs forward only.
+    Called by the kinds' functional ops with checked inputs."""
     out_dtype = out_dtype or q.dtype
     save = (KINDS[kind].backward and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad))

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import acc_dtype, check_finite, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._common import (TRITON_MAX_HEAD_DIM, acc_dtype, check_finite, check_positive, check_qkv, linear_triton_chosen,
+                      matmul_dtype, no_autocast)
 from ._registry import register_attention
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import polaformer_reference as polaformer_attention_reference
@@ -60,11 +61,29 @@ def _pola(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor
     return torch.cat([same, opposite], dim=-1)
 
 
+def _pola_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor, scale: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    from .linear_triton import linear_triton
+    # each half of v is a feature kind on 2d channels: [q⁺, q⁻] against [k⁺, k⁻] (same sign) or [k⁻, k⁺]
+    q, k = q / scale, k / scale
+    q_polar = torch.cat([F.relu(q).pow(power), F.relu(-q).pow(power)], dim=-1)
+    k_pos, k_neg = F.relu(k).pow(power), F.relu(-k).pow(power)
+    half, eps_n = v.shape[-1] // 2, eps * k.shape[-2]  # A V / (A 1 + N·eps), the released mean form's
+    same = linear_triton("features", q_polar, torch.cat([k_pos, k_neg], dim=-1), v[..., :half], eps=eps_n)
+    opposite = linear_triton("features", q_polar, torch.cat([k_neg, k_pos], dim=-1), v[..., half:], eps=eps_n)
+    return torch.cat([same, opposite], dim=-1)
+
+
 def polaformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, power: Union[float, torch.Tensor],
-                         scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6) -> torch.Tensor:
+                         scale: Union[float, torch.Tensor] = 1.0, eps: float = 1e-6,
+                         backend: str = "auto") -> torch.Tensor:
     """Polarity-aware linear attention on q (B, H, Nq, d), k (B, H, Nk, d), v (B, H, Nk, dv) with dv even, without
     the conv and the gate. ``power`` (p > 0) and ``scale`` (s > 0): numbers or one value per channel (H·d values).
-    Computed in fp32 under autocast."""
+    Computed in fp32 under autocast. ``backend``: ``'triton'`` makes the polar features in torch and runs each
+    half of v forward and backward as fused kernels (a normalized feature kind on 2d channels, d ≤ 64; the
+    features are not rescaled by their peaks, as the reference's are not; CUDA, or CPU under
+    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops, ``'auto'`` the kernels on CUDA where nothing needs a gradient
+    and d ≤ 64, else torch."""
     check_qkv(q, k, v, "polaformer")
     check_positive("polaformer", "eps", eps)
     if v.shape[-1] % 2:
@@ -73,9 +92,17 @@ def polaformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p
     power = per_channel("polaformer", "power", power, q)
     scale = per_channel("polaformer", "scale", scale, q)
     dt, acc = matmul_dtype(q), acc_dtype(q)
+    triton = linear_triton_chosen("polaformer", backend, q, k, v, power, scale)
+    if triton and 2 * q.shape[-1] > TRITON_MAX_HEAD_DIM:
+        if backend == "triton":
+            raise ValueError(f"polaformer: backend 'triton' takes head dims up to {TRITON_MAX_HEAD_DIM // 2} (its "
+                             f"polar features double them), got d={q.shape[-1]}; backend 'torch' runs it")
+        triton = False
     with no_autocast(q):
         power, scale = (t.to(acc) if torch.is_tensor(t) else torch.full((), t, dtype=acc, device=q.device)
                         for t in (power, scale))
+        if triton:
+            return _pola_triton(q.to(acc), k.to(acc), v, power, scale, eps).to(dt)
         out = _pola(q.to(acc), k.to(acc), v.to(acc), power, scale, eps)
     return out.to(dt)
 
