@@ -1,5 +1,5 @@
-"""SLAB, FLatten and ELU on SimA's Triton skeleton (their prologue and epilogue, and the feature kinds' backward)
-against the kinds' plain references in fp64, forward and every gradient; without CUDA the kernels run in Triton's
+"""SLAB, FLatten, InLine, PolaFormer and ELU on SimA's Triton skeleton (their prologue and epilogue, and the feature
+kinds' backward) against the kinds' plain references in fp64, forward and every gradient; without CUDA the kernels run in Triton's
 interpreter on CPU (``TRITON_INTERPRET=1``, set by tests/conftest.py), with CUDA the CPU cases skip.
 
 Bound (fp32): rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and each gradient (round-off gives ~1e-7; a
@@ -23,9 +23,9 @@ from simattn.attention import linear_triton as st  # noqa: E402
 TOL = 1e-4
 PLANS = {"one_tile": (1, True), "one_launch_loop": (1, False), "split3": (3, False)}
 # bf16/fp16 inputs against fp64 on the same rounded values: the kernels compute in fp32 from them and round only the
-# output and gradients (bf16: 8 significant bits, fp16: 11); FLatten's focusing power of 3 and relu's kinks keep
-# the rest at fp32's level. Measured (interpreter) ≤ 4e-3 for bf16, ≤ 5e-4 for fp16.
-HALF_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 2e-3}
+# output and gradients (bf16: 8 significant bits, fp16: 11). Measured (interpreter, every kind, output and each
+# gradient) ≤ 3.6e-3 for bf16, ≤ 2.4e-4 for fp16; a missing term gives order 1.
+HALF_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 1e-3}
 
 
 @pytest.fixture(autouse=True)
