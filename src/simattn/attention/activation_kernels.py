@@ -125,7 +125,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c,
         k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
         v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: zero rows, no weight
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        w, _ = _activation(s * c + bias_b, ACT)
+        w, _unused = _activation(s * c + bias_b, ACT)
         if PV_NATIVE:
             acc = _mm(w.to(v.dtype), v, acc, True, UPCAST, PREC)
         else:
@@ -210,7 +210,7 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d
         k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
         v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: G vᵀ = 0 there
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        _, dw = _activation(s * c + bias_b, ACT)
+        _unused, dw = _activation(s * c + bias_b, ACT)
         dp = _mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
         dq = _mm(dp * dw, k, dq, False, UPCAST, PREC)
     tl.store(dq_ptr + bh * n_q * d + offs_m.to(tl.int64)[:, None] * d + offs_d[None, :],
