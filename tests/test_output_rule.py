@@ -6,6 +6,7 @@ import importlib
 
 import pytest
 
+from simattn.classify.task import Trainer
 from simattn.cli import main as simattn_main
 from simattn.engine import ENGINE_FILES
 from simattn.utils.runs import check_run_folder, claim_run_folder, run_files, settle_replaced
@@ -38,6 +39,10 @@ def _stop_after_check(monkeypatch, module_name: str) -> None:
     monkeypatch.setattr(module, "check_out", check_then_stop)
 
 
+def _raise_checks_passed(*args, **kwargs):
+    raise ChecksPassed()
+
+
 def _target(tmp_path, own_file):
     """An earlier run's results: the file itself, or a folder holding one of the bench's files."""
     if own_file is None:
@@ -50,15 +55,16 @@ def _target(tmp_path, own_file):
 
 
 @pytest.mark.parametrize("bench", list(BENCHES))
-def test_bench_refuses_earlier_results_without_overwrite(bench, tmp_path, capsys, monkeypatch):
+def test_bench_refuses_earlier_results_without_overwrite(bench, tmp_path, monkeypatch):
     module_name, own_file = BENCHES[bench]
     target, earlier = _target(tmp_path, own_file)
-    err = one_line_error(capsys, simattn_main(["bench", bench, "--output", str(target)]))
-    assert f"--output {target}" in err and "--overwrite" in err
-    assert earlier.read_text() == "earlier results"
     _stop_after_check(monkeypatch, module_name)
+    main = importlib.import_module(module_name).main
+    with pytest.raises(ValueError, match=f"--output {target} .*--overwrite"):
+        main(["--output", str(target)])
+    assert earlier.read_text() == "earlier results"
     with pytest.raises(ChecksPassed):  # with --overwrite the bench goes on to its work
-        importlib.import_module(module_name).main(["--output", str(target), "--overwrite"])
+        main(["--output", str(target), "--overwrite"])
 
 
 @pytest.mark.parametrize("bench", [name for name, (_, own) in BENCHES.items() if own is not None])
@@ -83,11 +89,12 @@ def test_validate_refuses_an_existing_output_without_overwrite(tmp_path, capsys,
     assert '"top1": 50.0' in out.read_text()
 
 
-def test_train_overwrite_refuses_a_run_folder_holding_other_files(tmp_path, capsys):
+def test_train_overwrite_refuses_a_run_folder_holding_other_files(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "final.safetensors").write_bytes(b"an earlier run's weights")
     (folder / "notes.txt").write_text("mine")
+    monkeypatch.setattr(Trainer, "setup", _raise_checks_passed)  # what follows the folder's check: the data
     err = one_line_error(capsys, simattn_main(["train", "-c", "digits_cpu", "--output", str(folder), "--overwrite"]))
     assert "holds notes.txt, which a run does not write" in err and "final.safetensors" not in err.split("(")[0]
     assert run_files(folder) == ["final.safetensors", "notes.txt"]
