@@ -325,8 +325,10 @@ def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict
     shapes = [k for k in own if k in sd and sd[k].shape != own[k].shape]
     if shapes or (strict and (missing or unexpected)):
         parts = [f"shape mismatch: {shape_mismatches(shapes, raw, sd, own)}"] if shapes else []
-        parts += [f"{what}: {_names(names, 1)}" for what, names in (("missing keys", missing),
-                                                                    ("unexpected keys", unexpected)) if names]
+        # the keys a load would drop are named more fully than the missing ones: a dropped layer (a tanh
+        # pre-logits, say) must be visible in the message
+        parts += [f"{what}: {_names(names, limit)}" for what, names, limit in (("missing keys", missing, 1),
+                                                                           ("unexpected keys", unexpected, 3)) if names]
         raise CheckpointError(f"checkpoint {path} does not fit {type(model).__name__}: " + "; ".join(parts))
     model.load_state_dict(sd, strict=strict)
     return {"missing": missing, "unexpected": unexpected}
