@@ -4,9 +4,10 @@ before they are imported); with CUDA compiled on the GPU.
 
 Bounds. fp32: rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output and each gradient (fp32 round-off gives
 ~1e-7; a wrong derivative, scale or bias gives order 1). Half inputs, against the oracle on the same rounded values:
-the kernels round the weights to bf16 before they meet bf16 v (and the output gradient, for dv), and round each
-result once to the inputs' dtype; a rounding of relative size u per term gives an rms error ratio of about u, so the
-bound is 2u with u the unit round-off: 2⁻⁷ for bf16, 2⁻¹⁰ for fp16.
+with bf16 inputs the kernels round the weights (and dS) to bf16 before their products, and each result is rounded
+once to the inputs' dtype, so two roundings of relative size up to u (the unit round-off) stand between kernel and
+oracle; the interpreter converts fp32 to bf16 by truncation (up to 2u, all of one sign), so the bound is 4u: 2⁻⁶ for
+bf16 (measured ~6e-3 there), 2⁻⁹ for fp16, whose weights stay fp32 and whose conversions round (measured ~3e-4).
 """
 import pytest
 import torch
@@ -24,7 +25,7 @@ from simattn.attention import activation_triton as at  # noqa: E402 - in the mod
 from simattn.attention import linear_kernels as LK  # noqa: E402
 
 TOL = 1e-4
-HALF_TOL = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+HALF_TOL = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
 
 
 @pytest.fixture

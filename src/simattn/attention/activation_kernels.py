@@ -21,8 +21,8 @@ split would save one recomputation of q kᵀ for that).
 
 Precision: scores, h, the scale and every accumulator in fp32. q kᵀ multiplies equal half inputs in their own dtype
 (exact products); the weights meet v (and G, for dv) in bf16 when those are bf16 (P rounded to bf16, as flash
-attention's P is; bf16 has fp32's range) and otherwise as fp32 at ``PREC`` (TF32 for fp16: fp16 cannot hold the
-relu kind's weights, which are not bounded). Masked keys read as zero rows and get zero weight.
+attention's P is; bf16 has fp32's range), and dS meets k and q in bf16 when they are bf16 (``BF16_DS``), otherwise
+as fp32 at ``PREC`` (TF32 for fp16: fp16 cannot hold the relu kind's weights, which are not bounded). Masked keys read as zero rows and get zero weight.
 
 The tiles, product and mask helpers are :mod:`simattn.attention.linear_kernels`'. Decorated where written, in the
 mode of ``TRITON_INTERPRET`` at first import (see there); the host side is :mod:`simattn.attention.activation_triton`.
@@ -140,8 +140,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c,
 def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
                  ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
-                 QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
-                 PREC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
+                 QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr,
+                 UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK: tl.constexpr):
     """One tile of BLOCK_M keys of one (batch, head): dv = Pᵀ G and dk = dSᵀ q over query tiles (contiguous
     outputs)."""
@@ -173,7 +173,10 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k,
         else:
             dv = _mm(w, g, dv, False, UPCAST, PREC)
         dp_t = _mm(v, tl.trans(g), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
-        dk = _mm(dp_t * dw, q, dk, False, UPCAST, PREC)
+        if QK_NATIVE and BF16_DS:
+            dk = _mm((dp_t * dw).to(q.dtype), q, dk, True, UPCAST, PREC)
+        else:
+            dk = _mm(dp_t * dw, q, dk, False, UPCAST, PREC)
     rows = offs_m.to(tl.int64)[:, None]
     ok = offs_m[:, None] < n_k
     tl.store(dk_ptr + bh * n_k * d + rows * d + offs_d[None, :], (dk * (scale * c)).to(dk_ptr.dtype.element_ty),
@@ -187,7 +190,8 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k,
 def _dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
                ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
-               QK_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+               QK_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr, UPCAST: tl.constexpr,
+               PREC: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of BLOCK_M queries of one (batch, head): dq = dS k over key tiles (contiguous output)."""
     b, q_base = _head_offsets(sqb, sqh)
@@ -212,6 +216,9 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d
         s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
         _unused, dw = _activation(s * c + bias_b, ACT)
         dp = _mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
-        dq = _mm(dp * dw, k, dq, False, UPCAST, PREC)
+        if QK_NATIVE and BF16_DS:
+            dq = _mm((dp * dw).to(k.dtype), k, dq, True, UPCAST, PREC)
+        else:
+            dq = _mm(dp * dw, k, dq, False, UPCAST, PREC)
     tl.store(dq_ptr + bh * n_q * d + offs_m.to(tl.int64)[:, None] * d + offs_d[None, :],
              (dq * (scale * c)).to(dq_ptr.dtype.element_ty), mask=rows_q[:, None] & d_ok[None, :])

@@ -83,6 +83,7 @@ class _BackwardCall:
         self.head = (H, n_q, n_k, float(n_k), d, e)
         self.strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride(), *LT._mask_strides(mask))
         consts = dict(flags, HAS_KM=mask is not None, QK_NATIVE=LT._native(q, k), VG_NATIVE=LT._native(v, g),
+                      BF16_DS=q.dtype == torch.bfloat16,
                       UPCAST=mode.interpret, PREC=LT._precision(q), BLOCK_D=LT._block(d), BLOCK_E=LT._block(e),
                       BLOCK_M=block_m)
         self.buckets = (triton.next_power_of_2(n_q), triton.next_power_of_2(n_k))
