@@ -115,8 +115,8 @@ def check_new_folder(path: PathLike, overwrite: bool = False, flag: str = "--out
                          "--overwrite to replace them")
     foreign = [name for name in present if writes is not None and name not in set(writes)]
     if foreign:
-        raise ValueError(f"{flag} {path} holds {_listed(foreign)}, which this command does not write and "
-                         f"--overwrite would delete (it replaces only {', '.join(sorted(writes))}): move "
+        raise ValueError(f"{flag} {path} holds {_listed(foreign)}, which this command does not write "
+                         f"(--overwrite replaces only {_listed(sorted(writes))}): move "
                          f"{'it' if len(foreign) == 1 else 'them'} away or choose another {flag}")
 
 
