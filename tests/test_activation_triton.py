@@ -170,3 +170,12 @@ def test_a_repeat_call_reuses_its_plan(device, monkeypatch):
         second = at.activation_triton(2 * q, k, v, activation="sigmoid")
     assert len(plans) == 1 and LT._CALLS == plans
     assert rms(first - second) > 0
+
+
+def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
+    from simattn.attention import linear_triton as LT
+    monkeypatch.setattr(LT, "_CALLS", {})
+    monkeypatch.setattr(LK, "INTERPRETER", False)
+    q = torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match=r"^attention with h=sigmoid: backend 'triton' needs CUDA tensors"):
+        sigmoid_attention(q, q, q, backend="triton")

@@ -107,13 +107,18 @@ def _key(what: str, activation, bias, alpha, q, k, v, mask) -> tuple:
             q.dtype == torch.float32 and LT._tf32())
 
 
+def _mode(activation: str, q: torch.Tensor, dry: Optional[int]):
+    """How the call's kernels run (``linear_triton``'s modes); a device they cannot run on is refused here."""
+    return LT._Mode(f"attention with h={activation}", q.device, dry, LT._tuning())
+
+
 def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float],
              out_dtype: torch.dtype) -> torch.Tensor:
     """The output (:class:`_ForwardCall`), planned once per signature."""
     dry = LT._dry_sms
     key = (*_key("activation forward", activation, bias, alpha, q, k, v, mask), out_dtype)
     call = LT._call(key, lambda: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype,
-                                              LT._Mode(activation, q.device, dry, LT._tuning())))
+                                              _mode(activation, q, dry)))
     return call(q, k, v, mask, _scalars(q, bias, alpha))
 
 
@@ -122,7 +127,7 @@ def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: O
     dry = LT._dry_sms
     key = (*_key("activation backward", activation, bias, alpha, q, k, v, mask), g.shape, g.stride(), g.dtype)
     call = LT._call(key, lambda: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask,
-                                               LT._Mode(activation, q.device, dry, LT._tuning())))
+                                               _mode(activation, q, dry)))
     return call(g, q, k, v, mask, _scalars(q, bias, alpha))
 
 
