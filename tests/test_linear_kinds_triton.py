@@ -150,3 +150,17 @@ def test_backend_choice_and_refusals(monkeypatch):
         slab_attention(q, k, v, backend="cuda")
     with pytest.raises(ValueError, match="flatten: backend 'triton' takes float32, float16 or bfloat16"):
         flatten_attention(q.double(), k.double(), v.double(), backend="triton")
+
+
+def test_registered_op_carries_the_feature_backward():
+    """The path compile and export take (the custom op with registered autograd) runs the feature kinds' backward,
+    not SimA's: SLAB's gradients through ``simattn::linear_attn_fwd`` equal the reference's."""
+    gen = torch.Generator().manual_seed(6)
+    leaves = [torch.randn(1, 2, 9, 16, generator=gen).requires_grad_() for _ in range(3)]
+    out = torch.ops.simattn.linear_attn_fwd(*leaves, None, None, None, 1e-6, "slab", False, torch.float32, True)[0]
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad(out, leaves, g.float())
+    hi = [t.detach().double().requires_grad_() for t in leaves]
+    ref = R.slab_reference(*hi, eps=1e-6)
+    for a, b, name in zip(grads, torch.autograd.grad(ref, hi, g), "qkv"):
+        assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"
