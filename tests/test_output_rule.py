@@ -116,3 +116,22 @@ def test_run_folder_claim_checks_the_run_files_again_under_the_lock(tmp_path):
     assert run_files(folder) == []  # the run's own files are kept aside until it ends
     settle_replaced(False)
     assert (folder / "last.pth").read_bytes() == b"old"
+
+
+def test_convert_overwrite_refuses_a_folder_holding_other_files(tmp_path):
+    from types import SimpleNamespace
+    from simattn.convert.run import OUTPUTS, STAGES
+    from simattn.engine.stages import StagedRun
+    folder = tmp_path / "conversion"
+    (folder / "distill").mkdir(parents=True)
+    (folder / "results.json").write_text("{}")
+    (folder / "notes.txt").write_text("mine")
+    cfg = SimpleNamespace(output=str(folder), recipe=None, overwrite=True, resume=False)
+    stages = StagedRun(cfg, SimpleNamespace(is_main=True), "convert", STAGES, OUTPUTS, "conversion")
+    with pytest.raises(ValueError, match="holds notes.txt, which a run does not write"):
+        stages.open()
+    assert run_files(folder) == ["distill", "notes.txt", "results.json"]  # nothing moved aside
+    (folder / "notes.txt").unlink()
+    assert stages.open() == folder  # the stage folders and the command's own files are its to replace
+    settle_replaced(False)
+    assert (folder / "results.json").read_text() == "{}"

@@ -48,7 +48,7 @@ class DetectionTrainer(Engine):
 
     producer = "simattn detect"
     task_name = "detect"
-    task_files = ("curves.png",)
+    task_files = ("curves.png", "eval.json")  # eval.json: `detect eval` of this run's weights
     csv_columns = {"bbox_AP": "bbox_AP", "segm_AP": "segm_AP"}
     scheduler_metric = "bbox_AP"
     collate_fn = staticmethod(collate_detection)

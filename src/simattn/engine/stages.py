@@ -64,8 +64,10 @@ class StagedRun:
                 lock_run_folder(out)
                 self._check_folder(out)  # again, under the lock: another command may have written there meanwhile
         else:
+            tops = {name.split("/")[0] for name in self.stages.values()}
             out = open_run_folder(cfg.output, recipe_name(cfg.recipe), self.task_name, overwrite=cfg.overwrite,
-                                  replaced=self.files, is_main=self.dist.is_main, inputs=inputs)
+                                  replaced=self.files, is_main=self.dist.is_main, inputs=inputs,
+                                  writes=(*self.files, *sorted(tops)))
         self.out = out
         return out
 

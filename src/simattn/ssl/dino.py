@@ -149,7 +149,7 @@ class DinoTrainer(Engine):
 
     producer = "simattn ssl"
     task_name = "ssl"
-    task_files = ("backbone.safetensors", "curves.png")
+    task_files = ("backbone.safetensors", "curves.png", "eval.json")  # eval.json: `ssl eval` of this run
     csv_columns = {"knn_top1": "knn_top1", "linear_top1": "linear_top1"}
     scheduler_metric = "knn_top1"
 

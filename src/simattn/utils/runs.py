@@ -310,20 +310,22 @@ def claim_run_folder(out: Path, overwrite: bool = False, replaced: Iterable[str]
 
 def open_run_folder(output: Optional[str], name: Optional[str], task: str, *, resume_from: Optional[Path] = None,
                     overwrite: bool = False, replaced: Iterable[str] = (), is_main: bool = True,
-                    inputs: Optional[Mapping[str, Any]] = None) -> Path:
+                    inputs: Optional[Mapping[str, Any]] = None, writes: Optional[Iterable[str]] = None) -> Path:
     """:func:`resolve_output`, :func:`check_run_folder`, :func:`check_inputs_kept` (``inputs``: option → path) and
-    (main process) :func:`claim_run_folder` in one call; returns the run folder."""
+    (main process) :func:`claim_run_folder` in one call; returns the run folder. ``writes``: every name the command
+    writes at the folder's top (files and folders); with ``overwrite`` a folder holding anything else is refused."""
     import torch.distributed as dist
     out = resolve_output(output, name, task, resume_from)
     if is_main:
         check_not_in_use(out)
-    check_run_folder(out, resume_from, overwrite)
+    writes = None if writes is None else tuple(writes)
+    check_run_folder(out, resume_from, overwrite, writes=writes)
     replaced = tuple(replaced)
     check_inputs_kept(out, replaced, inputs or {})
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # every process has checked before the main one changes anything
     if is_main:
-        claim_run_folder(out, overwrite, replaced, resume_from=resume_from)
+        claim_run_folder(out, overwrite, replaced, resume_from=resume_from, writes=writes)
     return out
 
 
