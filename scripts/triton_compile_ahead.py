@@ -8,8 +8,8 @@ instead of timing them, one process per (batch, token count), so the compiled ke
 when the sweep starts.
 
 ``--sm90-here`` does the same on a machine without a GPU: every kernel path (SimA forward with and without the
-backward's state, the backward, ELU and XNorm, split and one-tile plans; sigmoid and relu attention's
-flash-style kernels, forward and backward) is compiled for an H100/H200 (sm_90) with
+backward's state, the backward, ELU and XNorm, SLAB and FLatten forward and backward, split and one-tile plans;
+sigmoid and relu attention's flash-style kernels, forward and backward) is compiled for an H100/H200 (sm_90) with
 Triton's own compiler and ptxas, through the same launch code, so a kernel that would not compile on the GPU fails
 here first. It prints the shared memory each kernel needs.
 
@@ -90,6 +90,12 @@ def _job(job):
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         out = activation_triton(*leaves, activation="relu", bias=0.0, alpha=1.0,
                                 mask=torch.ones(batch, n, dtype=torch.bool))
+        out.backward(torch.ones_like(out))
+    # SLAB's relu prologue and the feature kinds' backward, and FLatten's call: fp32 features made in torch, v as is
+    x = [torch.randn(batch, 6, n, 64, dtype=getattr(torch, dtype_name), device=device) for _ in range(3)]
+    for kind, inputs in (("slab", x), ("features", (x[0].float(), x[1].float(), x[2]))):
+        leaves = [t.requires_grad_() for t in inputs]
+        out = linear_triton.linear_triton(kind, *leaves)
         out.backward(torch.ones_like(out))
     errors = [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
     return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
