@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -257,8 +258,16 @@ def test_convert_overwrite_never_destroys_its_teacher(tmp_path, capsys):
     before = _digest(teacher / "final.safetensors")
     code = simattn_main(["convert", "--weights", str(teacher / "final.safetensors"), "--to", "sima", "--epochs", "2",
                          "--output", str(teacher), "--overwrite"])
-    assert "a file this run writes" in _one_line_error(capsys, code)
+    assert "which a run does not write" in _one_line_error(capsys, code)  # a training run's folder: not convert's
     assert _digest(teacher / "final.safetensors") == before
+    # an earlier conversion's result as the teacher of the next, in the same folder: the input is named
+    converted = tmp_path / "C"
+    converted.mkdir()
+    shutil.copy(teacher / "final.safetensors", converted / "final.safetensors")
+    code = simattn_main(["convert", "--weights", str(converted / "final.safetensors"), "--to", "sima", "--epochs", "2",
+                         "--output", str(converted), "--overwrite"])
+    assert "a file this run writes" in _one_line_error(capsys, code)
+    assert _digest(converted / "final.safetensors") == before
 
 
 # ---------------------------------------------------------------- viz, Ctrl-C
