@@ -65,4 +65,87 @@ def test_peers_options_are_refused_for_other_parts(tmp_path):
         bench_paper.main(["--only", "digits", "--peers-epochs", "2", "--out", str(tmp_path)])
     with pytest.raises(ValueError, match="'timing' not allowed"):
         bench_paper.main(["--only", "peers", "--peers-parts", "timing", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="--peers-parts deploy exports the weights the digits part trains"):
+        bench_paper.main(["--only", "peers", "--peers-parts", "costs", "deploy", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="'tflite' not allowed"):
+        bench_paper.main(["--only", "peers", "--peers-formats", "tflite", "--out", str(tmp_path)])
     assert list(tmp_path.iterdir()) == []
+
+
+def _digits_weights(path, kind):
+    """A tiny ``kind`` DeiT with its head fitted to the digits train split (ridge regression on its random
+    features: predictions that mean something, in a second), saved as a training run saves its final weights."""
+    import timm
+    import torch
+
+    from simattn.data.digits import digits_tensors
+    from simattn.models.weights import save_weights, weights_metadata
+
+    name, kwargs = f"{kind}_deit_tiny_patch16_224", dict(img_size=32, patch_size=8, embed_dim=32, depth=1,
+                                                         num_heads=2, num_classes=10)
+    torch.manual_seed(0)
+    model = timm.create_model(name, **kwargs).eval()
+    x, y = digits_tensors("train", img_size=32, normalize=False)
+    x = (x - 0.5) / 0.5  # the preprocessing the record below states
+    with torch.no_grad():
+        feats = model.forward_head(model.forward_features(x), pre_logits=True)
+        a = torch.cat([feats, torch.ones(len(feats), 1)], 1)
+        w = torch.linalg.solve(a.T @ a + torch.eye(a.shape[1]), a.T @ torch.nn.functional.one_hot(y, 10).float())
+        model.head.weight.copy_(w[:-1].T)
+        model.head.bias.copy_(w[-1])
+    path.parent.mkdir(parents=True)
+    data = {"input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0,
+            "interpolation": "bilinear"}
+    save_weights(model, path, weights_metadata(name, kwargs, producer="test", data_config=data))
+
+
+def test_deploy_exports_each_kinds_digits_weights_and_scores_them_as_the_checkpoint(tmp_path):
+    """SLAB's digits weights through ``simattn export`` (ONNX, the TorchScript exporter: seconds) and ``simattn
+    validate``: the file scores the checkpoint's top-1 on digits, and its graph's only exp-like op is GELU's erf; a
+    kind without weights gets a one-line error and the others still run."""
+    _digits_weights(tmp_path / "runs" / "slab" / "seed1" / "final.safetensors", "slab")
+    records = pp.run_peer_deploy(["slab", "inline"], tmp_path / "runs", 1, tmp_path / "deploy", ["onnx"],
+                                 ["--exporter", "torchscript"])
+    slab, inline = records
+    assert slab["ckpt_top1"] > 30, slab  # predictions that mean something
+    assert slab["onnx_top1"] == pytest.approx(slab["ckpt_top1"], abs=pp.DEPLOY_TOLERANCE) and slab["deploy_matches"]
+    assert (slab["onnx_exp_ops"], slab["onnx_not_delegated"]) == (1, 0) and "deploy_error" not in slab
+    assert (tmp_path / "deploy" / "slab" / "model.onnx").is_file()
+    assert inline == {"kind": "inline", "deploy_error": f"no digits weights at "
+                                                        f"{tmp_path / 'runs' / 'inline' / 'seed1' / 'final.safetensors'}"}
+    rows = pp.peers_records(["slab", "inline"], deployed=records)
+    assert rows[0]["onnx_top1"] == slab["onnx_top1"] and rows[0]["executorch_top1"] is None
+    assert rows[1]["error"].startswith("no digits weights") and rows[1]["deploy_matches"] is None
+    assert "top-1, onnx" in pp.peers_markdown(rows, [], "paper_digits_cpu", [1])
+
+
+def test_deploy_judges_each_file_against_the_checkpoint_and_names_a_failed_export(tmp_path, monkeypatch):
+    """Stand-ins for the two commands: a file a point off the checkpoint fails the check; an export that fails
+    stops that kind with the command's last line."""
+    import json
+
+    import simattn.export.cli as export_cli
+    import simattn.validate as validate
+
+    for kind in ("slab", "agent"):
+        (tmp_path / "runs" / kind / "seed0").mkdir(parents=True)
+        (tmp_path / "runs" / kind / "seed0" / "final.safetensors").write_bytes(b"stand-in")
+
+    def fake_export(argv):
+        out = argv[argv.index("-o") + 1]
+        if "/agent/" in out:
+            print("could not export: boom")
+            return 1
+        open(out, "wb").close()
+        report = {"audit": {"exp_like_count": 0}, "delegation": {"not_delegated": {"mean_dim": 3, "gt_scalar": 1}}}
+        with open(out + ".json", "w") as f:
+            json.dump(report, f)
+        return 0
+
+    top1 = {"final.safetensors": 80.0, "model.onnx": 80.0, "model.pte": 79.7}
+    monkeypatch.setattr(export_cli, "main", fake_export)
+    monkeypatch.setattr(validate, "validate_weights", lambda path, **kw: {"top1": top1[path.name]})
+    slab, agent = pp.run_peer_deploy(["slab", "agent"], tmp_path / "runs", 0, tmp_path / "deploy")
+    assert (slab["onnx_top1"], slab["executorch_top1"], slab["executorch_not_delegated"]) == (80.0, 79.7, 4)
+    assert slab["deploy_matches"] is False  # 0.3 points: more than one image of 359
+    assert agent["deploy_error"] == "onnx export failed: could not export: boom" and not agent["deploy_matches"]

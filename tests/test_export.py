@@ -217,6 +217,30 @@ def test_family_round_trip(family, exporter, tmp_path):
     assert audit_onnx(result.path).op_counts.get("MatMul", 0) > 0
 
 
+#: the exp-like ops of each newer kind's one-block DeiT in a TorchScript-exported graph, GELU's Erf aside: only the
+#: per-channel learned scales of FLatten (softplus) and PolaFormer (softplus, and the sigmoid of its power), whose
+#: count does not grow with the tokens; sigmoid attention's sigmoid and Agent's two softmaxes grow with them
+NEWER_KIND_EXP_OPS = {"flatten": {"Softplus": 1}, "inline": {}, "slab": {}, "polaformer": {"Softplus": 1, "Sigmoid": 1},
+                      "sigmoid": {"Sigmoid": 1}, "agent": {"Softmax": 2}}
+
+
+@pytest.mark.parametrize("kind", sorted(NEWER_KIND_EXP_OPS))
+def test_newer_kinds_export_with_their_exp_audit(kind, tmp_path):
+    """Each newer kind's DeiT exports to ONNX with a dynamic batch, equal to PyTorch in onnxruntime, and the audit
+    counts its exp-like ops. Agent's adaptive pooling of a dynamic grid takes the dynamo exporter (TorchScript's
+    cannot read the grid's size); the others the TorchScript one (seconds)."""
+    name = f"{kind}_deit_tiny_patch16_224"
+    torch.manual_seed(0)
+    model = timm.create_model(name, **dict(TINY_DEIT, depth=1)).eval()
+    exporter = "dynamo" if kind == "agent" else "torchscript"
+    result, parity = export_and_verify(model, tmp_path / f"{kind}.onnx", _meta(name, 32, kind), exporter=exporter,
+                                       stride=model_stride(model), atol=ATOL)
+    assert result.exporter == exporter and result.dynamic_batch and f"random_b3_32x32" in parity
+    assert all(r["ok"] and r["max_abs_diff"] <= ATOL for r in parity.values()), (result.notes, parity)
+    exp_like = {op: n for op, n in audit_onnx(result.path).exp_like.items() if op not in ("Erf", "Gelu")}
+    assert exp_like == NEWER_KIND_EXP_OPS[kind]
+
+
 def _fit_head_on_digits(model):
     """Ridge fit of the classifier on the model's (random) features of the digits train split: weights that
     classify digits (~60% val top-1) in a second instead of minutes of training. (Random features are far less

@@ -15,7 +15,8 @@
 The comparison tables of SimA and SOFT (SimA's Table 2, SOFT's Table 1 and Fig. 1b, and every kind trained on the
 embedded digits) are :mod:`simattn.bench.paper_tables`; the newer softmax-free attentions beside all the others
 (params, GMACs and exp counts at DeiT-T beside each paper's DeiT-T figures, CPU latency at 197 and 785 tokens, digits
-top-1 over seeds with the non-finite and softmax-margin check) are :mod:`simattn.bench.paper_peers` (``peers``).
+top-1 over seeds with the non-finite and softmax-margin check, each kind's digits weights exported to ONNX and
+ExecuTorch and validated there) are :mod:`simattn.bench.paper_peers` (``peers``).
 ``--only`` picks parts (``table3 figure_a1 table2 table1 figure1b digits peers``; default all).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
@@ -23,7 +24,7 @@ comparison that carries across machines. The full run covers the paper's ranges 
 8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--output``: ``paper.md``
 (every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
 ``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs),
-``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``).
+``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``, ``peers_deploy/<kind>/``: the exported files).
 """
 from __future__ import annotations
 
@@ -332,15 +333,16 @@ def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str
 
 
 PARTS = ("table3", "figure_a1", "table2", "table1", "figure1b", "digits", "peers")
+PEER_PARTS = ("costs", "latency", "digits", "deploy")
 QUICK = {"repeats": 10, "rounds": 3, "sizes": [224, 320, 448], "dims": [192, 384, 768], "deit_depth": 4,
          "repeats_models": 5, "warmup_models": 1, "rounds_models": 1,
          "table1_batch": 2, "figure1b_p": [1, 2], "figure1b_depth": 2, "digits_epochs": 1, "peers_epochs": 1,
-         "peers_repeats": 2}
+         "peers_repeats": 2, "peers_formats": ["onnx"]}
 FULL_CUDA_DIMS = [384, 768, 1536, 3072, 6144, 8192]
 FULL = {"repeats": 100, "rounds": 5, "sizes": [224, 384, 512, 768, 1024, 1536], "dims": [384, 768, 1536, 3072],
         "deit_depth": 0, "repeats_models": 5, "warmup_models": 2, "rounds_models": 2,
         "table1_batch": 16, "figure1b_p": list(range(1, 9)), "figure1b_depth": 12, "digits_epochs": None,
-        "peers_epochs": None, "peers_repeats": 5}
+        "peers_epochs": None, "peers_repeats": 5, "peers_formats": ["onnx", "executorch"]}
 FIGURE1B_KINDS = ["softmax", "linformer", "performer", "nystrom", "soft", "sima"]
 
 
@@ -391,8 +393,12 @@ def _options():
                                   "and recipe are --digits-seeds and --digits-recipe", **count),
         "peers_repeats": Opt(None, "peers: timed forward runs per kind and token count (default 5; quick 2)",
                              **count),
-        "peers_parts": Opt(None, "peers: which measurements (costs latency digits; default all)",
-                           type=maybe(List[str]), check=some_of(["costs", "latency", "digits"])),
+        "peers_parts": Opt(None, "peers: which measurements (costs latency digits deploy; default all; deploy "
+                                 "exports the digits part's weights, so it needs digits)",
+                           type=maybe(List[str]), check=some_of(list(PEER_PARTS))),
+        "peers_formats": Opt(None, "peers: the formats deploy exports each kind's digits weights to and validates "
+                                   "(default onnx executorch; quick onnx)", type=maybe(List[str]),
+                             check=some_of(["onnx", "executorch"])),
         "output": shared("output", "runs/bench_paper", "output folder"),
         "overwrite": shared("overwrite"),
     }
@@ -422,11 +428,11 @@ PART_OPTIONS = {
     "table1": ("table1_batch",),
     "figure1b": ("figure1b_p", "figure1b_depth", "figure1b_kinds"),
     "digits": ("digits_kinds", "digits_epochs"),
-    "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts"),
+    "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts", "peers_formats"),
 }
 #: what the parts write into --output (tables, figures, the digits runs' folders) and the report: what
 #: --overwrite replaces; a folder holding anything else is refused
-PAPER_FILES = ("paper.md", "digits", "peers_digits", *result_files("table3", ("json", "csv", "png")),
+PAPER_FILES = ("paper.md", "digits", "peers_digits", "peers_deploy", *result_files("table3", ("json", "csv", "png")),
                *result_files("figure_a1", ("json", "csv", "png")), *result_files("table2", ("json", "csv")),
                *result_files("table1", ("json", "csv")), *result_files("figure1b", ("json", "csv", "png")),
                *result_files("digits", ("json", "csv")), *result_files("peers", ("json", "csv", "png")))
@@ -438,6 +444,9 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     for part, names in PART_OPTIONS.items():
         if part not in args.only:
             refuse_unused(args, list(names), f"to {part}, which --only {' '.join(args.only)} leaves out")
+    args.peers_parts = list(dict.fromkeys(args.peers_parts or PEER_PARTS))
+    if "deploy" in args.peers_parts and "digits" not in args.peers_parts:
+        raise ValueError("--peers-parts deploy exports the weights the digits part trains: add digits")
     check_out(args.output, args.overwrite, PAPER_FILES)
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
@@ -522,8 +531,8 @@ def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], mac
     from . import paper_peers as pp
 
     kinds, notes = pp.registered_kinds(args.peers_kinds)
-    parts = args.peers_parts or ["costs", "latency", "digits"]
-    costs, latency, digits = [], [], []
+    parts = args.peers_parts
+    costs, latency, digits, deployed = [], [], [], []
     if "costs" in parts:
         costs, more = pp.run_peer_costs(kinds)
         notes += more
@@ -538,7 +547,10 @@ def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], mac
         digits, more = pp.run_peer_digits(kinds, args.digits_seeds, out / "peers_digits", args.digits_recipe,
                                           overrides)
         notes += more
-    rows = pp.peers_records(kinds, costs, latency, digits)
+    if "deploy" in parts:
+        deployed = pp.run_peer_deploy(kinds, out / "peers_digits", args.digits_seeds[0], out / "peers_deploy",
+                                      args.peers_formats)
+    rows = pp.peers_records(kinds, costs, latency, digits, deployed)
     write_json({"meta": meta, "rows": rows, "notes": notes, "digits_runs": digits}, out / "peers.json")
     write_csv(rows, out / "peers.csv")
     title = f"every attention kind at DeiT-T and on digits ({machine})"

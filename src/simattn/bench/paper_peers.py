@@ -15,8 +15,12 @@ here every kind runs in the same network, counted, timed and trained the same wa
   (:func:`simattn.bench.paper_tables.run_digits`, the ``paper_digits_cpu`` recipe: 20 epochs), seeds 0-2, top-1
   mean ± spread, and the check each new kind is held to: no non-finite step (the engine stops a run at the first
   one) and a mean top-1 within :data:`DIGITS_MARGIN` points of softmax's.
+* **Deploy** (:func:`run_peer_deploy`): the first seed's digits weights of each kind through ``simattn export`` as
+  each of :data:`DEPLOY_FORMATS` (parity with PyTorch in the file's runtime, the exp-like op audit, the ops left
+  outside the format's delegate), and each file scored on the digits val split in its runtime by ``simattn
+  validate``: it must give the checkpoint's top-1 (:data:`DEPLOY_TOLERANCE`).
 
-:func:`peers_records` joins the three by kind; :func:`peers_markdown` and :func:`plot_peers` write the table and the
+:func:`peers_records` joins the four by kind; :func:`peers_markdown` and :func:`plot_peers` write the table and the
 figure. A part left out (no digits run, no timing) leaves its columns empty.
 """
 from __future__ import annotations
@@ -31,8 +35,8 @@ from ..attention import list_attentions
 from .report import markdown_table, new_figure, progress, save_figure
 
 __all__ = ["PeerPaper", "PEER_PAPERS", "DIGITS_MARGIN", "PEER_TOKENS", "peer_model", "registered_kinds",
-           "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check", "peers_records", "peers_markdown",
-           "plot_peers"]
+           "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check", "DEPLOY_FORMATS", "DEPLOY_TOLERANCE",
+           "run_peer_deploy", "peers_records", "peers_markdown", "plot_peers"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,14 @@ PEER_PAPERS: Dict[str, PeerPaper] = {
 DIGITS_MARGIN = 10.0
 #: the latency points: tokens → image size (16 px patches and a class token)
 PEER_TOKENS = {197: 224, 785: 448}
+#: the formats each kind's digits weights are exported to and validated in
+DEPLOY_FORMATS = ("onnx", "executorch")
+#: an exported file passes when its digits top-1 is within this many points of the checkpoint's (less than one image
+#: of the 359 in the val split: the same predictions)
+DEPLOY_TOLERANCE = 0.2
+#: the deploy part's columns (:func:`run_peer_deploy`)
+DEPLOY_COLUMNS = ("ckpt_top1", *(f"{name}_{what}" for what in ("top1", "exp_ops", "not_delegated")
+                                  for name in DEPLOY_FORMATS), "deploy_matches")
 
 
 def peer_model(kind: str) -> Tuple[str, Dict[str, Any]]:
@@ -154,17 +166,67 @@ def digits_check(records: Sequence[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     return checked
 
 
+def run_peer_deploy(kinds: Sequence[str], runs: Path, seed: int, out: Path,
+                    formats: Sequence[str] = DEPLOY_FORMATS,
+                    export_options: Sequence[str] = ()) -> List[Dict[str, Any]]:
+    """Export each kind's digits weights (``runs/<kind>/seed<seed>/final.safetensors``) with ``simattn export``
+    into ``out/<kind>/`` as each of ``formats`` and validate every file on digits beside the checkpoint: per kind
+    ``ckpt_top1``, ``<format>_top1``, ``<format>_exp_ops`` (exp-like ops in the written graph),
+    ``<format>_not_delegated`` (ops its delegate does not run: ExecuTorch's left to portable kernels beside
+    XNNPACK) and ``deploy_matches`` (every file within
+    :data:`DEPLOY_TOLERANCE` of the checkpoint). A kind without weights, or whose export fails, gets
+    ``deploy_error``. ``export_options`` are passed to every export (e.g. ``--exporter torchscript``)."""
+    import contextlib
+    import io
+    import json
+
+    from .. import deploy
+    from ..export.cli import main as export_main
+    from ..validate import validate_weights
+
+    records = []
+    for kind in progress(list(kinds), "peers: deploy", str):
+        weights = Path(runs) / kind / f"seed{seed}" / "final.safetensors"
+        rec: Dict[str, Any] = {"kind": kind}
+        records.append(rec)
+        if not weights.is_file():
+            rec["deploy_error"] = f"no digits weights at {weights}"
+            continue
+        rec["ckpt_top1"] = validate_weights(weights, device="cpu")["top1"]
+        folder = Path(out) / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in formats:
+            path = folder / f"model{deploy.get(name).suffixes[0]}"
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+                code = export_main(["--weights", str(weights), "--format", name, "-o", str(path), "--overwrite",
+                                    *export_options])
+            if code != 0 or not path.exists():
+                last = [line for line in printed.getvalue().splitlines() if line.strip()][-1:]
+                rec["deploy_error"] = f"{name} export failed: {last[0] if last else f'exit code {code}'}"
+                break
+            report = json.loads(path.with_name(path.name + ".json").read_text())
+            rec[f"{name}_exp_ops"] = report["audit"]["exp_like_count"]
+            rec[f"{name}_not_delegated"] = sum(report["delegation"]["not_delegated"].values())
+            rec[f"{name}_top1"] = validate_weights(path, threads=1)["top1"]
+        scored = [rec.get(f"{name}_top1") for name in formats]
+        rec["deploy_matches"] = "deploy_error" not in rec and all(
+            abs(top1 - rec["ckpt_top1"]) <= DEPLOY_TOLERANCE for top1 in scored)
+    return records
+
+
 def _gap(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
     return None if ours is None or not paper else (ours / paper - 1) * 100
 
 
 def peers_records(kinds: Sequence[str], costs: Sequence[Mapping[str, Any]] = (),
                   latency: Sequence[Mapping[str, Any]] = (),
-                  digits: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
+                  digits: Sequence[Mapping[str, Any]] = (),
+                  deployed: Sequence[Mapping[str, Any]] = ()) -> List[Dict[str, Any]]:
     """One row per kind: what each part measured (parts not run leave their columns out) and the paper's DeiT-T
     figures."""
     by_kind = {}
-    for part in (costs, latency, digits):
+    for part in (costs, latency, digits, deployed):
         for rec in part:
             by_kind.setdefault(rec["kind"], {}).update(rec)
     rows = []
@@ -179,9 +241,10 @@ def peers_records(kinds: Sequence[str], costs: Sequence[Mapping[str, Any]] = (),
                "exp_kind": got.get("exp_kind"), "exp_other": got.get("exp_other_attention"),
                "paper_top1": paper.top1}
         row.update({f"latency_{t}_ms": got.get(f"latency_{t}_ms") for t in PEER_TOKENS})
-        for key in ("top1_mean", "top1_spread", "seeds", "nonfinite_steps", "gap_to_softmax", "passes"):
+        for key in ("top1_mean", "top1_spread", "seeds", "nonfinite_steps", "gap_to_softmax", "passes",
+                    *DEPLOY_COLUMNS):
             row[key] = got.get(key)
-        errors = [got[k] for k in ("error", "latency_error") if got.get(k)]
+        errors = [got[k] for k in ("error", "latency_error", "deploy_error") if got.get(k)]
         row["error"] = "; ".join(errors) or None
         rows.append(row)
     return rows
@@ -191,16 +254,19 @@ def peers_markdown(rows: Sequence[Mapping[str, Any]], notes: Sequence[str], reci
                    seeds: Sequence[int]) -> str:
     cols = ["kind", "model", "exp_class", "params_m", "paper_params_m", "params_gap_pct", "gmacs", "paper_gflops",
             "gmacs_gap_pct", "exp_kind", "paper_top1"] + [f"latency_{t}_ms" for t in PEER_TOKENS] + \
-           ["top1_mean", "top1_spread", "gap_to_softmax", "nonfinite_steps", "passes", "error"]
+           ["top1_mean", "top1_spread", "gap_to_softmax", "nonfinite_steps", "passes", *DEPLOY_COLUMNS, "error"]
     heads = ["kind", "DeiT-T model", "exp class", "params (M)", "paper (M)", "gap %", "GMACs", "paper FLOPs (G)",
              "gap %", "exp / image", "paper DeiT-T top-1"] + [f"CPU ms, {t} tokens" for t in PEER_TOKENS] + \
             ["digits top-1 mean", "± (std)", "vs softmax", "non-finite steps",
-             f"no non-finite step, within {DIGITS_MARGIN:g} of softmax", "error"]
+             f"no non-finite step, within {DIGITS_MARGIN:g} of softmax", "first seed's top-1",
+             *(f"{head}, {name}" for head in ("top-1", "exp-like ops", "ops outside its delegate")
+               for name in DEPLOY_FORMATS), "exported files score as the checkpoint", "error"]
     text = (f"Params, GMACs (multiply-adds, the papers' FLOPs) and exp-like evaluations per image (inside the "
             f"kind's attention) of each kind's DeiT-T at 224 px, batch 1; CPU forward latency p50 at batch 1 "
             f"(197 tokens: 224 px, 785: 448 px); digits: recipe `{recipe}`, seeds {', '.join(map(str, seeds))}, "
-            f"top-1 at the last epoch, every kind through the same training engine. The paper column is each "
-            f"paper's DeiT-T on ImageNet-1k where it has one.")
+            f"top-1 at the last epoch, every kind through the same training engine; the first seed's weights exported "
+            f"by `simattn export` and each file scored on the digits val split in its runtime by `simattn validate`. "
+            f"The paper column is each paper's DeiT-T on ImageNet-1k where it has one.")
     return "\n".join([markdown_table(rows, cols, heads), "", text, ""] + [f"- {n}" for n in notes])
 
 
