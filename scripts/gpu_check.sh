@@ -10,9 +10,9 @@
 # scripts/gpu_wheels.sh put in .whl (segmentation_models_pytorch, for the FPN rows; carry .whl with the run).
 #
 # Usage, from the repo root:  OUT=folder scripts/gpu_check.sh   (default folder runs/gpu_check)
-# Writes 8 files to the folder (what a device loan brings back): summary.txt (GPU, versions, one line per stage
-# with its exit code and seconds), logs.txt (compile-ahead, tests, compile check), attention.txt (both sweeps' logs
-# and tables), attention_b128.json, attention_b8.json, sima_gpu_table.json (copy it to src/simattn/attention/ to
+# Writes 9 files to the folder (what a device loan brings back): summary.txt (GPU, versions, one line per stage
+# with its exit code and seconds), logs.txt (compile-ahead, tests, compile check), attention.txt (the sweeps' logs
+# and tables), attention_b128.json, attention_b8.json, attention_peers_b128.json (the newer kinds against flash), sima_gpu_table.json (copy it to src/simattn/attention/ to
 # let backend 'auto' use it), compile_check.json and model.tgz (the model rows: one bench model folder per stage, and
 # the verdicts, model_check.txt, also in summary.txt). Each stage has its own time limit, so one that hangs cannot
 # eat the loan.
@@ -55,6 +55,12 @@ for B in 128 8; do
         --kinds sima sima_triton sdpa_flash --repeats 20 --rounds 1 \
         --output "$OUT/attention_b$B.json" --write-table "$OUT/sima_gpu_table.json"
 done
+# the newer kinds against flash where their acceptance is set (B 128, N >= 577 for the linear ones, every N for
+# sigmoid attention); their kernels compile inside the stage (the warm-up calls), hence its longer limit
+stage "attention peers B=128" 90 "$OUT/attention.txt" "$PY" -m simattn bench attention --device cuda \
+    --heads 6 --head-dim 64 --batch 128 --tokens 197 577 1025 4097 --dtype bfloat16 \
+    --kinds sdpa_flash slab_triton flatten_triton inline_triton polaformer_triton sigmoid_triton relu_triton agent \
+    --repeats 10 --rounds 1 --output "$OUT/attention_peers_b128.json"
 grep -v "^  " "$OUT/attention.txt"
 
 # the tests check results, not speed: one launch configuration per kernel (each shape compiles once), spread over

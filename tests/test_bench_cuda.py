@@ -45,6 +45,19 @@ def test_gpu_sweep_rows_on_cpu_with_a_stand_in_timer(monkeypatch):
     assert "not run:" in bench.format_gpu_table(rows) or all("error" not in r for r in rows)
 
 
+def test_gpu_sweep_runs_the_newer_kinds_forward_and_backward(monkeypatch):
+    """The newer kinds' sweep entries run their kernels (Triton's interpreter on CPU) both passes: no error row.
+    17 tokens: a 4x4 grid and a class token for Agent's pooling."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytest.importorskip("triton")
+    kinds = ["relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent"]
+    assert set(kinds) <= set(bench.GPU_KINDS)
+    rows = bench.run_gpu([17], kinds, batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
+                         peak_gbps=100.0, timer=lambda fn: time_fn(fn, warmup=0, repeats=1))
+    assert [(r["kind"], r["pass"]) for r in rows] == [(kind, pass_) for kind in kinds for pass_ in bench.PASSES]
+    assert [r for r in rows if "error" in r] == []
+
+
 def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
     rows = [{"kind": "sdpa_flash", "pass": "fwd", "tokens": 4096, "median_ms": 2.0, "p10_ms": 1.9, "p90_ms": 2.1,
              "bytes": 400_000_000},

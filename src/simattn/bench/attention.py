@@ -20,8 +20,10 @@ how to measure quietly.
 ``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
 (``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
 memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), ELU linear attention and XNorm (``elu``,
-``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops) and sigmoid attention's
-flash-style Triton kernels (``sigmoid_triton``), forward and forward+backward,
+``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), the newer linear kinds on
+the same skeleton (``slab_triton``, ``flatten_triton``, ``inline_triton``, ``polaformer_triton``), sigmoid and
+ReLU attention's flash-style Triton kernels (``sigmoid_triton``, ``relu_triton``) and Agent attention in torch
+(``agent``; N less a square grid's tokens is its prefix), forward and forward+backward,
 B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls between CUDA events
 (:func:`cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and replayed from a CUDA
 graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the bandwidth achieved on the
@@ -46,8 +48,9 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from ..attention import (elu_attention, relu_attention, sigmoid_attention, sima_attention, sima_attention_reference,
-                         sima_cpu, soft_attention, softmax_attention, xca_attention, xnorm_attention)
+from ..attention import (agent_attention, elu_attention, flatten_attention, inline_attention, polaformer_attention,
+                         relu_attention, sigmoid_attention, sima_attention, sima_attention_reference, sima_cpu,
+                         slab_attention, soft_attention, softmax_attention, xca_attention, xnorm_attention)
 from ..attention.sima import resolve_sima_order
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
@@ -73,7 +76,8 @@ LAYOUTS = ("qkv", "contiguous")
 REQUIRED = ("softmax", "sima_official", "sima_matmuls")
 
 # ------------------------------------------------------------------ the GPU sweep (--device cuda)
-GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient", "elu", "xnorm", "sigmoid_triton")
+GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient", "elu", "xnorm", "sigmoid_triton",
+             "relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent")
 GPU_TOKENS = (197, 1024, 4096, 16384)
 PASSES = ("fwd", "fwd+bwd")
 #: peak HBM bandwidth (GB/s, vendor figures) by a substring of ``torch.cuda.get_device_name()``, first match wins
@@ -249,7 +253,15 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
              "sima_triton": lambda: sima("triton"), "sdpa_flash": lambda: sdpa(SDPBackend.FLASH_ATTENTION),
              "sdpa_efficient": lambda: sdpa(SDPBackend.EFFICIENT_ATTENTION),
              "elu": lambda: elu_attention, "xnorm": lambda: xnorm_attention,
-             "sigmoid_triton": lambda: lambda q, k, v: sigmoid_attention(q, k, v, backend="triton")}
+             "sigmoid_triton": lambda: lambda q, k, v: sigmoid_attention(q, k, v, backend="triton"),
+             "relu_triton": lambda: lambda q, k, v: relu_attention(q, k, v, backend="triton"),
+             "slab_triton": lambda: lambda q, k, v: slab_attention(q, k, v, backend="triton"),
+             # the papers' settings: FLatten's focusing factor 3, PolaFormer's power 3 at initialization
+             "flatten_triton": lambda: lambda q, k, v: flatten_attention(q, k, v, backend="triton"),
+             "inline_triton": lambda: lambda q, k, v: inline_attention(q, k, v, backend="triton"),
+             "polaformer_triton": lambda: lambda q, k, v: polaformer_attention(q, k, v, power=3.0, backend="triton"),
+             # no kernel of its own: its two softmax stages over the 49 agents in torch (the grid inferred from N)
+             "agent": lambda: agent_attention}
     return {kind: table[kind]() for kind in kinds}
 
 
