@@ -57,7 +57,8 @@ def test_version(capsys):
 
 
 @pytest.mark.parametrize("argv, meant", [(["trian"], "train"), (["bench", "atention"], "attention"),
-                                         (["hub", "sav"], "save"), (["data", "pak"], "pack")])
+                                         (["hub", "sav"], "save"), (["data", "pak"], "pack"),
+                                         (["ssl", "trian"], "train"), (["detect", "evl"], "eval")])
 def test_a_mistyped_command_gets_a_did_you_mean(capsys, argv, meant):
     code = simattn_main(argv)
     err = capsys.readouterr().err.strip().splitlines()

@@ -12,7 +12,8 @@ import argparse
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import (add_recipe_options, check_subcommand, print_config_if_asked, recipe_from_args, recipe_name,
+                            recipe_parser)
 from .config import DetectConfig
 
 __all__ = ["main"]
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
+    check_subcommand(argv, ("train", "eval", "shapes"))
     args = _parser().parse_args(argv)
     if args.action == "shapes":
         from .shapes import make_shapes_dataset

@@ -11,7 +11,8 @@ import dataclasses
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser
+from ..utils.recipe import (add_recipe_options, check_subcommand, print_config_if_asked, recipe_from_args, recipe_name,
+                            recipe_parser)
 from .config import SslConfig
 
 __all__ = ["main"]
@@ -31,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: List[str]) -> int:
+    check_subcommand(argv, ("train", "eval"))
     args = _parser().parse_args(argv)
     if print_config_if_asked(SslConfig, args):
         return 0
