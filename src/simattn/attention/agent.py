@@ -34,7 +34,7 @@ from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import agent_reference as agent_attention_reference
-from .soft import infer_grid, scripted_grid
+from .soft import add_heads_image, heads_image, infer_grid, token_grid
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention"]
 
@@ -181,11 +181,7 @@ class AgentAttention(TokenAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        B, Hh, N, d = q.shape
-        if torch.jit.is_scripting():
-            grid, prefix = scripted_grid(N, grid_size, self.num_prefix_tokens)
-        else:
-            grid, prefix = infer_grid(N, grid_size, self.num_prefix_tokens, name="agent")
+        grid, prefix = token_grid(q.shape[-2], grid_size, self.num_prefix_tokens, "agent")
         agent_bias, query_bias = self.biases(grid, prefix)
         agents = pool_agents(q, grid, self.pool_side, prefix)
         if torch.jit.is_scripting():  # autocast handling is Python
@@ -193,9 +189,7 @@ class AgentAttention(TokenAttention):
         else:
             out = agent_attention(q, k, v, agents=agents, agent_bias=agent_bias, query_bias=query_bias)
         if self.dwc is not None:  # depthwise conv of V on the grid, added to the grid tokens' outputs
-            img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, grid[0], grid[1])
-            conv = self.dwc(img).reshape(B, Hh, d, -1).transpose(-2, -1)
-            out = out + F.pad(conv.to(out.dtype), [0, 0, prefix, 0])
+            out = add_heads_image(out, self.dwc(heads_image(v, grid, prefix)), prefix)
         return out
 
     def extra_repr(self) -> str:

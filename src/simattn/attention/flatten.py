@@ -23,7 +23,7 @@ large activations).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Union
 
 import torch
 import torch.nn.functional as F
@@ -102,18 +102,14 @@ class FLattenAttention(GridLinearAttention):
         self.eps = check_positive(type(self).__name__, "eps", eps)
         self.feature_scale = nn.Parameter(torch.zeros(1, 1, dim))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = self.token_grid(k.shape[-2], grid_size)
-        k = self.add_key_position(k, grid, prefix)
-        scale = F.softplus(self.feature_scale).reshape(1, self.num_heads, 1, self.head_dim)
-        if torch.jit.is_scripting():  # autocast handling is Python
-            acc = torch.promote_types(q.dtype, torch.float32)
-            out = _flatten(q.to(acc), k.to(acc), v.to(acc), self.focusing_factor, scale.to(acc), self.eps)
-            out = out.to(v.dtype)
-        else:
-            out = flatten_attention(q, k, v, focusing_factor=self.focusing_factor, scale=scale, eps=self.eps)
-        return self.add_value_conv(out, v, grid, prefix)
+    def _scale(self) -> torch.Tensor:
+        return F.softplus(self.feature_scale).reshape(1, self.num_heads, 1, self.head_dim)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flatten_attention(q, k, v, focusing_factor=self.focusing_factor, scale=self._scale(), eps=self.eps)
+
+    def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _flatten(q, k, v, self.focusing_factor, self._scale().to(q.dtype), self.eps)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, focusing_factor={self.focusing_factor}"

@@ -73,7 +73,11 @@ class GridLinearAttention(TokenAttention):
     """A linear kind with the grid pieces above. Options: ``dwc_kernel`` (the depthwise conv on V; 0 = none),
     ``pos_grid`` ((H, W) of the key position encoding; None = none) and ``num_prefix_tokens`` (None = infer 0 or
     1). ``forward(x, grid_size=(H, W))`` for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is
-    rejected; no token masks, no keys of another length."""
+    rejected; no token masks, no keys of another length.
+
+    A kind supplies its core twice: :meth:`core`, its functional op (autocast, backends), and :meth:`core_plain`,
+    the same math on inputs already in the accumulation dtype, for TorchScript (whose autocast handling is
+    Python's); :meth:`attend` puts either between the key position and the value conv."""
 
     supports_mask = False
     supports_cross_length = False
@@ -107,7 +111,7 @@ class GridLinearAttention(TokenAttention):
 
     def token_grid(self, n: int, grid_size: Optional[Tuple[int, int]]) -> Tuple[Tuple[int, int], int]:
         """((H, W), number of prefix tokens) of n tokens."""
-        if torch.jit.is_scripting():
+        if torch.jit.is_scripting():  # the kind's name, for the eager path's errors, is not a TorchScript attribute
             return scripted_grid(n, grid_size, self.num_prefix_tokens)
         else:
             return infer_grid(n, grid_size, self.num_prefix_tokens, name=self.attn_name)
@@ -123,6 +127,25 @@ class GridLinearAttention(TokenAttention):
         if dwc is None:
             return out
         return out + grid_tokens(dwc(grid_image(v, grid, prefix)), self.num_heads, prefix).to(out.dtype)
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        """The kind's attention on q, k, v (B, H, N, d) through its functional op."""
+        raise NotImplementedError
+
+    def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # pragma: no cover
+        """:meth:`core`'s math on q, k, v in the accumulation dtype, without autocast handling (TorchScript)."""
+        raise NotImplementedError
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        grid, prefix = self.token_grid(k.shape[-2], grid_size)
+        k = self.add_key_position(k, grid, prefix)
+        if torch.jit.is_scripting():
+            acc = torch.promote_types(q.dtype, torch.float32)
+            out = self.core_plain(q.to(acc), k.to(acc), v.to(acc)).to(v.dtype)
+        else:
+            out = self.core(q, k, v)
+        return self.add_value_conv(out, v, grid, prefix)
 
     def extra_repr(self) -> str:
         pos = f", pos_grid={self.pos_grid}" if self.positional_encoding is not None else ""

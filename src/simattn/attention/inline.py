@@ -125,16 +125,11 @@ class InLineAttention(GridLinearAttention):
             out = out + local_conv(v, weights, grid, prefix).to(out.dtype)
         return self._output(out, x)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = self.token_grid(k.shape[-2], grid_size)
-        k = self.add_key_position(k, grid, prefix)
-        if torch.jit.is_scripting():  # autocast handling is Python
-            acc = torch.promote_types(q.dtype, torch.float32)
-            out = _inline(q.to(acc), k.to(acc), v.to(acc), self.feature_scale).to(v.dtype)
-        else:
-            out = inline_attention(q, k, v, scale=self.feature_scale)
-        return self.add_value_conv(out, v, grid, prefix)
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return inline_attention(q, k, v, scale=self.feature_scale)
+
+    def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _inline(q, k, v, self.feature_scale)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, local_kernel={self.local_kernel}"

@@ -355,17 +355,22 @@ class _ForwardCall:
         return out, kv, s_q, s_k
 
 
+def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: _Mode) -> Tuple[int, ...]:
+    """A backward's sizes and token split: (H, n_q, n_k, d, e, B·H, programs per head, tokens per program); the split
+    covers the longer of the two token axes, which the backward walks both of."""
+    B, H, n_q, d = q.shape
+    n_k, e = k.shape[-2], v.shape[-1]
+    splits, _ = _plan(B * H, max(n_q, n_k), d, e, mode.sms, mode.least)
+    return H, n_q, n_k, d, e, B * H, splits, triton.cdiv(max(n_q, n_k), splits)
+
+
 class _BackwardCall:
     """SimA's backward at one signature: dq, dk, dv (contiguous, in q's, k's, v's dtypes) from the output gradient
     g and the forward's state."""
 
     def __init__(self, g, q, k, v, mask, q_mask, eps: float, bf16: bool, mode: _Mode):
-        B, H, n_q, d = q.shape
-        n_k, e = k.shape[-2], v.shape[-1]
-        bh = B * H
+        H, n_q, n_k, d, e, bh, splits, chunk = _backward_plan(q, k, v, mode)
         self.mode = mode
-        splits, _ = _plan(bh, max(n_q, n_k), d, e, mode.sms, mode.least)
-        chunk = triton.cdiv(max(n_q, n_k), splits)
         native, prec = _native(q, g), _precision(q)
         self.partials = None
         if splits > 1:
@@ -395,12 +400,8 @@ class _FeatureBackwardCall:
     token axis takes two launches: the queries' stage writes partial dS, dz per chunk, the keys' stage adds them."""
 
     def __init__(self, kind: str, g, q, k, v, mask, eps: float, mode: _Mode):
-        B, H, n_q, d = q.shape
-        n_k, e = k.shape[-2], v.shape[-1]
-        bh = B * H
+        H, n_q, n_k, d, e, bh, splits, chunk = _backward_plan(q, k, v, mode)
         self.mode = mode
-        splits, _ = _plan(bh, max(n_q, n_k), d, e, mode.sms, mode.least)
-        chunk = triton.cdiv(max(n_q, n_k), splits)
         self.part_shapes = ((bh * splits, d, e), (bh * splits, d)) if splits > 1 else None
         self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
                      *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(mask))

@@ -24,7 +24,7 @@ does not depend on them) and runs in fp32: finite for any fp16 activations.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -131,18 +131,17 @@ class PolaFormerAttention(GridLinearAttention):
         self.power = nn.Parameter(torch.zeros(1, num_heads, 1, self.head_dim, **dd))
         self.feature_scale = nn.Parameter(torch.zeros(1, 1, dim, **dd))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = self.token_grid(k.shape[-2], grid_size)
-        k = self.add_key_position(k, grid, prefix)
-        power = 1 + self.alpha * torch.sigmoid(self.power)
-        scale = F.softplus(self.feature_scale).reshape(1, self.num_heads, 1, self.head_dim)
-        if torch.jit.is_scripting():  # autocast handling is Python
-            acc = torch.promote_types(q.dtype, torch.float32)
-            out = _pola(q.to(acc), k.to(acc), v.to(acc), power.to(acc), scale.to(acc), self.eps).to(v.dtype)
-        else:
-            out = polaformer_attention(q, k, v, power=power, scale=scale, eps=self.eps)
-        return self.add_value_conv(out, v, grid, prefix)
+    def _power_and_scale(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        return (1 + self.alpha * torch.sigmoid(self.power),
+                F.softplus(self.feature_scale).reshape(1, self.num_heads, 1, self.head_dim))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        power, scale = self._power_and_scale()
+        return polaformer_attention(q, k, v, power=power, scale=scale, eps=self.eps)
+
+    def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        power, scale = self._power_and_scale()
+        return _pola(q, k, v, power.to(q.dtype), scale.to(q.dtype), self.eps)
 
     def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The base class's output steps with the gate g = xW_g first (written out: TorchScript has no super())."""

@@ -16,8 +16,6 @@ max |ours − released| = 3.6e-15, on outputs up to 33.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 import torch.nn.functional as F
 
@@ -63,13 +61,8 @@ class SLABAttention(GridLinearAttention):
         super().__init__(dim, num_heads, **kwargs)
         self.eps = check_positive(type(self).__name__, "eps", eps)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-               grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = self.token_grid(k.shape[-2], grid_size)
-        k = self.add_key_position(k, grid, prefix)
-        if torch.jit.is_scripting():  # autocast handling is Python
-            acc = torch.promote_types(q.dtype, torch.float32)
-            out = _slab(q.to(acc), k.to(acc), v.to(acc), self.eps).to(v.dtype)
-        else:
-            out = slab_attention(q, k, v, eps=self.eps)
-        return self.add_value_conv(out, v, grid, prefix)
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return slab_attention(q, k, v, eps=self.eps)
+
+    def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return _slab(q, k, v, self.eps)

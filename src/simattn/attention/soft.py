@@ -34,7 +34,7 @@ from .base import GridReducedAttention
 
 __all__ = [
     "soft_attention", "gaussian_kernel", "newton_pinv", "pinv_residual",
-    "pool_landmarks", "infer_grid", "scripted_grid", "SoftAttention",
+    "pool_landmarks", "infer_grid", "scripted_grid", "token_grid", "heads_image", "add_heads_image", "SoftAttention",
 ]
 
 _BACKWARDS = ("exact", "iterative")
@@ -210,6 +210,29 @@ def scripted_grid(n: int, grid_size: Optional[Tuple[int, int]],
     return (side, side), prefix
 
 
+def token_grid(n: int, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int],
+               name: str) -> Tuple[Tuple[int, int], int]:
+    """:func:`infer_grid` eagerly, :func:`scripted_grid` under TorchScript."""
+    if torch.jit.is_scripting():
+        return scripted_grid(n, grid_size, num_prefix_tokens)
+    else:
+        return infer_grid(n, grid_size, num_prefix_tokens, name=name)
+
+
+def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
+    conv over all of them."""
+    B, H, _, d = v.shape
+    return v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+
+
+def add_heads_image(out: torch.Tensor, image: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """out (B, H, N, d) with image (B, H·d, gh, gw) added to its grid tokens, the prefix tokens unchanged."""
+    B, H, _, d = out.shape
+    tokens = image.reshape(B, H, d, -1).transpose(-2, -1)
+    return out + F.pad(tokens.to(out.dtype), [0, 0, num_prefix_tokens, 0])
+
+
 def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_prefix_tokens: int = 0) -> torch.Tensor:
     """Landmarks by ratio×ratio stride-ratio average pooling of the grid tokens of x (B, H, N, d) → (B, H, m, d)."""
     B, H, N, d = x.shape
@@ -311,11 +334,7 @@ class SoftAttention(GridReducedAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        B, Hh, N, d = q.shape
-        if torch.jit.is_scripting():
-            grid, prefix = scripted_grid(N, grid_size, self.num_prefix_tokens)
-        else:
-            grid, prefix = infer_grid(N, grid_size, self.num_prefix_tokens)
+        grid, prefix = token_grid(q.shape[-2], grid_size, self.num_prefix_tokens, "soft")
         landmarks: Optional[torch.Tensor] = None
         if self.landmark_conv is not None:
             landmarks = self.conv_landmarks(q, grid, prefix)
@@ -329,9 +348,7 @@ class SoftAttention(GridReducedAttention):
                                  q_landmarks=landmarks, k_landmarks=landmarks, num_iters=self.num_iters,
                                  backward=self.backward, newton_init=self.newton_init)
         if self.v_conv is not None:  # depthwise conv of V on the grid, added to the grid tokens' outputs
-            img = v[:, :, prefix:].permute(0, 1, 3, 2).reshape(B, Hh * d, grid[0], grid[1])
-            conv = self.v_conv(img).reshape(B, Hh, d, -1).transpose(-2, -1)
-            out = out + F.pad(conv.to(out.dtype), [0, 0, prefix, 0])
+            out = add_heads_image(out, self.v_conv(heads_image(v, grid, prefix)), prefix)
         return out
 
     def extra_repr(self) -> str:
