@@ -170,3 +170,32 @@ def test_a_record_without_data_is_scored_on_digits_and_the_mismatch_says_what_to
     weights = _weights(tmp_path / "old.safetensors")  # written before records named their data
     err = one_line_error(capsys, simattn_main(["validate", "--weights", str(weights)]))
     assert "dataset 'digits' has 10" in err and "--dataset" in err and "--data-dir" in err
+
+
+def test_static_int8_calibrates_on_the_data_the_weights_record(tmp_path, capsys):
+    """``export --quantize static`` of a classifier trained on a folder calibrates on that folder's train split,
+    as validate scores on its val split; the flags still choose; a recorded folder that is gone is one line that
+    names it and the flags. (The options are checked as the command checks them, before any export.)"""
+    from simattn.export.cli import build_parser, check_options
+
+    data = _folder_data(tmp_path / "data", splits=("train",))
+    weights = _weights(tmp_path / "w.safetensors", dataset="folder", data_dir=str(data))
+
+    def options(*argv):
+        return check_options(build_parser().parse_args(["--weights", str(weights), "-o", str(tmp_path / "m.onnx"),
+                                                        "--quantize", "static", *argv]))
+
+    opts = options()
+    assert (opts["calibration_name"], len(opts["calibration"])) == ("folder", 4)
+    opts = options("--calib-data", "digits")
+    assert opts["calibration_name"] == "digits" and len(opts["calibration"]) > 1000
+    other = _folder_data(tmp_path / "other", classes=("a", "b", "c"), splits=("train",))
+    assert len(options("--calib-dir", str(other))["calibration"]) == 6
+    plain = _weights(tmp_path / "plain.safetensors")  # a record naming no data: digits, as before
+    assert check_options(build_parser().parse_args(["--weights", str(plain), "-o", str(tmp_path / "p.onnx"),
+                                                    "--quantize", "static"]))["calibration_name"] == "digits"
+    moved = _weights(tmp_path / "moved.safetensors", dataset="folder", data_dir=str(tmp_path / "gone"))
+    err = one_line_error(capsys, simattn_main(["export", "--weights", str(moved), "-o", str(tmp_path / "x.onnx"),
+                                               "--quantize", "static"]))
+    assert str(tmp_path / "gone") in err and "--calib-data" in err and "the data the weights record" in err
+    assert not (tmp_path / "x.onnx").exists()

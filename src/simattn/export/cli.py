@@ -10,7 +10,8 @@ Examples::
 
 Segmentation weights (``simattn segment``) export the same way, at the crop they trained on, with the dataset they
 record carried into the file (``simattn validate`` scores the file on it), and static int8 calibrated on that
-dataset's training images. ONNX keeps a Semantic FPN's height and width dynamic (multiples of 32; DeiT, ReLU-ViT,
+dataset's training images; a classifier's static int8 calibrates on the training split of the data its weights
+record (``--calib-data``/``--calib-dir`` name others; digits where the record names none). ONNX keeps a Semantic FPN's height and width dynamic (multiples of 32; DeiT, ReLU-ViT,
 XCiT, CvT, SOFT and UFO backbones); UperNet's pyramid pooling is exported for the one size (the exporter checks a
 second size and falls back to fixed, saying so), and the other formats take one size: ``simattn validate`` resizes
 images to it.
@@ -33,7 +34,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 __all__ = ["main", "build_parser", "check_options", "side_file"]
 
@@ -97,8 +98,10 @@ def _options() -> Dict[str, Dict[str, Any]]:
                             "; bare --quantize is dynamic; the int8 file is -o", type=maybe(str),
                             choices=["dynamic", "static"], const="dynamic"),
             "calib_data": Opt(None, "--quantize static: images to calibrate on, any dataset train reads (train "
-                                    "split; default digits)", type=maybe(str), choices=list(DATASETS)),
-            "calib_dir": Opt(None, "--calib-data root folder (not used by digits)", type=maybe(str)),
+                                    "split; default: the data the weights record, else digits)", type=maybe(str),
+                              choices=list(DATASETS)),
+            "calib_dir": Opt(None, "--calib-data root folder (not used by digits; default: the one the weights "
+                                   "record with their data)", type=maybe(str)),
             "calib_images": Opt(None, f"--quantize static: calibration images (default {DEFAULT_CALIB_IMAGES})",
                                 type=maybe(int), low=1, high=MAX_CALIB_IMAGES),
         },
@@ -239,7 +242,8 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     if segmentation is not None and segmentation.dataset is not None and args.calib_data is not None:
         raise ValueError(f"--calib-data {args.calib_data}: segmentation weights calibrate on the training images of "
                          f"the dataset they record ({segmentation.dataset}); --calib-dir sets its root")
-    if segmentation is None and args.calib_dir is not None and DATASETS[args.calib_data or "digits"] == "digits":
+    calib_name, calib_dir, recorded = _calibration_data(args, mode, segmentation)
+    if segmentation is None and args.calib_dir is not None and DATASETS[calib_name] == "digits":
         raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
                          f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
                          "with --calib-data (folder, imagenet, cifar10 or cifar100)")
@@ -252,12 +256,34 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     elif mode == "static":
         from ..data.calibration import open_calibration_dataset
 
-        calibration = open_calibration_dataset(args.calib_data or "digits", args.calib_dir, "train")
+        try:
+            calibration = open_calibration_dataset(calib_name, calib_dir, "train")
+        except (ValueError, FileNotFoundError) as e:
+            if not recorded:
+                raise
+            raise ValueError(f"{e} (the data the weights record, calibrated on by default; --calib-data and "
+                             "--calib-dir name other images)") from None
     elif args.calib_dir is not None:
         raise ValueError("--calib-dir applies to --quantize static only")
     fmt.require(f"simattn export --format {name}")  # a missing package: one line naming its extra, before any work
     return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration,
-            "segmentation": segmentation}
+            "calibration_name": calib_name, "segmentation": segmentation}
+
+
+def _calibration_data(args: argparse.Namespace, mode: Optional[str], segmentation) -> Tuple[str, Optional[str], bool]:
+    """(dataset, root, whether they come from the weights' record) a classifier's static int8 calibrates on:
+    ``--calib-data``/``--calib-dir``, else the train split of the data the weights record (as ``validate`` scores
+    on it), else digits."""
+    name, root = args.calib_data, args.calib_dir
+    if name is not None or mode != "static" or segmentation is not None or not args.weights:
+        return name or "digits", root, False
+    from ..models.weights import read_weights_record
+
+    record = read_weights_record(args.weights)
+    dataset = (record.extra if record is not None else {}).get("dataset")
+    if not isinstance(dataset, str):
+        return "digits", root, False
+    return dataset, root if root is not None else record.extra.get("data_dir"), True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -312,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
             how = "resized and normalised as in training, centre crops of the input size"
         else:
             calibration = calibration_images(opts["calibration"], data_config, count)
-            calib_name, split, how = args.calib_data or "digits", "train", "preprocessed as the model is evaluated"
+            calib_name, split, how = opts["calibration_name"], "train", "preprocessed as the model is evaluated"
         report["calibration"] = {"dataset": calib_name, "split": split, "images": len(calibration)}
         print(f"calibration: {len(calibration)} images of {calib_name} ({split}), {how}")
     torch.manual_seed(0)
