@@ -86,6 +86,31 @@ def test_print_config_passes_the_checks_of_the_run(capsys, tmp_path, flags, mess
     assert not (tmp_path / "run").exists()
 
 
+# the other tasks' recipes: their backbone and data are checked as train's model and data are
+TASKS_NOT_RUNNABLE = [
+    (["segment", "-c", "seg_digits_cpu", "--set", "model_kwargs.backbone=sima_deit_tin"],
+     "unknown model 'sima_deit_tin': did you mean sima_deit_tiny_patch16_224"),
+    (["segment", "-c", "seg_digits_cpu", "--set", "model_kwargs.depth=0"], "option 'depth': got 0"),
+    (["ssl", "train", "-c", "ssl_digits", "--set", "model.name=sima_deit_tin"], "unknown model 'sima_deit_tin'"),
+    (["ssl", "train", "-c", "ssl_digits", "--set", "model.kwargs.depth=0"], "option 'depth': got 0"),
+    (["ssl", "train", "-c", "ssl_digits", "--set", "data.name=folder"],
+     "data 'folder' is read from disk and needs its root: --set data.root=DIR"),
+    (["detect", "train", "-c", "detect_shapes_cpu", "--set", "model.backbone=sima_deit_tin"],
+     "unknown model 'sima_deit_tin'"),
+    (["detect", "train", "-c", "detect_shapes_cpu", "--set", "model.backbone_kwargs.depth=0"],
+     "option 'depth': got 0"),
+]
+
+
+@pytest.mark.parametrize("argv,message", TASKS_NOT_RUNNABLE, ids=[" ".join(a) for a, _ in TASKS_NOT_RUNNABLE])
+def test_print_config_of_every_task_passes_the_checks_of_its_run(capsys, argv, message):
+    code = simattn_main([*argv, "--print-config"])
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if not line.startswith("note: ")]
+    assert code == 2 and len(lines) == 1 and message in lines[0], err
+    assert out == ""
+
+
 def test_a_recipe_that_leaves_the_data_to_the_command_line_still_loads():
     assert load_recipe(TrainConfig, "sima_deit_small").data_dir is None
 

@@ -103,11 +103,8 @@ class TrainConfig(EngineConfig):
         """:meth:`validate`, then what the run checks before it builds anything: a model timm knows, its kwargs in
         their declared ranges, a data directory for data on disk."""
         self.validate()
-        from ..models._checks import check_model_kwargs
-        from ..models.factory import check_model_name
-        check_model_name(self.model)
-        if self.model_kwargs_build_the_model:
-            check_model_kwargs(self.model, self.model_kwargs)
+        from ..models.factory import check_model
+        check_model(self.model, self.model_kwargs if self.model_kwargs_build_the_model else None)
         if self.data_dir is None and self.dataset in _datasets_on_disk():
             raise ValueError(f"dataset {self.dataset!r} is read from disk and needs a data directory: give --data-dir "
                              "DIR (data_dir in a recipe), or --dataset digits for the embedded data")

@@ -70,3 +70,11 @@ class DetectConfig(EngineConfig):
     #: keys of earlier recipes whose option has another name now (the unknown-key error names it)
     renamed: ClassVar[Dict[str, str]] = {"train.optimizer": "opt", "train.save_every": "checkpoint_every_epochs",
                                          "eval.every": "eval_every_epochs", "train.max_steps": "max_updates"}
+
+    def check_run(self) -> "DetectConfig":
+        """:meth:`validate` and the backbone (a model timm knows, its shared options in range): the checks of the
+        run and of ``--print-config``."""
+        self.validate()
+        from ..models.factory import check_model
+        check_model(self.model.backbone, self.model.backbone_kwargs)
+        return self

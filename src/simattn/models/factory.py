@@ -24,7 +24,7 @@ from ..utils.values import OPTIONS_HELP, parse_assignments
 from .hub import weights_file
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "check_model_name", "similar_names", "model_options", "add_model_arguments",
+__all__ = ["create_model", "check_model_name", "check_model", "similar_names", "model_options", "add_model_arguments",
            "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for", "model_spec_from_weights", "load_model",
            "load_initial_weights", "InitialWeightsReport"]
 
@@ -60,6 +60,15 @@ def check_model_name(name: str) -> None:
     hint = ("did you mean " + (f"{', '.join(close[:-1])} or " if len(close) > 1 else "") + f"{close[-1]}?"
             if close else "not a simattn or timm model")
     raise ValueError(f"unknown model {name!r}: {hint} (simattn.list_models() names all {len(ours)} simattn models)")
+
+
+def check_model(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> None:
+    """What a run checks of a model before building it: a name timm knows (:func:`check_model_name`) and the
+    shared options in ``kwargs`` within their ranges (depth, sizes, rates; other keys are the model's own)."""
+    from ._checks import check_model_kwargs
+
+    check_model_name(name)
+    check_model_kwargs(name, kwargs or {})
 
 
 def similar_names(text: str, preferred: List[str], others: Iterable[str] = (), limit: int = 3) -> List[str]:

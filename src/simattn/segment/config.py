@@ -79,3 +79,11 @@ class SegmentConfig(EngineConfig):
         if self.dataset != "digits" and not self.data_dir:
             raise ValueError(f"--dataset {self.dataset} needs --data-dir DIR (the dataset root; recipe key data_dir)")
         return self
+
+    def check_run(self) -> "SegmentConfig":
+        """:meth:`validate` and the backbone (a model timm knows, its shared options in range): the checks of the
+        run and of ``--print-config``."""
+        self.validate()
+        from ..models.factory import check_model
+        check_model(self.model_kwargs["backbone"], {k: v for k, v in self.model_kwargs.items() if k != "backbone"})
+        return self

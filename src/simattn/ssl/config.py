@@ -118,3 +118,14 @@ class SslConfig(EngineConfig):
     #: keys of earlier recipes whose option has another name now (the unknown-key error names it)
     renamed: ClassVar[Dict[str, str]] = {"train.optimizer": "opt", "train.save_every": "checkpoint_every_epochs",
                                          "eval.every": "eval_every_epochs"}
+
+    def check_run(self) -> "SslConfig":
+        """:meth:`validate`, the backbone (a model timm knows, its shared options in range) and a root for data on
+        disk: the checks of the run and of ``--print-config``."""
+        self.validate()
+        from ..models.factory import check_model
+        check_model(self.model.name, self.model.kwargs)
+        if self.data.root is None and self.data.name in _datasets_on_disk():
+            raise ValueError(f"data {self.data.name!r} is read from disk and needs its root: --set data.root=DIR, or "
+                             "--set data.name=digits for the embedded data")
+        return self
