@@ -26,24 +26,6 @@ import time
 KINDS = ["sima_triton", "elu", "xnorm", "sigmoid_triton"]
 
 
-class _Sm90Driver:
-    """A stand-in for Triton's CUDA driver that names an sm_90 target: enough to compile, not to launch."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        import torch
-        return torch.device("cpu")
-
-
 def _compile_only(shared):
     """Autotuned kernels compile every configuration and launch none; ``shared`` collects (kernel, config,
     shared memory bytes)."""
@@ -62,22 +44,28 @@ def _compile_only(shared):
 
 def _job(job):
     batch, n, dtype_name, sm90_here = job
+    import contextlib
+
+    from simattn.attention import linear_triton
+
+    shared = []
+    _compile_only(shared)
+    linear_triton._call = lambda key, build: build()  # no launch plan kept: every call meets the autotuners
+    # CPU tensors stand in for CUDA ones on an H100/H200 (its 132 multiprocessors decide the plans)
+    with linear_triton.hopper_stand_in(tune=True) if sm90_here else contextlib.nullcontext():
+        start = time.perf_counter()
+        errors = _calls(batch, n, dtype_name, sm90_here)
+    return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
+
+
+def _calls(batch, n, dtype_name, sm90_here):
+    """The sweep's calls, and on CPU tensors the kernels the CPU entry points would not reach; the errors."""
     import torch
 
     from simattn.attention import linear_triton
     from simattn.bench.attention import run_gpu
 
-    shared = []
-    _compile_only(shared)
-    linear_triton._call = lambda key, build: build()  # no launch plan kept: every call meets the autotuners
-    device = "cuda"
-    if sm90_here:
-        from triton.runtime import driver
-        driver.set_active(_Sm90Driver())
-        linear_triton._runnable = lambda device: True  # CPU tensors stand in for CUDA ones
-        linear_triton._multiprocessors = lambda device: 132  # an H100/H200: decides the split and one-tile plans
-        device = "cpu"
-    start = time.perf_counter()
+    device = "cpu" if sm90_here else "cuda"
     fake_time = {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "min_ms": 1.0, "runs": 1}  # not timed
     rows = run_gpu([n], KINDS, batch, 6, 64, getattr(torch, dtype_name), device, 1.0,
                    timer=lambda call: (call(), fake_time)[1])
@@ -97,8 +85,7 @@ def _job(job):
         leaves = [t.requires_grad_() for t in inputs]
         out = linear_triton.linear_triton(kind, *leaves)
         out.backward(torch.ones_like(out))
-    errors = [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
-    return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
+    return [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
 
 
 def main(argv):

@@ -67,14 +67,15 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import triton
+from triton.compiler.compiler import CompiledKernel
 
 from . import linear_kernels as K
 
-__all__ = ["sima_triton", "linear_triton", "dry_run", "interpreting", "LinearKind", "KINDS", "FEATURE_KINDS"]
+__all__ = ["sima_triton", "linear_triton", "dry_run", "hopper_stand_in", "interpreting", "LinearKind", "KINDS", "FEATURE_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ _INTERPRETER_BLOCK = 32  # tokens per tile in the interpreter: small, so short t
 _MAX_CALLS = 1024
 _CALLS: dict = {}
 _dry_sms: Optional[int] = None  # the multiprocessors dry_run() plans for; None: launches run
+#: hopper_stand_in(): (multiprocessors, whether to autotune) of the GPU CPU tensors stand in for; None outside it
+_hopper: Optional[Tuple[int, bool]] = None
+_hopper_launch: Callable[..., None] = lambda *args: None  # what a launch ends in within hopper_stand_in()
 
 
 def interpreting() -> bool:
@@ -140,6 +144,64 @@ def dry_run(multiprocessors: int = 132) -> Iterator[None]:
         yield
     finally:
         _dry_sms = before
+
+
+class _HopperDriver:
+    """Stands in for Triton's CUDA driver: an sm_90 target (H100/H200) to compile for, device 0, stream 0."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def _launch_stand_in(*args) -> None:
+    _hopper_launch(*args)
+
+
+@contextlib.contextmanager
+def hopper_stand_in(launch: Optional[Callable[..., None]] = None, multiprocessors: int = 132,
+                    tune: bool = False) -> Iterator[None]:
+    """Within it, calls on CPU tensors take the compiled path of an H100/H200 with ``multiprocessors``
+    multiprocessors: the kernels compile for sm_90 with Triton's own compiler (its bundled ptxas), and every
+    launch, through all of Triton's launch path, ends in ``launch(*arguments)`` (what Triton's CUDA launcher would
+    get: the grid, stream, function, metadata and hooks, then the kernel's arguments; by default nothing) instead
+    of a GPU. ``tune``: launch through Triton's autotuners (which time on a GPU: patch them) rather than in each
+    kernel's first configuration. For compiling the kernels and measuring the host path, Triton's included,
+    without a GPU; not with the interpreter, which compiles nothing. Plans made within it are dropped at its end."""
+    global _hopper, _hopper_launch
+    if K.INTERPRETER:
+        raise RuntimeError("hopper_stand_in: the kernels were imported for Triton's interpreter (TRITON_INTERPRET=1), "
+                           "which compiles nothing; run without it")
+    from triton.runtime import driver
+
+    original = CompiledKernel._init_handles
+    # the driver in use before (None: not made yet; on a machine without a GPU making one fails, so it is not made)
+    active = getattr(driver, "_active", None)
+
+    def no_gpu(kernel) -> None:  # the launcher without loading the binary onto a GPU
+        if kernel._run is None:
+            kernel._run = _launch_stand_in
+
+    driver.set_active(_HopperDriver())
+    CompiledKernel._init_handles = no_gpu
+    _hopper, _hopper_launch = (multiprocessors, tune), launch or (lambda *args: None)
+    _CALLS.clear()
+    try:
+        yield
+    finally:
+        _hopper, _hopper_launch = None, lambda *args: None
+        _CALLS.clear()
+        CompiledKernel._init_handles = original
+        driver.set_active(active)
 
 
 def _tuning() -> bool:
@@ -173,8 +235,8 @@ def _plan(bh: int, n: int, d: int, e: int, sms: int, least: int) -> Tuple[int, b
 
 
 def _runnable(device: torch.device) -> bool:
-    """Whether compiled kernels can launch on ``device``."""
-    return device.type == "cuda"
+    """Whether compiled kernels can launch on ``device`` (CPU tensors within :func:`hopper_stand_in`)."""
+    return device.type == "cuda" or (_hopper is not None and device.type == "cpu")
 
 
 class _Mode:
@@ -193,6 +255,8 @@ class _Mode:
             self.sms, self.least = dry_sms, SPLIT_MIN_TOKENS
         elif self.interpret:
             self.sms, self.least = 2, _INTERPRETER_BLOCK
+        elif device.type != "cuda":  # a GPU stood in for (hopper_stand_in)
+            (self.sms, self.tune), self.least = _hopper, SPLIT_MIN_TOKENS
         else:
             self.sms, self.least = _multiprocessors(device), SPLIT_MIN_TOKENS
         # launches go to the current CUDA device: the tensors' one (set around the launches when it is another)
@@ -207,12 +271,18 @@ class _Mode:
 class _Launch:
     """One kernel launch of a call: grid and constexprs fixed; the configuration (tile, warps, stages) the first
     configuration, or on a tuned GPU the one Triton's autotuner picks at the first launch, after which the kernel is
-    launched in it directly. Dry: nothing."""
+    launched in it directly. Dry: nothing.
 
-    __slots__ = ("kernel", "grid", "kwargs", "tuning")
+    Compiled launches after the first skip Triton's per-call work (binding and specializing every argument, the cache
+    lookup: tens of microseconds for these kernels' 30-odd arguments) and launch the compiled kernel Triton returned
+    (``compiled[grid](*args)``, with the launch hooks profilers set). What Triton specializes on beyond the call's
+    signature (which fixes every integer argument) is each tensor's dtype and 16-byte alignment: a call where those
+    differ goes through Triton's path, which compiles or finds the kernel for them."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensors_seen", "constants")
 
     def __init__(self, kernel, grid: Tuple[int, ...], consts: dict, mode: _Mode):
-        self.grid, self.tuning = grid, False
+        self.grid, self.tuning, self.compiled, self.tensors_seen, self.constants = grid, False, None, None, ()
         if mode.dry:
             self.kernel, self.kwargs = None, {}
         elif mode.interpret:  # the kernel as written; the host picks the tile
@@ -225,10 +295,29 @@ class _Launch:
     def __call__(self, *args) -> None:
         if self.kernel is None:
             return
-        self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
+        if self.compiled is not None and _tensor_keys(args) == self.tensors_seen:
+            self.compiled[self.grid](*args, *self.constants)
+            return
+        compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
         if self.tuning:  # from now on the tuned configuration, without the autotuner
             self.kernel, self.kwargs = self.kernel.fn, dict(self.kwargs, **self.kernel.best_config.all_kwargs())
             self.tuning = False
+        elif isinstance(compiled, CompiledKernel) and not K.INTERPRETER:
+            self._keep(compiled, args)
+
+    def _keep(self, compiled, args) -> None:
+        """Launch ``compiled`` directly from now on for arguments like ``args``: the constexprs follow the runtime
+        arguments in each kernel's signature, in its order."""
+        names = self.kernel.arg_names[len(args):]
+        if all(name in self.kwargs for name in names):
+            self.compiled, self.tensors_seen = compiled, _tensor_keys(args)
+            self.constants = tuple(self.kwargs[name] for name in names)
+            self.grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # a compiled kernel's launch takes three
+
+
+def _tensor_keys(args) -> tuple:
+    """What Triton specializes a launch on among its tensor arguments: dtype and 16-byte alignment of each."""
+    return tuple((a.dtype, a.data_ptr() % 16 == 0) for a in args if isinstance(a, torch.Tensor))
 
 
 def _precision(t: torch.Tensor) -> str:

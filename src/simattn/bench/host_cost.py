@@ -1,20 +1,28 @@
 """``simattn bench attention --host-cost``: the microseconds of Python work per SimA Triton call, without a GPU.
 
 SimA's public path, ``sima_attention(q, k, v, backend="triton")`` and its backward through autograd, runs on tiny
-CPU tensors inside :func:`simattn.attention.linear_triton.dry_run`, which runs the whole host path (checks, the
-choice of backend and order, the launch plan, autograd, allocating the outputs) and skips the kernel launches: what
-is timed is what a call costs the host, the part a GPU waits for in eager mode. Beside it,
+CPU tensors two ways:
+
+* ``sima``: inside :func:`simattn.attention.linear_triton.dry_run`, which runs simattn's whole host path (checks,
+  the choice of backend and order, the launch plan, autograd, allocating the outputs) and skips the kernel launches;
+* ``sima_launch``: inside :func:`simattn.attention.linear_triton.hopper_stand_in`, where the kernels are compiled
+  for an H100/H200 and every launch goes through Triton's launch path as on the GPU, up to Triton's CUDA launcher,
+  which is replaced by a no-op: simattn's host path plus Triton's. Left out: the launcher's C code and
+  ``cuLaunchKernel`` itself. Not measured (its row says why) where the kernels cannot be compiled here.
+
+What is timed is what a call costs the host, the part a GPU waits for in eager mode. Beside them,
 ``F.scaled_dot_product_attention`` (kind ``sdpa``) on the same tiny tensors: its host path plus a CPU computation
 small enough not to matter. Each figure is a mean over a batch of back-to-back calls with Python's garbage collector
-paused; the rows give the median over batches and rounds with p10 and p90, and ``x_sdpa`` is SimA's median over
-SDPA's for the same pass. The kinds alternate batch by batch, so a drift in the machine's load hits both alike.
+paused; the rows give the median over batches and rounds with p10 and p90, and ``x_sdpa`` is the median over
+SDPA's for the same pass. The kinds alternate batch by batch, so a drift in the machine's load hits all alike.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, ContextManager, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +31,7 @@ from .report import relative_spread
 
 __all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows"]
 
-KINDS = ("sima", "sdpa")
+KINDS = ("sima", "sima_launch", "sdpa")
 PASSES = ("fwd", "fwd+bwd")
 #: (B, H, N, d) of the tiny tensors: the host path does not depend on the size
 SHAPE = (2, 2, 16, 16)
@@ -38,13 +46,19 @@ def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
     q, k, v = (torch.randn(*SHAPE, generator=gen) for _ in range(3))
     leaves = tuple(t.clone().requires_grad_() for t in (q, k, v))
     grad = torch.randn(*SHAPE, generator=gen)
-    ops = {"sima": lambda *qkv: sima_attention(*qkv, backend="triton"),
-           "sdpa": lambda *qkv: F.scaled_dot_product_attention(*qkv)}
+    sima = lambda *qkv: sima_attention(*qkv, backend="triton")  # noqa: E731
+    ops = {"sima": sima, "sima_launch": sima, "sdpa": lambda *qkv: F.scaled_dot_product_attention(*qkv)}
     fns = {}
     for kind, op in ops.items():
         fns[(kind, "fwd")] = lambda op=op: op(q, k, v)
         fns[(kind, "fwd+bwd")] = lambda op=op: torch.autograd.grad(op(*leaves), leaves, grad)
     return fns
+
+
+def _contexts() -> Dict[str, Callable[[], ContextManager]]:
+    """The setting each kind's calls run in."""
+    from ..attention.linear_triton import dry_run, hopper_stand_in
+    return {"sima": dry_run, "sima_launch": hopper_stand_in, "sdpa": contextlib.nullcontext}
 
 
 def _per_call_us(fn: Callable[[], object], calls: int) -> float:
@@ -56,24 +70,30 @@ def _per_call_us(fn: Callable[[], object], calls: int) -> float:
 
 def measure(repeats: int, rounds: int, calls: int = 200, fns=None) -> List[dict]:
     """Rows (kind, pass, host_us with its p10 and p90 over ``repeats`` batches of ``calls`` calls in each of
-    ``rounds`` rounds, spread), ratios added by :func:`add_ratios`. Runs within ``dry_run()``."""
-    from ..attention.linear_triton import dry_run
-
+    ``rounds`` rounds, spread), ratios added by :func:`add_ratios`; a kind that cannot run here gets a row with its
+    ``error`` instead. Each batch runs in its kind's setting (:func:`_contexts`)."""
+    contexts = _contexts()
+    fns = fns or host_fns()
     samples: Dict[Tuple[str, str], List[float]] = {}
-    with dry_run():
-        fns = fns or host_fns()
-        for fn in fns.values():  # plans, caches and lazy initialization, untimed
-            _per_call_us(fn, 20)
-        enabled = gc.isenabled()
-        gc.disable()
+    errors: Dict[Tuple[str, str], str] = {}
+    for key, fn in fns.items():  # plans, caches, compiles and lazy initialization, untimed
         try:
-            for _ in range(rounds * repeats):  # one batch of each in turn: a drift in the load hits all alike
-                for key, fn in fns.items():
-                    samples.setdefault(key, []).append(_per_call_us(fn, calls))
-        finally:
-            if enabled:
-                gc.enable()
-    rows = []
+            with contexts[key[0]]():
+                _per_call_us(fn, 20)
+        except Exception as e:  # e.g. no ptxas to compile for the GPU stood in for
+            errors[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(rounds * repeats):  # one batch of each in turn: a drift in the load hits all alike
+            for key, fn in fns.items():
+                if key not in errors:
+                    with contexts[key[0]]():
+                        samples.setdefault(key, []).append(_per_call_us(fn, calls))
+    finally:
+        if enabled:
+            gc.enable()
+    rows = [{"kind": kind, "pass": pass_, "error": error} for (kind, pass_), error in errors.items()]
     for (kind, pass_), times in samples.items():
         times = sorted(times)
         rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
@@ -85,32 +105,38 @@ def measure(repeats: int, rounds: int, calls: int = 200, fns=None) -> List[dict]
 
 
 def add_ratios(rows: List[dict]) -> List[dict]:
-    """``x_sdpa``: host_us over SDPA's for the same pass (None where SDPA was not timed)."""
-    sdpa = {r["pass"]: r["host_us"] for r in rows if r["kind"] == "sdpa"}
+    """``x_sdpa``: host_us over SDPA's for the same pass (None where either was not timed)."""
+    sdpa = {r["pass"]: r["host_us"] for r in rows if r["kind"] == "sdpa" and "host_us" in r}
     for r in rows:
-        r["x_sdpa"] = r["host_us"] / sdpa[r["pass"]] if sdpa.get(r["pass"]) else None
+        r["x_sdpa"] = r["host_us"] / sdpa[r["pass"]] if sdpa.get(r["pass"]) and "host_us" in r else None
     return rows
 
 
 def format_rows(rows: List[dict]) -> str:
-    head = f"{'kind':<6} {'pass':<8} {'host µs':>9} {'p10 µs':>8} {'p90 µs':>8} {'x SDPA':>7}"
+    head = f"{'kind':<11} {'pass':<8} {'host µs':>9} {'p10 µs':>8} {'p90 µs':>8} {'x SDPA':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
+        if "error" in r:
+            lines.append(f"{r['kind']:<11} {r['pass']:<8} not measured: {r['error']}")
+            continue
         ratio = f"{r['x_sdpa']:.2f}" if r["x_sdpa"] is not None else "-"
-        lines.append(f"{r['kind']:<6} {r['pass']:<8} {r['host_us']:>9.1f} {r['host_us_p10']:>8.1f} "
+        lines.append(f"{r['kind']:<11} {r['pass']:<8} {r['host_us']:>9.1f} {r['host_us_p10']:>8.1f} "
                      f"{r['host_us_p90']:>8.1f} {ratio:>7}")
     return "\n".join(lines)
 
 
 def summary(rows: List[dict], machine: str) -> str:
-    """One line: SimA's host cost per forward and per forward+backward, in µs and as a multiple of SDPA's, and the
-    machine."""
-    sima = {r["pass"]: r for r in rows if r["kind"] == "sima"}
-    parts = [f"{p} {sima[p]['host_us']:.1f} µs ({sima[p]['x_sdpa']:.2f}x SDPA's)" for p in PASSES
-             if p in sima and sima[p]["x_sdpa"] is not None]
-    return f"SimA Triton host cost per call: {', '.join(parts)}; on {machine}"
+    """One line: SimA's host cost per forward and per forward+backward, in µs and as a multiple of SDPA's, without
+    and with Triton's launch path, and the machine."""
+    parts = []
+    for kind, what in (("sima", "simattn's path"), ("sima_launch", "with Triton's launch path")):
+        timed = {r["pass"]: r for r in rows if r["kind"] == kind and r.get("x_sdpa") is not None}
+        if timed:
+            parts.append(f"{what}: " + ", ".join(f"{p} {timed[p]['host_us']:.1f} µs ({timed[p]['x_sdpa']:.2f}x "
+                                                  f"SDPA's)" for p in PASSES if p in timed))
+    return f"SimA Triton host cost per call, {'; '.join(parts)}; on {machine}"
 
 
 def spread_rows(rows: List[dict]) -> Dict[str, float]:
     """name → relative spread, for :func:`simattn.bench.report.spread_warning`."""
-    return {f"{r['kind']} {r['pass']}": r["spread"] for r in rows}
+    return {f"{r['kind']} {r['pass']}": r["spread"] for r in rows if "spread" in r}
