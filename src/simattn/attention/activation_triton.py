@@ -45,8 +45,9 @@ def _flags(activation: str, bias: Optional[float], alpha: Optional[float]) -> di
 
 
 def _scalars(q: torch.Tensor, bias: Optional[float], alpha: Optional[float]) -> Tuple[float, float, float]:
-    """(c = 1/√d, b or 0, a or 0): the kernels' float arguments, not part of a plan."""
-    return q.shape[-1] ** -0.5, 0.0 if bias is None else bias, 0.0 if alpha is None else alpha
+    """(c = 1/√d, b or 0, a or 0): the kernels' float arguments, not part of a plan; floats always (Triton
+    specializes an int argument on its value, which a plan's direct launches do not look at)."""
+    return float(q.shape[-1] ** -0.5), 0.0 if bias is None else float(bias), 0.0 if alpha is None else float(alpha)
 
 
 class _ForwardCall:

@@ -75,7 +75,8 @@ from triton.compiler.compiler import CompiledKernel
 
 from . import linear_kernels as K
 
-__all__ = ["sima_triton", "linear_triton", "dry_run", "hopper_stand_in", "interpreting", "LinearKind", "KINDS", "FEATURE_KINDS"]
+__all__ = ["sima_triton", "linear_triton", "dry_run", "hopper_stand_in", "interpreting", "LinearKind", "KINDS",
+           "FEATURE_KINDS"]
 
 
 @dataclass(frozen=True)
@@ -276,8 +277,9 @@ class _Launch:
     Compiled launches after the first skip Triton's per-call work (binding and specializing every argument, the cache
     lookup: tens of microseconds for these kernels' 30-odd arguments) and launch the compiled kernel Triton returned
     (``compiled[grid](*args)``, with the launch hooks profilers set). What Triton specializes on beyond the call's
-    signature (which fixes every integer argument) is each tensor's dtype and 16-byte alignment: a call where those
-    differ goes through Triton's path, which compiles or finds the kernel for them."""
+    signature, which fixes every integer argument (the other scalars are floats, which Triton does not specialize),
+    is each tensor's dtype and 16-byte alignment: a call where those differ goes through Triton's path, which
+    compiles or finds the kernel for them."""
 
     __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensors_seen", "constants")
 
