@@ -35,8 +35,8 @@ from ..attention import list_attentions
 from .report import markdown_table, new_figure, progress, save_figure
 
 __all__ = ["PeerPaper", "PEER_PAPERS", "DIGITS_MARGIN", "PEER_TOKENS", "peer_model", "registered_kinds",
-           "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check", "DEPLOY_FORMATS", "DEPLOY_TOLERANCE",
-           "run_peer_deploy", "peers_records", "peers_markdown", "plot_peers"]
+           "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check", "DEPLOY_FORMATS",
+           "DEPLOY_TOLERANCE", "run_peer_deploy", "peers_records", "peers_markdown", "plot_peers"]
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,8 @@ def run_peer_deploy(kinds: Sequence[str], runs: Path, seed: int, out: Path,
     into ``out/<kind>/`` as each of ``formats`` and validate every file on digits beside the checkpoint: per kind
     ``ckpt_top1``, ``<format>_top1``, ``<format>_exp_ops`` (exp-like ops in the written graph),
     ``<format>_not_delegated`` (ops its delegate does not run: ExecuTorch's left to portable kernels beside
-    XNNPACK) and ``deploy_matches`` (every file within
-    :data:`DEPLOY_TOLERANCE` of the checkpoint). A kind without weights, or whose export fails, gets
-    ``deploy_error``. ``export_options`` are passed to every export (e.g. ``--exporter torchscript``)."""
+    XNNPACK) and ``deploy_matches`` (every file within :data:`DEPLOY_TOLERANCE` of the checkpoint). A kind without
+    weights, or whose export fails, gets ``deploy_error``. ``export_options`` are passed to every export (e.g. ``--exporter torchscript``)."""
     import contextlib
     import io
     import json
