@@ -208,7 +208,7 @@ def test_bench_paper_writes_figure1b_with_the_machine(tmp_path):
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"paper.md", "figure1b.json", "figure1b.csv", "figure1b.png"}
     report = (out / "paper.md").read_text()
-    assert "## SOFT Fig. 1b" in report and "1 threads" in report
+    assert "## SOFT Fig. 1b" in report and "1 thread, torch" in report and "1 threads" not in report
     assert ("linformer not run" in report) == ("linformer" not in list_attentions())
 
 

@@ -482,7 +482,7 @@ def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any
 
     sections: List[str] = []
     failed = False
-    machine = f"{meta.get('cpu_name') or meta['cpu']}, {threads} threads"
+    machine = f"{meta.get('cpu_name') or meta['cpu']}, {threads} thread{'' if threads == 1 else 's'}"
     if "table2" in args.only:
         records, notes = pt.run_table2()
         write_json({"meta": meta, "rows": records, "notes": notes}, out / "table2.json")
@@ -569,7 +569,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           flush=True)
     out = Path(args.output)
     sections = ["# SimA and SOFT paper results on this machine",
-                "", f"{meta['device']} ({meta.get('cpu_name') or meta['cpu']}), {threads} threads, torch "
+                "", f"{meta['device']} ({meta.get('cpu_name') or meta['cpu']}), {threads} "
+                    f"thread{'' if threads == 1 else 's'}, torch "
                     f"{meta['torch']}. "
                     f"Command: `{meta['command']}`", ""]
     failed = False
