@@ -281,10 +281,11 @@ class _Launch:
     is each tensor's dtype and 16-byte alignment: a call where those differ goes through Triton's path, which
     compiles or finds the kernel for them."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensors_seen", "constants")
+    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensor_at", "tensors_seen", "constants")
 
     def __init__(self, kernel, grid: Tuple[int, ...], consts: dict, mode: _Mode):
         self.grid, self.tuning, self.compiled, self.tensors_seen, self.constants = grid, False, None, None, ()
+        self.tensor_at: Tuple[int, ...] = ()  # the positions of the tensor arguments (fixed by the call's plan)
         if mode.dry:
             self.kernel, self.kwargs = None, {}
         elif mode.interpret:  # the kernel as written; the host picks the tile
@@ -297,7 +298,7 @@ class _Launch:
     def __call__(self, *args) -> None:
         if self.kernel is None:
             return
-        if self.compiled is not None and _tensor_keys(args) == self.tensors_seen:
+        if self.compiled is not None and _tensor_keys(args, self.tensor_at) == self.tensors_seen:
             self.compiled[self.grid](*args, *self.constants)
             return
         compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
@@ -312,14 +313,16 @@ class _Launch:
         arguments in each kernel's signature, in its order."""
         names = self.kernel.arg_names[len(args):]
         if all(name in self.kwargs for name in names):
-            self.compiled, self.tensors_seen = compiled, _tensor_keys(args)
+            self.tensor_at = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            self.compiled, self.tensors_seen = compiled, _tensor_keys(args, self.tensor_at)
             self.constants = tuple(self.kwargs[name] for name in names)
             self.grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # a compiled kernel's launch takes three
 
 
-def _tensor_keys(args) -> tuple:
-    """What Triton specializes a launch on among its tensor arguments: dtype and 16-byte alignment of each."""
-    return tuple((a.dtype, a.data_ptr() % 16 == 0) for a in args if isinstance(a, torch.Tensor))
+def _tensor_keys(args, at: Tuple[int, ...]) -> tuple:
+    """What Triton specializes a launch on among its tensor arguments (at positions ``at``): dtype and 16-byte
+    alignment of each."""
+    return tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at)
 
 
 def _precision(t: torch.Tensor) -> str:
