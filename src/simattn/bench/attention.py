@@ -549,7 +549,8 @@ def main_host_cost(args: argparse.Namespace) -> int:
     cpu = cpu_info()
     machine = (f"{cpu.get('cpu_name') or platform.processor() or 'CPU name unknown'}, {threads} thread(s), "
                f"torch {torch.__version__}, Triton {triton_version()}")
-    print(f"simattn bench attention --host-cost: SimA (backend 'triton', launches skipped) and SDPA on "
+    print(f"simattn bench attention --host-cost: SimA (backend 'triton'; sima: launches skipped, sima_launch: "
+          f"through Triton's launch path to a stubbed launcher) and SDPA on "
           f"{'x'.join(map(str, host_cost.SHAPE))} fp32 CPU tensors; {machine}", flush=True)
     rows = host_cost.measure(args.repeats, args.rounds)
     print(host_cost.format_rows(rows))
@@ -605,7 +606,8 @@ def _options():
                                  "needed); an existing table is updated",
                            type=maybe(str), check=check_path),
         "host_cost": Opt(False, "instead of a sweep: the microseconds of host work per SimA Triton forward and "
-                                "forward+backward (launches skipped, on CPU, no GPU needed) beside SDPA's"),
+                                "forward+backward (on CPU, no GPU needed: launches skipped, and through Triton's "
+                                "launch path to a stubbed launcher) beside SDPA's"),
     }
 
 
