@@ -6,6 +6,8 @@ import pytest
 import simattn  # noqa: F401  (registers the models)
 from simattn.bench import paper_peers as pp
 
+from fitted_heads import fit_head
+
 
 def _digits(kind, top1, **run):
     runs = [{"seed": s, "top1": t, "nonfinite_skipped": 0, **run} for s, t in enumerate(top1)]
@@ -73,8 +75,8 @@ def test_peers_options_are_refused_for_other_parts(tmp_path):
 
 
 def _digits_weights(path, kind):
-    """A tiny ``kind`` DeiT with its head fitted to the digits train split (ridge regression on its random
-    features: predictions that mean something, in a second), saved as a training run saves its final weights."""
+    """A tiny ``kind`` DeiT with its head fitted to the digits train split (:func:`fit_head`: predictions that mean
+    something, in a second), saved as a training run saves its final weights."""
     import timm
     import torch
 
@@ -86,13 +88,7 @@ def _digits_weights(path, kind):
     torch.manual_seed(0)
     model = timm.create_model(name, **kwargs).eval()
     x, y = digits_tensors("train", img_size=32, normalize=False)
-    x = (x - 0.5) / 0.5  # the preprocessing the record below states
-    with torch.no_grad():
-        feats = model.forward_head(model.forward_features(x), pre_logits=True)
-        a = torch.cat([feats, torch.ones(len(feats), 1)], 1)
-        w = torch.linalg.solve(a.T @ a + torch.eye(a.shape[1]), a.T @ torch.nn.functional.one_hot(y, 10).float())
-        model.head.weight.copy_(w[:-1].T)
-        model.head.bias.copy_(w[-1])
+    fit_head(model, (x - 0.5) / 0.5, y)  # the preprocessing the record below states
     path.parent.mkdir(parents=True)
     data = {"input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0,
             "interpolation": "bilinear"}

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import timm
 import torch
-import torch.nn.functional as F
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -21,6 +20,8 @@ from simattn.export.architecture import model_stride  # noqa: E402
 from simattn.export.cli import main as export_main  # noqa: E402
 from simattn.models.weights import export_record  # noqa: E402
 from simattn.utils.io import save_safetensors  # noqa: E402
+
+from fitted_heads import fit_head  # noqa: E402
 
 DEIT = "sima_deit_tiny_patch16_224"
 TINY_DEIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)
@@ -242,18 +243,11 @@ def test_newer_kinds_export_with_their_exp_audit(kind, tmp_path):
 
 
 def _fit_head_on_digits(model):
-    """Ridge fit of the classifier on the model's (random) features of the digits train split: weights that
-    classify digits (~60% val top-1) in a second instead of minutes of training. (Random features are far less
-    robust to int8 than trained ones: a 300-step training run loses nothing, this model loses a few points.)"""
+    """The classifier fitted on the model's (random) features of the digits train split (:func:`fit_head`): weights
+    that classify digits (~60% val top-1). (Random features are far less robust to int8 than trained ones: a
+    300-step training run loses nothing, this model loses a few points.)"""
     from simattn.data.digits import digits_tensors
-    x, y = digits_tensors("train", img_size=32)
-    with torch.no_grad():
-        feats = model.forward_head(model.forward_features(x), pre_logits=True)
-        a = torch.cat([feats, torch.ones(len(feats), 1)], 1)
-        w = torch.linalg.solve(a.T @ a + torch.eye(a.shape[1]), a.T @ F.one_hot(y, 10).float())
-        model.head.weight.copy_(w[:-1].T)
-        model.head.bias.copy_(w[-1])
-    return model
+    return fit_head(model, *digits_tensors("train", img_size=32))
 
 
 def test_cli_weights_metadata_quantize_and_compare_softmax(tmp_path, capsys):
