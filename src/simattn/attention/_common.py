@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import math
 from contextlib import nullcontext
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -232,6 +232,21 @@ def triton_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *p
         return False
     tensors = (q, k, v) + tuple(p for p in params if torch.is_tensor(p))
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def kernels_chosen(owner: str, backend: str, q: torch.Tensor, refusal: Callable[[], Optional[str]]) -> bool:
+    """Whether a call of checked inputs runs a kind's own Triton kernels, for kinds whose ``'auto'`` takes them
+    forward and backward: ``'triton'`` runs them or raises a one-line ValueError with ``refusal()`` (why they
+    cannot take the call; the device is checked where they launch); ``'auto'`` runs them on CUDA where they take
+    the call, outside graphs made for other runtimes (:func:`kernels_may_run`); ``'torch'`` and empty batches never."""
+    if backend == "torch" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
+        return False
+    if backend == "auto" and (q.device.type != "cuda" or not kernels_may_run()):
+        return False
+    why = refusal()
+    if why is not None and backend == "triton":
+        raise ValueError(f"{owner}: backend 'triton' {why}; backend 'auto' runs torch there")
+    return why is None
 
 
 #: the ``backend`` choices of the linear kinds on the fused kernels

@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._common import kernels_may_run, triton_refusal
+from ._common import kernels_chosen, triton_refusal
 
 __all__ = ["ACTIVATION_BACKENDS", "TRITON_ACTIVATIONS", "activation_refusal", "check_backend", "runs_triton"]
 
@@ -32,15 +32,6 @@ def activation_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activa
 
 def runs_triton(owner: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 activation: str) -> bool:
-    """Whether the kernels run this call of checked q, k, v. ``'triton'`` runs them or raises a one-line ValueError
-    saying why it cannot (the device is checked where they launch); ``'auto'`` runs them on CUDA where they take
-    the call, outside graphs made for other runtimes (``torch.export``, TorchScript, fx), and torch otherwise."""
+    """Whether the kernels run this call of checked q, k, v (:func:`~simattn.attention._common.kernels_chosen`)."""
     check_backend(owner, backend)
-    if backend == "torch" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
-        return False
-    if backend == "auto" and (q.device.type != "cuda" or not kernels_may_run()):
-        return False
-    refusal = activation_refusal(q, k, v, activation)
-    if refusal is not None and backend == "triton":
-        raise ValueError(f"{owner}: backend 'triton' {refusal}; backend 'auto' runs torch there")
-    return refusal is None
+    return kernels_chosen(owner, backend, q, lambda: activation_refusal(q, k, v, activation))

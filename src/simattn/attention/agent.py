@@ -30,13 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_count, check_qkv, matmul_dtype, no_autocast
+from ._common import check_count, check_qkv, kernels_chosen, matmul_dtype, no_autocast, triton_refusal
 from ._registry import register_attention
+from .activation_backend import check_backend
 from .base import TokenAttention
 from .reference import agent_reference as agent_attention_reference
 from .soft import add_heads_image, heads_image, infer_grid, token_grid
 
-__all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention"]
+__all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
+
+#: the most agents the broadcast kernels hold (one tile)
+TRITON_MAX_AGENTS = 128
 
 
 def _pool_side(name: str, agent_num: int) -> int:
@@ -54,20 +58,31 @@ def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: int, num
     return F.adaptive_avg_pool2d(grid, pool_side).flatten(2).transpose(1, 2).reshape(B, H, -1, d)
 
 
+def _aggregate(k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
+               acc: torch.dtype) -> torch.Tensor:
+    """V_A = softmax(A Kᵀ/√d + B₁) V in ``acc``; no checks (TorchScript runs this too)."""
+    gather = (agents.to(acc) * k.shape[-1] ** -0.5) @ k.to(acc).transpose(-2, -1)  # (B, H, n, Nk)
+    if agent_bias is not None:
+        gather = gather + agent_bias.to(acc)
+    return gather.softmax(dim=-1) @ v.to(acc)
+
+
 def _agent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
            query_bias: Optional[torch.Tensor]) -> torch.Tensor:
     """The two softmax steps in fp32 (fp64 for fp64 inputs); no checks (TorchScript runs this too)."""
     acc = torch.promote_types(q.dtype, torch.float32)
-    scale = q.shape[-1] ** -0.5
-    q, k, v, agents = q.to(acc), k.to(acc), v.to(acc), agents.to(acc)
-    gather = (agents * scale) @ k.transpose(-2, -1)  # (B, H, n, Nk)
-    if agent_bias is not None:
-        gather = gather + agent_bias.to(acc)
-    agent_v = gather.softmax(dim=-1) @ v
-    read = (q * scale) @ agents.transpose(-2, -1)  # (B, H, Nq, n)
+    agent_v = _aggregate(k, v, agents, agent_bias, acc)
+    read = (q.to(acc) * q.shape[-1] ** -0.5) @ agents.to(acc).transpose(-2, -1)  # (B, H, Nq, n)
     if query_bias is not None:
         read = read + query_bias.to(acc)
     return read.softmax(dim=-1) @ agent_v
+
+
+def _kernel_refusal(q: torch.Tensor, agents: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+    """Why the broadcast kernels cannot take a call (None where they can)."""
+    if agents.shape[-2] > TRITON_MAX_AGENTS:
+        return f"takes up to {TRITON_MAX_AGENTS} agents, got {agents.shape[-2]}"
+    return triton_refusal(q, agents, v)
 
 
 def _check_bias(name: str, bias: Optional[torch.Tensor], rows: int, cols: int, q: torch.Tensor) -> None:
@@ -83,13 +98,16 @@ def _check_bias(name: str, bias: Optional[torch.Tensor], rows: int, cols: int, q
 def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                     grid_size: Optional[Tuple[int, int]] = None, num_prefix_tokens: Optional[int] = None,
                     agent_num: int = 49, agents: Optional[torch.Tensor] = None,
-                    agent_bias: Optional[torch.Tensor] = None, query_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    agent_bias: Optional[torch.Tensor] = None, query_bias: Optional[torch.Tensor] = None,
+                    backend: str = "auto") -> torch.Tensor:
     """Agent attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the depthwise conv (the module adds it).
 
     Agents default to the grid tokens of q pooled to √agent_num×√agent_num (``grid_size`` (H, W) or a square grid
     after 0 or 1 prefix tokens, as SOFT's); pass ``agents`` (B, H, n, d) to use others. ``agent_bias`` (…, n, Nk)
     is added to the agents' logits over the keys, ``query_bias`` (…, Nq, n) to the queries' logits over the agents.
-    Returns the autocast dtype under autocast, else v's.
+    Returns the autocast dtype under autocast, else v's. ``backend``: 'auto' (on CUDA the broadcast step on its
+    Triton kernels where they take the call, torch elsewhere and in exported graphs), 'torch' or 'triton'
+    (:mod:`~simattn.attention.agent_triton`; the aggregation step runs in torch either way).
     """
     check_qkv(q, k, v, "agent")
     if agents is None:
@@ -101,8 +119,13 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          f"{q.shape[-1]}), got {tuple(agents.shape)}")
     _check_bias("agent_bias", agent_bias, agents.shape[-2], k.shape[-2], q)
     _check_bias("query_bias", query_bias, q.shape[-2], agents.shape[-2], q)
+    check_backend("agent", backend)
     dt = matmul_dtype(v)
     with no_autocast(q):
+        if kernels_chosen("agent", backend, q, lambda: _kernel_refusal(q, agents, v)):
+            from .agent_triton import agent_broadcast_triton
+            agent_v = _aggregate(k, v, agents, agent_bias, torch.float32)
+            return agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
         out = _agent(q, k, v, agents, agent_bias, query_bias)
     return out.to(dt)
 
@@ -123,7 +146,8 @@ class AgentAttention(TokenAttention):
 
     Options: ``agent_num`` (n, a square; 49 as Agent-DeiT), ``window`` (rows and columns of the row and column
     biases: the grid they are learned for, 14 at 224 px with 16 px patches), ``block_bias_size`` (7),
-    ``dwc_kernel`` (3; 0 = no conv), ``num_prefix_tokens`` (None = infer 0 or 1). ``forward(x, grid_size=(H, W))``
+    ``dwc_kernel`` (3; 0 = no conv), ``num_prefix_tokens`` (None = infer 0 or 1), ``backend`` ('auto' | 'torch' |
+    'triton', :func:`agent_attention`). ``forward(x, grid_size=(H, W))``
     for non-square grids. No masks (the agents pool the whole grid); ``attn_drop > 0`` is rejected.
     Biases: ``agent_*_bias`` (n×N, the agents over the keys) and ``query_*_bias`` (N×n, the queries over the agents),
     each ``block`` (H, n, 7, 7), ``row`` and ``col`` (H, n, window) and ``prefix`` (H, n, 1), truncated-normal init
@@ -138,7 +162,7 @@ class AgentAttention(TokenAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49, window: int = 14,
                  block_bias_size: int = 7, dwc_kernel: int = 3, num_prefix_tokens: Optional[int] = None,
-                 **kwargs) -> None:
+                 backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
         self.pool_side = _pool_side(name, agent_num)
@@ -149,6 +173,7 @@ class AgentAttention(TokenAttention):
         if num_prefix_tokens is not None:
             check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
         self.num_prefix_tokens = num_prefix_tokens
+        self.backend = check_backend(name, backend)
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         h, n, b = num_heads, agent_num, block_bias_size
 
@@ -187,7 +212,8 @@ class AgentAttention(TokenAttention):
         if torch.jit.is_scripting():  # autocast handling is Python
             out = _agent(q, k, v, agents, agent_bias, query_bias).to(v.dtype)
         else:
-            out = agent_attention(q, k, v, agents=agents, agent_bias=agent_bias, query_bias=query_bias)
+            out = agent_attention(q, k, v, agents=agents, agent_bias=agent_bias, query_bias=query_bias,
+                                  backend=self.backend)
         if self.dwc is not None:  # depthwise conv of V on the grid, added to the grid tokens' outputs
             out = add_heads_image(out, self.dwc(heads_image(v, grid, prefix)), prefix)
         return out

@@ -1,0 +1,139 @@
+"""The Triton kernels of Agent attention's broadcast step, O = softmax(c Q Aᵀ + B) W: N queries read a state of n
+agents (A, n×d) and their values (W = V_A, n×dv), forward and backward. The state is fixed per (batch, head) and
+small (n ≤ 128 agents, one tile), like linear attention's d×dv state: each program loads it once and streams its
+queries through it, and the row softmax over the n agents is whole within a tile (no running maximum).
+
+Forward (:func:`_fwd_kernel`, one tile of queries per program): X = c q Aᵀ + B, P = softmax(X) over the agents,
+O = P W. Backward (:func:`_bwd_kernel`), with G the output gradient:
+
+    dW = Pᵀ G,   dX = P ∘ (G Wᵀ − rowsum(P ∘ G Wᵀ)),   dq = c dX A,   dA = c dXᵀ q,   dB = dX,
+
+each program holding the state and streaming a chunk of the queries: dq (and dB, when B needs a gradient) is
+written per tile, dA and dW are summed over the chunk on chip and written once per chunk, and the host adds the
+chunks' partial sums (a fixed order: no atomics, run-to-run identical).
+
+Precision: logits, softmax and every accumulator in fp32. q Aᵀ multiplies equal half inputs in their own dtype
+(exact products); the weights meet W, and dX meets A and q, as fp32 at ``PREC`` (W is fp32: the aggregation step
+runs in fp32). Padded agents get weight 0. The tile and product helpers are
+:mod:`simattn.attention.linear_kernels`'; decorated in the mode of ``TRITON_INTERPRET`` at its first import (see
+there). The host side is :mod:`simattn.attention.agent_triton`.
+"""
+import triton
+import triton.language as tl
+
+from .linear_kernels import _SUM, INTERPRETER, _mm, _tile
+
+__all__ = ["BWD_CONFIGS", "FWD_BLOCK", "FWD_CONFIGS", "TUNE_KEYS"]
+
+#: queries per forward program on a GPU (the host sizes the grid by it)
+FWD_BLOCK = 64
+#: (queries per tile, warps, pipeline stages) tried on a GPU; the first is the untuned default
+FWD_CONFIGS = ((FWD_BLOCK, 4, 2), (FWD_BLOCK, 8, 2), (FWD_BLOCK, 4, 3))
+BWD_CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 3))
+# What the tuned configuration depends on: queries (a power of two, unused in the bodies), head dims, agents.
+TUNE_KEYS = ["n_bucket", "d", "e", "BLOCK_A"]
+
+
+@triton.jit
+def _larger(a, b):
+    return tl.maximum(a, b)
+
+
+# The interpreter takes numpy's maximum for triton's own combiner (see linear_kernels._SUM)
+_MAX = tl.standard._elementwise_max if INTERPRETER else _larger
+
+
+def _tuned(tried):
+    """Compiled: autotuned over ``tried``; the interpreter runs the kernel as written, with the host's tiles."""
+    if INTERPRETER:
+        return lambda fn: fn
+    configs = [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages) for block, warps, stages in tried]
+    return triton.autotune(configs, key=TUNE_KEYS)
+
+
+@triton.jit
+def _weights(q, agents, bias_ptr, offs_m, offs_a, rows, a_ok, sbn, sba, c,
+             HAS_BIAS: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_A: tl.constexpr):
+    """P = softmax(c q Aᵀ + B) over the agents (fp32, BLOCK_M × BLOCK_A), 0 on padded agents."""
+    x = _mm(q, tl.trans(agents), tl.zeros([BLOCK_M, BLOCK_A], dtype=tl.float32), QA_NATIVE, UPCAST, PREC) * c
+    if HAS_BIAS:
+        x += tl.load(bias_ptr + offs_m.to(tl.int64)[:, None] * sbn + offs_a[None, :] * sba,
+                     mask=rows[:, None] & a_ok[None, :], other=0.0).to(tl.float32)
+    x = tl.where(a_ok[None, :], x, float("-inf"))
+    p = tl.exp(x - tl.reduce(x, 1, _MAX)[:, None])
+    return p / tl.reduce(p, 1, _SUM)[:, None]
+
+
+@triton.jit
+def _state(a_ptr, w_ptr, a_base, w_base, san, sad, swn, swe, n_a, d, e,
+           BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The (batch, head)'s agents A (BLOCK_A × BLOCK_D) and their values W (BLOCK_A × BLOCK_E), and lane masks."""
+    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
+    agents = _tile(a_ptr + a_base, offs_a, offs_d, san, sad, a_ok, d_ok)
+    w = _tile(w_ptr + w_base, offs_a, offs_e, swn, swe, a_ok, e_ok).to(tl.float32)
+    return agents, w, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok
+
+
+@_tuned(FWD_CONFIGS)
+@triton.jit
+def _fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, c,
+                sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
+                sob, soh, son, soe, n_bucket,
+                HAS_BIAS: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+    """One tile of BLOCK queries of one (batch, head): O = softmax(c q Aᵀ + B) W."""
+    b, h = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    agents, w, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok = _state(
+        a_ptr, w_ptr, b * sab + h * sah, b * swb + h * swh, san, sad, swn, swe, n_a, d, e, BLOCK_A, BLOCK_D, BLOCK_E)
+    offs_m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = offs_m < n_q
+    q = _tile(q_ptr + b * sqb + h * sqh, offs_m, offs_d, sqn, sqd, rows, d_ok)
+    p = _weights(q, agents, bias_ptr + b * sbb + h * sbh, offs_m, offs_a, rows, a_ok, sbn, sba, c,
+                 HAS_BIAS, QA_NATIVE, UPCAST, PREC, BLOCK, BLOCK_A)
+    out = _mm(p, w, tl.zeros([BLOCK, BLOCK_E], dtype=tl.float32), False, UPCAST, PREC)
+    tl.store(o_ptr + b * sob + h * soh + offs_m.to(tl.int64)[:, None] * son + offs_e[None, :] * soe,
+             out.to(o_ptr.dtype.element_ty), mask=rows[:, None] & e_ok[None, :])
+
+
+@_tuned(BWD_CONFIGS)
+@triton.jit
+def _bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw_ptr, H, n_q, n_a, d, e, c, chunk,
+                sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
+                sgb, sgh, sgn, sge, n_bucket,
+                HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
+                PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+                BLOCK: tl.constexpr):
+    """One chunk of ``chunk`` queries of one (batch, head): dq and dB of its queries (contiguous, (B, H, N, ·)),
+    and its partial sums of dA and dW (contiguous, (chunks, B, H, n, ·), fp32)."""
+    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    bh = b * H + h
+    agents, w, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok = _state(
+        a_ptr, w_ptr, b * sab + h * sah, b * swb + h * swh, san, sad, swn, swe, n_a, d, e, BLOCK_A, BLOCK_D, BLOCK_E)
+    q_base, g_base, b_base = b * sqb + h * sqh, b * sgb + h * sgh, b * sbb + h * sbh
+    da = tl.zeros([BLOCK_A, BLOCK_D], dtype=tl.float32)
+    dw = tl.zeros([BLOCK_A, BLOCK_E], dtype=tl.float32)
+    first = part * chunk
+    end = tl.minimum(first + chunk, n_q)
+    for start in range(first, end, BLOCK):
+        offs_m = start + tl.arange(0, BLOCK)
+        rows = offs_m < end
+        q = _tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows, d_ok)
+        g = _tile(g_ptr + g_base, offs_m, offs_e, sgn, sge, rows, e_ok)  # rows past the chunk: zero, no gradient
+        p = _weights(q, agents, bias_ptr + b_base, offs_m, offs_a, rows, a_ok, sbn, sba, c,
+                     HAS_BIAS, QA_NATIVE, UPCAST, PREC, BLOCK, BLOCK_A)
+        dw = _mm(tl.trans(p), g, dw, False, UPCAST, PREC)
+        dp = _mm(g, tl.trans(w), tl.zeros([BLOCK, BLOCK_A], dtype=tl.float32), False, UPCAST, PREC)
+        dx = p * (dp - tl.reduce(p * dp, 1, _SUM)[:, None])
+        da = _mm(tl.trans(dx), q, da, False, UPCAST, PREC)
+        dq = _mm(dx, agents, tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32), False, UPCAST, PREC)
+        at = offs_m.to(tl.int64)[:, None]
+        tl.store(dq_ptr + bh * n_q * d + at * d + offs_d[None, :], (dq * c).to(dq_ptr.dtype.element_ty),
+                 mask=rows[:, None] & d_ok[None, :])
+        if BIAS_GRAD:
+            tl.store(db_ptr + bh * n_q * n_a + at * n_a + offs_a[None, :], dx, mask=rows[:, None] & a_ok[None, :])
+    at = offs_a.to(tl.int64)[:, None]
+    parts = (part * tl.num_programs(1) * H + bh) * n_a
+    tl.store(da_ptr + (parts + at) * d + offs_d[None, :], da * c, mask=a_ok[:, None] & d_ok[None, :])
+    tl.store(dw_ptr + (parts + at) * e + offs_e[None, :], dw, mask=a_ok[:, None] & e_ok[None, :])
