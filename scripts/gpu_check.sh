@@ -60,6 +60,7 @@ done
 stage "attention peers B=128" 90 "$OUT/attention.txt" "$PY" -m simattn bench attention --device cuda \
     --heads 6 --head-dim 64 --batch 128 --tokens 197 577 1025 4097 --dtype bfloat16 \
     --kinds sdpa_flash slab_triton flatten_triton inline_triton polaformer_triton sigmoid_triton relu_triton agent \
+    agent_triton \
     --repeats 10 --rounds 1 --output "$OUT/attention_peers_b128.json"
 grep -v "^  " "$OUT/attention.txt"
 

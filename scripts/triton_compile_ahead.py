@@ -9,9 +9,9 @@ when the sweep starts.
 
 ``--sm90-here`` does the same on a machine without a GPU: every kernel path (SimA forward with and without the
 backward's state, the backward, ELU and XNorm, SLAB and FLatten forward and backward, split and one-tile plans;
-sigmoid and relu attention's flash-style kernels, forward and backward) is compiled for an H100/H200 (sm_90) with
-Triton's own compiler and ptxas, through the same launch code, so a kernel that would not compile on the GPU fails
-here first. It prints the shared memory each kernel needs.
+sigmoid and relu attention's flash-style kernels, Agent attention's broadcast kernels, forward and backward) is
+compiled for an H100/H200 (sm_90) with Triton's own compiler and ptxas, through the same launch code, so a kernel
+that would not compile on the GPU fails here first. It prints the shared memory each kernel needs.
 
 Usage:
     PYTHONPATH=src python3 scripts/triton_compile_ahead.py --batch 128 8 --tokens 197 577 1025 4097 16385
@@ -23,7 +23,7 @@ import multiprocessing
 import sys
 import time
 
-KINDS = ["sima_triton", "elu", "xnorm", "sigmoid_triton"]
+KINDS = ["sima_triton", "elu", "xnorm", "sigmoid_triton", "agent_triton"]
 
 
 def _compile_only(shared):

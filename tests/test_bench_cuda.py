@@ -50,7 +50,8 @@ def test_gpu_sweep_runs_the_newer_kinds_forward_and_backward(monkeypatch):
     17 tokens: a 4x4 grid and a class token for Agent's pooling."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
-    kinds = ["relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent"]
+    kinds = ["relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent",
+             "agent_triton"]
     assert set(kinds) <= set(bench.GPU_KINDS)
     rows = bench.run_gpu([17], kinds, batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
                          peak_gbps=100.0, timer=lambda fn: time_fn(fn, warmup=0, repeats=1))

@@ -13,7 +13,9 @@ output, restoring the diversity a rank-n summary loses. Prefix (class) tokens ta
 not in the pooling or the conv; their bias is one learned value per head and agent (``prefix_bias``), as the
 released DeiT code's class-token bias. All of the attention runs in fp32 (fp64 for fp64 inputs) under autocast;
 every output row is a convex combination of V_A's rows, which are convex combinations of V's, so it stays in V's
-range in any float format.
+range in any float format. ``backend='triton'`` (``'auto'`` on CUDA) runs the broadcast step, the queries reading
+the agents, on Triton kernels forward and backward (:mod:`simattn.attention.agent_triton`); the aggregation step
+stays in torch.
 
 Released code (LeapLabTHU/Agent-Attention, ``agent_transformer/models/agent_deit.py`` ``AgentAttention``): run on
 fixed inputs (B 2, N 197 = 1 + 14×14, dim 48, 3 heads, 49 agents, window 14, fp64) with its parameters copied

@@ -23,7 +23,8 @@ memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), ELU linear atten
 ``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), the newer linear kinds on
 the same skeleton (``slab_triton``, ``flatten_triton``, ``inline_triton``, ``polaformer_triton``), sigmoid and
 ReLU attention's flash-style Triton kernels (``sigmoid_triton``, ``relu_triton``) and Agent attention in torch
-(``agent``; N less a square grid's tokens is its prefix), forward and forward+backward,
+(``agent``) and with its broadcast step on its Triton kernels (``agent_triton``; N less a square grid's tokens is
+its prefix), forward and forward+backward,
 B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls between CUDA events
 (:func:`cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and replayed from a CUDA
 graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the bandwidth achieved on the
@@ -77,7 +78,8 @@ REQUIRED = ("softmax", "sima_official", "sima_matmuls")
 
 # ------------------------------------------------------------------ the GPU sweep (--device cuda)
 GPU_KINDS = ("sima", "sima_compile", "sima_triton", "sdpa_flash", "sdpa_efficient", "elu", "xnorm", "sigmoid_triton",
-             "relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent")
+             "relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent",
+             "agent_triton")
 GPU_TOKENS = (197, 1024, 4096, 16384)
 PASSES = ("fwd", "fwd+bwd")
 #: peak HBM bandwidth (GB/s, vendor figures) by a substring of ``torch.cuda.get_device_name()``, first match wins
@@ -260,8 +262,9 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
              "flatten_triton": lambda: lambda q, k, v: flatten_attention(q, k, v, backend="triton"),
              "inline_triton": lambda: lambda q, k, v: inline_attention(q, k, v, backend="triton"),
              "polaformer_triton": lambda: lambda q, k, v: polaformer_attention(q, k, v, power=3.0, backend="triton"),
-             # no kernel of its own: its two softmax stages over the 49 agents in torch (the grid inferred from N)
-             "agent": lambda: agent_attention}
+             # the 49 agents' two softmax stages in torch, or the broadcast on its kernels (the grid inferred from N)
+             "agent": lambda: lambda q, k, v: agent_attention(q, k, v, backend="torch"),
+             "agent_triton": lambda: lambda q, k, v: agent_attention(q, k, v, backend="triton")}
     return {kind: table[kind]() for kind in kinds}
 
 

@@ -1,0 +1,141 @@
+"""Agent attention with its broadcast step on the Triton kernels (``backend='triton'``) against the plain reference
+(fp64), forward and every gradient (q, k, v and both biases, through the pooled agents). Without CUDA the kernels
+run in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, set by conftest.py before they are imported); with
+CUDA compiled on the GPU.
+
+Bounds. fp32: rms(triton − oracle) / rms(oracle) ≤ 1e-4 for the output, and each gradient's rms error relative to
+the largest gradient's rms ≤ 1e-4 (fp32 round-off gives ~1e-7; a wrong derivative, scale or bias gives order 1).
+Half inputs, against the oracle on the same rounded values: within one machine epsilon of the dtype, the bound the
+torch path is held to (test_peer_kinds_agent_sigmoid.py): the agents are pooled in the inputs' dtype and the output
+and q's gradient are rounded to it, each a rounding of relative size up to u = eps/2 (the interpreter truncates:
+up to eps), against fp32 everywhere else.
+"""
+import pytest
+import torch
+
+from simattn.attention import create_attention
+from simattn.attention import reference as R
+from simattn.attention._common import kernels_chosen
+from simattn.attention.agent import agent_attention
+
+from attention_cases import assert_grads_close, error_ratio
+
+pytest.importorskip("triton")
+from simattn.attention import linear_kernels as LK  # noqa: E402 - in the mode conftest set
+
+TOL = 1e-4
+HALF_TOL = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float16: torch.finfo(torch.float16).eps}
+
+
+@pytest.fixture
+def device():
+    """CPU tensors in the interpreter, CUDA ones where the kernels were compiled."""
+    if LK.INTERPRETER:
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("the kernels are compiled but there is no CUDA device")
+    return "cuda"
+
+
+CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused qkv, biases
+    # 37 tokens: past one tile (32 in the interpreter); 9 agents, both biases
+    "prefix_biases": (2, 2, (6, 6), 1, 9, 16, False, True),
+    # DeiT's 49 agents (a padded tile of 64) on a grid they overlap, strided views of one projection
+    "fused_49_agents": (1, 2, (5, 8), 0, 49, 16, True, False),
+    # one agent: every weight is 1
+    "one_agent_d32": (1, 1, (3, 3), 1, 1, 32, False, True),
+}
+
+
+def _leaves(case, device, dtype=torch.float32, seed=0):
+    """q, k, v (views of one fused projection or three tensors), the biases, and the leaves to differentiate."""
+    B, H, grid, prefix, n, d, fused, biases = case
+    N = prefix + grid[0] * grid[1]
+    gen = torch.Generator().manual_seed(seed)
+    if fused:
+        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
+        qkv, leaves = list(leaf.permute(2, 0, 3, 1, 4).unbind(0)), [leaf]
+    else:
+        qkv = [torch.randn(B, H, N, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3)]
+        leaves = list(qkv)
+    bias = [None, None]
+    if biases:  # the module's shapes: (1, H, n, N) and (1, H, N, n), fp32 parameters
+        bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(device).requires_grad_()
+                for shape in ((n, N), (N, n))]
+        leaves += bias
+    return qkv, bias, leaves
+
+
+def _compare(case, device, dtype, tol, autocast=False):
+    B, H, grid, prefix, n, d, fused, biases = case
+    qkv, (b1, b2), leaves = _leaves(case, device, dtype)
+    with torch.autocast(torch.device(device).type, dtype=dtype, enabled=autocast):
+        out = agent_attention(*qkv, grid_size=grid, num_prefix_tokens=prefix, agent_num=n, agent_bias=b1,
+                              query_bias=b2, backend="triton")
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad(out, leaves, g.to(out.device, out.dtype))
+    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    hi_qkv = hi[0].permute(2, 0, 3, 1, 4).unbind(0) if fused else hi[:3]
+    hi_bias = hi[-2:] if biases else (None, None)
+    ref = R.agent_reference(*hi_qkv, grid, pool_side=int(n ** 0.5), num_prefix_tokens=prefix,
+                            agent_bias=hi_bias[0], query_bias=hi_bias[1])
+    ref_grads = torch.autograd.grad(ref, hi, g)
+    assert out.shape == ref.shape and out.dtype == dtype and torch.isfinite(out).all()
+    assert error_ratio(out.cpu(), ref) <= tol, f"forward: error ratio {error_ratio(out.cpu(), ref):.3g}"
+    names = (["qkv"] if fused else ["q", "k", "v"]) + (["agent_bias", "query_bias"] if biases else [])
+    assert [a.dtype for a in grads] == [t.dtype for t in leaves]
+    assert_grads_close([a.cpu() for a in grads], ref_grads, tol, names, f"agent triton {dtype}")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_forward_and_gradients_match_reference(case, device):
+    _compare(CASES[case], device, torch.float32, TOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_under_autocast_within_one_epsilon(dtype, device):
+    _compare(CASES["prefix_biases"], device, dtype, HALF_TOL[dtype], autocast=True)
+
+
+def test_module_backend_triton_equals_torch(device):
+    """The module passes ``backend`` through: same parameters, both backends, same output and parameter gradients
+    (the depthwise conv and the biases' three parts included)."""
+    torch.manual_seed(0)
+    mods = [create_attention("agent", 32, num_heads=2, agent_num=9, window=4, backend=b).to(device)
+            for b in ("torch", "triton")]
+    mods[1].load_state_dict(mods[0].state_dict())
+    x = torch.randn(2, 1 + 5 * 4, 32, device=device)
+    outs = [m(x, grid_size=(5, 4)) for m in mods]
+    assert error_ratio(outs[1], outs[0]) <= TOL
+    grads = [torch.autograd.grad(o.square().sum(), list(m.parameters())) for o, m in zip(outs, mods)]
+    assert_grads_close(grads[1], grads[0], TOL, [n for n, _ in mods[0].named_parameters()], "module")
+
+
+def test_custom_ops_pass_opcheck(device):
+    """Schema, fake implementations and the autograd registration of both ops, on strided q with a broadcast
+    bias."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 6, 2, 16, generator=gen).to(device).transpose(1, 2).requires_grad_()
+    agents, agent_v = (torch.randn(1, 2, 4, c, generator=gen).to(device).requires_grad_() for c in (16, 8))
+    bias = torch.randn(2, 6, 4, generator=gen).to(device).requires_grad_()
+    checks = ("test_schema", "test_faketensor", "test_autograd_registration")
+    torch.library.opcheck(torch.ops.simattn.agent_broadcast_fwd.default, (q, agents, agent_v, bias, torch.float32),
+                          test_utils=checks)
+    g = torch.randn(1, 2, 6, 8, device=device)
+    torch.library.opcheck(torch.ops.simattn.agent_broadcast_bwd.default,
+                          (g, q.detach(), agents.detach(), agent_v.detach(), bias.detach(), True), test_utils=checks)
+
+
+def test_auto_runs_torch_on_cpu_and_refusals_are_one_line():
+    q = torch.randn(1, 2, 1 + 16 * 16, 16)
+    assert not kernels_chosen("agent", "auto", q, lambda: None)
+    with pytest.raises(ValueError, match=r"^agent: backend 'triton' takes float32, float16 or bfloat16, got "
+                                         r"torch.float64, .*; backend 'auto' runs torch there$"):
+        agent_attention(q.double(), q.double(), q.double(), backend="triton")
+    with pytest.raises(ValueError, match=r"^agent: backend 'triton' takes up to 128 agents, got 144; backend 'auto' "
+                                         r"runs torch there$"):
+        agent_attention(q, q, q, agent_num=144, backend="triton")
+    with pytest.raises(ValueError, match=r"^agent: unknown backend 'cuda'; expected one of auto, torch, triton$"):
+        agent_attention(q, q, q, backend="cuda")
+    with pytest.raises(ValueError, match="AgentAttention: unknown backend"):
+        create_attention("agent", 32, num_heads=2, backend="fast")
