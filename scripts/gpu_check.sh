@@ -89,8 +89,11 @@ for mode in default reduce-overhead; do
         --output "/tmp/simattn_warm_$mode" &
 done
 # (one inductor compile thread: its pool of compile processes outlives the test, which the suite counts as a leak)
-stage tests 140 "$OUT/tests.log" env SIMATTN_TRITON_AUTOTUNE=0 TORCHINDUCTOR_COMPILE_THREADS=1 "$PY" -m pytest -q -o addopts="-ra" \
-    -p no:randomly -p no:cacheprovider -n 6 --dist load tests/test_sima_cuda.py tests/test_sima_triton.py -k cuda
+# The newer kinds' kernel tests run on the GPU whole (their device fixture gives CUDA tensors where compiled).
+stage tests 160 "$OUT/tests.log" env SIMATTN_TRITON_AUTOTUNE=0 TORCHINDUCTOR_COMPILE_THREADS=1 "$PY" -m pytest -q -o addopts="-ra" \
+    -p no:randomly -p no:cacheprovider -n 8 --dist load tests/test_sima_cuda.py tests/test_sima_triton.py \
+    tests/test_activation_triton.py tests/test_agent_triton.py tests/test_linear_kinds_triton.py \
+    -k "cuda or activation_triton or agent_triton or linear_kinds_triton"
 wait
 cat "$OUT/tests.log" "$OUT/compile_check.log" >> "$OUT/logs.txt" && rm -f "$OUT/tests.log" "$OUT/compile_check.log"
 grep -E "passed|failed|error" "$OUT/logs.txt" | tail -15
