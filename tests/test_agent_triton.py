@@ -40,10 +40,11 @@ def device():
 CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused qkv, biases
     # 37 tokens: past one tile (32 in the interpreter); 9 agents, both biases
     "prefix_biases": (2, 2, (6, 6), 1, 9, 16, False, True),
-    # DeiT's 49 agents (a padded tile of 64) on a grid they overlap, strided views of one projection
+    # DeiT's 49 agents (a padded tile of 64) on a grid they overlap, strided views of one projection; with few
+    # heads the token axis is split over programs (2 chunks of 20), their results merged
     "fused_49_agents": (1, 2, (5, 8), 0, 49, 16, True, False),
-    # one agent: every weight is 1
-    "one_agent_d32": (1, 1, (3, 3), 1, 1, 32, False, True),
+    # one agent (the broadcast's weights are all 1), split in 2 chunks of 18 keys, both biases
+    "one_agent_d32": (1, 1, (5, 7), 1, 1, 32, False, True),
 }
 
 
@@ -112,8 +113,8 @@ def test_module_backend_triton_equals_torch(device):
 
 
 def test_custom_ops_pass_opcheck(device):
-    """Schema, fake implementations and the autograd registration of both ops, on strided q with a broadcast
-    bias."""
+    """Schema, fake implementations and the autograd registration of the four ops, on strided q and k with biases
+    that broadcast."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(1, 6, 2, 16, generator=gen).to(device).transpose(1, 2).requires_grad_()
     agents, agent_v = (torch.randn(1, 2, 4, c, generator=gen).to(device).requires_grad_() for c in (16, 8))
@@ -124,6 +125,13 @@ def test_custom_ops_pass_opcheck(device):
     g = torch.randn(1, 2, 6, 8, device=device)
     torch.library.opcheck(torch.ops.simattn.agent_broadcast_bwd.default,
                           (g, q.detach(), agents.detach(), agent_v.detach(), bias.detach(), True), test_utils=checks)
+    k, v = q.detach().transpose(-1, -2)[..., :4].transpose(-1, -2), agent_v.detach()  # 4 keys, strided
+    key_bias = torch.randn(2, 4, 4, generator=gen).to(device).requires_grad_()
+    torch.library.opcheck(torch.ops.simattn.agent_gather_fwd.default, (agents, k, v, key_bias), test_utils=checks)
+    w, lse = torch.ops.simattn.agent_gather_fwd(agents.detach(), k, v, key_bias.detach())
+    torch.library.opcheck(torch.ops.simattn.agent_gather_bwd.default,
+                          (torch.randn_like(w), w, lse, agents.detach(), k, v, key_bias.detach(), True),
+                          test_utils=checks)
 
 
 def test_auto_runs_torch_on_cpu_and_refusals_are_one_line():

@@ -13,9 +13,8 @@ output, restoring the diversity a rank-n summary loses. Prefix (class) tokens ta
 not in the pooling or the conv; their bias is one learned value per head and agent (``prefix_bias``), as the
 released DeiT code's class-token bias. All of the attention runs in fp32 (fp64 for fp64 inputs) under autocast;
 every output row is a convex combination of V_A's rows, which are convex combinations of V's, so it stays in V's
-range in any float format. ``backend='triton'`` (``'auto'`` on CUDA) runs the broadcast step, the queries reading
-the agents, on Triton kernels forward and backward (:mod:`simattn.attention.agent_triton`); the aggregation step
-stays in torch.
+range in any float format. ``backend='triton'`` (``'auto'`` on CUDA) runs both steps on Triton kernels, forward
+and backward, with no n×N tensor in memory (:mod:`simattn.attention.agent_triton`).
 
 Released code (LeapLabTHU/Agent-Attention, ``agent_transformer/models/agent_deit.py`` ``AgentAttention``): run on
 fixed inputs (B 2, N 197 = 1 + 14×14, dim 48, 3 heads, 49 agents, window 14, fp64) with its parameters copied
@@ -80,11 +79,11 @@ def _agent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, agents: torch.Tens
     return read.softmax(dim=-1) @ agent_v
 
 
-def _kernel_refusal(q: torch.Tensor, agents: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the broadcast kernels cannot take a call (None where they can)."""
+def _kernel_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor) -> Optional[str]:
+    """Why the kernels cannot take a call (None where they can)."""
     if agents.shape[-2] > TRITON_MAX_AGENTS:
         return f"takes up to {TRITON_MAX_AGENTS} agents, got {agents.shape[-2]}"
-    return triton_refusal(q, agents, v)
+    return triton_refusal(q, k, v) or triton_refusal(agents, k, v)
 
 
 def _check_bias(name: str, bias: Optional[torch.Tensor], rows: int, cols: int, q: torch.Tensor) -> None:
@@ -107,9 +106,9 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     Agents default to the grid tokens of q pooled to √agent_num×√agent_num (``grid_size`` (H, W) or a square grid
     after 0 or 1 prefix tokens, as SOFT's); pass ``agents`` (B, H, n, d) to use others. ``agent_bias`` (…, n, Nk)
     is added to the agents' logits over the keys, ``query_bias`` (…, Nq, n) to the queries' logits over the agents.
-    Returns the autocast dtype under autocast, else v's. ``backend``: 'auto' (on CUDA the broadcast step on its
-    Triton kernels where they take the call, torch elsewhere and in exported graphs), 'torch' or 'triton'
-    (:mod:`~simattn.attention.agent_triton`; the aggregation step runs in torch either way).
+    Returns the autocast dtype under autocast, else v's. ``backend``: 'auto' (on CUDA both steps on their Triton
+    kernels where they take the call, torch elsewhere and in exported graphs), 'torch' or 'triton'
+    (:mod:`~simattn.attention.agent_triton`).
     """
     check_qkv(q, k, v, "agent")
     if agents is None:
@@ -124,9 +123,9 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     check_backend("agent", backend)
     dt = matmul_dtype(v)
     with no_autocast(q):
-        if kernels_chosen("agent", backend, q, lambda: _kernel_refusal(q, agents, v)):
-            from .agent_triton import agent_broadcast_triton
-            agent_v = _aggregate(k, v, agents, agent_bias, torch.float32)
+        if kernels_chosen("agent", backend, q, lambda: _kernel_refusal(q, k, v, agents)):
+            from .agent_triton import agent_broadcast_triton, agent_gather_triton
+            agent_v = agent_gather_triton(agents, k, v, agent_bias)
             return agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
         out = _agent(q, k, v, agents, agent_bias, query_bias)
     return out.to(dt)

@@ -1,10 +1,20 @@
-"""The Triton kernels of Agent attention's broadcast step, O = softmax(c Q Aᵀ + B) W: N queries read a state of n
-agents (A, n×d) and their values (W = V_A, n×dv), forward and backward. The state is fixed per (batch, head) and
-small (n ≤ 128 agents, one tile), like linear attention's d×dv state: each program loads it once and streams its
-queries through it, and the row softmax over the n agents is whole within a tile (no running maximum).
+"""The Triton kernels of Agent attention, forward and backward: n agents (A, n×d, n ≤ 128: one tile) held per
+program, the N tokens streamed through them, no n×N tensor in memory (the biases aside, which are inputs). c = 1/√d.
 
-Forward (:func:`_fwd_kernel`, one tile of queries per program): X = c q Aᵀ + B, P = softmax(X) over the agents,
-O = P W. Backward (:func:`_bwd_kernel`), with G the output gradient:
+**Aggregation**, W = V_A = softmax(c A Kᵀ + B₁) V (n×dv, a softmax over the N keys per agent): each program
+streams a chunk of the keys with a running maximum per agent, as flash attention's queries do, and writes its
+chunk's normalized W and log-sum-exp, which the host merges (:func:`_gather_fwd_kernel`). Backward, with dW the
+gradient of W, D = rowsum(dW ∘ W) (from the host) and P recomputed from the log-sum-exp (:func:`_gather_bwd_kernel`):
+
+    dv = Pᵀ dW,   dX = P ∘ (dW vᵀ − D),   dk = c dXᵀ A,   dA = c dX k,   dB₁ = dX,
+
+dv, dk (and dB₁) written per key tile, dA summed per chunk.
+
+**Broadcast**, O = softmax(c Q Aᵀ + B₂) W: the state (A and W) is fixed per (batch, head), like linear attention's
+d×dv state; each program loads it once and streams its queries through it, the row softmax over the n agents whole
+within a tile (no running maximum). Forward (:func:`_broadcast_fwd_kernel`, one tile of queries per program):
+X = c q Aᵀ + B, P = softmax(X) over the agents, O = P W. Backward (:func:`_broadcast_bwd_kernel`), with G the
+output gradient:
 
     dW = Pᵀ G,   dX = P ∘ (G Wᵀ − rowsum(P ∘ G Wᵀ)),   dq = c dX A,   dA = c dXᵀ q,   dB = dX,
 
@@ -12,9 +22,9 @@ each program holding the state and streaming a chunk of the queries: dq (and dB,
 written per tile, dA and dW are summed over the chunk on chip and written once per chunk, and the host adds the
 chunks' partial sums (a fixed order: no atomics, run-to-run identical).
 
-Precision: logits, softmax and every accumulator in fp32. q Aᵀ multiplies equal half inputs in their own dtype
-(exact products); the weights meet W, and dX meets A and q, as fp32 at ``PREC`` (W is fp32: the aggregation step
-runs in fp32). Padded agents get weight 0. The tile and product helpers are
+Precision: logits, softmax and every accumulator in fp32, W in fp32. q Aᵀ and A kᵀ multiply equal half inputs in
+their own dtype (exact products); the weights meet W, v and the gradients, and dX meets A, q and k, as fp32 at
+``PREC``. Padded agents get weight 0, keys past the chunk weight 0. The tile and product helpers are
 :mod:`simattn.attention.linear_kernels`'; decorated in the mode of ``TRITON_INTERPRET`` at its first import (see
 there). The host side is :mod:`simattn.attention.agent_triton`.
 """
@@ -23,14 +33,15 @@ import triton.language as tl
 
 from .linear_kernels import _SUM, INTERPRETER, _mm, _tile
 
-__all__ = ["BWD_CONFIGS", "FWD_BLOCK", "FWD_CONFIGS", "TUNE_KEYS"]
+__all__ = ["CHUNK_CONFIGS", "FWD_BLOCK", "FWD_CONFIGS", "TUNE_KEYS"]
 
 #: queries per forward program on a GPU (the host sizes the grid by it)
 FWD_BLOCK = 64
-#: (queries per tile, warps, pipeline stages) tried on a GPU; the first is the untuned default
+#: (tokens per tile, warps, pipeline stages) tried on a GPU; the first is the untuned default. FWD_CONFIGS: the
+#: broadcast forward's (one tile per program); CHUNK_CONFIGS: the kernels whose programs stream a chunk of tokens.
 FWD_CONFIGS = ((FWD_BLOCK, 4, 2), (FWD_BLOCK, 8, 2), (FWD_BLOCK, 4, 3))
-BWD_CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 3))
-# What the tuned configuration depends on: queries (a power of two, unused in the bodies), head dims, agents.
+CHUNK_CONFIGS = ((64, 4, 2), (32, 4, 2), (128, 8, 2), (64, 8, 3))
+# What the tuned configuration depends on: tokens (a power of two, unused in the bodies), head dims, agents.
 TUNE_KEYS = ["n_bucket", "d", "e", "BLOCK_A"]
 
 
@@ -78,7 +89,7 @@ def _state(a_ptr, w_ptr, a_base, w_base, san, sad, swn, swe, n_a, d, e,
 
 @_tuned(FWD_CONFIGS)
 @triton.jit
-def _fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, c,
+def _broadcast_fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, c,
                 sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
                 sob, soh, son, soe, n_bucket,
                 HAS_BIAS: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -97,9 +108,9 @@ def _fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, c,
              out.to(o_ptr.dtype.element_ty), mask=rows[:, None] & e_ok[None, :])
 
 
-@_tuned(BWD_CONFIGS)
+@_tuned(CHUNK_CONFIGS)
 @triton.jit
-def _bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw_ptr, H, n_q, n_a, d, e, c, chunk,
+def _broadcast_bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw_ptr, H, n_q, n_a, d, e, c, chunk,
                 sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
                 sgb, sgh, sgn, sge, n_bucket,
                 HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
@@ -137,3 +148,93 @@ def _bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw
     parts = (part * tl.num_programs(1) * H + bh) * n_a
     tl.store(da_ptr + (parts + at) * d + offs_d[None, :], da * c, mask=a_ok[:, None] & d_ok[None, :])
     tl.store(dw_ptr + (parts + at) * e + offs_e[None, :], dw, mask=a_ok[:, None] & e_ok[None, :])
+
+
+@_tuned(CHUNK_CONFIGS)
+@triton.jit
+def _gather_fwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, lse_ptr, H, n_k, n_a, d, e, c, chunk,
+                       sab, sah, san, sad, skb, skh, skn, skd, svb, svh, svn, sve, sbb, sbh, sba, sbn, n_bucket,
+                       HAS_BIAS: tl.constexpr, AK_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                       BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of ``chunk`` keys of one (batch, head): the chunk's softmax(c A kᵀ + B₁) v and its log-sum-exp per
+    agent (contiguous, (chunks, B, H, n, ·), fp32)."""
+    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
+    agents = _tile(a_ptr + b * sab + h * sah, offs_a, offs_d, san, sad, a_ok, d_ok)
+    k_base, v_base, b_base = b * skb + h * skh, b * svb + h * svh, b * sbb + h * sbh
+    top = tl.full([BLOCK_A], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_A], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_A, BLOCK_E], dtype=tl.float32)
+    first = part * chunk
+    end = tl.minimum(first + chunk, n_k)
+    for start in range(first, end, BLOCK):
+        offs_n = start + tl.arange(0, BLOCK)
+        cols = offs_n < end
+        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, cols, d_ok)
+        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, cols, e_ok)
+        x = _mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
+        if HAS_BIAS:
+            x += tl.load(bias_ptr + b_base + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
+                         mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
+        x = tl.where(cols[None, :], x, float("-inf"))
+        new_top = tl.maximum(top, tl.reduce(x, 1, _MAX))
+        p = tl.exp(x - new_top[:, None])
+        shrink = tl.exp(top - new_top)
+        total = total * shrink + tl.reduce(p, 1, _SUM)
+        acc = _mm(p, v, acc * shrink[:, None], False, UPCAST, PREC)
+        top = new_top
+    rows = ((part * tl.num_programs(1) + b) * H + h) * n_a + offs_a.to(tl.int64)
+    tl.store(o_ptr + rows[:, None] * e + offs_e[None, :], acc / total[:, None], mask=a_ok[:, None] & e_ok[None, :])
+    tl.store(lse_ptr + rows, top + tl.log(total), mask=a_ok)
+
+
+@_tuned(CHUNK_CONFIGS)
+@triton.jit
+def _gather_bwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, lse_ptr, gw_ptr, dd_ptr, dk_ptr, dv_ptr, db_ptr, da_ptr,
+                       H, n_k, n_a, d, e, c, chunk,
+                       sab, sah, san, sad, skb, skh, skn, skd, svb, svh, svn, sve, sbb, sbh, sba, sbn, n_bucket,
+                       HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, AK_NATIVE: tl.constexpr,
+                       UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+                       BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+    """One chunk of ``chunk`` keys of one (batch, head): dk, dv (and dB₁) of its keys (contiguous, (B, H, ·, ·)) and
+    its partial sum of dA (contiguous, (chunks, B, H, n, d), fp32). Reads the log-sum-exp per agent, dW and D
+    (contiguous, fp32)."""
+    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    bh = b * H + h
+    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
+    agents = _tile(a_ptr + b * sab + h * sah, offs_a, offs_d, san, sad, a_ok, d_ok)
+    state = bh * n_a + offs_a.to(tl.int64)
+    lse = tl.load(lse_ptr + state, mask=a_ok, other=0.0)
+    dd = tl.load(dd_ptr + state, mask=a_ok, other=0.0)
+    gw = tl.load(gw_ptr + state[:, None] * e + offs_e[None, :], mask=a_ok[:, None] & e_ok[None, :], other=0.0)
+    k_base, v_base, b_base = b * skb + h * skh, b * svb + h * svh, b * sbb + h * sbh
+    da = tl.zeros([BLOCK_A, BLOCK_D], dtype=tl.float32)
+    first = part * chunk
+    end = tl.minimum(first + chunk, n_k)
+    for start in range(first, end, BLOCK):
+        offs_n = start + tl.arange(0, BLOCK)
+        cols = offs_n < end
+        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, cols, d_ok)
+        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, cols, e_ok)
+        x = _mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
+        if HAS_BIAS:
+            x += tl.load(bias_ptr + b_base + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
+                         mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
+        p = tl.where(a_ok[:, None] & cols[None, :], tl.exp(x - lse[:, None]), 0.0)
+        dv = _mm(tl.trans(p), gw, tl.zeros([BLOCK, BLOCK_E], dtype=tl.float32), False, UPCAST, PREC)
+        dx = p * (_mm(gw, tl.trans(v), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), False, UPCAST, PREC)
+                  - dd[:, None])
+        dk = _mm(tl.trans(dx), agents, tl.zeros([BLOCK, BLOCK_D], dtype=tl.float32), False, UPCAST, PREC)
+        da = _mm(dx, k, da, False, UPCAST, PREC)
+        at = offs_n.to(tl.int64)[:, None]
+        tl.store(dk_ptr + bh * n_k * d + at * d + offs_d[None, :], (dk * c).to(dk_ptr.dtype.element_ty),
+                 mask=cols[:, None] & d_ok[None, :])
+        tl.store(dv_ptr + bh * n_k * e + at * e + offs_e[None, :], dv.to(dv_ptr.dtype.element_ty),
+                 mask=cols[:, None] & e_ok[None, :])
+        if BIAS_GRAD:
+            tl.store(db_ptr + (bh * n_a + offs_a.to(tl.int64)[:, None]) * n_k + offs_n[None, :], dx,
+                     mask=a_ok[:, None] & cols[None, :])
+    parts = (part * tl.num_programs(1) * H + bh) * n_a + offs_a.to(tl.int64)[:, None]
+    tl.store(da_ptr + parts * d + offs_d[None, :], da * c, mask=a_ok[:, None] & d_ok[None, :])

@@ -1,15 +1,17 @@
-"""Agent attention's broadcast step, O = softmax(Q Aᵀ/√d + B) V_A, on Triton kernels, forward and backward: the
-queries read the n agents' state without an N×n tensor in memory (the bias B aside, which is an input). The kernels
-and the maths are :mod:`simattn.attention.agent_kernels`; this module launches them.
+"""Agent attention on Triton kernels, forward and backward: the aggregation V_A = softmax(A Kᵀ/√d + B₁) V
+(:func:`agent_gather_triton`) and the broadcast O = softmax(Q Aᵀ/√d + B₂) V_A (:func:`agent_broadcast_triton`),
+without an n×N tensor in memory (the biases aside, which are inputs). The kernels and the maths are
+:mod:`simattn.attention.agent_kernels`; this module launches them.
 
 Host path, as :mod:`simattn.attention.linear_triton`'s (whose launch modes, plan cache, direct launches and
 :func:`~simattn.attention.linear_triton.dry_run` it shares): the first call at a signature plans its launches; a
 repeat call looks the plan up, allocates its outputs and launches. Eagerly the autograd is a
 ``torch.autograd.Function``; while compiling, exporting or tracing, on tensor subclasses and under dispatch modes
-the same calls run behind the custom ops ``simattn::agent_broadcast_fwd`` and ``simattn::agent_broadcast_bwd``.
+the same calls run behind the custom ops ``simattn::agent_gather_fwd``, ``simattn::agent_gather_bwd``,
+``simattn::agent_broadcast_fwd`` and ``simattn::agent_broadcast_bwd``.
 
-q, agents, V_A and B are read through their strides (B may broadcast over the batch and heads: stride 0); the
-gradients come back contiguous in the inputs' dtypes, B's summed to B's shape.
+The inputs are read through their strides (the biases may broadcast over the batch and heads: stride 0); the
+gradients come back contiguous in the inputs' dtypes, the biases' summed to their shapes.
 """
 from __future__ import annotations
 
@@ -21,108 +23,210 @@ import triton
 from . import agent_kernels as K
 from . import linear_triton as LT
 
-__all__ = ["agent_broadcast_triton"]
-# queries a backward program streams at least, when the query axis is split over programs (GPU; interpreter: 32)
+__all__ = ["agent_broadcast_triton", "agent_gather_triton"]
+
+# tokens a program streams at least where the token axis is split over programs (GPU; the interpreter: 32)
 _CHUNK_LEAST = 256
 
 
-def _bias_view(bias: Optional[torch.Tensor], q: torch.Tensor, n_a: int) -> torch.Tensor:
-    """B broadcast to (B, H, N, n) (a view), or a placeholder pointer for none."""
+def _bias_view(bias: Optional[torch.Tensor], shape, like: torch.Tensor) -> torch.Tensor:
+    """A bias broadcast to ``shape`` (a view: stride 0 where it broadcasts), or a placeholder pointer for none."""
     if bias is None:
-        return q
-    return bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(*q.shape[:-1], n_a)
+        return like
+    return bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(*shape)
 
 
-def _strides(q, agents, w, bias) -> tuple:
-    view = (0,) * 4 if bias is None else _bias_view(bias, q, agents.shape[-2]).stride()
-    return (*q.stride(), *agents.stride(), *w.stride(), *view)
+def _bias_strides(bias: Optional[torch.Tensor], shape) -> tuple:
+    return (0,) * 4 if bias is None else _bias_view(bias, shape, bias).stride()
 
 
-def _consts(q, agents, mode) -> dict:
-    return dict(QA_NATIVE=LT._native(q, agents), UPCAST=mode.interpret, PREC=LT._precision(q),
-                BLOCK_A=LT._block(agents.shape[-2]), BLOCK_D=LT._block(q.shape[-1]))
+def _chunks(n: int, bh: int, mode) -> Tuple[int, int]:
+    """(programs per (batch, head) along n tokens, tokens per program): about two programs per multiprocessor, at
+    least ``_CHUNK_LEAST`` tokens each (32 in the interpreter, so small tests take several); every chunk holds a
+    token."""
+    least = LT._INTERPRETER_BLOCK if mode.interpret else _CHUNK_LEAST
+    chunk = triton.cdiv(n, min(triton.cdiv(2 * mode.sms, bh), triton.cdiv(n, least)))
+    return triton.cdiv(n, chunk), chunk
 
 
-class _ForwardCall:
-    """A forward at one signature: out (B, H, N, dv) in ``out_dtype``."""
+def _consts(x, agents, mode, e: int) -> dict:
+    """Constexprs shared by the kernels; ``x`` the tokens multiplied with the agents (q or k)."""
+    return dict(UPCAST=mode.interpret, PREC=LT._precision(x), BLOCK_A=LT._block(agents.shape[-2]),
+                BLOCK_D=LT._block(x.shape[-1]), BLOCK_E=LT._block(e))
+
+
+def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
+    return parts[0] if parts.shape[0] == 1 else parts.sum(0)
+
+
+class _GatherForward:
+    """The aggregation at one signature: W (B, H, n, dv) and its log-sum-exp per agent (B, H, n), fp32; the chunks'
+    partial results merged by their log-sum-exps."""
+
+    def __init__(self, agents, k, v, bias, mode):
+        B, H, n_a, d = agents.shape
+        n_k, e = k.shape[-2], v.shape[-1]
+        self.mode, self.bias_shape = mode, (B, H, n_a, n_k)
+        self.splits, chunk = _chunks(n_k, B * H, mode)
+        self.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
+        self.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, self.bias_shape),
+                        triton.next_power_of_2(chunk))
+        self.launch = LT._Launch(K._gather_fwd_kernel, (self.splits, B, H), dict(
+            _consts(k, agents, mode, e), HAS_BIAS=bias is not None, AK_NATIVE=LT._native(agents, k)), mode)
+
+    def __call__(self, agents, k, v, bias):
+        part = (self.splits, *agents.shape[:-1])
+        w = torch.empty((*part, v.shape[-1]), device=k.device, dtype=torch.float32)
+        lse = torch.empty(part, device=k.device, dtype=torch.float32)
+        with self.mode.device():
+            self.launch(agents, k, v, _bias_view(bias, self.bias_shape, k), w, lse, *self.sizes, *self.strides)
+        if self.splits == 1:
+            return w[0], lse[0]
+        top = torch.logsumexp(lse, 0)
+        return (torch.exp(lse - top).unsqueeze(-1) * w).sum(0), top
+
+
+class _GatherBackward:
+    """dA, dk, dv (and dB₁) of the aggregation at one signature."""
+
+    def __init__(self, agents, k, v, bias, bias_grad: bool, mode):
+        B, H, n_a, d = agents.shape
+        n_k, e = k.shape[-2], v.shape[-1]
+        self.mode, self.bias_grad, self.bias_shape = mode, bias_grad, (B, H, n_a, n_k)
+        self.splits, chunk = _chunks(n_k, B * H, mode)
+        self.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
+        self.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, self.bias_shape),
+                        triton.next_power_of_2(chunk))
+        self.launch = LT._Launch(K._gather_bwd_kernel, (self.splits, B, H), dict(
+            _consts(k, agents, mode, e), HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad,
+            AK_NATIVE=LT._native(agents, k)), mode)
+
+    def __call__(self, gw, w, lse, agents, k, v, bias):
+        dev = k.device
+        gw = gw.to(torch.float32).contiguous()
+        dd = (gw * w).sum(-1)  # D = rowsum(dW ∘ W), per agent
+        dk = torch.empty(k.shape, device=dev, dtype=k.dtype)
+        dv = torch.empty(v.shape, device=dev, dtype=v.dtype)
+        db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
+        da = torch.empty((self.splits, *agents.shape), device=dev, dtype=torch.float32)
+        with self.mode.device():
+            self.launch(agents, k, v, _bias_view(bias, self.bias_shape, k), lse.contiguous(), gw, dd, dk, dv, db,
+                        da, *self.sizes, *self.strides)
+        db = db.sum_to_size(bias.shape).to(bias.dtype) if self.bias_grad else db
+        return _sum_parts(da).to(agents.dtype), dk, dv, db
+
+
+class _BroadcastForward:
+    """The broadcast at one signature: out (B, H, N, dv) in ``out_dtype``."""
 
     def __init__(self, q, agents, w, bias, out_dtype: torch.dtype, mode):
         B, H, n_q, d = q.shape
         e = w.shape[-1]
         self.mode, self.out_shape, self.out_dtype = mode, (B, H, n_q, e), out_dtype
-        self.sizes = (n_q, agents.shape[-2], d, e)
-        self.strides = (*_strides(q, agents, w, bias), H * n_q * e, n_q * e, e, 1, triton.next_power_of_2(n_q))
+        self.bias_shape = (B, H, n_q, agents.shape[-2])
+        self.sizes = (n_q, agents.shape[-2], d, e, float(d ** -0.5))
+        self.strides = (*q.stride(), *agents.stride(), *w.stride(), *_bias_strides(bias, self.bias_shape),
+                        H * n_q * e, n_q * e, e, 1, triton.next_power_of_2(n_q))
         block = LT._INTERPRETER_BLOCK if mode.interpret else K.FWD_BLOCK
-        self.launch = LT._Launch(K._fwd_kernel, (triton.cdiv(n_q, block), B, H), dict(
-            _consts(q, agents, mode), HAS_BIAS=bias is not None, BLOCK_E=LT._block(e)), mode)
+        self.launch = LT._Launch(K._broadcast_fwd_kernel, (triton.cdiv(n_q, block), B, H), dict(
+            _consts(q, agents, mode, e), HAS_BIAS=bias is not None, QA_NATIVE=LT._native(q, agents)), mode)
 
     def __call__(self, q, agents, w, bias):
         out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
         with self.mode.device():
-            self.launch(q, agents, w, _bias_view(bias, q, agents.shape[-2]), out, *self.sizes,
-                        float(q.shape[-1] ** -0.5), *self.strides)
+            self.launch(q, agents, w, _bias_view(bias, self.bias_shape, q), out, *self.sizes, *self.strides)
         return out
 
 
-class _BackwardCall:
-    """The gradients at one signature: dq (and dB) per query tile, dA and dW as partial sums per chunk of queries."""
+class _BroadcastBackward:
+    """dq, dA, dW (and dB₂) of the broadcast at one signature: dq (and dB₂) per query tile, dA and dW as partial
+    sums per chunk of queries."""
 
     def __init__(self, g, q, agents, w, bias, bias_grad: bool, mode):
         B, H, n_q, d = q.shape
         n_a, e = agents.shape[-2], w.shape[-1]
-        self.mode, self.bias_grad = mode, bias_grad
-        least = LT._INTERPRETER_BLOCK if mode.interpret else _CHUNK_LEAST
-        self.splits = min(triton.cdiv(2 * mode.sms, B * H), triton.cdiv(n_q, least))
-        chunk = triton.cdiv(n_q, self.splits)
+        self.mode, self.bias_grad, self.bias_shape = mode, bias_grad, (B, H, n_q, n_a)
+        self.splits, chunk = _chunks(n_q, B * H, mode)
         self.sizes = (H, n_q, n_a, d, e, float(d ** -0.5), chunk)
-        self.strides = (*_strides(q, agents, w, bias), *g.stride(), triton.next_power_of_2(chunk))
-        self.launch = LT._Launch(K._bwd_kernel, (self.splits, B, H), dict(
-            _consts(q, agents, mode), HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad, BLOCK_E=LT._block(e)), mode)
+        self.strides = (*q.stride(), *agents.stride(), *w.stride(), *_bias_strides(bias, self.bias_shape),
+                        *g.stride(), triton.next_power_of_2(chunk))
+        self.launch = LT._Launch(K._broadcast_bwd_kernel, (self.splits, B, H), dict(
+            _consts(q, agents, mode, e), HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad,
+            QA_NATIVE=LT._native(q, agents)), mode)
 
     def __call__(self, g, q, agents, w, bias):
-        B, H, n_q, _ = q.shape
-        n_a = agents.shape[-2]
         dev = q.device
         dq = torch.empty(q.shape, device=dev, dtype=q.dtype)
-        db = torch.empty((B, H, n_q, n_a) if self.bias_grad else (0,), device=dev, dtype=torch.float32)
+        db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
         da = torch.empty((self.splits, *agents.shape), device=dev, dtype=torch.float32)
         dw = torch.empty((self.splits, *w.shape), device=dev, dtype=torch.float32)
         with self.mode.device():
-            self.launch(q, agents, w, _bias_view(bias, q, n_a), g, dq, db, da, dw, *self.sizes, *self.strides)
-        da, dw = (da[0], dw[0]) if self.splits == 1 else (da.sum(0), dw.sum(0))
+            self.launch(q, agents, w, _bias_view(bias, self.bias_shape, q), g, dq, db, da, dw, *self.sizes,
+                        *self.strides)
         db = db.sum_to_size(bias.shape).to(bias.dtype) if self.bias_grad else db
-        return dq, da.to(agents.dtype), dw.to(w.dtype), db
+        return dq, _sum_parts(da).to(agents.dtype), _sum_parts(dw).to(w.dtype), db
 
 
-def _signature(q, agents, w, bias) -> tuple:
-    return (q.shape, agents.shape, w.shape, q.stride(), agents.stride(), w.stride(), q.dtype, agents.dtype, w.dtype,
-            q.device, None if bias is None else (bias.shape, bias.stride(), bias.dtype), LT._dry_sms,
-            q.dtype == torch.float32 and LT._tf32())
+def _signature(*tensors) -> tuple:
+    """What a call's plan depends on: each tensor's shape, strides and dtype (None for none), the device, the dry
+    run's multiprocessors and TF32."""
+    described = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors)
+    return (*described, tensors[0].device, LT._dry_sms, tensors[0].dtype == torch.float32 and LT._tf32())
 
 
-def _mode(q: torch.Tensor, dry: Optional[int]):
-    return LT._Mode("agent attention", q.device, dry, LT._tuning())
+def _planned(what: str, build, *tensors, extra=()):
+    """The call planned for these tensors (built by ``build(mode)`` at a new signature)."""
+    dry = LT._dry_sms
+    return LT._call((what, *_signature(*tensors), *extra),
+                    lambda: build(LT._Mode("agent attention", tensors[0].device, dry, LT._tuning())))
+
+
+def _gather_forward(agents, k, v, bias):
+    call = _planned("agent gather", lambda mode: _GatherForward(agents, k, v, bias, mode), agents, k, v, bias)
+    return call(agents, k, v, bias)
+
+
+def _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad: bool):
+    call = _planned("agent gather backward", lambda mode: _GatherBackward(agents, k, v, bias, bias_grad, mode),
+                    agents, k, v, bias, extra=(bias_grad,))
+    return call(gw, w, lse, agents, k, v, bias)
 
 
 def _forward(q, agents, w, bias, out_dtype: torch.dtype) -> torch.Tensor:
-    dry = LT._dry_sms
-    call = LT._call(("agent forward", *_signature(q, agents, w, bias), out_dtype),
-                    lambda: _ForwardCall(q, agents, w, bias, out_dtype, _mode(q, dry)))
+    call = _planned("agent broadcast", lambda mode: _BroadcastForward(q, agents, w, bias, out_dtype, mode),
+                    q, agents, w, bias, extra=(out_dtype,))
     return call(q, agents, w, bias)
 
 
 def _backward(g, q, agents, w, bias, bias_grad: bool):
-    dry = LT._dry_sms
-    key = ("agent backward", *_signature(q, agents, w, bias), g.shape, g.stride(), g.dtype, bias_grad)
-    call = LT._call(key, lambda: _BackwardCall(g, q, agents, w, bias, bias_grad, _mode(q, dry)))
+    call = _planned("agent broadcast backward", lambda mode: _BroadcastBackward(g, q, agents, w, bias, bias_grad,
+                                                                                 mode),
+                    q, agents, w, bias, g, extra=(bias_grad,))
     return call(g, q, agents, w, bias)
 
 
 # ------------------------------------------------------------------------------------------------ autograd and ops
 
 
+class _AgentGather(torch.autograd.Function):
+    """The aggregation, forward and backward for eager calls."""
+
+    @staticmethod
+    def forward(ctx, agents, k, v, bias):
+        w, lse = _gather_forward(agents, k, v, bias)
+        ctx.save_for_backward(agents, k, v, bias, w, lse)
+        return w
+
+    @staticmethod
+    def backward(ctx, gw):
+        agents, k, v, bias, w, lse = ctx.saved_tensors
+        bias_grad = bias is not None and ctx.needs_input_grad[3]
+        da, dk, dv, db = _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad)
+        return da, dk, dv, db if bias_grad else None
+
+
 class _AgentBroadcast(torch.autograd.Function):
-    """Forward and backward for eager calls."""
+    """The broadcast, forward and backward for eager calls."""
 
     @staticmethod
     def forward(ctx, q, agents, w, bias, out_dtype):
@@ -138,6 +242,50 @@ class _AgentBroadcast(torch.autograd.Function):
 
 
 # Registered for CUDA and, for the interpreter, CPU tensors.
+
+
+def _no_bias_grad(like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty((0,), dtype=torch.float32)
+
+
+@torch.library.custom_op("simattn::agent_gather_fwd", mutates_args=(), device_types=("cuda", "cpu"))
+def _gather_fwd_op(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]
+                   ) -> Tuple[torch.Tensor, torch.Tensor]:
+    return _gather_forward(agents, k, v, bias)
+
+
+@_gather_fwd_op.register_fake
+def _gather_fwd_fake(agents, k, v, bias):
+    return (agents.new_empty(*agents.shape[:-1], v.shape[-1], dtype=torch.float32),
+            agents.new_empty(agents.shape[:-1], dtype=torch.float32))
+
+
+@torch.library.custom_op("simattn::agent_gather_bwd", mutates_args=(), device_types=("cuda", "cpu"))
+def _gather_bwd_op(gw: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, agents: torch.Tensor, k: torch.Tensor,
+                   v: torch.Tensor, bias: Optional[torch.Tensor], bias_grad: bool
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad)
+
+
+@_gather_bwd_op.register_fake
+def _gather_bwd_fake(gw, w, lse, agents, k, v, bias, bias_grad):
+    db = bias.new_empty(bias.shape) if bias_grad else _no_bias_grad(k)
+    return agents.new_empty(agents.shape), k.new_empty(k.shape), v.new_empty(v.shape), db
+
+
+def _gather_setup_context(ctx, inputs, output):
+    agents, k, v, bias = inputs
+    ctx.save_for_backward(agents, k, v, bias, *output)
+
+
+def _gather_grads(ctx, gw, _lse_grad):
+    agents, k, v, bias, w, lse = ctx.saved_tensors
+    bias_grad = bias is not None and ctx.needs_input_grad[3]
+    da, dk, dv, db = _gather_bwd_op(gw, w, lse, agents, k, v, bias, bias_grad)
+    return da, dk, dv, db if bias_grad else None
+
+
+_gather_fwd_op.register_autograd(_gather_grads, setup_context=_gather_setup_context)
 
 
 @torch.library.custom_op("simattn::agent_broadcast_fwd", mutates_args=(), device_types=("cuda", "cpu"))
@@ -159,7 +307,7 @@ def _bwd_op(g: torch.Tensor, q: torch.Tensor, agents: torch.Tensor, w: torch.Ten
 
 @_bwd_op.register_fake
 def _bwd_fake(g, q, agents, w, bias, bias_grad):
-    db = bias.new_empty(bias.shape) if bias_grad else q.new_empty((0,), dtype=torch.float32)
+    db = bias.new_empty(bias.shape) if bias_grad else _no_bias_grad(q)
     return q.new_empty(q.shape), agents.new_empty(agents.shape), w.new_empty(w.shape), db
 
 
@@ -178,19 +326,33 @@ def _grads(ctx, g):
 _fwd_op.register_autograd(_grads, setup_context=_setup_context)
 
 
-# ------------------------------------------------------------------------------------------------ entry point
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def agent_gather_triton(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The aggregation V_A = softmax(A kᵀ/√d + B₁) v on the agents A (B, H, n, d), k (B, H, N, d), v (B, H, N, dv)
+    and an optional bias B₁ broadcasting to (B, H, n, N) → (B, H, n, dv) in fp32. Differentiable in all four."""
+    if LT._as_op(k):
+        return _gather_fwd_op(agents, k, v, bias)[0]
+    if _needs_grad(agents, k, v, bias):
+        return _AgentGather.apply(agents, k, v, bias)
+    return _gather_forward(agents, k, v, bias)[0]
 
 
 def agent_broadcast_triton(q: torch.Tensor, agents: torch.Tensor, agent_v: torch.Tensor,
                            bias: Optional[torch.Tensor] = None,
                            out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """softmax(q Aᵀ/√d + B) V_A on q (B, H, N, d), the agents A (B, H, n, d), their values V_A (B, H, n, dv) and
-    an optional bias B broadcasting to (B, H, N, n) → (B, H, N, dv) in ``out_dtype`` (V_A's by default).
-    Differentiable in all four. Called by :func:`simattn.attention.agent.agent_attention`, which has checked the
-    inputs and that the kernels take them; a device they cannot run on is refused here."""
+    """The broadcast softmax(q Aᵀ/√d + B₂) V_A on q (B, H, N, d), the agents A (B, H, n, d), their values V_A
+    (B, H, n, dv) and an optional bias B₂ broadcasting to (B, H, N, n) → (B, H, N, dv) in ``out_dtype`` (V_A's by
+    default). Differentiable in all four."""
     out_dtype = out_dtype or agent_v.dtype
     if LT._as_op(q):
         return _fwd_op(q, agents, agent_v, bias, out_dtype)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, agents, agent_v, bias)):
+    if _needs_grad(q, agents, agent_v, bias):
         return _AgentBroadcast.apply(q, agents, agent_v, bias, out_dtype)
     return _forward(q, agents, agent_v, bias, out_dtype)
