@@ -1,7 +1,8 @@
 """Kernel launches without a GPU (``hopper_stand_in``: the kernels compiled for sm_90, Triton's CUDA launcher
 replaced): after a signature's first launch through Triton, the compiled kernel is launched directly with the same
 arguments Triton's path gives its launcher, and a call whose tensors Triton would specialize otherwise (16-byte
-alignment) goes through Triton again. Runs in a subprocess: the suite's kernels are imported for the interpreter."""
+alignment) goes through Triton again; Agent attention's kernels launch the same way. Runs in a subprocess: the
+suite's kernels are imported for the interpreter."""
 import json
 import os
 import subprocess
@@ -39,6 +40,11 @@ try:
         odd = torch.randn(2 * 2 * 16 * 16 + 1, generator=g)[1:].view(2, 2, 16, 16)  # 4 bytes past an aligned start
         sima_attention(odd, k, v, backend="triton")
         out["misaligned"] = {"launch": launched[-1], "triton_calls": len(through_triton)}
+        # Agent attention's kernels (the aggregation and the broadcast) take the same launches
+        from simattn.attention.agent import agent_attention
+        for name in ("agent_first", "agent_again"):
+            agent_attention(q, k, v, grid_size=(4, 4), agent_num=4, backend="triton")
+            out[name] = {"launch": launched[-2:], "triton_calls": len(through_triton)}
 except RuntimeError as e:
     if "ptxas" not in str(e):
         raise
@@ -62,3 +68,6 @@ def test_direct_launch_hands_the_launcher_what_tritons_path_does():
     assert len(first["launch"]) > 40
     # a q Triton specializes otherwise (not 16-byte aligned): Triton's path again, its own specialization
     assert odd["triton_calls"] == 2 and odd["launch"][9][3] is False
+    agent_first, agent_again = got["agent_first"], got["agent_again"]
+    assert agent_first["triton_calls"] == 4 and agent_again["triton_calls"] == 4  # two kernels, once each
+    assert agent_again["launch"] == agent_first["launch"] and agent_first["launch"][0] != agent_first["launch"][1]

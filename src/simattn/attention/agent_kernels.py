@@ -90,10 +90,11 @@ def _state(a_ptr, w_ptr, a_base, w_base, san, sad, swn, swe, n_a, d, e,
 @_tuned(FWD_CONFIGS)
 @triton.jit
 def _broadcast_fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, c,
-                sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
-                sob, soh, son, soe, n_bucket,
-                HAS_BIAS: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-                BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+                          sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
+                          sob, soh, son, soe, n_bucket,
+                          HAS_BIAS: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
+                          PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+                          BLOCK: tl.constexpr):
     """One tile of BLOCK queries of one (batch, head): O = softmax(c q Aᵀ + B) W."""
     b, h = tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
     agents, w, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok = _state(
@@ -110,12 +111,12 @@ def _broadcast_fwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, o_ptr, n_q, n_a, d, e, 
 
 @_tuned(CHUNK_CONFIGS)
 @triton.jit
-def _broadcast_bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw_ptr, H, n_q, n_a, d, e, c, chunk,
-                sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
-                sgb, sgh, sgn, sge, n_bucket,
-                HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, QA_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
-                PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-                BLOCK: tl.constexpr):
+def _broadcast_bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, da_ptr, dw_ptr, H, n_q, n_a, d, e,
+                          c, chunk, sqb, sqh, sqn, sqd, sab, sah, san, sad, swb, swh, swn, swe, sbb, sbh, sbn, sba,
+                          sgb, sgh, sgn, sge, n_bucket,
+                          HAS_BIAS: tl.constexpr, BIAS_GRAD: tl.constexpr, QA_NATIVE: tl.constexpr,
+                          UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
     """One chunk of ``chunk`` queries of one (batch, head): dq and dB of its queries (contiguous, (B, H, N, ·)),
     and its partial sums of dA and dW (contiguous, (chunks, B, H, n, ·), fp32)."""
     part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
