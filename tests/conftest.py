@@ -220,3 +220,15 @@ def one_thread():
     # Tiny models on a busy CPU run fastest single-threaded; the autouse fixture restores the suite's setting.
     torch.set_num_threads(1)
     yield 1
+
+
+@pytest.fixture
+def kernel_device():
+    """Where the Triton kernels of simattn.attention run in this process: "cpu" in the interpreter, "cuda" where
+    they were compiled (skipped without a CUDA device)."""
+    from simattn.attention import linear_kernels
+    if linear_kernels.INTERPRETER:
+        return "cpu"
+    if not torch.cuda.is_available():
+        pytest.skip("the kernels are compiled but there is no CUDA device")
+    return "cuda"

@@ -28,25 +28,15 @@ TOL = 1e-4
 HALF_TOL = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
 
 
-@pytest.fixture
-def device():
-    """CPU tensors in the interpreter, CUDA ones where the kernels were compiled."""
-    if LK.INTERPRETER:
-        return "cpu"
-    if not torch.cuda.is_available():
-        pytest.skip("the kernels are compiled but there is no CUDA device")
-    return "cuda"
-
-
-def _leaves(shapes, device, fused=False, seed=0, dtype=torch.float32):
+def _leaves(shapes, kernel_device, fused=False, seed=0, dtype=torch.float32):
     """q, k, v and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection whose
     strided views q, k, v are."""
     gen = torch.Generator().manual_seed(seed)
     (B, H, n_q, d), (_, _, n_k, d_v) = shapes
     if fused:
-        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
+        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(kernel_device, dtype).requires_grad_()
         return leaf.permute(2, 0, 3, 1, 4).unbind(0), [leaf]
-    leaves = [torch.randn(B, H, n, c, generator=gen).to(device, dtype).requires_grad_()
+    leaves = [torch.randn(B, H, n, c, generator=gen).to(kernel_device, dtype).requires_grad_()
               for n, c in ((n_q, d), (n_k, d), (n_k, d_v))]
     return leaves, leaves
 
@@ -93,49 +83,49 @@ CASES = {  # name → kind, ((B, H, Nq, d), (B, H, Nk, dv)), fused qkv, options
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_forward_and_gradients_match_reference(case, device):
+def test_forward_and_gradients_match_reference(case, kernel_device):
     kind, shapes, fused, kw = CASES[case]
-    leaves = _leaves(shapes, device, fused)[1]
+    leaves = _leaves(shapes, kernel_device, fused)[1]
     if kind == "relu" and shapes[0][2] > 1:  # relu's gradient lives on the positive scores: keep both signs
         assert 0.2 < (_views(leaves)[0] @ _views(leaves)[1].transpose(-2, -1) > 0).float().mean() < 0.8
     _compare(kind, leaves, TOL, **kw)
 
 
 @pytest.mark.parametrize("kind", ["sigmoid", "relu"])
-def test_key_mask_counts_the_kept_keys(kind, device):
+def test_key_mask_counts_the_kept_keys(kind, kernel_device):
     """n in b = −log n and in L^(-a) counts each example's kept keys; removed keys get no weight and no gradient,
     and an example with every key removed gives 0."""
-    leaves = _leaves(((3, 1, 9, 16), (3, 1, 40, 16)), device)[1]
+    leaves = _leaves(((3, 1, 9, 16), (3, 1, 40, 16)), kernel_device)[1]
     mask = torch.rand(3, 40, generator=torch.Generator().manual_seed(1)) > 0.4
     mask[2] = False
-    out, _ = _compare(kind, leaves, TOL, mask=mask.to(device), **({"alpha": 0.5} if kind == "relu" else {}))
+    out, _ = _compare(kind, leaves, TOL, mask=mask.to(kernel_device), **({"alpha": 0.5} if kind == "relu" else {}))
     assert not out[2].any()
 
 
 @pytest.mark.parametrize("kind, dtype", [("sigmoid", torch.bfloat16), ("relu", torch.float16)])
-def test_half_precision_within_bound(kind, dtype, device):
-    leaves = _leaves(((1, 1, 40, 16), (1, 1, 40, 32)), device, dtype=dtype, seed=4)[1]
+def test_half_precision_within_bound(kind, dtype, kernel_device):
+    leaves = _leaves(((1, 1, 40, 16), (1, 1, 40, 32)), kernel_device, dtype=dtype, seed=4)[1]
     _compare(kind, leaves, HALF_TOL[dtype])
 
 
-def test_module_backend_triton_equals_torch(device):
+def test_module_backend_triton_equals_torch(kernel_device):
     """The kinds' modules pass ``backend`` through: one qkv projection, both backends, same output."""
     torch.manual_seed(0)
     for name, kw in (("sigmoid", {}), ("relu", {"activation": "sigmoid", "alpha": 0.5})):
-        mods = [create_attention(name, 32, num_heads=2, backend=b, **kw).to(device) for b in ("torch", "triton")]
+        mods = [create_attention(name, 32, num_heads=2, backend=b, **kw).to(kernel_device) for b in ("torch", "triton")]
         mods[1].load_state_dict(mods[0].state_dict())
-        x = torch.randn(1, 23, 32, device=device)
+        x = torch.randn(1, 23, 32, device=kernel_device)
         assert error_ratio(mods[1](x), mods[0](x)) <= TOL
 
 
-def test_custom_ops_pass_opcheck(device):
+def test_custom_ops_pass_opcheck(kernel_device):
     """Schema, fake implementations and the autograd registration of both ops, on strided views with a mask."""
-    (q, k, v), _ = _leaves(((1, 1, 4, 16), (1, 1, 4, 16)), device, fused=True)
-    mask = torch.tensor([[True, True, True, False]], device=device)
+    (q, k, v), _ = _leaves(((1, 1, 4, 16), (1, 1, 4, 16)), kernel_device, fused=True)
+    mask = torch.tensor([[True, True, True, False]], device=kernel_device)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     args = (q, k, v, mask, "sigmoid", None, None, torch.float32)
     torch.library.opcheck(torch.ops.simattn.activation_attn_fwd.default, args, test_utils=checks)
-    g = torch.randn(1, 1, 4, 16, device=device)
+    g = torch.randn(1, 1, 4, 16, device=kernel_device)
     torch.library.opcheck(torch.ops.simattn.activation_attn_bwd.default,
                           (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0), test_utils=checks)
 
@@ -159,11 +149,11 @@ def test_triton_refusals_are_one_line():
         ReLUAttention(32, 2, backend="fast")
 
 
-def test_a_repeat_call_reuses_its_plan(device, monkeypatch):
+def test_a_repeat_call_reuses_its_plan(kernel_device, monkeypatch):
     """The first call at a signature plans its launch; a repeat with new values only looks it up."""
     from simattn.attention import linear_triton as LT
     monkeypatch.setattr(LT, "_CALLS", {})
-    (q, k, v), _ = _leaves(((1, 1, 3, 16), (1, 1, 3, 16)), device)
+    (q, k, v), _ = _leaves(((1, 1, 3, 16), (1, 1, 3, 16)), kernel_device)
     with torch.no_grad():
         first = at.activation_triton(q, k, v, activation="sigmoid")
         plans = dict(LT._CALLS)

@@ -21,20 +21,9 @@ from simattn.attention.agent import agent_attention
 from attention_cases import assert_grads_close, error_ratio
 
 pytest.importorskip("triton")
-from simattn.attention import linear_kernels as LK  # noqa: E402 - in the mode conftest set
 
 TOL = 1e-4
 HALF_TOL = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float16: torch.finfo(torch.float16).eps}
-
-
-@pytest.fixture
-def device():
-    """CPU tensors in the interpreter, CUDA ones where the kernels were compiled."""
-    if LK.INTERPRETER:
-        return "cpu"
-    if not torch.cuda.is_available():
-        pytest.skip("the kernels are compiled but there is no CUDA device")
-    return "cuda"
 
 
 CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused qkv, biases
@@ -48,29 +37,29 @@ CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused
 }
 
 
-def _leaves(case, device, dtype=torch.float32, seed=0):
+def _leaves(case, kernel_device, dtype=torch.float32, seed=0):
     """q, k, v (views of one fused projection or three tensors), the biases, and the leaves to differentiate."""
     B, H, grid, prefix, n, d, fused, biases = case
     N = prefix + grid[0] * grid[1]
     gen = torch.Generator().manual_seed(seed)
     if fused:
-        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
+        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(kernel_device, dtype).requires_grad_()
         qkv, leaves = list(leaf.permute(2, 0, 3, 1, 4).unbind(0)), [leaf]
     else:
-        qkv = [torch.randn(B, H, N, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3)]
+        qkv = [torch.randn(B, H, N, d, generator=gen).to(kernel_device, dtype).requires_grad_() for _ in range(3)]
         leaves = list(qkv)
     bias = [None, None]
     if biases:  # the module's shapes: (1, H, n, N) and (1, H, N, n), fp32 parameters
-        bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(device).requires_grad_()
+        bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(kernel_device).requires_grad_()
                 for shape in ((n, N), (N, n))]
         leaves += bias
     return qkv, bias, leaves
 
 
-def _compare(case, device, dtype, tol, autocast=False):
+def _compare(case, kernel_device, dtype, tol, autocast=False):
     B, H, grid, prefix, n, d, fused, biases = case
-    qkv, (b1, b2), leaves = _leaves(case, device, dtype)
-    with torch.autocast(torch.device(device).type, dtype=dtype, enabled=autocast):
+    qkv, (b1, b2), leaves = _leaves(case, kernel_device, dtype)
+    with torch.autocast(torch.device(kernel_device).type, dtype=dtype, enabled=autocast):
         out = agent_attention(*qkv, grid_size=grid, num_prefix_tokens=prefix, agent_num=n, agent_bias=b1,
                               query_bias=b2, backend="triton")
     g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
@@ -89,44 +78,44 @@ def _compare(case, device, dtype, tol, autocast=False):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_forward_and_gradients_match_reference(case, device):
-    _compare(CASES[case], device, torch.float32, TOL)
+def test_forward_and_gradients_match_reference(case, kernel_device):
+    _compare(CASES[case], kernel_device, torch.float32, TOL)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_half_precision_under_autocast_within_one_epsilon(dtype, device):
-    _compare(CASES["prefix_biases"], device, dtype, HALF_TOL[dtype], autocast=True)
+def test_half_precision_under_autocast_within_one_epsilon(dtype, kernel_device):
+    _compare(CASES["prefix_biases"], kernel_device, dtype, HALF_TOL[dtype], autocast=True)
 
 
-def test_module_backend_triton_equals_torch(device):
+def test_module_backend_triton_equals_torch(kernel_device):
     """The module passes ``backend`` through: same parameters, both backends, same output and parameter gradients
     (the depthwise conv and the biases' three parts included)."""
     torch.manual_seed(0)
-    mods = [create_attention("agent", 32, num_heads=2, agent_num=9, window=4, backend=b).to(device)
+    mods = [create_attention("agent", 32, num_heads=2, agent_num=9, window=4, backend=b).to(kernel_device)
             for b in ("torch", "triton")]
     mods[1].load_state_dict(mods[0].state_dict())
-    x = torch.randn(2, 1 + 5 * 4, 32, device=device)
+    x = torch.randn(2, 1 + 5 * 4, 32, device=kernel_device)
     outs = [m(x, grid_size=(5, 4)) for m in mods]
     assert error_ratio(outs[1], outs[0]) <= TOL
     grads = [torch.autograd.grad(o.square().sum(), list(m.parameters())) for o, m in zip(outs, mods)]
     assert_grads_close(grads[1], grads[0], TOL, [n for n, _ in mods[0].named_parameters()], "module")
 
 
-def test_custom_ops_pass_opcheck(device):
+def test_custom_ops_pass_opcheck(kernel_device):
     """Schema, fake implementations and the autograd registration of the four ops, on strided q and k with biases
     that broadcast."""
     gen = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 6, 2, 16, generator=gen).to(device).transpose(1, 2).requires_grad_()
-    agents, agent_v = (torch.randn(1, 2, 4, c, generator=gen).to(device).requires_grad_() for c in (16, 8))
-    bias = torch.randn(2, 6, 4, generator=gen).to(device).requires_grad_()
+    q = torch.randn(1, 6, 2, 16, generator=gen).to(kernel_device).transpose(1, 2).requires_grad_()
+    agents, agent_v = (torch.randn(1, 2, 4, c, generator=gen).to(kernel_device).requires_grad_() for c in (16, 8))
+    bias = torch.randn(2, 6, 4, generator=gen).to(kernel_device).requires_grad_()
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(torch.ops.simattn.agent_broadcast_fwd.default, (q, agents, agent_v, bias, torch.float32),
                           test_utils=checks)
-    g = torch.randn(1, 2, 6, 8, device=device)
+    g = torch.randn(1, 2, 6, 8, device=kernel_device)
     torch.library.opcheck(torch.ops.simattn.agent_broadcast_bwd.default,
                           (g, q.detach(), agents.detach(), agent_v.detach(), bias.detach(), True), test_utils=checks)
     k, v = q.detach().transpose(-1, -2)[..., :4].transpose(-1, -2), agent_v.detach()  # 4 keys, strided
-    key_bias = torch.randn(2, 4, 4, generator=gen).to(device).requires_grad_()
+    key_bias = torch.randn(2, 4, 4, generator=gen).to(kernel_device).requires_grad_()
     torch.library.opcheck(torch.ops.simattn.agent_gather_fwd.default, (agents, k, v, key_bias), test_utils=checks)
     w, lse = torch.ops.simattn.agent_gather_fwd(agents.detach(), k, v, key_bias.detach())
     torch.library.opcheck(torch.ops.simattn.agent_gather_bwd.default,

@@ -151,6 +151,33 @@ def _broadcast_bwd_kernel(q_ptr, a_ptr, w_ptr, bias_ptr, g_ptr, dq_ptr, db_ptr, 
     tl.store(dw_ptr + (parts + at) * e + offs_e[None, :], dw, mask=a_ok[:, None] & e_ok[None, :])
 
 
+@triton.jit
+def _chunk_agents(a_ptr, sab, sah, san, sad, n_a, d, e, n_k, chunk,
+                  BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """(chunk, batch, head) of a program over (chunks, B, H), its chunk's first and end key, its head's agents A
+    (BLOCK_A × BLOCK_D), and the lanes of agents, d and dv with which of them are real."""
+    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    first = part * chunk
+    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
+    agents = _tile(a_ptr + b * sab + h * sah, offs_a, offs_d, san, sad, a_ok, d_ok)
+    return part, b, h, first, tl.minimum(first + chunk, n_k), agents, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok
+
+
+@triton.jit
+def _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok,
+                skn, skd, svn, sve, sba, sbn, c, HAS_BIAS: tl.constexpr, AK_NATIVE: tl.constexpr,
+                UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK: tl.constexpr):
+    """A tile of keys and values (``cols`` of them real) and the agents' logits over it, c A kᵀ + B₁ (fp32)."""
+    k = _tile(k_head, offs_n, offs_d, skn, skd, cols, d_ok)
+    v = _tile(v_head, offs_n, offs_e, svn, sve, cols, e_ok)
+    x = _mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
+    if HAS_BIAS:
+        x += tl.load(bias_head + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
+                     mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
+    return k, v, x
+
+
 @_tuned(CHUNK_CONFIGS)
 @triton.jit
 def _gather_fwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, lse_ptr, H, n_k, n_a, d, e, c, chunk,
@@ -159,25 +186,17 @@ def _gather_fwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, lse_ptr, H, n_k, n_
                        BLOCK_A: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
     """One chunk of ``chunk`` keys of one (batch, head): the chunk's softmax(c A kᵀ + B₁) v and its log-sum-exp per
     agent (contiguous, (chunks, B, H, n, ·), fp32)."""
-    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
-    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
-    agents = _tile(a_ptr + b * sab + h * sah, offs_a, offs_d, san, sad, a_ok, d_ok)
-    k_base, v_base, b_base = b * skb + h * skh, b * svb + h * svh, b * sbb + h * sbh
+    part, b, h, first, end, agents, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok = _chunk_agents(
+        a_ptr, sab, sah, san, sad, n_a, d, e, n_k, chunk, BLOCK_A, BLOCK_D, BLOCK_E)
+    k_head, v_head, bias_head = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh, bias_ptr + b * sbb + h * sbh
     top = tl.full([BLOCK_A], float("-inf"), dtype=tl.float32)
     total = tl.zeros([BLOCK_A], dtype=tl.float32)
     acc = tl.zeros([BLOCK_A, BLOCK_E], dtype=tl.float32)
-    first = part * chunk
-    end = tl.minimum(first + chunk, n_k)
     for start in range(first, end, BLOCK):
         offs_n = start + tl.arange(0, BLOCK)
         cols = offs_n < end
-        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, cols, d_ok)
-        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, cols, e_ok)
-        x = _mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
-        if HAS_BIAS:
-            x += tl.load(bias_ptr + b_base + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
-                         mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
+        k, v, x = _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok,
+                              e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST, PREC, BLOCK_A, BLOCK)
         x = tl.where(cols[None, :], x, float("-inf"))
         new_top = tl.maximum(top, tl.reduce(x, 1, _MAX))
         p = tl.exp(x - new_top[:, None])
@@ -201,28 +220,20 @@ def _gather_bwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, lse_ptr, gw_ptr, dd_ptr, d
     """One chunk of ``chunk`` keys of one (batch, head): dk, dv (and dB₁) of its keys (contiguous, (B, H, ·, ·)) and
     its partial sum of dA (contiguous, (chunks, B, H, n, d), fp32). Reads the log-sum-exp per agent, dW and D
     (contiguous, fp32)."""
-    part, b, h = tl.program_id(0).to(tl.int64), tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64)
+    part, b, h, first, end, agents, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok = _chunk_agents(
+        a_ptr, sab, sah, san, sad, n_a, d, e, n_k, chunk, BLOCK_A, BLOCK_D, BLOCK_E)
     bh = b * H + h
-    offs_a, offs_d, offs_e = tl.arange(0, BLOCK_A), tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-    a_ok, d_ok, e_ok = offs_a < n_a, offs_d < d, offs_e < e
-    agents = _tile(a_ptr + b * sab + h * sah, offs_a, offs_d, san, sad, a_ok, d_ok)
     state = bh * n_a + offs_a.to(tl.int64)
     lse = tl.load(lse_ptr + state, mask=a_ok, other=0.0)
     dd = tl.load(dd_ptr + state, mask=a_ok, other=0.0)
     gw = tl.load(gw_ptr + state[:, None] * e + offs_e[None, :], mask=a_ok[:, None] & e_ok[None, :], other=0.0)
-    k_base, v_base, b_base = b * skb + h * skh, b * svb + h * svh, b * sbb + h * sbh
+    k_head, v_head, bias_head = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh, bias_ptr + b * sbb + h * sbh
     da = tl.zeros([BLOCK_A, BLOCK_D], dtype=tl.float32)
-    first = part * chunk
-    end = tl.minimum(first + chunk, n_k)
     for start in range(first, end, BLOCK):
         offs_n = start + tl.arange(0, BLOCK)
         cols = offs_n < end
-        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, cols, d_ok)
-        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, cols, e_ok)
-        x = _mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
-        if HAS_BIAS:
-            x += tl.load(bias_ptr + b_base + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
-                         mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
+        k, v, x = _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok,
+                              e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST, PREC, BLOCK_A, BLOCK)
         p = tl.where(a_ok[:, None] & cols[None, :], tl.exp(x - lse[:, None]), 0.0)
         dv = _mm(tl.trans(p), gw, tl.zeros([BLOCK, BLOCK_E], dtype=tl.float32), False, UPCAST, PREC)
         dx = p * (_mm(gw, tl.trans(v), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), False, UPCAST, PREC)

@@ -59,20 +59,25 @@ def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
     return parts[0] if parts.shape[0] == 1 else parts.sum(0)
 
 
+def _plan_gather(call, agents, k, v, bias, mode) -> None:
+    """What both aggregation calls set from their inputs: mode, bias shape, chunks, sizes, strides, constexprs."""
+    B, H, n_a, d = agents.shape
+    n_k, e = k.shape[-2], v.shape[-1]
+    call.mode, call.bias_shape = mode, (B, H, n_a, n_k)
+    call.splits, chunk = _chunks(n_k, B * H, mode)
+    call.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
+    call.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, call.bias_shape),
+                    triton.next_power_of_2(chunk))
+    call.consts = dict(_consts(k, agents, mode, e), HAS_BIAS=bias is not None, AK_NATIVE=LT._native(agents, k))
+
+
 class _GatherForward:
     """The aggregation at one signature: W (B, H, n, dv) and its log-sum-exp per agent (B, H, n), fp32; the chunks'
     partial results merged by their log-sum-exps."""
 
     def __init__(self, agents, k, v, bias, mode):
-        B, H, n_a, d = agents.shape
-        n_k, e = k.shape[-2], v.shape[-1]
-        self.mode, self.bias_shape = mode, (B, H, n_a, n_k)
-        self.splits, chunk = _chunks(n_k, B * H, mode)
-        self.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
-        self.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, self.bias_shape),
-                        triton.next_power_of_2(chunk))
-        self.launch = LT._Launch(K._gather_fwd_kernel, (self.splits, B, H), dict(
-            _consts(k, agents, mode, e), HAS_BIAS=bias is not None, AK_NATIVE=LT._native(agents, k)), mode)
+        _plan_gather(self, agents, k, v, bias, mode)
+        self.launch = LT._Launch(K._gather_fwd_kernel, (self.splits, *agents.shape[:2]), self.consts, mode)
 
     def __call__(self, agents, k, v, bias):
         part = (self.splits, *agents.shape[:-1])
@@ -90,16 +95,10 @@ class _GatherBackward:
     """dA, dk, dv (and dB₁) of the aggregation at one signature."""
 
     def __init__(self, agents, k, v, bias, bias_grad: bool, mode):
-        B, H, n_a, d = agents.shape
-        n_k, e = k.shape[-2], v.shape[-1]
-        self.mode, self.bias_grad, self.bias_shape = mode, bias_grad, (B, H, n_a, n_k)
-        self.splits, chunk = _chunks(n_k, B * H, mode)
-        self.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
-        self.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, self.bias_shape),
-                        triton.next_power_of_2(chunk))
-        self.launch = LT._Launch(K._gather_bwd_kernel, (self.splits, B, H), dict(
-            _consts(k, agents, mode, e), HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad,
-            AK_NATIVE=LT._native(agents, k)), mode)
+        _plan_gather(self, agents, k, v, bias, mode)
+        self.bias_grad = bias_grad
+        self.launch = LT._Launch(K._gather_bwd_kernel, (self.splits, *agents.shape[:2]),
+                                 dict(self.consts, BIAS_GRAD=bias_grad), mode)
 
     def __call__(self, gw, w, lse, agents, k, v, bias):
         dev = k.device
