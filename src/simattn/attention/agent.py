@@ -14,7 +14,8 @@ not in the pooling or the conv; their bias is one learned value per head and age
 released DeiT code's class-token bias. All of the attention runs in fp32 (fp64 for fp64 inputs) under autocast;
 every output row is a convex combination of V_A's rows, which are convex combinations of V's, so it stays in V's
 range in any float format. ``backend='triton'`` (``'auto'`` on CUDA) runs both steps on Triton kernels, forward
-and backward, with no n×N tensor in memory (:mod:`simattn.attention.agent_triton`).
+and backward, with no n×N tensor in memory but the biases and their gradients
+(:mod:`simattn.attention.agent_triton`).
 
 Released code (LeapLabTHU/Agent-Attention, ``agent_transformer/models/agent_deit.py`` ``AgentAttention``): run on
 fixed inputs (B 2, N 197 = 1 + 14×14, dim 48, 3 heads, 49 agents, window 14, fp64) with its parameters copied

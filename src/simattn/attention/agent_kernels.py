@@ -1,5 +1,7 @@
 """The Triton kernels of Agent attention, forward and backward: n agents (A, n×d, n ≤ 128: one tile) held per
-program, the N tokens streamed through them, no n×N tensor in memory (the biases aside, which are inputs). c = 1/√d.
+program, the N tokens streamed through them, no n×N tensor in memory but the biases (inputs) and, where a bias
+needs a gradient, that gradient per example (summed over the batch by the host, as autograd sums a broadcast
+bias's). c = 1/√d.
 
 **Aggregation**, W = V_A = softmax(c A Kᵀ + B₁) V (n×dv, a softmax over the N keys per agent): each program
 streams a chunk of the keys with a running maximum per agent, as flash attention's queries do, and writes its

@@ -1,6 +1,6 @@
 """Agent attention on Triton kernels, forward and backward: the aggregation V_A = softmax(A Kᵀ/√d + B₁) V
 (:func:`agent_gather_triton`) and the broadcast O = softmax(Q Aᵀ/√d + B₂) V_A (:func:`agent_broadcast_triton`),
-without an n×N tensor in memory (the biases aside, which are inputs). The kernels and the maths are
+with no n×N tensor in memory but the biases and their gradients. The kernels and the maths are
 :mod:`simattn.attention.agent_kernels`; this module launches them.
 
 Host path, as :mod:`simattn.attention.linear_triton`'s (whose launch modes, plan cache, direct launches and
