@@ -41,7 +41,7 @@ from .soft import add_heads_image, heads_image, infer_grid, token_grid
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
 
-#: the most agents the broadcast kernels hold (one tile)
+#: the most agents the Triton kernels hold (one tile)
 TRITON_MAX_AGENTS = 128
 
 
