@@ -29,15 +29,12 @@ __all__ = ["agent_broadcast_triton", "agent_gather_triton"]
 _CHUNK_LEAST = 256
 
 
-def _bias_view(bias: Optional[torch.Tensor], shape, like: torch.Tensor) -> torch.Tensor:
-    """A bias broadcast to ``shape`` (a view: stride 0 where it broadcasts), or a placeholder pointer for none."""
-    if bias is None:
-        return like
-    return bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(*shape)
-
-
 def _bias_strides(bias: Optional[torch.Tensor], shape) -> tuple:
-    return (0,) * 4 if bias is None else _bias_view(bias, shape, bias).stride()
+    """The strides through which the kernels read a bias as if broadcast to ``shape`` (0 where it broadcasts);
+    they read the bias itself at them, no view made per call."""
+    if bias is None:
+        return (0,) * 4
+    return bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape)).expand(*shape).stride()
 
 
 def _chunks(n: int, bh: int, mode) -> Tuple[int, int]:
@@ -55,8 +52,13 @@ def _consts(x, agents, mode, e: int) -> dict:
                 BLOCK_D=LT._block(x.shape[-1]), BLOCK_E=LT._block(e))
 
 
-def _sum_parts(parts: torch.Tensor) -> torch.Tensor:
-    return parts[0] if parts.shape[0] == 1 else parts.sum(0)
+def _parts(splits: int, shape, like: torch.Tensor) -> torch.Tensor:
+    """An fp32 buffer for ``splits`` chunks' partial sums of a ``shape`` tensor (no chunk axis for one chunk)."""
+    return torch.empty(tuple(shape) if splits == 1 else (splits, *shape), device=like.device, dtype=torch.float32)
+
+
+def _sum_parts(parts: torch.Tensor, splits: int) -> torch.Tensor:
+    return parts if splits == 1 else parts.sum(0)
 
 
 def _plan_gather(call, agents, k, v, bias, mode) -> None:
@@ -80,13 +82,13 @@ class _GatherForward:
         self.launch = LT._Launch(K._gather_fwd_kernel, (self.splits, *agents.shape[:2]), self.consts, mode)
 
     def __call__(self, agents, k, v, bias):
-        part = (self.splits, *agents.shape[:-1])
+        part = (*agents.shape[:-1],) if self.splits == 1 else (self.splits, *agents.shape[:-1])
         w = torch.empty((*part, v.shape[-1]), device=k.device, dtype=torch.float32)
         lse = torch.empty(part, device=k.device, dtype=torch.float32)
         with self.mode.device():
-            self.launch(agents, k, v, _bias_view(bias, self.bias_shape, k), w, lse, *self.sizes, *self.strides)
-        if self.splits == 1:
-            return w[0], lse[0]
+            self.launch(agents, k, v, k if bias is None else bias, w, lse, *self.sizes, *self.strides)
+        if self.splits == 1:  # the one chunk's results are the whole's (written without the chunk axis)
+            return w, lse
         top = torch.logsumexp(lse, 0)
         return (torch.exp(lse - top).unsqueeze(-1) * w).sum(0), top
 
@@ -107,12 +109,12 @@ class _GatherBackward:
         dk = torch.empty(k.shape, device=dev, dtype=k.dtype)
         dv = torch.empty(v.shape, device=dev, dtype=v.dtype)
         db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
-        da = torch.empty((self.splits, *agents.shape), device=dev, dtype=torch.float32)
+        da = _parts(self.splits, agents.shape, k)
         with self.mode.device():
-            self.launch(agents, k, v, _bias_view(bias, self.bias_shape, k), lse.contiguous(), gw, dd, dk, dv, db,
+            self.launch(agents, k, v, k if bias is None else bias, lse.contiguous(), gw, dd, dk, dv, db,
                         da, *self.sizes, *self.strides)
         db = db.sum_to_size(bias.shape).to(bias.dtype) if self.bias_grad else db
-        return _sum_parts(da).to(agents.dtype), dk, dv, db
+        return _sum_parts(da, self.splits).to(agents.dtype), dk, dv, db
 
 
 class _BroadcastForward:
@@ -133,7 +135,7 @@ class _BroadcastForward:
     def __call__(self, q, agents, w, bias):
         out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
         with self.mode.device():
-            self.launch(q, agents, w, _bias_view(bias, self.bias_shape, q), out, *self.sizes, *self.strides)
+            self.launch(q, agents, w, q if bias is None else bias, out, *self.sizes, *self.strides)
         return out
 
 
@@ -157,13 +159,12 @@ class _BroadcastBackward:
         dev = q.device
         dq = torch.empty(q.shape, device=dev, dtype=q.dtype)
         db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
-        da = torch.empty((self.splits, *agents.shape), device=dev, dtype=torch.float32)
-        dw = torch.empty((self.splits, *w.shape), device=dev, dtype=torch.float32)
+        da, dw = _parts(self.splits, agents.shape, q), _parts(self.splits, w.shape, q)
         with self.mode.device():
-            self.launch(q, agents, w, _bias_view(bias, self.bias_shape, q), g, dq, db, da, dw, *self.sizes,
+            self.launch(q, agents, w, q if bias is None else bias, g, dq, db, da, dw, *self.sizes,
                         *self.strides)
         db = db.sum_to_size(bias.shape).to(bias.dtype) if self.bias_grad else db
-        return dq, _sum_parts(da).to(agents.dtype), _sum_parts(dw).to(w.dtype), db
+        return dq, _sum_parts(da, self.splits).to(agents.dtype), _sum_parts(dw, self.splits).to(w.dtype), db
 
 
 def _signature(*tensors) -> tuple:
