@@ -82,6 +82,20 @@ def test_forward_and_gradients_match_reference(case, kernel_device):
     _compare(CASES[case], kernel_device, torch.float32, TOL)
 
 
+def test_given_agents_and_cross_lengths_match_reference(kernel_device):
+    """Agents passed in (16 of them), 20 queries reading 45 keys (2 chunks of the key axis), dv ≠ d."""
+    gen = torch.Generator().manual_seed(5)
+    shapes = ((1, 1, 20, 16), (1, 1, 45, 16), (1, 1, 45, 24), (1, 1, 16, 16))
+    leaves = [torch.randn(*shape, generator=gen).to(kernel_device).requires_grad_() for shape in shapes]
+    out = agent_attention(*leaves[:3], agents=leaves[3], backend="triton")
+    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    ref = R.agent_reference(*hi[:3], (4, 4), agents=hi[3])
+    assert error_ratio(out.cpu(), ref) <= TOL
+    g = torch.randn(ref.shape, dtype=torch.float64, generator=gen)
+    assert_grads_close([a.cpu() for a in torch.autograd.grad(out, leaves, g.to(out))],
+                       torch.autograd.grad(ref, hi, g), TOL, ["q", "k", "v", "agents"], "cross lengths")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 def test_half_precision_under_autocast_within_one_epsilon(dtype, kernel_device):
     _compare(CASES["prefix_biases"], kernel_device, dtype, HALF_TOL[dtype], autocast=True)
