@@ -23,9 +23,8 @@ memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), ELU linear atten
 ``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), the newer linear kinds on
 the same skeleton (``slab_triton``, ``flatten_triton``, ``inline_triton``, ``polaformer_triton``), sigmoid and
 ReLU attention's flash-style Triton kernels (``sigmoid_triton``, ``relu_triton``) and Agent attention in torch
-(``agent``) and with its broadcast step on its Triton kernels (``agent_triton``; N less a square grid's tokens is
-its prefix), forward and forward+backward,
-B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls between CUDA events
+(``agent``) and on its Triton kernels (``agent_triton``; N less a square grid's tokens is its prefix), forward and
+forward+backward, B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls between CUDA events
 (:func:`cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and replayed from a CUDA
 graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the bandwidth achieved on the
 bytes the op must move at least (forward: read q, k, v, write the output; backward: read q, k, v and the output
@@ -262,7 +261,7 @@ def gpu_fns(kinds: List[str]) -> Dict[str, Callable]:
              "flatten_triton": lambda: lambda q, k, v: flatten_attention(q, k, v, backend="triton"),
              "inline_triton": lambda: lambda q, k, v: inline_attention(q, k, v, backend="triton"),
              "polaformer_triton": lambda: lambda q, k, v: polaformer_attention(q, k, v, power=3.0, backend="triton"),
-             # the 49 agents' two softmax stages in torch, or the broadcast on its kernels (the grid inferred from N)
+             # the 49 agents' two softmax steps in torch or on its kernels (the grid inferred from N)
              "agent": lambda: lambda q, k, v: agent_attention(q, k, v, backend="torch"),
              "agent_triton": lambda: lambda q, k, v: agent_attention(q, k, v, backend="triton")}
     return {kind: table[kind]() for kind in kinds}
