@@ -19,21 +19,21 @@ how to measure quietly.
 
 ``--device cuda`` runs the GPU sweep instead (:func:`run_gpu`): SimA in torch (``sima``), under ``torch.compile``
 (``sima_compile``) and as the fused Triton kernels (``sima_triton``) against softmax SDPA with its flash and
-memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), ELU linear attention and XNorm (``elu``,
-``xnorm``: their forward is the same fused kernel's, their forward+backward torch ops), the newer linear kinds on
-the same skeleton (``slab_triton``, ``flatten_triton``, ``inline_triton``, ``polaformer_triton``), sigmoid and
-ReLU attention's flash-style Triton kernels (``sigmoid_triton``, ``relu_triton``) and Agent attention in torch
+memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), ELU linear attention and XNorm (``elu``, ``xnorm``:
+their forward is the same fused kernel's, their forward+backward torch ops), the newer linear kinds on the same
+skeleton (``slab_triton``, ``flatten_triton``, ``inline_triton``, ``polaformer_triton``), sigmoid and ReLU
+attention's flash-style Triton kernels (``sigmoid_triton``, ``relu_triton``) and Agent attention in torch
 (``agent``) and on its Triton kernels (``agent_triton``; N less a square grid's tokens is its prefix), forward and
 forward+backward, B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls
 between CUDA events (:func:`cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and
 replayed from a CUDA graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the
-bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output; backward: read q, k, v and the output
-gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM bandwidth (the op's
-roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that peak the row reaches
-(``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton. ``--write-table PATH`` also writes SimA's
-backend table (:func:`simattn.attention.sima.gpu_table`) with this sweep's points (:func:`table_points`): per pass
-and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``. Without a CUDA device it stops at once with a
-one-line error (exit code 2).
+bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output; backward: read
+q, k, v and the output gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM
+bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that
+peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
+``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.sima.gpu_table`) with this sweep's points
+(:func:`table_points`): per pass and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``. Without a CUDA
+device it stops at once with a one-line error (exit code 2).
 
 ``--host-cost`` measures the host's work per SimA Triton call instead, on CPU (:mod:`simattn.bench.host_cost`).
 """
