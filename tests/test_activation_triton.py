@@ -28,15 +28,15 @@ TOL = 1e-4
 HALF_TOL = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
 
 
-def _leaves(shapes, kernel_device, fused=False, seed=0, dtype=torch.float32):
+def _leaves(shapes, device, fused=False, seed=0, dtype=torch.float32):
     """q, k, v and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection whose
     strided views q, k, v are."""
     gen = torch.Generator().manual_seed(seed)
     (B, H, n_q, d), (_, _, n_k, d_v) = shapes
     if fused:
-        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(kernel_device, dtype).requires_grad_()
+        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
         return leaf.permute(2, 0, 3, 1, 4).unbind(0), [leaf]
-    leaves = [torch.randn(B, H, n, c, generator=gen).to(kernel_device, dtype).requires_grad_()
+    leaves = [torch.randn(B, H, n, c, generator=gen).to(device, dtype).requires_grad_()
               for n, c in ((n_q, d), (n_k, d), (n_k, d_v))]
     return leaves, leaves
 

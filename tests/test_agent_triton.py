@@ -1,5 +1,5 @@
-"""Agent attention with its broadcast step on the Triton kernels (``backend='triton'``) against the plain reference
-(fp64), forward and every gradient (q, k, v and both biases, through the pooled agents). Without CUDA the kernels
+"""Agent attention on its Triton kernels (``backend='triton'``: both steps) against the plain reference (fp64),
+forward and every gradient (q, k, v and both biases, through the pooled agents). Without CUDA the kernels
 run in Triton's interpreter on CPU (``TRITON_INTERPRET=1``, set by conftest.py before they are imported); with
 CUDA compiled on the GPU.
 
@@ -37,29 +37,29 @@ CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused
 }
 
 
-def _leaves(case, kernel_device, dtype=torch.float32, seed=0):
+def _leaves(case, device, dtype=torch.float32, seed=0):
     """q, k, v (views of one fused projection or three tensors), the biases, and the leaves to differentiate."""
     B, H, grid, prefix, n, d, fused, biases = case
     N = prefix + grid[0] * grid[1]
     gen = torch.Generator().manual_seed(seed)
     if fused:
-        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(kernel_device, dtype).requires_grad_()
+        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
         qkv, leaves = list(leaf.permute(2, 0, 3, 1, 4).unbind(0)), [leaf]
     else:
-        qkv = [torch.randn(B, H, N, d, generator=gen).to(kernel_device, dtype).requires_grad_() for _ in range(3)]
+        qkv = [torch.randn(B, H, N, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3)]
         leaves = list(qkv)
     bias = [None, None]
     if biases:  # the module's shapes: (1, H, n, N) and (1, H, N, n), fp32 parameters
-        bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(kernel_device).requires_grad_()
+        bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(device).requires_grad_()
                 for shape in ((n, N), (N, n))]
         leaves += bias
     return qkv, bias, leaves
 
 
-def _compare(case, kernel_device, dtype, tol, autocast=False):
+def _compare(case, device, dtype, tol, autocast=False):
     B, H, grid, prefix, n, d, fused, biases = case
-    qkv, (b1, b2), leaves = _leaves(case, kernel_device, dtype)
-    with torch.autocast(torch.device(kernel_device).type, dtype=dtype, enabled=autocast):
+    qkv, (b1, b2), leaves = _leaves(case, device, dtype)
+    with torch.autocast(torch.device(device).type, dtype=dtype, enabled=autocast):
         out = agent_attention(*qkv, grid_size=grid, num_prefix_tokens=prefix, agent_num=n, agent_bias=b1,
                               query_bias=b2, backend="triton")
     g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
