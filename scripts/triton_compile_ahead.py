@@ -9,7 +9,7 @@ when the sweep starts.
 
 ``--sm90-here`` does the same on a machine without a GPU: every kernel path (SimA forward with and without the
 backward's state, the backward, ELU and XNorm, SLAB and FLatten forward and backward, split and one-tile plans;
-sigmoid and relu attention's flash-style kernels, Agent attention's broadcast kernels, forward and backward) is
+sigmoid and relu attention's flash-style kernels, Agent attention's kernels, forward and backward) is
 compiled for an H100/H200 (sm_90) with Triton's own compiler and ptxas, through the same launch code, so a kernel
 that would not compile on the GPU fails here first. It prints the shared memory each kernel needs.
 
