@@ -11,11 +11,12 @@
 #
 # Usage, from the repo root:  OUT=folder scripts/gpu_check.sh   (default folder runs/gpu_check)
 # Writes 9 files to the folder (what a device loan brings back): summary.txt (GPU, versions, one line per stage
-# with its exit code and seconds), logs.txt (compile-ahead, tests, compile check), attention.txt (the sweeps' logs
-# and tables), attention_b128.json, attention_b8.json, attention_peers_b128.json (the newer kinds against flash), sima_gpu_table.json (copy it to src/simattn/attention/ to
-# let backend 'auto' use it), compile_check.json and model.tgz (the model rows: one bench model folder per stage, and
-# the verdicts, model_check.txt, also in summary.txt). Each stage has its own time limit, so one that hangs cannot
-# eat the loan.
+# with its exit code and seconds, and the verdicts), logs.txt (compile-ahead, tests, compile check), attention.txt
+# (the sweeps' logs and tables), attention_b128.json, attention_b8.json, attention_peers_b128.json (the newer kinds
+# against flash, with scripts/gpu_peers_check.py's verdicts in summary.txt), sima_gpu_table.json (copy it to
+# src/simattn/attention/ to let backend 'auto' use it), compile_check.json and model.tgz (the model rows: one bench
+# model folder per stage, and the verdicts, model_check.txt, also in summary.txt). Each stage has its own time
+# limit, so one that hangs cannot eat the loan.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/gpu_check}"
@@ -56,13 +57,15 @@ for B in 128 8; do
         --output "$OUT/attention_b$B.json" --write-table "$OUT/sima_gpu_table.json"
 done
 # the newer kinds against flash where their acceptance is set (B 128, N >= 577 for the linear ones, every N for
-# sigmoid attention); their kernels compile inside the stage (the warm-up calls), hence its longer limit
+# sigmoid attention; scripts/gpu_peers_check.py's verdicts); their kernels compile inside the stage (the warm-up
+# calls), hence its longer limit
 stage "attention peers B=128" 90 "$OUT/attention.txt" "$PY" -m simattn bench attention --device cuda \
     --heads 6 --head-dim 64 --batch 128 --tokens 197 577 1025 4097 --dtype bfloat16 \
     --kinds sdpa_flash slab_triton flatten_triton inline_triton polaformer_triton sigmoid_triton relu_triton agent \
     agent_triton \
     --repeats 10 --rounds 1 --output "$OUT/attention_peers_b128.json"
 grep -v "^  " "$OUT/attention.txt"
+"$PY" scripts/gpu_peers_check.py "$OUT/attention_peers_b128.json" 2>&1 | tee -a "$OUT/summary.txt"
 
 # the tests check results, not speed: one launch configuration per kernel (each shape compiles once), spread over
 # processes so compiles run in parallel; -o addopts: the suite's own options need plugins the GPU machine may lack.
@@ -90,9 +93,10 @@ for mode in default reduce-overhead; do
 done
 # (one inductor compile thread: its pool of compile processes outlives the test, which the suite counts as a leak)
 # The newer kinds' kernel tests run on the GPU whole (their device fixture gives CUDA tensors where compiled).
-stage tests 160 "$OUT/tests.log" env SIMATTN_TRITON_AUTOTUNE=0 TORCHINDUCTOR_COMPILE_THREADS=1 "$PY" -m pytest -q -o addopts="-ra" \
-    -p no:randomly -p no:cacheprovider -n 8 --dist load tests/test_sima_cuda.py tests/test_sima_triton.py \
-    tests/test_activation_triton.py tests/test_agent_triton.py tests/test_linear_kinds_triton.py \
+stage tests 160 "$OUT/tests.log" env SIMATTN_TRITON_AUTOTUNE=0 TORCHINDUCTOR_COMPILE_THREADS=1 \
+    "$PY" -m pytest -q -o addopts="-ra" -p no:randomly -p no:cacheprovider -n 8 --dist load \
+    tests/test_sima_cuda.py tests/test_sima_triton.py tests/test_activation_triton.py tests/test_agent_triton.py \
+    tests/test_linear_kinds_triton.py \
     -k "cuda or activation_triton or agent_triton or linear_kinds_triton"
 wait
 cat "$OUT/tests.log" "$OUT/compile_check.log" >> "$OUT/logs.txt" && rm -f "$OUT/tests.log" "$OUT/compile_check.log"
