@@ -249,8 +249,15 @@ def kernels_chosen(owner: str, backend: str, q: torch.Tensor, refusal: Callable[
     return why is None
 
 
-#: the ``backend`` choices of the linear kinds on the fused kernels
-LINEAR_BACKENDS = ("auto", "torch", "triton")
+#: the ``backend`` choices of the kinds with Triton kernels
+BACKENDS = ("auto", "torch", "triton")
+
+
+def check_backend(owner: str, backend: str) -> str:
+    """``backend`` if it is one of :data:`BACKENDS`, else a one-line ValueError naming ``owner``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    return backend
 
 
 def linear_triton_chosen(name: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -258,8 +265,7 @@ def linear_triton_chosen(name: str, backend: str, q: torch.Tensor, k: torch.Tens
     """Whether a linear kind's call runs the fused kernels: ``'triton'`` always, forward and backward (else a
     one-line ValueError saying why it cannot), ``'torch'`` never, ``'auto'`` where a forward-only kernel serves it
     (:func:`triton_forward_applies`)."""
-    if backend not in LINEAR_BACKENDS:
-        raise ValueError(f"{name}: unknown backend {backend!r}; expected one of {', '.join(LINEAR_BACKENDS)}")
+    check_backend(name, backend)
     if backend == "triton":
         refusal = triton_refusal(q, k, v)
         if refusal is not None:

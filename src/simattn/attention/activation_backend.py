@@ -7,20 +7,12 @@ from typing import Optional
 
 import torch
 
-from ._common import kernels_chosen, triton_refusal
+from ._common import check_backend, kernels_chosen, triton_refusal
 
-__all__ = ["ACTIVATION_BACKENDS", "TRITON_ACTIVATIONS", "activation_refusal", "check_backend", "runs_triton"]
+__all__ = ["TRITON_ACTIVATIONS", "activation_refusal", "runs_triton"]
 
-#: the ``backend`` values of the kinds
-ACTIVATION_BACKENDS = ("auto", "torch", "triton")
 #: the h the kernels compute (``activation_triton.TRITON_H``)
 TRITON_ACTIVATIONS = ("relu", "sigmoid")
-
-
-def check_backend(owner: str, backend: str) -> str:
-    if backend not in ACTIVATION_BACKENDS:
-        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(ACTIVATION_BACKENDS)}")
-    return backend
 
 
 def activation_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str) -> Optional[str]:

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import check_count, check_qkv, kernels_chosen, matmul_dtype, no_autocast, triton_refusal
+from ._common import (check_backend, check_count, check_qkv, kernels_chosen, matmul_dtype, no_autocast,
+                      triton_refusal)
 from ._registry import register_attention
-from .activation_backend import check_backend
 from .base import TokenAttention
 from .reference import agent_reference as agent_attention_reference
 from .soft import add_heads_image, heads_image, infer_grid, token_grid

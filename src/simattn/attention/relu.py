@@ -6,10 +6,10 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv, check_token_mask,
-                      no_autocast, range_safe_dtype)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_backend, check_finite, check_qkv,
+                      check_token_mask, no_autocast, range_safe_dtype)
 from ._registry import register_attention
-from .activation_backend import check_backend, runs_triton
+from .activation_backend import runs_triton
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
 

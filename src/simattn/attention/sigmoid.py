@@ -25,9 +25,10 @@ from typing import Optional
 
 import torch
 
-from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_token_mask, no_autocast, range_safe_dtype
+from ._common import (HookPoint, acc_dtype, check_backend, check_finite, check_qkv, check_token_mask, no_autocast,
+                      range_safe_dtype)
 from ._registry import register_attention
-from .activation_backend import check_backend, runs_triton
+from .activation_backend import runs_triton
 from .base import TokenAttention
 from .reference import sigmoid_reference as sigmoid_attention_reference
 
