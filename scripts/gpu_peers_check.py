@@ -51,8 +51,8 @@ def main(argv: List[str]) -> int:
         print("usage: python scripts/gpu_peers_check.py attention_peers_b128.json", file=sys.stderr)
         return 2
     path = Path(argv[0])
-    if not path.exists():
-        print(f"FAIL: no {path} (see the sweep's log)")
+    if not path.is_file():
+        print(f"FAIL: no file {path} (see the sweep's log)")
         return 1
     lines = verdict_lines(json.loads(path.read_text())["results"])
     print("\n".join(lines))
