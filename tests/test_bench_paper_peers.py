@@ -1,6 +1,10 @@
-"""``bench paper --only peers``'s assembly from stand-in measurements: the digits check (non-finite steps, the margin
-to softmax), the rows joined by kind beside the papers' DeiT-T figures, the Markdown, the plot and the options.
-(The measurements themselves are paper_tables' functions, tested in test_bench_paper_tables.py.)"""
+"""``bench paper --only peers``'s assembly from stand-in measurements: the digits check (non-finite steps, the floor
+above chance, the margin to softmax), the rows joined by kind beside the papers' DeiT-T figures, the Markdown, the
+plot, the options, and the command's exit code and --overwrite with its training and export stubbed. (The
+measurements themselves are paper_tables' functions, tested in test_bench_paper_tables.py.)"""
+import json
+from pathlib import Path
+
 import pytest
 
 import simattn  # noqa: F401  (registers the models)
@@ -10,7 +14,7 @@ from fitted_heads import fit_head
 
 
 def _digits(kind, top1, **run):
-    runs = [{"seed": s, "top1": t, "nonfinite_skipped": 0, **run} for s, t in enumerate(top1)]
+    runs = [{"seed": s, "top1": t, "nonfinite_skipped": 0, "num_classes": 10, **run} for s, t in enumerate(top1)]
     return {"kind": kind, "top1_mean": sum(top1) / len(top1) if top1 else None, "top1_spread": 1.0,
             "seeds": len(runs), "failed": 0, "runs": runs}
 
@@ -145,3 +149,126 @@ def test_deploy_judges_each_file_against_the_checkpoint_and_names_a_failed_expor
     assert (slab["onnx_top1"], slab["executorch_top1"], slab["executorch_not_delegated"]) == (80.0, 79.7, 4)
     assert slab["deploy_matches"] is False  # 0.3 points: more than one image of 359
     assert agent["deploy_error"] == "onnx export failed: could not export: boom" and not agent["deploy_matches"]
+
+
+def test_digits_check_fails_a_kind_near_chance_and_everything_when_softmax_did_not_learn():
+    """Within the margin of softmax means nothing near chance (10 % on digits): a kind under chance + 40 points
+    fails, named, whatever softmax got; softmax under it fails every kind."""
+    quick = pp.digits_check([_digits("softmax", [10.0, 14.8]), _digits("agent", [10.3, 10.3])])
+    assert not any(r["passes"] for r in quick)
+    by = {r["kind"]: r for r in quick}
+    assert by["softmax"]["floor"] == pytest.approx(50.0)
+    assert "softmax itself did not learn" in by["softmax"]["check"] and "under 50 %" in by["softmax"]["check"]
+    assert "softmax itself did not learn" in by["agent"]["check"]
+    assert pp.peers_failures(digits=quick) == [
+        "peers digits: every kind (softmax: top-1 12.4 % is under 50 % (chance + 40): softmax itself did not learn; "
+        "no kind is compared with it)"]
+    short = {r["kind"]: r for r in pp.digits_check([_digits("softmax", [58.0]), _digits("agent", [48.5]),
+                                                     _digits("inline", [52.0])])}
+    assert short["softmax"]["passes"] and short["inline"]["passes"]
+    assert not short["agent"]["passes"] and short["agent"]["gap_to_softmax"] == pytest.approx(-9.5)
+    assert pp.peers_failures(digits=short.values()) == ["peers digits: agent (top-1 48.5 % is under 50 % (chance "
+                                                        "+ 40))"]
+    assert "FAIL: top-1 48.5 %" in pp.peers_markdown(pp.peers_records(["softmax", "agent"], digits=short.values()),
+                                                     [], "paper_digits_cpu", [0])
+
+
+def test_plot_draws_only_the_panels_with_data(tmp_path):
+    """Costs alone have no panel: no figure; digits alone: one panel (one panel's width), no empty one beside."""
+    import matplotlib.image
+
+    costs = [{"kind": "softmax", "params_m": 5.7, "gmacs": 1.26}, {"kind": "agent", "params_m": 6.3, "gmacs": 1.14}]
+    assert pp.plot_peers(pp.peers_records(["softmax", "agent"], costs), tmp_path / "costs.png", "costs") == []
+    assert not (tmp_path / "costs.png").exists()
+    digits = pp.digits_check([_digits("softmax", [92.0]), _digits("agent", [45.0])])
+    rows = pp.peers_records(["softmax", "agent"], costs, digits=digits)
+    assert pp.plot_peers(rows, tmp_path / "digits.png", "digits") == ["digits"]
+    assert matplotlib.image.imread(tmp_path / "digits.png").shape[1] == 6.5 * 120  # one 6.5-inch panel, 120 dpi
+
+
+def test_every_deit_t_figure_a_readme_states_is_beside_the_measured_one():
+    """Agent's and InLine's READMEs give DeiT-T's params, GMACs (their FLOPs count a multiply-add once) and top-1;
+    SLAB's gives top-1 only; FLatten, PolaFormer and sigmoid attention have no DeiT-T row."""
+    stated = {"agent": (6.0, 1.2, 74.9), "inline": (6.5, 1.1, 74.5), "slab": (None, None, 74.3)}
+    assert {k: (p.params_m, p.gflops, p.top1) for k, p in pp.PEER_PAPERS.items() if k in stated} == stated
+    rows = pp.peers_records(["inline"], [{"kind": "inline", "params_m": 6.47, "gmacs": 1.105}])
+    assert rows[0]["paper_gflops"] == 1.1 and rows[0]["gmacs_gap_pct"] == pytest.approx(0.45, abs=0.01)
+    notes = pp.peer_notes(["inline", "slab"])
+    assert len(notes) == 1 and "not recorded" not in notes[0] and notes[0].startswith("slab: ")
+
+
+def _stub_training_and_deploy(monkeypatch, top1, failing_export=()):
+    """Digits training that writes stand-in weights and returns ``top1`` per kind, an export that fails for the
+    kinds in ``failing_export`` as a missing package does, and a validation that scores every file 90 %."""
+    import json
+
+    import simattn.export.cli as export_cli
+    import simattn.validate as validate
+    from simattn.bench import paper_tables
+
+    def run_digits(kinds, seeds, out, recipe, overrides):
+        for kind in kinds:
+            (out / kind / "seed0").mkdir(parents=True)
+            (out / kind / "seed0" / "final.safetensors").write_bytes(b"stand-in")
+        return [_digits(kind, [top1[kind]]) for kind in kinds], []
+
+    def export(argv):
+        out = argv[argv.index("-o") + 1]
+        if any(f"/{kind}/" in out for kind in failing_export):
+            print("error: onnx export needs onnxscript, which is not installed")
+            return 2
+        Path(out).write_bytes(b"stand-in")
+        Path(out + ".json").write_text(json.dumps({"audit": {"exp_like_count": 0},
+                                                   "delegation": {"not_delegated": {}}}))
+        return 0
+
+    monkeypatch.setattr(paper_tables, "run_digits", run_digits)
+    monkeypatch.setattr(export_cli, "main", export)
+    monkeypatch.setattr(validate, "validate_weights", lambda path, **kw: {"top1": 90.0})
+
+
+PEERS = ["bench", "paper", "--only", "peers", "--peers-parts", "digits", "deploy", "--peers-formats", "onnx",
+         "--digits-seeds", "0", "--threads", "1"]
+
+
+def test_a_failed_part_writes_the_table_then_exits_1_naming_it(tmp_path, monkeypatch, capsys):
+    from simattn.cli import main as simattn_main
+
+    _stub_training_and_deploy(monkeypatch, {"softmax": 10.0, "agent": 10.3}, failing_export=["agent"])
+    out = tmp_path / "paper"
+    assert simattn_main([*PEERS, "--peers-kinds", "agent", "--out", str(out)]) == 1
+    line = [x for x in capsys.readouterr().err.splitlines() if x.startswith("simattn bench paper")]
+    assert line == ["simattn bench paper: failed: peers digits: every kind (softmax: top-1 10.0 % is under 50 % "
+                    "(chance + 40): softmax itself did not learn; no kind is compared with it); peers deploy: agent "
+                    "(onnx export failed: error: onnx export needs onnxscript, which is not installed)"]
+    rows = {r["kind"]: r for r in json.loads((out / "peers.json").read_text())["rows"]}
+    assert rows["agent"]["passes"] is False and rows["softmax"]["deploy_matches"] is True
+    assert "## Failed" in (out / "paper.md").read_text() and (out / "peers.csv").is_file()
+
+
+def test_overwrite_replaces_the_earlier_results_whole(tmp_path, monkeypatch, capsys):
+    """An earlier run's folders of kinds this run does not train are gone, so is its figure when this run draws none
+    (drawing stubbed: seconds saved), nothing is left aside, and a failed part does not bring the earlier files back;
+    a file the command never writes is refused, not removed."""
+    from simattn.cli import main as simattn_main
+
+    out = tmp_path / "paper"
+    for old in ("peers_digits/inline/seed0/final.safetensors", "peers_deploy/inline/model.onnx", "peers.png",
+                "table3.json"):
+        (out / old).parent.mkdir(parents=True, exist_ok=True)
+        (out / old).write_bytes(b"earlier run")
+    _stub_training_and_deploy(monkeypatch, {"softmax": 92.0, "agent": 60.0})
+    monkeypatch.setattr(pp, "plot_peers", lambda rows, path, title: [])
+    code = simattn_main([*PEERS, "--peers-kinds", "agent", "--out", str(out), "--overwrite"])
+    assert sorted(p.name for p in out.iterdir()) == ["paper.md", "peers.csv", "peers.json", "peers_deploy",
+                                                     "peers_digits"]
+    assert code == 1  # agent 32 points below softmax
+    assert sorted(p.name for p in (out / "peers_digits").iterdir()) == ["agent", "softmax"]
+    assert sorted(p.name for p in (out / "peers_deploy").iterdir()) == ["agent", "softmax"]
+    assert json.loads((out / "peers.json").read_text())["failed"] == ["peers digits: agent (32.0 points below "
+                                                                      "softmax)"]
+    assert "![peers]" not in (out / "paper.md").read_text()
+    (out / "notes.txt").write_text("the user's")
+    assert simattn_main([*PEERS, "--out", str(out), "--overwrite"]) == 2
+    assert "notes.txt, which this command does not write" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "the user's" and (out / "peers_digits" / "agent").is_dir()

@@ -25,6 +25,8 @@ comparison that carries across machines. The full run covers the paper's ranges 
 (every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
 ``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs),
 ``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``, ``peers_deploy/<kind>/``: the exported files).
+A part that ran but failed (a worker's error, a kind failing the peers check, an export) still writes its files; the
+command then names it in one line and exits 1. ``--overwrite`` replaces all of these whole (:data:`PAPER_FILES`).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from torch import nn
 
 from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
 from ..attention.elu import elu_attention_reference
+from ..utils.runs import claim_run_folder, settle_replaced
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model.spec import BenchSpec
 from .model.workers import run_specs
@@ -475,13 +478,13 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any], threads: int
-                        ) -> Tuple[List[str], bool]:
+                        ) -> Tuple[List[str], List[str]]:
     """Run the comparison parts in ``args.only`` (:mod:`simattn.bench.paper_tables`), write their files, and
-    return their report sections and whether a run failed."""
+    return their report sections and what failed in them (one entry per part, naming the runs)."""
     from . import paper_tables as pt
 
     sections: List[str] = []
-    failed = False
+    failed: List[str] = []
     machine = f"{meta.get('cpu_name') or meta['cpu']}, {threads} thread{'' if threads == 1 else 's'}"
     if "table2" in args.only:
         records, notes = pt.run_table2()
@@ -492,7 +495,7 @@ def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any
     if "table1" in args.only:
         records, notes = pt.run_table1(batch=args.table1_batch, threads=threads, device=args.device,
                                        repeats=2 if args.quick else 5, timeout=args.timeout)
-        failed = failed or any(r["error"] for r in records)
+        failed += _failed("table1", [f"{r['model']} ({r['error']})" for r in records if r["error"]])
         write_json({"meta": meta, "rows": records, "notes": notes}, out / "table1.json")
         write_csv(records, out / "table1.csv")
         sections += [f"## SOFT Table 1: the Tiny pyramid per kind ({machine})", "",
@@ -521,13 +524,21 @@ def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any
         sections += [f"## Every kind on the embedded digits ({machine})", "",
                      pt.digits_markdown(records, notes, args.digits_recipe, args.digits_seeds), ""]
     if "peers" in args.only:
-        sections += peers_section(args, out, meta, machine)
+        more, peers_failed = peers_section(args, out, meta, machine)
+        sections += more
+        failed += peers_failed
     return sections, failed
 
 
-def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], machine: str) -> List[str]:
-    """Run the peers part (:mod:`simattn.bench.paper_peers`), write ``peers.{json,csv,png}`` and return its report
-    section."""
+def _failed(part: str, what: List[str]) -> List[str]:
+    return [f"{part}: {', '.join(what)}"] if what else []
+
+
+def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], machine: str
+                  ) -> Tuple[List[str], List[str]]:
+    """Run the peers part (:mod:`simattn.bench.paper_peers`), write ``peers.{json,csv}`` and, where a part drew
+    one, ``peers.png``; return its report section and what failed (:func:`~simattn.bench.paper_peers.peers_failures`).
+    """
     from . import paper_peers as pp
 
     kinds, notes = pp.registered_kinds(args.peers_kinds)
@@ -551,12 +562,17 @@ def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], mac
         deployed = pp.run_peer_deploy(kinds, out / "peers_digits", args.digits_seeds[0], out / "peers_deploy",
                                       args.peers_formats)
     rows = pp.peers_records(kinds, costs, latency, digits, deployed)
-    write_json({"meta": meta, "rows": rows, "notes": notes, "digits_runs": digits}, out / "peers.json")
+    failed = pp.peers_failures(costs, latency, digits, deployed)
+    if args.quick:
+        failed = [f + (" (--quick trains 2 updates per kind, too few to learn digits: the check needs a run without "
+                       "--quick)" if f.startswith("peers digits") else "") for f in failed]
+    write_json({"meta": meta, "rows": rows, "notes": notes, "digits_runs": digits, "failed": failed},
+               out / "peers.json")
     write_csv(rows, out / "peers.csv")
     title = f"every attention kind at DeiT-T and on digits ({machine})"
-    pp.plot_peers(rows, out / "peers.png", title)
+    drawn = pp.plot_peers(rows, out / "peers.png", title)
     return [f"## Peers: {title}", "", pp.peers_markdown(rows, notes, args.digits_recipe, args.digits_seeds), "",
-            "![peers](peers.png)", ""]
+            *(["![peers](peers.png)", ""] if drawn else [])], failed
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -573,7 +589,28 @@ def main(argv: Optional[List[str]] = None) -> int:
                     f"thread{'' if threads == 1 else 's'}, torch "
                     f"{meta['torch']}. "
                     f"Command: `{meta['command']}`", ""]
-    failed = False
+    if args.overwrite:
+        # the earlier results go whole (run folders under digits/ and peers_*/ too, which a run of other kinds or
+        # seeds would leave beside the new ones): moved aside, and put back if this command stops half-way
+        claim_run_folder(out, overwrite=True, replaced=PAPER_FILES, clean=False, lock=False)
+    try:
+        failed = _run_parts(args, out, meta, threads, sections)
+    except BaseException:
+        settle_replaced(False)
+        raise
+    # every result is written: a failed part is a finding in them, not a half-done run, so the replaced files go
+    settle_replaced(True)
+    if failed:  # the whole list is in paper.md
+        from ..commands import MAX_MESSAGE, bounded
+        print(bounded(f"simattn bench paper: failed: {'; '.join(failed)}", MAX_MESSAGE), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _run_parts(args: argparse.Namespace, out: Path, meta: Dict[str, Any], threads: int,
+               sections: List[str]) -> List[str]:
+    """Run the parts in ``args.only``, write their files and ``paper.md`` (``sections`` first); return what failed.
+    """
+    failed: List[str] = []
     if "table3" in args.only:
         records = run_table3(table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5,
                              repeats=args.repeats, rounds=args.rounds)
@@ -584,7 +621,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                      "![table 3](table3.png)", ""]
     if "figure_a1" in args.only:
         records, notes = run_figure_a1(args, threads)
-        failed = any(r["error"] for r in records)
+        failed += _failed("figure_a1", [f"{r['label']} at {r['x']} ({r['error']})" for r in records if r["error"]])
         write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure_a1.json")
         write_csv(records, out / "figure_a1.csv")
         plot_figure_a1(records, out / "figure_a1.png", args.batch, args.device)
@@ -592,12 +629,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                      figure_a1_markdown(records, notes), "", "![figure A1](figure_a1.png)", ""]
     more, comparison_failed = comparison_sections(args, out, meta, threads)
     sections += more
-    failed = failed or comparison_failed
+    failed += comparison_failed
+    if failed:
+        sections += ["## Failed", "", *(f"- {f}" for f in failed), ""]
     report = "\n".join(sections)
     write_text(report, out / "paper.md")
     print(report)
     print(f"wrote {out}/paper.md and its tables and figures")
-    return 1 if failed else 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -494,7 +494,9 @@ def run_digits(kinds: Sequence[str], seeds: Sequence[int], out: Path, recipe: st
             runs.setdefault(kind, []).append({"seed": seed, "error": str(e).splitlines()[0]})
             continue
         runs.setdefault(kind, []).append({"seed": seed, "top1": summary["final"]["top1"],
-                                          "nonfinite_skipped": summary.get("nonfinite_skipped", 0)})
+                                          "nonfinite_skipped": summary.get("nonfinite_skipped", 0),
+                                          # what chance is on this recipe's data (the peers check's floor)
+                                          "num_classes": (summary.get("model_kwargs") or {}).get("num_classes")})
     records = []
     for kind, done in runs.items():
         top1 = [r["top1"] for r in done if "top1" in r]
