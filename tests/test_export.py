@@ -85,7 +85,7 @@ def test_real_inputs_are_checked_too(sima_relu, tmp_path):
     from simattn.export.checks import real_inputs
     model, result, _ = sima_relu
     real = real_inputs({"input_size": (3, 32, 32), "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)})
-    assert real["digits_val_8"].shape == (8, 3, 32, 32) and real["photo_astronaut"].shape == (1, 3, 32, 32)
+    assert real["digits_val_8"].shape == (8, 3, 32, 32) and real["photo_china"].shape == (1, 3, 32, 32)
     parity = check_parity(model, ort_session(result.path), real, ATOL)
     assert all(r["ok"] for r in parity.values()), parity
 

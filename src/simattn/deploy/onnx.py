@@ -66,8 +66,12 @@ class ExportResult:
 
 
 def check_opset(opset: int) -> Optional[str]:
-    """None when the installed onnx knows ``opset``, else what is allowed (an option check)."""
-    from onnx.defs import onnx_opset_version
+    """None when the installed onnx knows ``opset`` (or onnx is not installed: the option is checked for every
+    format, and ONNX's own export names the missing package), else what is allowed (an option check)."""
+    try:
+        from onnx.defs import onnx_opset_version
+    except ImportError:
+        return None
     if opset > onnx_opset_version():
         return f"allowed: 18 to {onnx_opset_version()} (the newest opset the installed onnx knows)"
     return None

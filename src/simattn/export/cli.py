@@ -168,6 +168,15 @@ def _output_format(name: Optional[str], output: Optional[str]):
     return deploy.get(name) if name is not None else by_suffix or deploy.get("onnx")
 
 
+def _format_words(fmt, given: Optional[str], output: Optional[str]) -> str:
+    """How the command chose ``fmt``, for a message: as typed, from ``-o``'s suffix, or by default."""
+    if given is not None:
+        return f"simattn export --format {given}"
+    if output:
+        return f"simattn export -o {output} (format {fmt.name}, from its suffix)"
+    return f"simattn export (format {fmt.name}, the default)"
+
+
 def _check_suffix(fmt, output: Path) -> None:
     """``-o`` ends with a suffix of ``--format`` (a one-line ValueError naming the format the suffix belongs to)."""
     from .. import deploy
@@ -200,7 +209,8 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     from ..utils.recipe import checked_flags
     for specs in _options().values():
         vars(args).update(checked_flags(args, specs))
-    fmt = _output_format(args.format, args.output)
+    given = args.format
+    fmt = _output_format(given, args.output)
     args.format = fmt.name
     name, mode = fmt.name, args.quantize
     if mode is not None and mode not in fmt.quantize_modes:
@@ -247,6 +257,8 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
         raise ValueError(f"--calib-dir {args.calib_dir}: the calibration data is "
                          f"{args.calib_data or 'digits (the default)'}, which reads no folder; name the data in it "
                          "with --calib-data (folder, imagenet, cifar10 or cifar100)")
+    # a missing runtime: one line naming its extra, after the option checks and before any work (opening data)
+    fmt.require(_format_words(fmt, given, args.output))
     calibration = None
     if mode == "static" and segmentation is not None:
         from ..segment.validation import open_segmentation_dataset
@@ -265,7 +277,6 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
                              "--calib-dir name other images)") from None
     elif args.calib_dir is not None:
         raise ValueError("--calib-dir applies to --quantize static only")
-    fmt.require(f"simattn export --format {name}")  # a missing package: one line naming its extra, before any work
     return {"format": fmt, "quantize": mode, "output": output, "calibration": calibration,
             "calibration_name": calib_name, "segmentation": segmentation}
 
@@ -559,9 +570,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     except ModuleNotFoundError as e:
         top = (e.name or "").split(".")[0]
-        if top in EXTRAS:
-            print(f"simattn export: error: {missing_extra(top, f'simattn export --format {args.format}')}",
-                  file=sys.stderr)
+        if top in EXTRAS:  # a package the format's own require does not list, or one of another step
+            what = "simattn export" + (f" --format {args.format}" if args.format else "")
+            print(f"simattn export: error: {missing_extra(top, what)}", file=sys.stderr)
             return 2
         raise
 
