@@ -161,6 +161,7 @@ class AgentAttention(TokenAttention):
     supports_cross_length = False
     uses_grid = True
     attend_uses_grid = True
+    layout_options = ("num_prefix_tokens",)
 
     def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49, window: int = 14,
                  block_bias_size: int = 7, dwc_kernel: int = 3, num_prefix_tokens: Optional[int] = None,

@@ -54,6 +54,10 @@ class TokenAttention(nn.Module):
     #: Whether the constructor takes ``ratio``: a ratio×ratio reduction of the key grid (SOFT's and Nyströmformer's
     #: landmarks, Linformer's key projection); the SOFT pyramid sets it per stage, as SOFT's Table 1 does.
     takes_reduction_ratio: bool = False
+    #: Constructor options a model fills in from its token layout, whichever kind it was built for:
+    #: ``num_prefix_tokens`` (the class and register tokens before the grid), ``pos_grid`` (the grid a learned key
+    #: encoding is made for, where the model has one).
+    layout_options: Tuple[str, ...] = ()
     #: How many exp-like evaluations one call makes, in SimA's Table 2 classes for H heads, N tokens, D = H·d
     #: channels: ``'HN²'`` (every query-key pair), ``'HN'`` (every token against a fixed number of landmarks or
     #: projected keys), ``'ND'`` (one per token and channel or random feature), ``'Hd²'`` (per head, the d×d channel

@@ -84,6 +84,7 @@ class GridLinearAttention(TokenAttention):
     uses_grid = True
     attend_uses_grid = True
     exp_complexity = "0"
+    layout_options = ("num_prefix_tokens", "pos_grid")
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwc_kernel: int = 5,
                  pos_grid: Optional[Sequence[int]] = None, num_prefix_tokens: Optional[int] = None,

@@ -55,6 +55,9 @@ def check_model_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
     if isinstance(img, int) and isinstance(patch, int) and img % patch:
         raise ValueError(f"{model}: patch_size={patch} does not divide img_size={img}; allowed: an image size that is "
                          f"a multiple of the patch size (e.g. {img - img % patch or patch})")
+    if isinstance(img, int) and isinstance(patch, int) and img < 2 * patch:
+        raise ValueError(f"{model}: img_size={img} makes {img // patch}x{img // patch} patch(es) of {patch} px; the "
+                         f"attention needs at least 2x2: img_size >= {2 * patch} or patch_size <= {max(1, img // 2)}")
     dim, heads = _first(kwargs.get("embed_dim")), _first(kwargs.get("num_heads"))
     if isinstance(dim, int) and isinstance(heads, int) and dim % heads:
         raise ValueError(f"{model}: embed_dim={dim} is not a multiple of num_heads={heads}")

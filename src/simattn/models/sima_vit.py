@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from functools import partial
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -27,6 +27,7 @@ from timm.models.vision_transformer import VisionTransformer, get_init_weights_v
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
 from ._checks import check_model_kwargs, image_batch_error
+from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
@@ -75,6 +76,10 @@ class SoftmaxFreeViT(VisionTransformer):
         ph, pw = self.patch_embed.patch_size
         if x.shape[-2] % ph or x.shape[-1] % pw:
             raise ValueError(f"input size {tuple(x.shape[-2:])} is not divisible by patch size {(ph, pw)}")
+        if x.shape[-2] < 2 * ph or x.shape[-1] < 2 * pw:
+            raise ValueError(f"input size {tuple(x.shape[-2:])} makes fewer than 2x2 patches of {(ph, pw)} px; the "
+                             f"attention needs a grid: feed at least {(2 * ph, 2 * pw)} px or build the model with a "
+                             "smaller patch_size")
 
     def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None,
                          is_causal: bool = False) -> torch.Tensor:
@@ -134,13 +139,21 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -
 
 
 def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
-            attn_kwargs: Optional[Dict[str, Any]] = None, **kwargs) -> VisionTransformer:
+            attn_kwargs: Optional[Dict[str, Any]] = None, own_attn: Optional[Tuple[str, Dict[str, Any]]] = None,
+            layout: Optional[Dict[str, Any]] = None, **kwargs) -> VisionTransformer:
+    """``own_attn``: the kind the model is made for and its options (which fall away for another ``attn_type``);
+    ``layout``: facts of the token layout beside the prefix tokens, for the kinds that take them."""
     check_model_kwargs(variant, kwargs)
     kwargs.setdefault("dynamic_img_size", True)
     out_indices = kwargs.pop("out_indices", 3)
+    own_kind, own_options = own_attn or (attn_type, None)
+    # the prefix tokens are known here: a grid that is not square fails clearly instead of being guessed
+    layout = {"num_prefix_tokens": int(kwargs.get("class_token", True)) + int(kwargs.get("reg_tokens") or 0),
+              **(layout or {})}
+    options = kind_options(variant, own_kind, own_options, attn_type, attn_kwargs, layout)
     model = build_model_with_cfg(
         SoftmaxFreeViT, variant, pretrained,
-        attn_layer=attention_class(attn_type, **(attn_kwargs or {})),
+        attn_layer=attention_class(attn_type, **options),
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **kwargs,
@@ -256,7 +269,7 @@ def relu_vit_small_patch8_gap_224(pretrained: bool = False, **kwargs) -> VisionT
 # Agent-DeiT (Han et al., ECCV 2024; the released agent_deit_{tiny,small}): agent attention in every block (agent_layer
 # = depth for T and S), 49 agents (7×7 pooling), agent biases learned on the 14×14 grid of 224 px / 16 px patches
 # (resized for other grids), 3×3 depthwise conv on V; DeiT's layout otherwise (class token, qkv bias).
-_AGENT = dict(attn_type="agent", attn_kwargs={"agent_num": 49, "window": 14})
+_AGENT = dict(attn_type="agent", own_attn=("agent", {"agent_num": 49, "window": 14}))
 
 
 @register_model
@@ -297,32 +310,32 @@ def sigmoid_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> Vision
 # the learned key encoding of their released modules (built for the grid of ``img_size``, resampled for others).
 # FLatten's and PolaFormer's papers have no DeiT models (Swin, PVT, CSwin): DeiT's layout with the class token, which
 # joins the attention but not the grid's conv and encoding, as in InLine's released DeiT.
-def _grid_linear(variant: str, pretrained: bool, args: Dict[str, Any], kwargs: Dict[str, Any],
+def _grid_linear(variant: str, pretrained: bool, kind: str, args: Dict[str, Any], kwargs: Dict[str, Any],
                  **attn: Any) -> VisionTransformer:
-    args = dict(args, **kwargs)
+    args = {**args, "attn_type": kind, **kwargs}
+    layout = {}
     if attn.pop("key_encoding", True):
         img = args.get("img_size", 224)
         img = (img, img) if isinstance(img, int) else tuple(img)
         patch = args["patch_size"]
-        attn["pos_grid"] = (img[0] // patch, img[1] // patch)
-    # the prefix tokens are known here: a grid that is not square fails clearly instead of being guessed
-    attn["num_prefix_tokens"] = int(args.get("class_token", True)) + args.get("reg_tokens", 0)
-    args["attn_kwargs"] = {**attn, **(args.get("attn_kwargs") or {})}
-    return _create(variant, pretrained, **args)
+        layout["pos_grid"] = (img[0] // patch, img[1] // patch)
+    return _create(variant, pretrained, own_attn=(kind, attn), layout=layout, **args)
 
 
 @register_model
 def flatten_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """DeiT-T with FLatten attention: focusing factor 3, 5×5 conv on V, key encoding (6.19M params)."""
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn_type="flatten")
-    return _grid_linear("flatten_deit_tiny_patch16_224", pretrained, args, kwargs, focusing_factor=3.0, dwc_kernel=5)
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
+    return _grid_linear("flatten_deit_tiny_patch16_224", pretrained, "flatten", args, kwargs,
+                        focusing_factor=3.0, dwc_kernel=5)
 
 
 @register_model
 def flatten_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """DeiT-S with FLatten attention: focusing factor 3, 5×5 conv on V, key encoding (23.0M params)."""
-    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, attn_type="flatten")
-    return _grid_linear("flatten_deit_small_patch16_224", pretrained, args, kwargs, focusing_factor=3.0, dwc_kernel=5)
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
+    return _grid_linear("flatten_deit_small_patch16_224", pretrained, "flatten", args, kwargs,
+                        focusing_factor=3.0, dwc_kernel=5)
 
 
 # InLine-DeiT (the released inline_deit_{tiny,small}): InLine attention in every block with its 3×3 local branch;
@@ -330,29 +343,31 @@ def flatten_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> Vision
 @register_model
 def inline_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """InLine-DeiT-T: dim 192, 6 heads, 3×3 local branch (6.48M params; paper: 6.5M, 74.5% top-1)."""
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=6, attn_type="inline")
-    return _grid_linear("inline_deit_tiny_patch16_224", pretrained, args, kwargs, key_encoding=False, local_kernel=3)
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=6)
+    return _grid_linear("inline_deit_tiny_patch16_224", pretrained, "inline", args, kwargs,
+                        key_encoding=False, local_kernel=3)
 
 
 @register_model
 def inline_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """InLine-DeiT-S: dim 320, 10 heads, 3×3 local branch (16.7M params)."""
-    args = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10, attn_type="inline")
-    return _grid_linear("inline_deit_small_patch16_224", pretrained, args, kwargs, key_encoding=False, local_kernel=3)
+    args = dict(patch_size=16, embed_dim=320, depth=12, num_heads=10)
+    return _grid_linear("inline_deit_small_patch16_224", pretrained, "inline", args, kwargs,
+                        key_encoding=False, local_kernel=3)
 
 
 # SLAB-DeiT (the released deit_{tiny,small}_patch16_224_linear_repbn): no class token, the final norm's tokens
 # averaged into the head, position embedding on the patches; simplified linear attention with a 5×5 conv on V and
 # the key encoding in every block. ``prepbn_steps=S`` makes every norm PRepBN handing LayerNorm over to RepBN in S
 # training steps (the released models: 60,000); 0 (default) keeps LayerNorm.
-_SLAB = dict(attn_type="slab", class_token=False, global_pool="avg", fc_norm=False)
+_SLAB = dict(class_token=False, global_pool="avg", fc_norm=False)
 
 
 def _slab(variant: str, pretrained: bool, args: Dict[str, Any], kwargs: Dict[str, Any],
           prepbn_steps: int) -> VisionTransformer:
     if check_count(variant, "prepbn_steps", prepbn_steps, low=0):
         args = dict(args, norm_layer=partial(PRepBN, steps=prepbn_steps))
-    return _grid_linear(variant, pretrained, args, kwargs, dwc_kernel=5)
+    return _grid_linear(variant, pretrained, "slab", args, kwargs, dwc_kernel=5)
 
 
 @register_model
@@ -374,12 +389,14 @@ def slab_deit_small_patch16_224(pretrained: bool = False, prepbn_steps: int = 0,
 @register_model
 def polaformer_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """DeiT-T with PolaFormer attention: α 4, 5×5 conv on V, key encoding, gate (6.64M params)."""
-    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, attn_type="polaformer")
-    return _grid_linear("polaformer_deit_tiny_patch16_224", pretrained, args, kwargs, alpha=4.0, dwc_kernel=5)
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)
+    return _grid_linear("polaformer_deit_tiny_patch16_224", pretrained, "polaformer", args, kwargs,
+                        alpha=4.0, dwc_kernel=5)
 
 
 @register_model
 def polaformer_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
     """DeiT-S with PolaFormer attention: α 4, 5×5 conv on V, key encoding, gate (24.8M params)."""
-    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, attn_type="polaformer")
-    return _grid_linear("polaformer_deit_small_patch16_224", pretrained, args, kwargs, alpha=4.0, dwc_kernel=5)
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)
+    return _grid_linear("polaformer_deit_small_patch16_224", pretrained, "polaformer", args, kwargs,
+                        alpha=4.0, dwc_kernel=5)

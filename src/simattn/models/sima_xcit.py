@@ -43,6 +43,7 @@ from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead
+from ._kinds import kind_options
 
 # FX records the resampling as one call: it branches on sizes in Python
 torch.fx.wrap("resample_abs_pos_embed")
@@ -672,9 +673,11 @@ def sima_large_24_p8(pretrained: bool = False, **kwargs) -> XCiTBackbone:
 
 def _xcit_small_12_p16_with(kind: str, variant: str, pretrained: bool, kwargs: Dict[str, Any],
                             attn_kwargs: Optional[Dict[str, Any]] = None) -> XCiTBackbone:
-    """XCiT-S12/16's network with token attention ``kind`` and softmax class attention (SimA's Table 2)."""
-    args = dict(_size_args("small_12", 16), attn_type=kind, attn_kwargs=attn_kwargs)
-    return create_xcit_backbone(variant, pretrained, **dict(args, **kwargs))
+    """XCiT-S12/16's network with token attention ``kind`` and softmax class attention (SimA's Table 2); another
+    ``attn_type`` leaves ``kind``'s own ``attn_kwargs`` out."""
+    args = {**_size_args("small_12", 16), "attn_type": kind, **kwargs}
+    args["attn_kwargs"] = kind_options(variant, kind, attn_kwargs, args["attn_type"], args.get("attn_kwargs"))
+    return create_xcit_backbone(variant, pretrained, **args)
 
 
 @register_model
