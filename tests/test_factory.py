@@ -127,13 +127,20 @@ def test_a_classifier_starts_a_backbone_and_bad_fits_are_one_line(tmp_path):
     with pytest.raises(CheckpointError, match=r"do not fit .*shape mismatch: .*cls_token") as err:
         load_initial_weights(wider, path)
     assert "\n" not in str(err.value) and torch.equal(wider.blocks[0].attn.qkv.weight, before)  # untouched
-    with pytest.raises(CheckpointError, match=r"do not fit XCiTBackbone: only \d+ of its tensors load, \d+ are "
-                                              r"missing"):
+    with pytest.raises(CheckpointError, match=r"would leave \d+ of the \d+ tensors of XCiTBackbone at their "
+                                              r"initialization \(first missing: .*; first unexpected: "):
         load_initial_weights(create_model("sima_nano_12_p8", **TINY_XCIT), path)
     deeper = create_model(DEIT, img_size=16, num_classes=5, **dict(TINY_VIT, depth=3))
-    report = load_initial_weights(deeper, path)  # a block more: reported, not fatal unless strict
+    before = deeper.blocks[0].attn.qkv.weight.clone()
+    with pytest.raises(CheckpointError, match=r"would leave 12 of the 44 tensors of SoftmaxFreeViT at their "
+                                              r"initialization \(first missing: blocks\.2\.norm1\.weight\): "
+                                              r".* or --flag to start") as err:
+        load_initial_weights(deeper, path, partial_option="--flag")  # a block more: refused unless asked for
+    assert "\n" not in str(err.value) and torch.equal(deeper.blocks[0].attn.qkv.weight, before)
+    report = load_initial_weights(deeper, path, partial=True)
     assert report.missing and all(k.startswith("blocks.2.") for k in report.missing)
+    assert report.summary().startswith(f"loaded 32/44 tensors from {path}")
     with pytest.raises(CheckpointError, match="do not fit .* exactly: missing: blocks.2"):
-        load_initial_weights(deeper, path, strict=True)
+        load_initial_weights(deeper, path, strict=True, partial=True)
     with pytest.raises(FileNotFoundError, match="initial weights not found"):
         load_initial_weights(deeper, tmp_path / "none.pth")

@@ -7,6 +7,8 @@ name of a shipped recipe (``sima_deit_small``, ``digits_cpu``).
 """
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
@@ -41,6 +43,9 @@ class TrainConfig(EngineConfig):
                                                    "safetensors of any layout the model family reads); the "
                                                    "classifier is re-initialized when its size differs",
                                                check=check_path, belongs_to=("model",))
+    initial_checkpoint_partial: bool = option(False, "start from initial_checkpoint even where it leaves tensors of "
+                                                     "the network body at their initialization (they train from "
+                                                     "scratch; the summary says how many came from the file)")
     drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
     drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
@@ -103,12 +108,32 @@ class TrainConfig(EngineConfig):
         """:meth:`validate`, then what the run checks before it builds anything: a model timm knows, its kwargs in
         their declared ranges, a data directory for data on disk."""
         self.validate()
-        from ..models.factory import check_model
+        from ..models.factory import check_model, check_patch_grid
         check_model(self.model, self.model_kwargs if self.model_kwargs_build_the_model else None)
+        if self.model_kwargs_build_the_model:
+            size = self.img_size or self.model_kwargs.get("img_size")
+            self._note_grid_change(check_patch_grid(self.model, self.model_kwargs, size), size)
         if self.data_dir is None and self.dataset in _datasets_on_disk():
             raise ValueError(f"dataset {self.dataset!r} is read from disk and needs a data directory: give --data-dir "
                              "DIR (data_dir in a recipe), or --dataset digits for the embedded data")
         return self
+
+    def _note_grid_change(self, tokens: Optional[int], size: Optional[int]) -> None:
+        """One line where the model replaces its recipe's with a token grid more than 4× larger or smaller: the
+        recipe's sizes were chosen for its own model (a 16 px digit recipe gives a 16 px-patch model one patch)."""
+        if tokens is None or not self.recipe or int(os.environ.get("RANK", "0")):
+            return
+        from ..models.factory import patch_grid
+        from ..utils.recipe import resolve_recipe
+        own = resolve_recipe(type(self), self.recipe).config()
+        if own.model == self.model:
+            return
+        grid = patch_grid(own.model, own.model_kwargs, own.img_size or own.model_kwargs.get("img_size"))
+        if grid is not None and not 1 / 4 <= tokens / (grid[0] * grid[1]) <= 4:
+            print(f"note: {self.model} makes {tokens} patch tokens of a {size or 'default-size'} px input where "
+                  f"recipe {self.recipe}'s {own.model} makes {grid[0] * grid[1]}: its sizes were not chosen for "
+                  "this model; set img_size or model_kwargs (patch_size) for a comparable grid",
+                  file=sys.stderr, flush=True)
 
 
 def load_config(recipe: Optional[str] = None, overrides: Optional[Mapping[str, Any]] = None) -> TrainConfig:

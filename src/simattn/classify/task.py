@@ -116,8 +116,11 @@ class Trainer(Engine):
         cfg = self.cfg
         if cfg.initial_checkpoint and not self.resuming:  # a resumed run's weights come from its checkpoint
             from ..models.factory import load_initial_weights
-            report = load_initial_weights(model, cfg.initial_checkpoint, model_name=cfg.model)
+            report = load_initial_weights(model, cfg.initial_checkpoint, model_name=cfg.model,
+                                          partial=cfg.initial_checkpoint_partial,
+                                          partial_option="--initial-checkpoint-partial")
             self.initial_weights = {"path": str(cfg.initial_checkpoint), "summary": report.summary(),
+                                    "partial": bool(report.missing),
                                     **{k: len(v) for k, v in report.as_dict().items() if isinstance(v, list)}}
             if self.dist.is_main:
                 print(f"initial weights: {report.summary()}", flush=True)

@@ -3,7 +3,7 @@
 The student keeps every tensor of the teacher: the softmax-free kinds that keep timm's attention layout (``qkv`` of
 3·dim outputs, ``proj``, the optional q/k norms) differ from softmax only in how q, k and v are combined, so the
 teacher's weights go in unchanged through the family's checkpoint filter; a kind's own extra tensors (XCA's
-temperature) start at their initialization.
+temperature) start at their initialization, and the teacher kind's own tensors (Agent's biases) are left out.
 """
 from __future__ import annotations
 
@@ -84,11 +84,17 @@ def build_student(teacher_spec: Mapping[str, Any], kind: str, attn_kwargs: Optio
     model = create_model(teacher_spec["model"], **kwargs)
     report = None
     if init_from is not None:
-        report = load_initial_weights(model, init_from, model_name=teacher_spec["model"])
+        # the student's kind starts its own tensors fresh, and the teacher's kind's own tensors have no place in
+        # it; everything outside the attention layers must carry over
+        report = load_initial_weights(model, init_from, model_name=teacher_spec["model"], partial=True)
         stray = [k for k in report.missing if ".attn." not in k]
-        if stray or report.unexpected:
+        if stray:
             raise ValueError(f"{init_from}: the teacher's tensors do not cover the student network: "
                              f"{report.summary()}")
+        stray = [k for k in report.unexpected if ".attn." not in k]
+        if stray:
+            raise ValueError(f"{init_from}: the teacher's tensors {', '.join(stray[:3])} have no place in the "
+                             f"student network: {report.summary()}")
     return model, kwargs, report
 
 

@@ -19,6 +19,8 @@ class DetectModel:
                                              belongs_to=("backbone",))
     backbone_weights: Optional[str] = option(None, "classification or DINO weights (.pth / .safetensors)",
                                              check=check_path, belongs_to=("backbone",))
+    backbone_weights_partial: bool = option(False, "start from backbone_weights even where they leave tensors of "
+                                                   "the backbone at their initialization")
     drop_path_rate: float = option(0.05, low=0.0, high=1.0, high_open=True)
     out_indices: List[int] = option(factory=lambda: [3, 5, 7, 11], help="blocks 4, 6, 8, 12 (1-based)", low=0,
                                     length=4)

@@ -27,7 +27,9 @@ def build_body(model: Mapping[str, Any]) -> nn.Module:
     name = model["backbone"]
     body = create_model(name, num_classes=0, drop_path_rate=model["drop_path_rate"], **model["backbone_kwargs"])
     if model["backbone_weights"]:
-        report = load_initial_weights(body, model["backbone_weights"], model_name=name)
+        report = load_initial_weights(body, model["backbone_weights"], model_name=name,
+                                      partial=model.get("backbone_weights_partial", False),
+                                      partial_option="model.backbone_weights_partial=true")
         print(f"backbone initial weights: {report.summary()}", flush=True)
     return body
 

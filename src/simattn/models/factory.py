@@ -24,9 +24,9 @@ from ..utils.values import OPTIONS_HELP, parse_assignments
 from .hub import weights_file
 from .weights import WeightsRecord, read_weights_record
 
-__all__ = ["create_model", "check_model_name", "check_model", "similar_names", "model_options", "add_model_arguments",
-           "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for", "model_spec_from_weights", "load_model",
-           "load_initial_weights", "InitialWeightsReport"]
+__all__ = ["create_model", "check_model_name", "check_model", "patch_grid", "check_patch_grid", "similar_names",
+           "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
+           "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -69,6 +69,37 @@ def check_model(name: str, kwargs: Optional[Mapping[str, Any]] = None) -> None:
 
     check_model_name(name)
     check_model_kwargs(name, kwargs or {})
+
+
+def patch_grid(name: str, kwargs: Optional[Mapping[str, Any]] = None,
+               img_size: Optional[int] = None) -> Optional[Tuple[int, int, int, int]]:
+    """``(rows, cols, patch, size)``: the grid of patch tokens model ``name`` (built with ``kwargs``, on the meta
+    device: no memory, no time) makes of a square input of ``img_size`` px (the size it is built for when None),
+    and its patch size; None for models without one patch embedding (the convolutional pyramids)."""
+    with torch.device("meta"):
+        model = create_model(name, **dict(kwargs or {}))
+    patch = getattr(getattr(model, "patch_embed", None), "patch_size", None)
+    if patch is None:
+        return None
+    ph, pw = (patch, patch) if isinstance(patch, int) else tuple(patch)
+    size = img_size or int(model.pretrained_cfg.get("input_size", (3, 224, 224))[-1])
+    return size // ph, size // pw, ph, size
+
+
+def check_patch_grid(name: str, kwargs: Optional[Mapping[str, Any]] = None, img_size: Optional[int] = None,
+                     fix: str = "img_size") -> Optional[int]:
+    """A one-line ValueError where model ``name``'s input of ``img_size`` px makes fewer than 2×2 patches: one
+    patch is no image for an attention over the grid (the run would train a bag of one token). Returns the number of
+    patch tokens (None where :func:`patch_grid` does not apply)."""
+    grid = patch_grid(name, kwargs, img_size)
+    if grid is None:
+        return None
+    rows, cols, patch, size = grid
+    if rows < 2 or cols < 2:
+        raise ValueError(f"{name}: a {size} px input makes {rows}x{cols} patch(es) of {patch} px; the attention needs "
+                         f"at least 2x2: feed at least {2 * patch} px ({fix}) or build the model with patch_size "
+                         f"<= {max(1, size // 2)} (model_kwargs.patch_size)")
+    return rows * cols
 
 
 def similar_names(text: str, preferred: List[str], others: Iterable[str] = (), limit: int = 3) -> List[str]:
@@ -279,7 +310,8 @@ def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool) -> Dict[st
 
 
 def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Optional[str] = None,
-                         use_ema: bool = False, strict: bool = False) -> InitialWeightsReport:
+                         use_ema: bool = False, strict: bool = False, partial: bool = False,
+                         partial_option: str = "partial=True") -> InitialWeightsReport:
     """Start ``model`` from weights trained for a network of the same family, possibly of another resolution or
     with another classifier.
 
@@ -289,10 +321,11 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     model's grid (timm's ``resample_abs_pos_embed``). Classifier tensors of another shape, or absent from the
     weights, keep the model's initialization (``reset``); those of a model without classifier are ``dropped``.
 
-    Other missing or unexpected names are reported, not fatal, unless ``strict``. Raises
-    :class:`~simattn.utils.io.CheckpointError` (one line) when any other tensor has the wrong shape, or when more of
-    the model's tensors are missing than load (the weights are another architecture's).
-    The model is only modified when no error is raised.
+    A tensor of the network body that the weights leave at its initialization (``missing``) is refused unless
+    ``partial`` (the user's ``partial_option``, named in the error): such a run would train a network part of which
+    never saw the file, and say nothing. Unexpected names are reported, not fatal, unless ``strict``. Raises
+    :class:`~simattn.utils.io.CheckpointError` (one line) for those, when any other tensor has the wrong shape, or
+    when no tensor loads at all. The model is only modified when no error is raised.
     """
     path = weights_file(path, "initial weights")
     record = read_weights_record(path) if path.suffix == ".safetensors" else None
@@ -330,11 +363,12 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     if not keep:
         raise CheckpointError(f"initial weights {path} do not fit {name}: none of their {len(sd)} tensors match "
                               f"the model's names (e.g. {_names(sorted(sd), 3)} vs {_names(list(own), 3)})")
-    if len(report.missing) > len(keep):  # most of the network would stay random: another architecture's file
-        raise CheckpointError(f"initial weights {path} do not fit {name}: only {len(keep)} of its tensors load, "
-                              f"{len(report.missing)} are missing ({_names(report.missing, 3)})"
-                              + (f", {len(report.unexpected)} unexpected ({_names(report.unexpected, 3)})"
-                                 if report.unexpected else ""))
+    if report.missing and not partial:
+        raise CheckpointError(f"initial weights {path} would leave {len(report.missing)} of the {len(own)} tensors "
+                              f"of {name} at their initialization (first missing: {report.missing[0]}"
+                              + (f"; first unexpected: {report.unexpected[0]}" if report.unexpected else "")
+                              + f"): give weights made for this network, or {partial_option} to start from them "
+                              "anyway")
     if strict and (report.missing or report.unexpected):
         raise CheckpointError(f"initial weights {path} do not fit {name} exactly: "
                               + "; ".join(f"{what}: {_names(names)}" for what, names in

@@ -44,6 +44,9 @@ class SegmentConfig(EngineConfig):
     initial_checkpoint: Optional[str] = option(None, "backbone weights to start from (classification or DINO "
                                                    "weights of any layout the backbone family reads)",
                                                check=check_path)
+    initial_checkpoint_partial: bool = option(False, "start from initial_checkpoint even where it leaves tensors of "
+                                                     "the backbone at their initialization (they train from "
+                                                     "scratch; the summary says how many came from the file)")
     drop_path: float = option(0.1, "the backbone's stochastic depth rate", low=0.0, high=1.0, high_open=True)
     aux_loss_weight: float = option(0.4, "weight of the auxiliary head's loss (UperNet)", low=0.0)
 

@@ -116,7 +116,9 @@ class SegmentationTrainer(Engine):
         model = create_model(cfg.model, **kwargs)
         if cfg.initial_checkpoint and not self.resuming:  # a resumed run's weights come from its checkpoint
             from ..models.factory import load_initial_weights
-            report = load_initial_weights(model.backbone, cfg.initial_checkpoint, model_name=kwargs["backbone"])
+            report = load_initial_weights(model.backbone, cfg.initial_checkpoint, model_name=kwargs["backbone"],
+                                          partial=cfg.initial_checkpoint_partial,
+                                          partial_option="--initial-checkpoint-partial")
             self.initial_weights = report.summary()
             if self.dist.is_main:
                 print(f"backbone initial weights: {self.initial_weights}", flush=True)

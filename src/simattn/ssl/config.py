@@ -38,6 +38,8 @@ class SslModel:
                                     belongs_to=("name",))
     weights: Optional[str] = option(None, "initial backbone weights: classification, official/timm or DINO weights "
                                           "(.pth / .safetensors)", check=check_path, belongs_to=("name",))
+    weights_partial: bool = option(False, "start from weights even where they leave tensors of the backbone at "
+                                          "their initialization")
 
 
 @dataclass

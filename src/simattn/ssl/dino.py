@@ -48,7 +48,9 @@ def build_backbone(model: Mapping[str, Any], drop_path_rate: float = 0.0, load_w
     from ..models.factory import create_model, load_initial_weights
     backbone = create_model(model["name"], num_classes=0, drop_path_rate=drop_path_rate, **model["kwargs"])
     if load_weights and model.get("weights"):
-        report = load_initial_weights(backbone, model["weights"], model_name=model["name"])
+        report = load_initial_weights(backbone, model["weights"], model_name=model["name"],
+                                      partial=model.get("weights_partial", False),
+                                      partial_option="model.weights_partial=true")
         print(f"backbone initial weights: {report.summary()}", flush=True)
     return backbone
 
