@@ -118,4 +118,29 @@ def test_a_partial_load_is_refused_unless_asked_for_and_then_counted(tmp_path, c
     assert _train(tmp_path, "--initial-checkpoint", str(weights), "--initial-checkpoint-partial") == 0
     record = json.loads((tmp_path / "run" / "summary.json").read_text())["initial_weights"]
     assert (record["loaded"], record["missing"], record["partial"]) == (20, 10, True), record
-    assert "loaded 20/30 tensors" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "loaded 20/30 tensors" in out and "agent_deit_tiny_patch16_224 (agent attention," in out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["attention"] == "agent"
+    # validate's JSON names the kind, from the model and from the weights record alike
+    assert simattn_main(["validate", "--weights", str(tmp_path / "run" / "final.safetensors"), "--threads", "1",
+                         "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["attention"] == "agent"
+
+
+def test_list_names_every_kind_model_and_recipe_and_filters_as_timm(capsys):
+    assert simattn_main(["list", "--json"]) == 0
+    everything = json.loads(capsys.readouterr().out)
+    assert len(everything["kinds"]) == 18 and {"sima", "agent", "polaformer", "xnorm"} <= \
+        {k["name"] for k in everything["kinds"]}
+    assert {"name": "agent_deit_tiny", "command": "train", "model": "agent_deit_tiny_patch16_224"} in \
+        everything["recipes"]
+    assert {"name": "relu_vit_small_patch16_224.in1k", "weights": "none published", "classes": 1000} in \
+        everything["pretrained"]
+    assert simattn_main(["list", "models", "agent*"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "models (2):" and [line.split()[0] for line in out[1:]] == [
+        "agent_deit_small_patch16_224", "agent_deit_tiny_patch16_224"]
+    assert simattn_main(["list", "slab"]) == 0  # plain text matches anywhere, in every section
+    out = capsys.readouterr().out
+    assert "kinds (1):" in out and "models (2):" in out and "recipes (1):" in out and "pretrained (0):" in out

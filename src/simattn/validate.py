@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from .models.factory import add_model_arguments, load_model, model_spec_from_weights, parse_model_kwargs
+from .models.factory import (add_model_arguments, attention_kind, load_model, model_spec_from_weights,
+                             parse_model_kwargs, recorded_attention)
 from .models.hub import resolve_weights
 from .models.weights import read_weights_record
 from .utils.global_state import restores_global_state
@@ -204,7 +205,8 @@ def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Opti
     loader = build_eval_loader(data, batch_size, workers)
     metrics = evaluate(net, loader, dev, amp=amp, amp_dtype=amp_dtype, channels_last=channels_last,
                        show_progress=show_progress, desc="validate")
-    return _finite_json({"model": spec["model"], "weights": str(weights), "use_ema": use_ema, "dataset": dataset,
+    return _finite_json({"model": spec["model"], "attention": attention_kind(net), "weights": str(weights),
+                         "use_ema": use_ema, "dataset": dataset,
                          "split": split, "img_size": data_config["input_size"][-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": sum(p.numel() for p in net.parameters()), **metrics})
@@ -303,7 +305,8 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
     data.transform = build_transform(data_config)
     loader = build_eval_loader(data, batch_size, workers)
     metrics = evaluate(net, loader, torch.device("cpu"), show_progress=show_progress, desc="validate")
-    return _finite_json({"model": record.model, "weights": str(path), "runtime": net.runtime,
+    return _finite_json({"model": record.model, "attention": recorded_attention(record), "weights": str(path),
+                         "runtime": net.runtime,
                          "use_ema": False, "dataset": dataset, "split": split, "img_size": size[-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": None, **metrics})

@@ -27,7 +27,7 @@ from ..engine.core import ENGINE_FILES, Engine, RunResult, build_optimizer, buil
 from ..engine.data import build_eval_loader
 from ..engine.log import format_table
 from ..engine.state import export_weights, weights_metadata
-from ..models.factory import create_model
+from ..models.factory import attention_kind, create_model
 from ..engine.dist import DistInfo
 from .config import TrainConfig
 from .evaluation import evaluate
@@ -241,7 +241,8 @@ class Trainer(Engine):
         check_finite_weights(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, producer=self.producer,
                                 recipe=self.cfg.recipe or "", classes=[str(c) for c in self.classes],
-                                **{**data_record(self.cfg), **self.export_metadata(), **extra})
+                                **{"attention": attention_kind(module) or "", **data_record(self.cfg),
+                                   **self.export_metadata(), **extra})
         export_weights(module, self.out / name, meta)
 
 
@@ -249,7 +250,8 @@ def summary_table(summary: Dict[str, Any]) -> str:
     """The end-of-run table: final and best accuracy, loss, time, skipped images, output files."""
     final, best = summary["final"], summary["best"]
     rows = [
-        ["model", f"{summary['model']} ({summary['params'] / 1e6:.2f}M params)"],
+        ["model", f"{summary['model']} ({summary.get('attention') or 'mixed'} attention, "
+                  f"{summary['params'] / 1e6:.2f}M params)"],
         ["epochs / updates", f"{summary['epochs']} / {summary['updates']}"],
         ["final val top-1 / top-5", f"{final.get('top1', float('nan')):.2f}% / {final.get('top5', float('nan')):.2f}%"],
         ["final val loss", f"{final.get('loss', float('nan')):.4f}"],

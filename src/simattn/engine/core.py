@@ -60,6 +60,7 @@ from timm.layers import convert_sync_batchnorm
 from timm.utils import ModelEmaV3, dispatch_clip_grad, random_seed
 from torch import nn
 
+from ..models.factory import attention_kind
 from ..utils.global_state import preserved_global_state
 from ..utils.io import atomic_write_json, atomic_write_text, check_finite_weights
 from ..utils.recipe import flag_name, recipe_name, recipe_to_save
@@ -597,7 +598,8 @@ class Engine:
 
     def _finish(self, train_time: float) -> RunResult:
         summary = {
-            "task": self.producer, "model": self.model_name, "model_kwargs": self.model_kwargs,
+            "task": self.producer, "model": self.model_name, "attention": attention_kind(self.model),
+            "model_kwargs": self.model_kwargs,
             "recipe": self.cfg.recipe, "params": sum(p.numel() for p in self.model.parameters()),
             "epochs": self.num_epochs, "updates": self.global_step, "world_size": self.dist.world_size,
             "lr": self.lr, "history": self.history, "nonfinite_skipped": self.nonfinite_skipped,

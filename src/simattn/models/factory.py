@@ -26,7 +26,8 @@ from .weights import WeightsRecord, read_weights_record
 
 __all__ = ["create_model", "check_model_name", "check_model", "patch_grid", "check_patch_grid", "similar_names",
            "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
-           "model_spec_from_weights", "load_model", "load_initial_weights", "InitialWeightsReport"]
+           "model_spec_from_weights", "recorded_attention", "load_model", "load_initial_weights",
+           "InitialWeightsReport"]
 
 
 def create_model(name: str, **kwargs: Any) -> nn.Module:
@@ -195,6 +196,21 @@ def attention_kind(model: nn.Module) -> Optional[str]:
     from ..attention import TokenAttention
     kinds = {m.attn_name for m in model.modules() if isinstance(m, TokenAttention)}
     return kinds.pop() if len(kinds) == 1 else None
+
+
+def recorded_attention(record: Optional[WeightsRecord]) -> Optional[str]:
+    """The attention kind of the network a weights record describes: as recorded, else its ``attn_type`` kwarg, else
+    that of the model the record rebuilds (on the meta device: no memory, no time)."""
+    if record is None:
+        return None
+    kind = record.extra.get("attention") or record.create_kwargs().get("attn_type")
+    if isinstance(kind, str):
+        return kind
+    try:
+        with torch.device("meta"):
+            return attention_kind(create_model(record.model, **record.create_kwargs()))
+    except ValueError:  # a record of a network this version cannot build names no kind
+        return None
 
 
 def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] = None,

@@ -27,7 +27,7 @@ from ..engine.dist import DistInfo
 from ..engine.log import format_table, plot_history
 from ..engine.losses import PixelCrossEntropy, check_loss_size
 from ..engine.state import export_weights, weights_metadata
-from ..models.factory import create_model
+from ..models.factory import attention_kind, create_model
 from ..utils.io import atomic_write_text, check_finite_weights
 from .config import SegmentConfig
 from .evaluate import evaluate_segmentation
@@ -202,7 +202,8 @@ class SegmentationTrainer(Engine):
     def _export(self, module: nn.Module, name: str, **extra: Any) -> None:
         check_finite_weights(module, name)
         meta = weights_metadata(self.cfg.model, self.model_kwargs, self.data_config, producer=self.producer,
-                                recipe=self.cfg.recipe or "", **dataset_record(self.train_set, self.cfg), **extra)
+                                recipe=self.cfg.recipe or "", attention=attention_kind(module) or "",
+                                **dataset_record(self.train_set, self.cfg), **extra)
         export_weights(module, self.out / name, meta)
 
 
