@@ -4,7 +4,7 @@ The resumable loaders themselves are the engine's (:mod:`simattn.engine.data`).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 from torch import nn
 
@@ -29,7 +29,8 @@ def data_config_for(model: nn.Module, cfg: TrainConfig, img_size: Optional[int] 
 
 
 def build_transform(data_config: Dict[str, Any], cfg: Optional[TrainConfig] = None, is_training: bool = False):
-    """timm ``create_transform``: the recipe's augmentations when training, resize + center crop otherwise."""
+    """timm ``create_transform``: the recipe's augmentations when training (with posterize keeping at least 1 bit,
+    see :func:`_keep_a_posterize_bit`), resize + center crop otherwise."""
     from timm.data import create_transform
     common = dict(input_size=tuple(data_config["input_size"]), interpolation=data_config["interpolation"],
                   mean=tuple(data_config["mean"]), std=tuple(data_config["std"]))
@@ -38,10 +39,42 @@ def build_transform(data_config: Dict[str, Any], cfg: Optional[TrainConfig] = No
                                 crop_mode=data_config.get("crop_mode"))
     if cfg is None:
         raise ValueError("training transforms need the recipe (cfg) for their augmentation settings")
-    return create_transform(
+    return _keep_a_posterize_bit(create_transform(
         **common, is_training=True, scale=tuple(cfg.scale), ratio=tuple(cfg.ratio), hflip=cfg.hflip, vflip=cfg.vflip,
         color_jitter=cfg.color_jitter, auto_augment=cfg.aa, re_prob=cfg.reprob, re_mode=cfg.remode,
-        re_count=cfg.recount)
+        re_count=cfg.recount))
+
+
+# Pillow 13.0 made ImageOps.posterize raise ValueError for bits outside 1..8 (12.x and earlier returned a black
+# image for 0), and timm's posterize levels reach 0: PosterizeIncreasing (the inc1 RandAugment ops, AugMix) keeps
+# 4 - int(m / 10 * 4) bits, 0 at magnitude 10, which mstd0.5 noise around m9 reaches in one draw of 44 (below 0 past
+# 10 with mmax); Posterize keeps int(m / 10 * 4), 0 below magnitude 2.5 (AutoAugment's v0 policy names it at 2). So
+# the posterize ops of the transform built here keep at least 1 bit, the strongest posterize Pillow accepts; timm's
+# own tables stay untouched for its other users. Every other op of timm's tables, tried over magnitudes 0 to 30 on
+# RGB images, gives arguments Pillow accepts.
+def _posterize_keeping_a_bit(img, bits_to_keep, **kwargs):
+    """timm's posterize op with at least 1 bit kept (module level: the transform pickles into loader workers)."""
+    from timm.data import auto_augment
+    return auto_augment.posterize(img, max(1, bits_to_keep), **kwargs)
+
+
+def _augment_ops(transform) -> Iterator[Any]:
+    """The ops of the timm augmentations in a (nested) Compose: RandAugment's and AugMix's ``ops``, AutoAugment's
+    sub-policies."""
+    for step in getattr(transform, "transforms", None) or ():
+        yield from _augment_ops(step)
+    yield from getattr(transform, "ops", None) or ()
+    for sub_policy in getattr(transform, "policy", None) or ():
+        yield from sub_policy
+
+
+def _keep_a_posterize_bit(transform):
+    """``transform`` with each timm posterize op made to keep at least 1 bit (see the comment above)."""
+    from timm.data import auto_augment
+    for op in _augment_ops(transform):
+        if getattr(op, "aug_fn", None) is auto_augment.posterize:
+            op.aug_fn = _posterize_keeping_a_bit
+    return transform
 
 
 def build_mixup(cfg: TrainConfig, num_classes: int):
