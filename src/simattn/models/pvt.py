@@ -1,0 +1,442 @@
+"""PVT (v1): Pyramid Vision Transformer (Wang et al., ICCV 2021) with any attention kind, and the peers' PVT hybrids.
+
+Four stages, each opened by a patch embedding (a conv of kernel = stride 4, 2, 2, 2, then LayerNorm), a learned
+position embedding per stage and pre-norm blocks (LayerNorm eps 1e-6, MLP ratios 8/8/4/4). Keys and values of the
+attention come from a spatial reduction of the token grid: a conv of kernel = stride ``sr_ratio`` (8, 4, 2, 1)
+and a LayerNorm, so stage 1 attends from 56×56 queries to 7×7 keys at 224 px. PVT v1 has a class token in the last
+stage (its position embedding has a slot for it), pooled after the final norm.
+
+==========  ============  ===========  ========  ========================
+model       depths        heads        params    paper
+==========  ============  ===========  ========  ========================
+pvt_tiny    2, 2, 2, 2    1, 2, 5, 8   13.23M    13.2M, 75.1 %
+pvt_small   3, 4, 6, 3    1, 2, 5, 8   24.49M    24.5M, 79.8 %
+pvt_medium  3, 4, 18, 3   1, 2, 5, 8   44.21M    44.2M, 81.2 %
+pvt_large   3, 8, 27, 3   1, 2, 5, 8   61.36M    61.4M, 81.7 %
+==========  ============  ===========  ========  ========================
+
+Every model takes ``attn_type=`` (any registered kind) and ``attn_kwargs=``: ``pvt_*`` is softmax (PVT itself),
+``sima_pvt_*`` SimA (unpublished). The reduction needs a kind that takes keys of another length
+(``supports_cross_length``) and does not lay the keys on the query grid (``attend_uses_grid``); any other kind
+runs with ``sr_ratio`` 1 in every stage, with a one-line note, as every released hybrid below does.
+
+The released hybrids (their own configurations, read from their code): no class token, no reduction
+(``PVT_LA_SR_RATIOS`` 1111), the last stage's tokens averaged into the head with no final norm (FLatten and
+PolaFormer keep an unused ``norm`` in their checkpoints, which the filter leaves out), the kind in every block:
+
+- ``agent_pvt_{tiny,small}`` (Agent-Attention ``agent_pvt.py``, ``agent_pvt_{t,s}.yaml``): agents 9/16/49/49 per
+  stage, agent biases laid out for each stage's grid at 224 px (56/28/14/7), 3×3 depthwise conv on V.
+- ``inline_pvt_{tiny,small}``: heads 2/4/10/16 (head dim 32), the 3×3 local branch, no key encoding.
+- ``flatten_pvt_tiny``: focusing factor 3, 5×5 conv on V, a key encoding per stage.
+- ``polaformer_pvt_{tiny,small}``: α 4, 5×5 conv on V, a key encoding per stage, the gate.
+
+:func:`checkpoint_filter_fn` maps the PVT authors' classification checkpoints (``patch_embed{i}``, ``pos_embed{i}``,
+``block{i}``, ``cls_token``, separate ``q`` and ``kv``) and the hybrids' (Agent's ``an/na/ah/aw/ha/wa_bias``,
+FLatten's and PolaFormer's ``scale``, PolaFormer's ``qg``) onto these models.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import resample_abs_pos_embed
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+
+from ._checks import check_model_kwargs
+from ._kinds import kind_options
+from ..attention import TokenAttention, attention_class, get_attention_class
+from ..attention._common import fx_call_whole, fx_tracing
+from ..utils.io import extract_state_dict
+from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
+
+__all__ = ["PatchEmbed", "SpatialReduction", "sr_attention_class", "PyramidVisionTransformer", "checkpoint_filter_fn"]
+
+_logger = logging.getLogger("simattn.models")
+
+#: the patch embeddings' strides: total strides 4, 8, 16, 32
+PATCH_STRIDES = (4, 2, 2, 2)
+
+
+class PatchEmbed(nn.Module):
+    """PVT's patch embedding: a conv of kernel = stride ``patch_size``, then LayerNorm (eps 1e-5, as released)."""
+
+    def __init__(self, in_chans: int, dim: int, patch_size: int) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
+        x = self.proj(x)
+        grid = (x.shape[-2], x.shape[-1])
+        return self.norm(x.flatten(2).transpose(1, 2)), grid
+
+
+class SpatialReduction(TokenAttention):
+    """PVT's spatial-reduction attention, mixed into a registry kind by :func:`sr_attention_class`.
+
+    q comes from the tokens, k and v from the grid reduced by a conv of kernel = stride ``sr_ratio`` and a LayerNorm
+    (``sr``, ``sr_norm``), prefix tokens (a class token) put back in front unreduced; each through its slice of the
+    fused ``qkv``. The kind's own ``attend`` combines them (Nq ≠ Nk). ``forward(x, grid_size=(H, W))``.
+    """
+
+    uses_grid = True
+
+    def __init__(self, dim: int, num_heads: int = 8, *, sr_ratio: int = 2, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        if not isinstance(sr_ratio, int) or isinstance(sr_ratio, bool) or sr_ratio < 2:
+            raise ValueError(f"{type(self).__name__}: sr_ratio={sr_ratio!r}; allowed: an integer >= 2")
+        if not self.supports_cross_length or not self.separate_qk or self.attend_uses_grid:
+            raise ValueError(f"PVT attention {self.attn_name!r} cannot take spatially reduced keys; build it with "
+                             "sr_ratio 1")
+        dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
+        self.sr_ratio = sr_ratio
+        self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio, **dd)
+        self.sr_norm = nn.LayerNorm(dim, **dd)
+
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
+                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        if not torch.jit.is_scripting():
+            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
+            if traced is not None:
+                return traced
+            self._check_call(x, attn_mask, is_causal)
+            if not fx_tracing() and (grid_size is None or attn_mask is not None or is_causal):
+                raise ValueError(f"{type(self).__name__}: forward needs grid_size=(H, W) and takes no mask or "
+                                 "causal attention (the keys are pooled over the grid)")
+        assert grid_size is not None
+        B, N, C = x.shape
+        H, W = grid_size
+        prefix = N - H * W
+        reduced = self.sr(x[:, prefix:].transpose(1, 2).reshape(B, C, H, W)).flatten(2).transpose(1, 2)
+        reduced = self.sr_norm(reduced)
+        if prefix > 0:
+            reduced = torch.cat([x[:, :prefix], reduced], dim=1)
+        bias = self.qkv.bias
+        q = F.linear(x, self.qkv.weight[:C], None if bias is None else bias[:C])
+        kv = F.linear(reduced, self.qkv.weight[C:], None if bias is None else bias[C:])
+        q = self.q_norm(q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2))
+        k, v = kv.reshape(B, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        out = self._attend(q, self.k_norm(k), v, None, False, grid_size)
+        return self._output(out, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, sr_ratio={self.sr_ratio}"
+
+
+def sr_attention_class(base: Type[nn.Module], sr_ratio: int) -> Type[nn.Module]:
+    """``base`` (a registry kind, options bound) with PVT's spatial reduction; ``base`` itself for ratio 1."""
+    if sr_ratio == 1:
+        return base
+    mixed = type(f"SR{base.__name__}", (SpatialReduction, base), {"__module__": __name__})
+    return attention_class(mixed, sr_ratio=sr_ratio)
+
+
+def reduces_keys(kind: Union[str, Type[nn.Module]]) -> bool:
+    """Whether PVT's spatial reduction fits kind: keys of another length, not laid out on the query grid."""
+    cls = get_attention_class(kind)
+    return bool(cls.supports_cross_length and cls.separate_qk and not cls.attend_uses_grid)
+
+
+def stage_attention(variant: str, attn_type: str, attn_kwargs: Optional[Dict[str, Any]],
+                    own_attn: Optional[Tuple[str, Sequence[Dict[str, Any]]]], sr_ratios: Sequence[int],
+                    layouts: Sequence[Dict[str, Any]]) -> Tuple[List[Type[nn.Module]], Tuple[int, ...]]:
+    """Each stage's attention class and the reduction ratios used: the model's own options per stage where
+    ``attn_type`` is its own kind, else only the layout (one note for what falls away); ratio 1 everywhere, with a
+    note, for a kind the reduction does not fit."""
+    own_kind, own_options = own_attn or (attn_type, [{} for _ in sr_ratios])
+    same = get_attention_class(attn_type) is get_attention_class(own_kind)
+    sr_ratios = tuple(sr_ratios)
+    if any(r > 1 for r in sr_ratios) and not reduces_keys(attn_type):
+        _logger.warning("note: %s with attn_type=%r: the kind takes no spatially reduced keys; sr_ratios %s -> 1 in "
+                        "every stage (as the released hybrid PVTs)", variant, attn_type, list(sr_ratios))
+        sr_ratios = tuple(1 for _ in sr_ratios)
+    layers = []
+    for i, (ratio, layout) in enumerate(zip(sr_ratios, layouts)):
+        own = own_options[i] if same or i == 0 else None  # a note once, not per stage
+        options = kind_options(variant, own_kind, own, attn_type, attn_kwargs, layout)
+        layers.append(sr_attention_class(attention_class(attn_type, **options), ratio))
+    return layers, sr_ratios
+
+
+class PyramidVisionTransformer(PyramidTransformer):
+    """PVT v1 with a pluggable attention kind (softmax by default: PVT itself).
+
+    Args:
+        img_size: the input size the position embeddings (and grid-bound kind options) are laid out for; a
+            multiple of 32, at least 64 (the last stage needs a 2×2 grid).
+        embed_dims, depths, num_heads, mlp_ratios, sr_ratios: per stage.
+        class_token: a class token in the last stage (PVT v1); ``global_pool`` 'token' pools it, 'avg' the grid.
+        final_norm: LayerNorm before pooling (the released hybrids have none).
+        key_encoding: give kinds that take ``pos_grid`` (a learned key encoding) each stage's grid.
+        attn_type, attn_kwargs: the kind and its options; ``own_attn`` (kind, options per stage): the kind the
+            model is made for and its options, which fall away for another ``attn_type``.
+    """
+
+    def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, in_chans: int = 3, num_classes: int = 1000,
+                 global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
+                 depths: Sequence[int] = (2, 2, 2, 2), num_heads: Sequence[int] = (1, 2, 5, 8),
+                 mlp_ratios: Sequence[float] = (8, 8, 4, 4), sr_ratios: Sequence[int] = (8, 4, 2, 1),
+                 qkv_bias: bool = True, class_token: bool = True, final_norm: bool = True, key_encoding: bool = True,
+                 attn_type: str = "softmax", attn_kwargs: Optional[Dict[str, Any]] = None,
+                 own_attn: Optional[Tuple[str, Sequence[Dict[str, Any]]]] = None, model_name: str = "pvt",
+                 drop_rate: float = 0., pos_drop_rate: float = 0., proj_drop_rate: float = 0.,
+                 attn_drop_rate: float = 0., drop_path_rate: float = 0.) -> None:
+        per_stage = (embed_dims, depths, num_heads, mlp_ratios, sr_ratios)
+        if {len(p) for p in per_stage} != {len(PATCH_STRIDES)}:
+            raise ValueError(f"{model_name}: embed_dims, depths, num_heads, mlp_ratios and sr_ratios need "
+                             f"{len(PATCH_STRIDES)} entries (one per stage), got {[len(p) for p in per_stage]}")
+        if any(not isinstance(r, int) or r < 1 for r in sr_ratios):
+            raise ValueError(f"{model_name}: sr_ratios={list(sr_ratios)}; allowed: integers >= 1")
+        img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        reductions = [4 * 2 ** i for i in range(len(PATCH_STRIDES))]
+        check_size_fits(model_name, *img_size, reductions[-1])
+        if min(img_size) < 2 * reductions[-1]:
+            raise ValueError(f"{model_name}: img_size={img_size} makes fewer than 2x2 patches in the last stage; "
+                             f"allowed: sides >= {2 * reductions[-1]}")
+        grids = [(img_size[0] // r, img_size[1] // r) for r in reductions]
+        last = len(PATCH_STRIDES) - 1
+        layouts = [dict(num_prefix_tokens=int(class_token and i == last), **(
+            dict(pos_grid=grids[i]) if key_encoding else {})) for i in range(len(grids))]
+        attn_layers, sr_ratios = stage_attention(model_name, attn_type, attn_kwargs, own_attn, sr_ratios, layouts)
+        norm_layer = _layer_norm
+        stages, in_dim = [], in_chans
+        for i, (dim, rates) in enumerate(zip(embed_dims, drop_path_rates(depths, drop_path_rate))):
+            blocks = [GridBlock(dim, num_heads[i], attn_layers[i], mlp_ratio=mlp_ratios[i], qkv_bias=qkv_bias,
+                                proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=rate,
+                                norm_layer=norm_layer) for rate in rates]
+            stages.append(PyramidStage(PatchEmbed(in_dim, dim, PATCH_STRIDES[i]), blocks, dim,
+                                       class_token=class_token and i == last, pos_embed_grid=grids[i],
+                                       pos_drop=pos_drop_rate))
+            in_dim = dim
+        super().__init__(stages, embed_dims, reductions, in_chans=in_chans, num_classes=num_classes,
+                         global_pool=global_pool, drop_rate=drop_rate, norm_layer=norm_layer)
+        if not final_norm:
+            self.norm = nn.Identity()
+        self.img_size = img_size
+        self.sr_ratios = sr_ratios
+        self.attn_type = attn_type
+        self.init_weights()
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        super()._check_input(x)
+        if not fx_tracing() and min(x.shape[-2], x.shape[-1]) < 2 * self.size_divisor:
+            raise ValueError(f"{type(self).__name__}: input size {tuple(x.shape[-2:])} makes fewer than 2x2 patches "
+                             f"in the last stage; allowed: sides >= {2 * self.size_divisor}")
+
+
+def _layer_norm(dim: int) -> nn.LayerNorm:
+    return nn.LayerNorm(dim, eps=1e-6)
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------------------
+_STAGE_KEYS = re.compile(r"^(patch_embed|pos_embed|block|pos_drop)(\d)(.*)$")
+#: Agent-Attention's bias names → ours, and how each becomes (heads, agents, …)
+_AGENT_BIASES = {"an_bias": "agent_block_bias", "na_bias": "query_block_bias", "ah_bias": "agent_row_bias",
+                 "aw_bias": "agent_col_bias", "ha_bias": "query_row_bias", "wa_bias": "query_col_bias"}
+
+
+def _agent_bias(name: str, value: torch.Tensor) -> torch.Tensor:
+    if name in ("an_bias", "na_bias"):  # (H, n, 7, 7)
+        return value
+    if name in ("ah_bias", "aw_bias"):  # (1, H, n, W, 1) / (1, H, n, 1, W)
+        return value.reshape(value.shape[1], value.shape[2], -1)
+    return value.reshape(value.shape[1], -1, value.shape[-1]).transpose(1, 2)  # (1, H, W, 1, n) / (1, H, 1, W, n)
+
+
+def _released_key(key: str, last: int) -> str:
+    """A released PVT key in this layout (attention parameters aside)."""
+    if key == "cls_token":
+        return f"stages.{last}.cls_token"
+    match = _STAGE_KEYS.match(key)
+    if not match:
+        return key
+    part, stage, rest = match[1], int(match[2]) - 1, match[3]
+    if part == "block":
+        return f"stages.{stage}.blocks{rest}"
+    return f"stages.{stage}.{part}{rest}"
+
+
+def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransformer) -> Dict[str, torch.Tensor]:
+    """Map a checkpoint onto :class:`PyramidVisionTransformer`: unwraps ``model`` / ``state_dict`` and DDP
+    prefixes; converts the released PVT layout (the PVT authors' and the hybrids': ``patch_embed{i}``,
+    ``pos_embed{i}``, ``block{i}.{j}``, ``cls_token``; attention ``q`` + ``kv`` (PolaFormer ``qg``: q and the gate)
+    into the fused ``qkv``, ``norm`` of the reduction into ``sr_norm``, Agent's biases, FLatten's and PolaFormer's
+    ``scale`` into ``feature_scale``); leaves out a final ``norm`` the model does not have (the hybrids keep an
+    unused one); resamples position embeddings laid out for another grid. This layout passes through."""
+    state_dict = extract_state_dict(state_dict)
+    last = len(model.stages) - 1
+    own = model.state_dict()
+    out: Dict[str, torch.Tensor] = {}
+    for key, value in state_dict.items():
+        key = _released_key(key, last)
+        head, _, name = key.rpartition(".")
+        if head.endswith(".attn"):
+            if name in _AGENT_BIASES:
+                key, value = f"{head}.{_AGENT_BIASES[name]}", _agent_bias(name, value)
+            elif name == "scale":
+                key = f"{head}.feature_scale"
+        match = re.match(r"^(.*\.attn)\.(q|kv|qg|norm)\.(weight|bias)$", key)
+        if match:
+            attn, part, kind = match[1], match[2], match[3]
+            if part == "norm":
+                key = f"{attn}.sr_norm.{kind}"
+            elif part == "qg":  # PolaFormer: q, then the gate g
+                q, g = value.chunk(2)
+                out[f"{attn}.g.{kind}"] = g
+                out.setdefault(f"{attn}.qkv.{kind}", {})["q"] = q
+                continue
+            else:
+                out.setdefault(f"{attn}.qkv.{kind}", {})[part] = value
+                continue
+        if key.startswith("norm.") and key not in own:
+            continue
+        out[key] = value
+    for key, value in list(out.items()):
+        if isinstance(value, dict):
+            out[key] = torch.cat([value[p] for p in ("q", "kv") if p in value])
+    for key, value in list(out.items()):
+        if key.endswith("pos_embed") and key in own and value.shape != own[key].shape:
+            stage = model.stages[int(key.split(".")[1])]
+            out[key] = resample_abs_pos_embed(value, list(stage.pos_embed_grid),
+                                              num_prefix_tokens=stage.num_prefix_tokens)
+    return out
+
+
+def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    check_model_kwargs(variant, kwargs)
+    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
+    return build_model_with_cfg(
+        PyramidVisionTransformer, variant, pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+        model_name=variant,
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.875,
+        "interpolation": "bicubic", "fixed_input_size": False, "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD, "first_conv": "stages.0.patch_embed.proj", "classifier": "head",
+        "license": "apache-2.0", **kwargs,
+    }
+
+
+_NAMES = ("pvt_tiny", "pvt_small", "pvt_medium", "pvt_large", "sima_pvt_tiny", "sima_pvt_small",
+          "agent_pvt_tiny", "agent_pvt_small", "inline_pvt_tiny", "inline_pvt_small", "flatten_pvt_tiny",
+          "polaformer_pvt_tiny", "polaformer_pvt_small")
+# No weights here yet: the released checkpoints' tags are a later step.
+default_cfgs = generate_default_cfgs({name: _cfg() for name in _NAMES})
+
+_DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3), "large": (3, 8, 27, 3)}
+
+
+def _pvt(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], **args: Any) -> PyramidVisionTransformer:
+    return _create(variant, pretrained, **dict(dict(depths=_DEPTHS[size], **args), **kwargs))
+
+
+@register_model
+def pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Tiny (depths 2/2/2/2; 13.2M params, paper: 75.1 %)."""
+    return _pvt("pvt_tiny", pretrained, "tiny", kwargs)
+
+
+@register_model
+def pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Small (depths 3/4/6/3; 24.5M params, paper: 79.8 %)."""
+    return _pvt("pvt_small", pretrained, "small", kwargs)
+
+
+@register_model
+def pvt_medium(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Medium (depths 3/4/18/3; 44.2M params, paper: 81.2 %)."""
+    return _pvt("pvt_medium", pretrained, "medium", kwargs)
+
+
+@register_model
+def pvt_large(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Large (depths 3/8/27/3; 61.4M params, paper: 81.7 %)."""
+    return _pvt("pvt_large", pretrained, "large", kwargs)
+
+
+@register_model
+def sima_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Tiny with SimA attention on the spatially reduced keys (unpublished)."""
+    return _pvt("sima_pvt_tiny", pretrained, "tiny", kwargs, attn_type="sima")
+
+
+@register_model
+def sima_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PVT-Small with SimA attention on the spatially reduced keys (unpublished)."""
+    return _pvt("sima_pvt_small", pretrained, "small", kwargs, attn_type="sima")
+
+
+#: the released hybrids' layout: no class token, no reduction, the last tokens averaged with no final norm
+_HYBRID = dict(class_token=False, global_pool="avg", final_norm=False, sr_ratios=(1, 1, 1, 1))
+
+
+def _agent(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any]) -> PyramidVisionTransformer:
+    img = kwargs.get("img_size", 224)
+    side = img if isinstance(img, int) else img[0]
+    own = [dict(agent_num=n, window=max(1, side // r)) for n, r in zip((9, 16, 49, 49), (4, 8, 16, 32))]
+    return _pvt(variant, pretrained, size, kwargs, attn_type="agent", own_attn=("agent", own), **_HYBRID)
+
+
+@register_model
+def agent_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """Agent-PVT-T: agents 9/16/49/49, no reduction, 3×3 conv on V (11.6M params, paper: 78.4 %)."""
+    return _agent("agent_pvt_tiny", pretrained, "tiny", kwargs)
+
+
+@register_model
+def agent_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """Agent-PVT-S: agents 9/16/49/49, no reduction, 3×3 conv on V (20.6M params, paper: 82.2 %)."""
+    return _agent("agent_pvt_small", pretrained, "small", kwargs)
+
+
+def _grid_linear(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], kind: str,
+                 **args: Any) -> PyramidVisionTransformer:
+    options = {k: args.pop(k) for k in list(args) if k not in ("num_heads", "key_encoding")}
+    return _pvt(variant, pretrained, size, kwargs, attn_type=kind, own_attn=(kind, [options] * 4), **_HYBRID,
+                **args)
+
+
+@register_model
+def inline_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """InLine-PVT-T: heads 2/4/10/16, 3×3 local branch, no reduction (12.0M params, paper: 78.2 %)."""
+    return _grid_linear("inline_pvt_tiny", pretrained, "tiny", kwargs, "inline", num_heads=(2, 4, 10, 16),
+                        key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """InLine-PVT-S: heads 2/4/10/16, 3×3 local branch, no reduction (paper: 82.0 %)."""
+    return _grid_linear("inline_pvt_small", pretrained, "small", kwargs, "inline", num_heads=(2, 4, 10, 16),
+                        key_encoding=False, local_kernel=3)
+
+
+@register_model
+def flatten_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """FLatten-PVT-T: focusing factor 3, 5×5 conv on V, key encoding, no reduction (paper: 77.8 %)."""
+    return _grid_linear("flatten_pvt_tiny", pretrained, "tiny", kwargs, "flatten", focusing_factor=3.0,
+                        dwc_kernel=5)
+
+
+@register_model
+def polaformer_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PolaFormer-PVT-T: α 4, 5×5 conv on V, key encoding, gate, no reduction (paper: 78.8 %)."""
+    return _grid_linear("polaformer_pvt_tiny", pretrained, "tiny", kwargs, "polaformer", alpha=4.0, dwc_kernel=5)
+
+
+@register_model
+def polaformer_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """PolaFormer-PVT-S: α 4, 5×5 conv on V, key encoding, gate, no reduction (paper: 81.9 %)."""
+    return _grid_linear("polaformer_pvt_small", pretrained, "small", kwargs, "polaformer", alpha=4.0,
+                        dwc_kernel=5)

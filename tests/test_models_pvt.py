@@ -1,0 +1,169 @@
+"""PVT (v1) family (``simattn.models.pvt``): builds per kind, shapes, features, the kind swap, input checks, training
+steps and the released checkpoints' layout (key names and shapes read from their code: ``pvt_released_keys.json``)."""
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import simattn  # noqa: F401  (the kinds)
+from simattn.models import pvt
+
+KINDS = {  # model → the kind its blocks run
+    "pvt_tiny": "softmax", "sima_pvt_tiny": "sima", "agent_pvt_tiny": "agent", "inline_pvt_tiny": "inline",
+    "flatten_pvt_tiny": "flatten", "polaformer_pvt_tiny": "polaformer",
+}
+TINY = dict(img_size=64, depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 64), num_heads=(1, 2, 2, 4),
+            mlp_ratios=(2, 2, 2, 2), num_classes=5)
+RELEASED = json.loads(Path(__file__).with_name("pvt_released_keys.json").read_text())["models"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """One intra-op thread: these tiny models gain nothing from a second one on shared cores."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def _tiny(name, **kwargs):
+    torch.manual_seed(0)
+    return timm.create_model(name, **{**TINY, **kwargs})
+
+
+def test_every_model_is_registered_with_timm():
+    assert set(timm.list_models(module="pvt")) == set(pvt._NAMES)
+    assert {"pvt_small", "pvt_medium", "pvt_large", "sima_pvt_small"} <= set(pvt._NAMES)
+
+
+@pytest.mark.parametrize("name", list(KINDS))
+def test_builds_runs_and_reduces_keys_only_where_the_kind_takes_them(name):
+    model = _tiny(name).eval()
+    attn = model.stages[0].blocks[0].attn
+    assert attn.attn_name == KINDS[name]
+    reduced = KINDS[name] in ("softmax", "sima")
+    assert model.sr_ratios == ((8, 4, 2, 1) if reduced else (1, 1, 1, 1))
+    assert hasattr(attn, "sr") == reduced
+    assert (model.stages[-1].cls_token is not None) == reduced  # PVT v1's class token; the hybrids have none
+    with torch.no_grad():
+        out = model(torch.randn(2, 3, 64, 96))
+    assert out.shape == (2, 5) and torch.isfinite(out).all()
+
+
+def test_spatial_reduction_shortens_the_keys():
+    model = _tiny("pvt_tiny").eval()
+    seen = []
+    attn = model.stages[0].blocks[0].attn
+    original = attn.attend
+    attn.attend = lambda q, k, v, mask, **kw: seen.append((q.shape[-2], k.shape[-2])) or original(q, k, v, mask, **kw)
+    with torch.no_grad():
+        model(torch.randn(1, 3, 64, 64))
+    assert seen == [(16 * 16, 2 * 2)]  # 16x16 queries, 8x8-reduced keys
+
+
+def test_intermediates_and_features_only_give_the_four_stages():
+    model = _tiny("sima_pvt_tiny").eval()
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        final, feats = model.forward_intermediates(x)
+        tokens = model.forward_features(x)
+    assert [tuple(f.shape) for f in feats] == [(2, 16, 16, 16), (2, 32, 8, 8), (2, 32, 4, 4), (2, 64, 2, 2)]
+    assert torch.equal(final, tokens) and tokens.shape == (2, 1 + 4, 64)
+    nlc = model.forward_intermediates(x, indices=[1], output_fmt="NLC", intermediates_only=True)
+    assert [tuple(f.shape) for f in nlc] == [(2, 64, 32)]
+    backbone = timm.create_model("agent_pvt_tiny", features_only=True, **TINY)
+    assert backbone.feature_info.reduction() == [4, 8, 16, 32]
+    assert backbone.feature_info.channels() == [16, 32, 32, 64]
+    with torch.no_grad():
+        maps = backbone(torch.randn(1, 3, 64, 128))
+    assert [tuple(m.shape[-2:]) for m in maps] == [(16, 32), (8, 16), (4, 8), (2, 4)]
+
+
+def test_a_hybrid_takes_another_kind_and_pvt_takes_a_hybrid_kind(caplog):
+    with caplog.at_level(logging.WARNING, logger="simattn.models"):
+        swapped = _tiny("agent_pvt_tiny", attn_type="softmax")
+    assert "agent_num, window left out" in caplog.text and caplog.text.count("note:") == 1
+    assert swapped.stages[0].blocks[0].attn.attn_name == "softmax"
+    assert not any("bias" in k and "agent" in k for k in swapped.state_dict())
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="simattn.models"):
+        model = _tiny("pvt_tiny", attn_type="agent")
+    assert "sr_ratios [8, 4, 2, 1] -> 1" in caplog.text
+    assert model.sr_ratios == (1, 1, 1, 1) and model.stages[-1].blocks[0].attn.num_prefix_tokens == 1
+    with torch.no_grad():
+        assert swapped(torch.randn(1, 3, 64, 64)).shape == (1, 5)
+        assert model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
+
+
+def test_inputs_and_sizes_it_cannot_take_are_one_line_errors():
+    model = _tiny("pvt_tiny").eval()
+    for shape, words in [((1, 1, 64, 64), "in_chans=3"), ((1, 3, 64, 80), "multiples of 32"),
+                         ((1, 3, 32, 64), "fewer than 2x2")]:
+        with pytest.raises(ValueError, match=words) as info:
+            model(torch.randn(*shape))
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="fewer than 2x2"):
+        _tiny("pvt_tiny", img_size=32)
+    with pytest.raises(ValueError, match="one per stage"):
+        _tiny("pvt_tiny", depths=(1, 1, 1))
+
+
+@pytest.mark.parametrize("name", ["pvt_tiny", "agent_pvt_tiny", "polaformer_pvt_tiny"])
+def test_a_few_training_steps_lower_the_loss(name):
+    model = _tiny(name, depths=(1, 1, 1, 1)).train()
+    torch.manual_seed(1)
+    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 5, (4,))
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
+    losses = []
+    for _ in range(3):
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("name", list(RELEASED))
+def test_the_released_layout_maps_with_no_missing_or_unexpected_key(name):
+    """The released state dict's names and shapes (zeros), as their training code saves it, map onto the model."""
+    with torch.device("meta"):  # shapes only: no full-size weights to initialize
+        model = timm.create_model(name)
+        released = {f"module.{k}": torch.zeros(shape) for k, shape in RELEASED[name].items()}
+    mapped = pvt.checkpoint_filter_fn({"model": released, "epoch": 1}, model)
+    own = model.state_dict()
+    assert sorted(set(own) - set(mapped)) == [] and sorted(set(mapped) - set(own)) == []
+    assert {k: tuple(v.shape) for k, v in mapped.items()} == {k: tuple(v.shape) for k, v in own.items()}
+
+
+def test_the_filter_maps_released_tensors_to_the_right_places():
+    """Agent's broadcast biases, fused q/kv and the reduction's norm land where the forward reads them."""
+    model = _tiny("agent_pvt_tiny")
+    attn = model.stages[1].blocks[0].attn
+    h, n, w = attn.num_heads, attn.agent_num, attn.window
+    ha = torch.arange(h * w * n, dtype=torch.float32).reshape(1, h, w, 1, n)
+    q, kv = torch.randn(32, 32), torch.randn(64, 32)
+    sd = {"block2.0.attn.ha_bias": ha, "block2.0.attn.q.weight": q, "block2.0.attn.kv.weight": kv}
+    out = pvt.checkpoint_filter_fn(sd, model)
+    assert torch.equal(out["stages.1.blocks.0.attn.query_row_bias"][1, 2], ha[0, 1, :, 0, 2])
+    assert torch.equal(out["stages.1.blocks.0.attn.qkv.weight"], torch.cat([q, kv]))
+    plain = _tiny("pvt_tiny")
+    sd = {"block1.0.attn.norm.weight": torch.ones(16), "cls_token": torch.ones(1, 1, 64), "norm.bias": torch.ones(64)}
+    assert set(pvt.checkpoint_filter_fn(sd, plain)) == {"stages.0.blocks.0.attn.sr_norm.weight",
+                                                        "stages.3.cls_token", "norm.bias"}
+    assert "norm.bias" not in pvt.checkpoint_filter_fn(sd, _tiny("flatten_pvt_tiny"))  # an unused released norm
+
+
+def test_a_saved_model_loads_back_through_timm(tmp_path):
+    model = _tiny("inline_pvt_tiny").eval()
+    path = tmp_path / "w.pth"
+    torch.save({"model": model.state_dict()}, path)
+    again = timm.create_model("inline_pvt_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=5),
+                              **TINY)
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        assert torch.equal(model(x), again.eval()(x))
