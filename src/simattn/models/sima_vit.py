@@ -30,7 +30,8 @@ from ._checks import check_model_kwargs, image_batch_error
 from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
-from .prepbn import PRepBN
+from .prepbn import PRepBN, RepBN
+from .released import released_to_simattn
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -130,9 +131,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -
     the softmax-free kinds keep timm's parameter names, so the same weights load into any ``attn_type`` that has
     the same parameters. ``pre_logits.*`` passes through: timm's filter drops it (its own weights have no such
     layer), but here it is the tanh layer of the function, so a model without one reports it as unexpected.
+    The released Agent, InLine, SLAB and PRepBN DeiT files are mapped first (:mod:`simattn.models.released`).
     """
-    if "model" in state_dict and isinstance(state_dict["model"], dict):
-        state_dict = state_dict["model"]
+    state_dict = released_to_simattn(state_dict, model)
     kept = {k: v for k, v in state_dict.items() if k.startswith("pre_logits.")}
     out = _timm_vit_filter({k: v for k, v in state_dict.items() if k not in kept}, model)
     return {**out, **kept}
@@ -171,6 +172,56 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     }
 
 
+# The peers' released DeiT checkpoints, with their repositories' evaluation transform: resize to a square of
+# int(256 / 224 · size) px (timm's crop_mode 'squash'), center crop, bicubic, ImageNet mean/std. Their repositories
+# state no license (license None).
+_PAPERS = {
+    "agent": ("arXiv:2312.08874", "Agent Attention: On the Integration of Softmax and Linear Attention",
+              "https://github.com/LeapLabTHU/Agent-Attention"),
+    "inline": ("arXiv:2412.06590", "Bridging the Divide: Reconsidering Softmax and Linear Attention",
+               "https://github.com/LeapLabTHU/InLine"),
+    "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
+             "Re-parameterized Batch Normalization", "https://github.com/xinghaochen/SLAB"),
+}
+_TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}/?dl=1"
+_SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
+
+
+def _released(paper: str, url: str, top1: float, size: int = 224, **kwargs) -> Dict[str, Any]:
+    paper_ids, paper_name, origin = _PAPERS[paper]
+    return _cfg(url=url, input_size=(3, size, size), crop_pct=0.875, crop_mode="squash", license=None,
+                paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
+                notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",), **kwargs)
+
+
+_RELEASED = {
+    "agent_deit_tiny_patch16_224.in1k": _released("agent", _TSINGHUA.format("57e0904221824ee7b7af"), 74.9),
+    "agent_deit_small_patch16_224.in1k": _released("agent", _TSINGHUA.format("fdd43304372541db8ea7"), 80.5),
+    "inline_deit_tiny_patch16_224.in1k": _released("inline", _TSINGHUA.format("1d6b8191ad6d4114b291"), 74.5),
+    "inline_deit_small_patch16_224.in1k_288": _released("inline", _TSINGHUA.format("2f3898b07e9247f3beb3"), 80.2,
+                                                         size=288),
+    "slab_deit_tiny_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_deit_tiny.pth"), 74.3),
+    "slab_deit_small_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_deit_small.pth"), 80.0),
+    "prepbn_deit_tiny_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("deit_tiny_prepbn.pth"), 73.6),
+    "prepbn_deit_small_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("deit_small_prepbn.pth"), 80.2),
+}
+
+# What a tag builds beyond its model's defaults: the model its weights were trained in (InLine-DeiT-S at 288 px, its
+# position embedding 1 + 18x18 tokens; SLAB-DeiT with PRepBN's 60,000 steps in every norm). Arguments given win.
+_TAG_ARGS = {
+    "inline_deit_small_patch16_224.in1k_288": dict(img_size=288),
+    "slab_deit_tiny_patch16_224.in1k": dict(prepbn_steps=60000),
+    "slab_deit_small_patch16_224.in1k": dict(prepbn_steps=60000),
+}
+
+
+def _tag_arg(variant: str, kwargs: Dict[str, Any], name: str, default: Any) -> Any:
+    """``name`` as given in ``kwargs``, else as the tag asks (timm passes a tag as ``pretrained_cfg``)."""
+    tag = kwargs.get("pretrained_cfg")
+    asked = _TAG_ARGS.get(f"{variant}.{tag}", {}) if isinstance(tag, str) else {}
+    return kwargs.get(name, asked.get(name, default))
+
+
 _BIG_VISION = dict(crop_pct=0.875, interpolation="bilinear", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5))
 
 default_cfgs = generate_default_cfgs({
@@ -178,15 +229,19 @@ default_cfgs = generate_default_cfgs({
     "sima_deit_tiny_patch16_224": _cfg(),
     "sima_deit_small_patch16_224": _cfg(),
     "sima_deit_base_patch16_224": _cfg(),
-    # No weights of these are published in timm's format: recipes in configs/ (DeiT's crop 0.875 evaluation).
-    **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for kind in ("agent", "sigmoid")
-       for size in ("tiny", "small")},
-    **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for kind in ("flatten", "inline", "slab", "polaformer")
-       for size in ("tiny", "small")},
+    # The recipes in configs/ (DeiT's crop 0.875 evaluation); the authors' weights are tags of some (below).
+    **{f"{kind}_deit_{size}_patch16_224": _cfg(crop_pct=0.875) for size in ("tiny", "small")
+       for kind in ("agent", "sigmoid", "flatten", "inline", "slab", "polaformer", "prepbn")},
+    **_RELEASED,
     # big_vision's ViT input pipeline: inputs in [-1, 1], bilinear resize, resize 256 / crop 224.
     **{f"relu_vit_small_patch{p}_224.in1k": _cfg(**_BIG_VISION) for p in (32, 16, 8)},
     **{f"relu_vit_small_patch{p}_gap_224.in21k": _cfg(num_classes=21843, **_BIG_VISION) for p in (32, 16, 8)},
 })
+# The untagged names stay the recipes' defaults (timm would make the first cfg with weights the default): a tag asks
+# for weights, and builds the model they were trained in.
+for _name in {tag.split(".")[0] for tag in _RELEASED}:
+    default_cfgs[_name].tags.remove("")
+    default_cfgs[_name].tags.appendleft("")
 
 
 @register_model
@@ -313,6 +368,8 @@ def sigmoid_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> Vision
 def _grid_linear(variant: str, pretrained: bool, kind: str, args: Dict[str, Any], kwargs: Dict[str, Any],
                  **attn: Any) -> VisionTransformer:
     args = {**args, "attn_type": kind, **kwargs}
+    if _tag_arg(variant, kwargs, "img_size", None) is not None:
+        args["img_size"] = _tag_arg(variant, kwargs, "img_size", None)
     layout = {}
     if attn.pop("key_encoding", True):
         img = args.get("img_size", 224)
@@ -359,19 +416,22 @@ def inline_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionT
 # SLAB-DeiT (the released deit_{tiny,small}_patch16_224_linear_repbn): no class token, the final norm's tokens
 # averaged into the head, position embedding on the patches; simplified linear attention with a 5×5 conv on V and
 # the key encoding in every block. ``prepbn_steps=S`` makes every norm PRepBN handing LayerNorm over to RepBN in S
-# training steps (the released models: 60,000); 0 (default) keeps LayerNorm.
+# training steps (the released models: 60,000, which their tags ``.in1k`` build); 0 (default) keeps LayerNorm.
 _SLAB = dict(class_token=False, global_pool="avg", fc_norm=False)
 
 
 def _slab(variant: str, pretrained: bool, args: Dict[str, Any], kwargs: Dict[str, Any],
-          prepbn_steps: int) -> VisionTransformer:
+          prepbn_steps: Optional[int]) -> VisionTransformer:
+    if prepbn_steps is None:
+        prepbn_steps = _tag_arg(variant, kwargs, "prepbn_steps", 0)
     if check_count(variant, "prepbn_steps", prepbn_steps, low=0):
         args = dict(args, norm_layer=partial(PRepBN, steps=prepbn_steps))
     return _grid_linear(variant, pretrained, "slab", args, kwargs, dwc_kernel=5)
 
 
 @register_model
-def slab_deit_tiny_patch16_224(pretrained: bool = False, prepbn_steps: int = 0, **kwargs) -> VisionTransformer:
+def slab_deit_tiny_patch16_224(pretrained: bool = False, prepbn_steps: Optional[int] = None,
+                               **kwargs) -> VisionTransformer:
     """SLAB-DeiT-T: simplified linear attention, no class token, average pooling (6.19M params; 6.20M with
     PRepBN)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, **_SLAB)
@@ -379,11 +439,30 @@ def slab_deit_tiny_patch16_224(pretrained: bool = False, prepbn_steps: int = 0, 
 
 
 @register_model
-def slab_deit_small_patch16_224(pretrained: bool = False, prepbn_steps: int = 0, **kwargs) -> VisionTransformer:
+def slab_deit_small_patch16_224(pretrained: bool = False, prepbn_steps: Optional[int] = None,
+                               **kwargs) -> VisionTransformer:
     """SLAB-DeiT-S: simplified linear attention, no class token, average pooling (22.97M params; 22.99M with
     PRepBN)."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, **_SLAB)
     return _slab("slab_deit_small_patch16_224", pretrained, args, kwargs, prepbn_steps)
+
+
+# PRepBN softmax DeiT (SLAB's deit_{tiny,small}_patch16_224_repbn): DeiT itself (class token, softmax attention,
+# token pooling) with SLAB's norms, built as its released code builds them: T with RepBN in every norm, S with
+# PRepBN in every norm over its code's default 300,000 steps. In eval mode both are RepBN alone.
+@register_model
+def prepbn_deit_tiny_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-T with RepBN in every norm and softmax attention (5.72M params; authors: 73.6% top-1)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, norm_layer=RepBN, attn_type="softmax")
+    return _create("prepbn_deit_tiny_patch16_224", pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def prepbn_deit_small_patch16_224(pretrained: bool = False, **kwargs) -> VisionTransformer:
+    """DeiT-S with PRepBN (300,000 steps) in every norm and softmax attention (22.07M params; authors: 80.2%)."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, norm_layer=partial(PRepBN, steps=300000),
+                attn_type="softmax")
+    return _create("prepbn_deit_small_patch16_224", pretrained, **dict(args, **kwargs))
 
 
 @register_model

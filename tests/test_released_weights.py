@@ -1,0 +1,134 @@
+"""The peers' released DeiT checkpoints as timm tags, without their code or their files.
+
+``tests/data/released/<tag>.json`` lists each released file's keys with shapes and dtypes, taken from the released
+model code (their training scripts save ``model.state_dict()`` under ``model``). Files in that layout, filled with
+seeded random values, must map through the family's ``checkpoint_filter_fn`` onto the tag's model with no missing
+or unexpected key, and load through timm's own pretrained path (``pretrained_cfg_overlay=dict(file=...)``) with
+the training script's wrapper, a ``module.`` prefix and a pickled yacs config beside the weights. Logits against
+the released code itself were checked outside the test suite (the code carries no license).
+"""
+import json
+import pickle
+import sys
+import types
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import simattn
+from simattn.models import sima_vit
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LAYOUTS = Path(__file__).parent / "data" / "released"
+FAST = dict(weight_init="skip")  # the weights are overwritten or only their names and shapes read: skip the init
+TAGS = sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in simattn.list_models())
+
+
+def _layout(tag: str) -> dict:
+    return json.loads((LAYOUTS / f"{tag}.json").read_text())
+
+
+def _released_state(tag: str) -> dict:
+    """Seeded random tensors in the released file's layout (counters as small positive integers)."""
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for key, (shape, dtype) in _layout(tag)["keys"].items():
+        if dtype == "int64":
+            out[key] = torch.randint(1, 100, shape, generator=gen)
+        else:
+            out[key] = torch.randn(shape, generator=gen, dtype=getattr(torch, dtype)) * 0.02
+    return out
+
+
+def test_every_tag_has_a_layout():
+    assert TAGS, "no pretrained tags registered"
+    assert sorted(p.name[:-len(".json")] for p in LAYOUTS.glob("*.json")) == TAGS
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_layout_maps_onto_the_model(tag):
+    model = timm.create_model(tag, **FAST)
+    cfg = model.pretrained_cfg
+    assert cfg["url"].startswith("https://") and cfg["num_classes"] == 1000 and cfg["paper_ids"]
+    assert cfg["input_size"][-1] == (288 if tag.endswith("_288") else 224)
+    mapped = sima_vit.checkpoint_filter_fn(_released_state(tag), model)
+    ours = model.state_dict()
+    assert sorted(mapped) == sorted(ours), (set(mapped) ^ set(ours))
+    wrong = {k: (tuple(v.shape), tuple(ours[k].shape)) for k, v in mapped.items() if v.shape != ours[k].shape}
+    assert not wrong
+
+
+def _fake_yacs(monkeypatch):
+    """A module named ``yacs.config`` whose ``CfgNode`` pickles under the real name (yacs is not installed)."""
+    yacs, config = types.ModuleType("yacs"), types.ModuleType("yacs.config")
+    node = type("CfgNode", (dict,), {"__module__": "yacs.config"})
+    config.CfgNode, yacs.config = node, config
+    monkeypatch.setitem(sys.modules, "yacs", yacs)
+    monkeypatch.setitem(sys.modules, "yacs.config", config)
+    return node
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_released_file_loads_through_timm(tag, tmp_path, monkeypatch):
+    """The training script's file: wrapped in ``model`` (here also with DDP's ``module.``), a yacs config beside."""
+    state = _released_state(tag)
+    node = _fake_yacs(monkeypatch)
+    config = node(MODEL=node(NAME=_layout(tag)["released_model"]), DATA=node(IMG_SIZE=224))
+    path = tmp_path / "released.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "optimizer": {}, "epoch": 299,
+                "config": config}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")
+    monkeypatch.delitem(sys.modules, "yacs")
+
+    model = timm.create_model(tag, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), **FAST)
+    expected = sima_vit.checkpoint_filter_fn(state, model)
+    loaded = model.state_dict()
+    assert sorted(loaded) == sorted(expected)
+    assert all(torch.equal(loaded[k], v) for k, v in expected.items())
+
+
+def test_config_stand_in_is_inert_and_narrow(tmp_path, monkeypatch):
+    node = _fake_yacs(monkeypatch)
+    path = tmp_path / "config.pth"
+    torch.save({"config": node(MODEL=node(NAME="x"))}, path)
+    config = torch.load(path, weights_only=True)["config"]
+    assert type(config) is OrderedDict and config == {"MODEL": {"NAME": "x"}}
+    other = type("Other", (dict,), {"__module__": "yacs.config"})
+    sys.modules["yacs.config"].Other = other
+    torch.save({"config": other()}, path)
+    with pytest.raises(pickle.UnpicklingError):  # only CfgNode has a stand-in
+        torch.load(path, weights_only=True)
+
+
+def test_agent_biases_keep_their_axes():
+    """Agent's query biases are stored agent-axis last ((1, H, w, 1, n), (1, H, 1, w, n)); here (H, n, w)."""
+    tag = "agent_deit_tiny_patch16_224.in1k"
+    state = _released_state(tag)
+    mapped = sima_vit.checkpoint_filter_fn(dict(state), timm.create_model(tag, **FAST))
+    p = "blocks.3.attn."
+    h, r, a = 2, 5, 17
+    assert mapped[p + "query_row_bias"][h, a, r] == state[p + "ha_bias"][0, h, r, 0, a]
+    assert mapped[p + "query_col_bias"][h, a, r] == state[p + "wa_bias"][0, h, 0, r, a]
+    assert mapped[p + "agent_row_bias"][h, a, r] == state[p + "ah_bias"][0, h, a, r, 0]
+    assert mapped[p + "agent_col_bias"][h, a, r] == state[p + "aw_bias"][0, h, a, 0, r]
+    assert mapped[p + "query_prefix_bias"][h, a, 0] == state[p + "ca_bias"][0, h, 0, a]
+    assert mapped[p + "agent_prefix_bias"][h, a, 0] == state[p + "ac_bias"][0, h, a, 0]
+
+
+def test_prepbn_counters_and_tag_builds():
+    """SLAB's LinearNorm counters become PRepBN's; the tags build the models the weights were trained in."""
+    tag = "slab_deit_tiny_patch16_224.in1k"
+    state = _released_state(tag)
+    model = timm.create_model(tag, **FAST)
+    assert model.norm.steps == 60000 and model.cls_token is None
+    mapped = sima_vit.checkpoint_filter_fn(dict(state), model)
+    assert torch.equal(mapped["norm.steps_left"], state["norm.iter"])
+    assert torch.equal(mapped["blocks.0.norm1.warmup_left"], state["blocks.0.norm1.warm"])
+    # the untagged names stay the recipes' models
+    assert type(timm.create_model("slab_deit_tiny_patch16_224", **FAST).norm).__name__ == "LayerNorm"
+    assert timm.create_model("inline_deit_small_patch16_224", **FAST).pos_embed.shape[1] == 197
+    assert timm.create_model("inline_deit_small_patch16_224.in1k_288", **FAST).pos_embed.shape[1] == 325
