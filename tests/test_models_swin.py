@@ -1,6 +1,8 @@
 """Swin family (models/swin.py): softmax is timm's Swin, SimA and the released hybrids in their stages, timm's model
 contract (intermediates, features), released key names through the filter, attention swaps, a few training steps."""
+import json
 import logging
+from pathlib import Path
 
 import pytest
 import timm
@@ -23,6 +25,8 @@ HYBRIDS = {  # model: (kind, stages that run it, at the released four-stage layo
     "polaformer_swin_tiny_patch4_window7_224": ("polaformer", (True, True, False, False)),
 }
 MODELS = ["sima_swin_tiny_patch4_window7_224", *HYBRIDS]
+#: each released Swin-T checkpoint's key names, shapes and dtypes, as its repository's model code saves them
+LAYOUTS = Path(__file__).parent / "data" / "swin_released"
 
 
 def _kinds(model):
@@ -197,3 +201,44 @@ def test_model_class_and_param_counts_at_full_size():
                   for n in ("sima_swin_tiny_patch4_window7_224", "agent_swin_tiny_patch4_window7_224")}
     assert counts == {"sima_swin_tiny_patch4_window7_224": 28_265_032, "agent_swin_tiny_patch4_window7_224": 28_902_964}
     assert isinstance(timm.create_model("sima_swin_tiny_patch4_window7_224", **TINY), SoftmaxFreeSwin)
+
+
+def _layout(name):
+    return json.loads((LAYOUTS / f"{name}.json").read_text())
+
+
+def _released_state(name, device="meta"):
+    """Tensors in the released file's layout (seeded values off the meta device)."""
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for key, (shape, dtype) in _layout(name)["keys"].items():
+        if device == "meta":
+            out[key] = torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+        elif dtype == "int64":
+            out[key] = torch.randint(1, 100, shape, generator=gen)
+        else:
+            out[key] = torch.randn(shape, generator=gen) * 0.02
+    return out
+
+
+@pytest.mark.parametrize("name", list(HYBRIDS))
+def test_released_layout_maps_with_no_missing_or_unexpected_key(name):
+    assert sorted(p.stem for p in LAYOUTS.glob("*.json")) == sorted(HYBRIDS)
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    ours = model.state_dict()
+    mapped = checkpoint_filter_fn({"model": _released_state(name), "epoch": 300}, model)
+    assert sorted(mapped) == sorted(ours), set(mapped) ^ set(ours)
+    assert {k: v.shape for k, v in mapped.items()} == {k: v.shape for k, v in ours.items()}
+    assert sum(p.numel() for p in model.parameters()) == _layout(name)["params"]  # the released code's count
+
+
+def test_a_released_file_loads_through_timms_pretrained_path(tmp_path):
+    name = "polaformer_swin_tiny_patch4_window7_224"
+    state = {f"module.{k}": v for k, v in _released_state(name, device="cpu").items()}
+    path = tmp_path / "pola_swin_t.pth"
+    torch.save({"model": state, "epoch": 300, "max_accuracy": 82.6}, path)
+    model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), weight_init="skip")
+    released = _released_state(name, device="cpu")
+    qkvg = released["layers.0.blocks.0.attn.qkvg.weight"]
+    torch.testing.assert_close(model.layers[0].blocks[0].attn.g.weight, qkvg[-96:], rtol=0, atol=0)
