@@ -9,7 +9,7 @@ import timm
 import torch
 from timm.models.swin_transformer import SwinTransformer
 
-from simattn.attention import AgentAttention, SimAAttention
+from simattn.attention import AgentAttention, SimAAttention, list_attentions
 from simattn.models import swin
 from simattn.models.swin import GridSwinBlock, SoftmaxFreeSwin, checkpoint_filter_fn
 
@@ -242,3 +242,20 @@ def test_a_released_file_loads_through_timms_pretrained_path(tmp_path):
     released = _released_state(name, device="cpu")
     qkvg = released["layers.0.blocks.0.attn.qkvg.weight"]
     torch.testing.assert_close(model.layers[0].blocks[0].attn.g.weight, qkvg[-96:], rtol=0, atol=0)
+
+
+def test_every_kind_runs_in_the_kind_stages():
+    x = torch.randn(1, 3, 32, 32)
+    for kind in list_attentions():
+        model = timm.create_model("flatten_swin_tiny_patch4_window7_224", attn_type=kind, **TINY).eval()
+        with torch.no_grad():
+            assert torch.isfinite(model(x)).all(), kind
+        assert _kinds(model) == (["window", "window"] if kind == "softmax" else [kind, kind])
+
+
+def test_semantic_fpn_on_swin():
+    seg = timm.create_model("semantic_fpn", backbone="agent_swin_tiny_patch4_window7_224", num_classes=4, img_size=64,
+                            embed_dim=16, depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4), window_size=2).eval()
+    assert [f["reduction"] for f in seg.backbone.feature_info] == [4, 8, 16, 32]
+    with torch.no_grad():
+        assert seg(torch.randn(1, 3, 64, 64)).shape == (1, 4, 64, 64)
