@@ -12,22 +12,20 @@ import torch.nn.functional as F
 import simattn  # noqa: F401  (the kinds)
 from simattn.models import pvt
 
-KINDS = {  # model → the kind its blocks run
-    "pvt_tiny": "softmax", "sima_pvt_tiny": "sima", "agent_pvt_tiny": "agent", "inline_pvt_tiny": "inline",
-    "flatten_pvt_tiny": "flatten", "polaformer_pvt_tiny": "polaformer",
+KINDS = {  # model → the kind its blocks run, whether it reduces the keys, whether it has a class token
+    "pvt_tiny": ("softmax", True, True), "sima_pvt_tiny": ("sima", True, True),
+    "agent_pvt_tiny": ("agent", False, False),
+    "inline_pvt_tiny": ("inline", False, False), "flatten_pvt_tiny": ("flatten", False, False),
+    "polaformer_pvt_tiny": ("polaformer", False, False), "slab_pvt_tiny": ("slab", False, False),
+    "pvt_tiny_prepbn": ("softmax", True, False),
 }
 TINY = dict(img_size=64, depths=(1, 1, 1, 1), embed_dims=(16, 32, 32, 64), num_heads=(1, 2, 2, 4),
             mlp_ratios=(2, 2, 2, 2), num_classes=5)
 RELEASED = json.loads(Path(__file__).with_name("pvt_released_keys.json").read_text())["models"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """One intra-op thread: these tiny models gain nothing from a second one on shared cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+# tiny models on shared cores run fastest single-threaded (the suite's fixture)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _tiny(name, **kwargs):
@@ -44,11 +42,11 @@ def test_every_model_is_registered_with_timm():
 def test_builds_runs_and_reduces_keys_only_where_the_kind_takes_them(name):
     model = _tiny(name).eval()
     attn = model.stages[0].blocks[0].attn
-    assert attn.attn_name == KINDS[name]
-    reduced = KINDS[name] in ("softmax", "sima")
+    kind, reduced, cls = KINDS[name]
+    assert attn.attn_name == kind
     assert model.sr_ratios == ((8, 4, 2, 1) if reduced else (1, 1, 1, 1))
     assert hasattr(attn, "sr") == reduced
-    assert (model.stages[-1].cls_token is not None) == reduced  # PVT v1's class token; the hybrids have none
+    assert (model.stages[-1].cls_token is not None) == cls  # PVT v1's class token; the hybrids have none
     with torch.no_grad():
         out = model(torch.randn(2, 3, 64, 96))
     assert out.shape == (2, 5) and torch.isfinite(out).all()
@@ -112,7 +110,7 @@ def test_inputs_and_sizes_it_cannot_take_are_one_line_errors():
         _tiny("pvt_tiny", depths=(1, 1, 1))
 
 
-@pytest.mark.parametrize("name", ["pvt_tiny", "agent_pvt_tiny", "polaformer_pvt_tiny"])
+@pytest.mark.parametrize("name", ["pvt_tiny", "agent_pvt_tiny", "slab_pvt_tiny"])
 def test_a_few_training_steps_lower_the_loss(name):
     model = _tiny(name, depths=(1, 1, 1, 1)).train()
     torch.manual_seed(1)
@@ -156,14 +154,21 @@ def test_the_filter_maps_released_tensors_to_the_right_places():
     assert set(pvt.checkpoint_filter_fn(sd, plain)) == {"stages.0.blocks.0.attn.sr_norm.weight",
                                                         "stages.3.cls_token", "norm.bias"}
     assert "norm.bias" not in pvt.checkpoint_filter_fn(sd, _tiny("flatten_pvt_tiny"))  # an unused released norm
+    slab = _tiny("slab_pvt_tiny")  # SLAB's LinearNorm counters
+    sd = {"block1.0.norm1.iter": torch.tensor(7), "block1.0.norm1.warm": torch.tensor(0),
+          "block1.0.norm1.total_step": torch.tensor(300000)}
+    assert pvt.checkpoint_filter_fn(sd, slab) == {"stages.0.blocks.0.norm1.steps_left": torch.tensor(7),
+                                                  "stages.0.blocks.0.norm1.warmup_left": torch.tensor(0)}
+    sd = {"block2.1.attn.norm.norm2.bn.running_var": torch.ones(32)}  # SLAB's PRepBN in the reduction
+    assert set(pvt.checkpoint_filter_fn(sd, slab)) == {"stages.1.blocks.1.attn.sr_norm.norm2.bn.running_var"}
 
 
 def test_a_saved_model_loads_back_through_timm(tmp_path):
     model = _tiny("inline_pvt_tiny").eval()
     path = tmp_path / "w.pth"
     torch.save({"model": model.state_dict()}, path)
-    again = timm.create_model("inline_pvt_tiny", pretrained=True, pretrained_cfg_overlay=dict(file=str(path), num_classes=5),
-                              **TINY)
+    overlay = dict(file=str(path), num_classes=5)
+    again = timm.create_model("inline_pvt_tiny", pretrained=True, pretrained_cfg_overlay=overlay, **TINY)
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(model(x), again.eval()(x))

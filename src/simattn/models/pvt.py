@@ -6,39 +6,52 @@ attention come from a spatial reduction of the token grid: a conv of kernel = st
 and a LayerNorm, so stage 1 attends from 56×56 queries to 7×7 keys at 224 px. PVT v1 has a class token in the last
 stage (its position embedding has a slot for it), pooled after the final norm.
 
-==========  ============  ===========  ========  ========================
-model       depths        heads        params    paper
-==========  ============  ===========  ========  ========================
-pvt_tiny    2, 2, 2, 2    1, 2, 5, 8   13.23M    13.2M, 75.1 %
-pvt_small   3, 4, 6, 3    1, 2, 5, 8   24.49M    24.5M, 79.8 %
-pvt_medium  3, 4, 18, 3   1, 2, 5, 8   44.21M    44.2M, 81.2 %
-pvt_large   3, 8, 27, 3   1, 2, 5, 8   61.36M    61.4M, 81.7 %
-==========  ============  ===========  ========  ========================
-
 Every model takes ``attn_type=`` (any registered kind) and ``attn_kwargs=``: ``pvt_*`` is softmax (PVT itself),
 ``sima_pvt_*`` SimA (unpublished). The reduction needs a kind that takes keys of another length
 (``supports_cross_length``) and does not lay the keys on the query grid (``attend_uses_grid``); any other kind
 runs with ``sr_ratio`` 1 in every stage, with a one-line note, as every released hybrid below does.
 
-The released hybrids (their own configurations, read from their code): no class token, no reduction
+The released hybrids, built as their code and configs build them: no class token, no reduction
 (``PVT_LA_SR_RATIOS`` 1111), the last stage's tokens averaged into the head with no final norm (FLatten and
-PolaFormer keep an unused ``norm`` in their checkpoints, which the filter leaves out), the kind in every block:
+PolaFormer keep an unused ``norm`` in their checkpoints, which the filter leaves out), the kind in every block.
+Parameters here = the released model's, built from its code (the README's figure where it gives one):
 
-- ``agent_pvt_{tiny,small}`` (Agent-Attention ``agent_pvt.py``, ``agent_pvt_{t,s}.yaml``): agents 9/16/49/49 per
-  stage, agent biases laid out for each stage's grid at 224 px (56/28/14/7), 3×3 depthwise conv on V.
-- ``inline_pvt_{tiny,small}``: heads 2/4/10/16 (head dim 32), the 3×3 local branch, no key encoding.
-- ``flatten_pvt_tiny``: focusing factor 3, 5×5 conv on V, a key encoding per stage.
-- ``polaformer_pvt_{tiny,small}``: α 4, 5×5 conv on V, a key encoding per stage, the gate.
+=====================  ==========================================================  ========  ==========
+model                  configuration                                               params    README
+=====================  ==========================================================  ========  ==========
+pvt_{tiny,small}       PVT's own (whai362/PVT)                                     13.23M,   13.2M,
+                                                                                   24.49M    24.5M
+pvt_{medium,large}                                                                 44.21M,   44.2M,
+                                                                                   61.37M    61.4M
+agent_pvt_{tiny,small} agents 9/16/49/49, biases for each stage's 224-px grid      11.57M,   11.6M,
+                       (56/28/14/7), 3×3 conv on V                                 20.64M    20.6M
+inline_pvt_{tiny,      heads 2/4/10/16 (head dim 32), 3×3 local branch, no key     12.03M,   12.0M,
+small}                 encoding                                                    21.56M    21.6M
+flatten_pvt_tiny       focusing factor 3, 5×5 conv on V, key encoding per stage    12.15M    (none)
+polaformer_pvt_{tiny,  α 4, 5×5 conv on V, key encoding per stage, the gate        12.92M,   (none)
+small}                                                                             23.16M
+slab_pvt_tiny          simplified linear attention, 5×5 conv on V, key encoding,   12.16M    (none)
+                       PRepBN in every norm
+pvt_{tiny,small,       SLAB's softmax PVTs with PRepBN (its ``slab_pvt_*`` with    13.24M,   (none)
+medium}_prepbn         ATTN_TYPE SSSS): reduction 8/4/2/1, hybrid layout           24.51M,
+                                                                                   44.25M
+=====================  ==========================================================  ========  ==========
+
+The released FLatten and PolaFormer models count 1,024 more parameters: their unused final norm. SLAB's PRepBN is
+``LinearNorm`` with its default 300,000 steps in every norm, the patch embeddings' and the reduction's included;
+``prepbn_steps=0`` gives LayerNorm.
 
 :func:`checkpoint_filter_fn` maps the PVT authors' classification checkpoints (``patch_embed{i}``, ``pos_embed{i}``,
 ``block{i}``, ``cls_token``, separate ``q`` and ``kv``) and the hybrids' (Agent's ``an/na/ah/aw/ha/wa_bias``,
-FLatten's and PolaFormer's ``scale``, PolaFormer's ``qg``) onto these models.
+FLatten's and PolaFormer's ``scale``, PolaFormer's ``qg``, SLAB's ``warm``/``iter``/``total_step`` counters) onto
+these models.
 """
 from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn.functional as F
@@ -50,6 +63,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 
 from ._checks import check_model_kwargs
 from ._kinds import kind_options
+from .prepbn import PRepBN
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ..utils.io import extract_state_dict
@@ -66,10 +80,11 @@ PATCH_STRIDES = (4, 2, 2, 2)
 class PatchEmbed(nn.Module):
     """PVT's patch embedding: a conv of kernel = stride ``patch_size``, then LayerNorm (eps 1e-5, as released)."""
 
-    def __init__(self, in_chans: int, dim: int, patch_size: int) -> None:
+    def __init__(self, in_chans: int, dim: int, patch_size: int,
+                 norm_layer: Callable[[int], nn.Module] = nn.LayerNorm) -> None:
         super().__init__()
         self.proj = nn.Conv2d(in_chans, dim, patch_size, stride=patch_size)
-        self.norm = nn.LayerNorm(dim)
+        self.norm = norm_layer(dim)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         x = self.proj(x)
@@ -87,7 +102,7 @@ class SpatialReduction(TokenAttention):
 
     uses_grid = True
 
-    def __init__(self, dim: int, num_heads: int = 8, *, sr_ratio: int = 2, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, sr_ratio: int = 2, prepbn_steps: int = 0, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         if not isinstance(sr_ratio, int) or isinstance(sr_ratio, bool) or sr_ratio < 2:
             raise ValueError(f"{type(self).__name__}: sr_ratio={sr_ratio!r}; allowed: an integer >= 2")
@@ -97,7 +112,7 @@ class SpatialReduction(TokenAttention):
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         self.sr_ratio = sr_ratio
         self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio, **dd)
-        self.sr_norm = nn.LayerNorm(dim, **dd)
+        self.sr_norm = PRepBN(dim, steps=prepbn_steps, **dd) if prepbn_steps else nn.LayerNorm(dim, **dd)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
                 grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
@@ -129,12 +144,13 @@ class SpatialReduction(TokenAttention):
         return f"{super().extra_repr()}, sr_ratio={self.sr_ratio}"
 
 
-def sr_attention_class(base: Type[nn.Module], sr_ratio: int) -> Type[nn.Module]:
-    """``base`` (a registry kind, options bound) with PVT's spatial reduction; ``base`` itself for ratio 1."""
+def sr_attention_class(base: Type[nn.Module], sr_ratio: int, prepbn_steps: int = 0) -> Type[nn.Module]:
+    """``base`` (a registry kind, options bound) with PVT's spatial reduction (its norm SLAB's PRepBN for
+    ``prepbn_steps`` > 0); ``base`` itself for ratio 1."""
     if sr_ratio == 1:
         return base
     mixed = type(f"SR{base.__name__}", (SpatialReduction, base), {"__module__": __name__})
-    return attention_class(mixed, sr_ratio=sr_ratio)
+    return attention_class(mixed, sr_ratio=sr_ratio, **({"prepbn_steps": prepbn_steps} if prepbn_steps else {}))
 
 
 def reduces_keys(kind: Union[str, Type[nn.Module]]) -> bool:
@@ -145,7 +161,8 @@ def reduces_keys(kind: Union[str, Type[nn.Module]]) -> bool:
 
 def stage_attention(variant: str, attn_type: str, attn_kwargs: Optional[Dict[str, Any]],
                     own_attn: Optional[Tuple[str, Sequence[Dict[str, Any]]]], sr_ratios: Sequence[int],
-                    layouts: Sequence[Dict[str, Any]]) -> Tuple[List[Type[nn.Module]], Tuple[int, ...]]:
+                    layouts: Sequence[Dict[str, Any]], prepbn_steps: int = 0
+                    ) -> Tuple[List[Type[nn.Module]], Tuple[int, ...]]:
     """Each stage's attention class and the reduction ratios used: the model's own options per stage where
     ``attn_type`` is its own kind, else only the layout (one note for what falls away); ratio 1 everywhere, with a
     note, for a kind the reduction does not fit."""
@@ -160,7 +177,7 @@ def stage_attention(variant: str, attn_type: str, attn_kwargs: Optional[Dict[str
     for i, (ratio, layout) in enumerate(zip(sr_ratios, layouts)):
         own = own_options[i] if same or i == 0 else None  # a note once, not per stage
         options = kind_options(variant, own_kind, own, attn_type, attn_kwargs, layout)
-        layers.append(sr_attention_class(attention_class(attn_type, **options), ratio))
+        layers.append(sr_attention_class(attention_class(attn_type, **options), ratio, prepbn_steps))
     return layers, sr_ratios
 
 
@@ -174,6 +191,8 @@ class PyramidVisionTransformer(PyramidTransformer):
         class_token: a class token in the last stage (PVT v1); ``global_pool`` 'token' pools it, 'avg' the grid.
         final_norm: LayerNorm before pooling (the released hybrids have none).
         key_encoding: give kinds that take ``pos_grid`` (a learned key encoding) each stage's grid.
+        prepbn_steps: S > 0 makes every norm (blocks, patch embeddings, final) SLAB's PRepBN, handing LayerNorm over
+            to RepBN in S training steps; 0 keeps LayerNorm.
         attn_type, attn_kwargs: the kind and its options; ``own_attn`` (kind, options per stage): the kind the
             model is made for and its options, which fall away for another ``attn_type``.
     """
@@ -184,7 +203,8 @@ class PyramidVisionTransformer(PyramidTransformer):
                  mlp_ratios: Sequence[float] = (8, 8, 4, 4), sr_ratios: Sequence[int] = (8, 4, 2, 1),
                  qkv_bias: bool = True, class_token: bool = True, final_norm: bool = True, key_encoding: bool = True,
                  attn_type: str = "softmax", attn_kwargs: Optional[Dict[str, Any]] = None,
-                 own_attn: Optional[Tuple[str, Sequence[Dict[str, Any]]]] = None, model_name: str = "pvt",
+                 own_attn: Optional[Tuple[str, Sequence[Dict[str, Any]]]] = None, prepbn_steps: int = 0,
+                 model_name: str = "pvt",
                  drop_rate: float = 0., pos_drop_rate: float = 0., proj_drop_rate: float = 0.,
                  attn_drop_rate: float = 0., drop_path_rate: float = 0.) -> None:
         per_stage = (embed_dims, depths, num_heads, mlp_ratios, sr_ratios)
@@ -203,14 +223,16 @@ class PyramidVisionTransformer(PyramidTransformer):
         last = len(PATCH_STRIDES) - 1
         layouts = [dict(num_prefix_tokens=int(class_token and i == last), **(
             dict(pos_grid=grids[i]) if key_encoding else {})) for i in range(len(grids))]
-        attn_layers, sr_ratios = stage_attention(model_name, attn_type, attn_kwargs, own_attn, sr_ratios, layouts)
-        norm_layer = _layer_norm
+        attn_layers, sr_ratios = stage_attention(model_name, attn_type, attn_kwargs, own_attn, sr_ratios, layouts,
+                                                 prepbn_steps)
+        norm_layer = partial(PRepBN, steps=prepbn_steps) if prepbn_steps else _layer_norm
+        embed_norm = norm_layer if prepbn_steps else nn.LayerNorm
         stages, in_dim = [], in_chans
         for i, (dim, rates) in enumerate(zip(embed_dims, drop_path_rates(depths, drop_path_rate))):
             blocks = [GridBlock(dim, num_heads[i], attn_layers[i], mlp_ratio=mlp_ratios[i], qkv_bias=qkv_bias,
                                 proj_drop=proj_drop_rate, attn_drop=attn_drop_rate, drop_path=rate,
                                 norm_layer=norm_layer) for rate in rates]
-            stages.append(PyramidStage(PatchEmbed(in_dim, dim, PATCH_STRIDES[i]), blocks, dim,
+            stages.append(PyramidStage(PatchEmbed(in_dim, dim, PATCH_STRIDES[i], embed_norm), blocks, dim,
                                        class_token=class_token and i == last, pos_embed_grid=grids[i],
                                        pos_drop=pos_drop_rate))
             in_dim = dim
@@ -239,6 +261,10 @@ _STAGE_KEYS = re.compile(r"^(patch_embed|pos_embed|block|pos_drop)(\d)(.*)$")
 #: Agent-Attention's bias names → ours, and how each becomes (heads, agents, …)
 _AGENT_BIASES = {"an_bias": "agent_block_bias", "na_bias": "query_block_bias", "ah_bias": "agent_row_bias",
                  "aw_bias": "agent_col_bias", "ha_bias": "query_row_bias", "wa_bias": "query_col_bias"}
+
+
+#: SLAB's LinearNorm buffers → PRepBN's (None: left out)
+_PREPBN_BUFFERS = {"warm": "warmup_left", "iter": "steps_left", "total_step": None}
 
 
 def _agent_bias(name: str, value: torch.Tensor) -> torch.Tensor:
@@ -276,17 +302,20 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
     for key, value in state_dict.items():
         key = _released_key(key, last)
         head, _, name = key.rpartition(".")
+        if name in _PREPBN_BUFFERS:  # SLAB's LinearNorm counters; its total is this model's prepbn_steps
+            if _PREPBN_BUFFERS[name] is None:
+                continue
+            key = f"{head}.{_PREPBN_BUFFERS[name]}"
         if head.endswith(".attn"):
             if name in _AGENT_BIASES:
                 key, value = f"{head}.{_AGENT_BIASES[name]}", _agent_bias(name, value)
             elif name == "scale":
                 key = f"{head}.feature_scale"
-        match = re.match(r"^(.*\.attn)\.(q|kv|qg|norm)\.(weight|bias)$", key)
+        key = key.replace(".attn.norm.", ".attn.sr_norm.")  # the reduction's norm (LayerNorm or SLAB's PRepBN)
+        match = re.match(r"^(.*\.attn)\.(q|kv|qg)\.(weight|bias)$", key)
         if match:
             attn, part, kind = match[1], match[2], match[3]
-            if part == "norm":
-                key = f"{attn}.sr_norm.{kind}"
-            elif part == "qg":  # PolaFormer: q, then the gate g
+            if part == "qg":  # PolaFormer: q, then the gate g
                 q, g = value.chunk(2)
                 out[f"{attn}.g.{kind}"] = g
                 out.setdefault(f"{attn}.qkv.{kind}", {})["q"] = q
@@ -331,6 +360,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 _NAMES = ("pvt_tiny", "pvt_small", "pvt_medium", "pvt_large", "sima_pvt_tiny", "sima_pvt_small",
           "agent_pvt_tiny", "agent_pvt_small", "inline_pvt_tiny", "inline_pvt_small", "flatten_pvt_tiny",
+          "slab_pvt_tiny", "pvt_tiny_prepbn", "pvt_small_prepbn", "pvt_medium_prepbn",
           "polaformer_pvt_tiny", "polaformer_pvt_small")
 # No weights here yet: the released checkpoints' tags are a later step.
 default_cfgs = generate_default_cfgs({name: _cfg() for name in _NAMES})
@@ -403,7 +433,7 @@ def agent_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransfor
 
 def _grid_linear(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], kind: str,
                  **args: Any) -> PyramidVisionTransformer:
-    options = {k: args.pop(k) for k in list(args) if k not in ("num_heads", "key_encoding")}
+    options = {k: args.pop(k) for k in list(args) if k not in ("num_heads", "key_encoding", "prepbn_steps")}
     return _pvt(variant, pretrained, size, kwargs, attn_type=kind, own_attn=(kind, [options] * 4), **_HYBRID,
                 **args)
 
@@ -427,6 +457,36 @@ def flatten_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransfo
     """FLatten-PVT-T: focusing factor 3, 5×5 conv on V, key encoding, no reduction (paper: 77.8 %)."""
     return _grid_linear("flatten_pvt_tiny", pretrained, "tiny", kwargs, "flatten", focusing_factor=3.0,
                         dwc_kernel=5)
+
+
+@register_model
+def slab_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """SLAB-PVT-T: simplified linear attention, 5×5 conv on V, key encoding, PRepBN in every norm (300,000 steps, as
+    released; ``prepbn_steps=0``: LayerNorm), no reduction (paper: 76.5 %)."""
+    return _grid_linear("slab_pvt_tiny", pretrained, "tiny", kwargs, "slab", dwc_kernel=5, prepbn_steps=300000)
+
+
+# SLAB's softmax PVTs with PRepBN (its slab_pvt_* with ATTN_TYPE SSSS): the reduction 8/4/2/1 with a PRepBN norm, the
+# hybrids' layout otherwise (no class token, average pooling, no final norm)
+_PREPBN = dict(_HYBRID, sr_ratios=(8, 4, 2, 1), prepbn_steps=300000)
+
+
+@register_model
+def pvt_tiny_prepbn(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """SLAB's PVT-T with PRepBN: softmax, no class token, average pooling (paper: 76.0 %)."""
+    return _pvt("pvt_tiny_prepbn", pretrained, "tiny", kwargs, **_PREPBN)
+
+
+@register_model
+def pvt_small_prepbn(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """SLAB's PVT-S with PRepBN: softmax, no class token, average pooling (paper: 80.1 %)."""
+    return _pvt("pvt_small_prepbn", pretrained, "small", kwargs, **_PREPBN)
+
+
+@register_model
+def pvt_medium_prepbn(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """SLAB's PVT-M with PRepBN: softmax, no class token, average pooling (paper: 81.7 %)."""
+    return _pvt("pvt_medium_prepbn", pretrained, "medium", kwargs, **_PREPBN)
 
 
 @register_model
