@@ -18,7 +18,7 @@ import timm
 from timm.layers import register_notrace_module
 
 from ..attention import TokenAttention
-from . import segmentation, sima_cvt, sima_vit, sima_xcit, soft_vit, swin, ufo_vit
+from . import pvt, segmentation, sima_cvt, sima_vit, sima_xcit, soft_vit, swin, ufo_vit
 from .export_ready import prepare_for_export, revert_sync_batchnorm
 from .factory import create_model, load_initial_weights, load_model
 
