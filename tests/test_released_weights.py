@@ -13,6 +13,7 @@ import sys
 import types
 from collections import OrderedDict
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import timm
@@ -59,6 +60,8 @@ def test_layout_maps_onto_the_model(tag):
     model = timm.create_model(tag, **FAST)
     cfg = model.pretrained_cfg
     assert (cfg.get("url") or cfg.get("hf_hub_id")) and cfg["num_classes"] == 1000 and cfg["paper_ids"]
+    # timm caches a download under the URL's last path segment: it must name a file
+    assert not cfg.get("url") or Path(urlparse(cfg["url"]).path).name
     mapped = _filter(tag)(_released_state(tag), model)
     ours = model.state_dict()
     assert sorted(mapped) == sorted(ours), (set(mapped) ^ set(ours))

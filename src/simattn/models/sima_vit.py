@@ -10,6 +10,10 @@ The ReLU-attention ViT-S models (Wortsman et al.) follow big_vision's two ViT co
 ``relu_vit_small_patch{32,16,8}_224`` is ``vit_i1k`` (class token added after the learned position embedding,
 token pooling, Linear + tanh pre-logits layer) and ``relu_vit_small_patch{32,16,8}_gap_224`` is ``vit_i21k``
 (no class token, global average pooling, no pre-logits layer; default head of 21843 classes, tag ``in21k``).
+
+The peers' released ImageNet-1k DeiT weights (Agent, InLine, SLAB and SLAB's PRepBN softmax DeiT) are tags
+(``agent_deit_tiny_patch16_224.in1k``, ...): each builds the model its weights were trained in, and
+:func:`checkpoint_filter_fn` maps the released files (:mod:`simattn.models.released`).
 """
 from __future__ import annotations
 
@@ -183,7 +187,11 @@ _PAPERS = {
     "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
              "Re-parameterized Batch Normalization", "https://github.com/xinghaochen/SLAB"),
 }
-_TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}/?dl=1"
+# Their READMEs link Tsinghua Cloud as /f/<id>/?dl=1. timm and torch.hub name the cached file after the URL's last
+# path segment, empty there (the cache folder itself would be read as the file): written here without the slash
+# before the query, which seahub (a Django app, APPEND_SLASH) is expected to redirect to the README's form; not
+# tried from this repository's machines, which have no network.
+_TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}?dl=1"
 _SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
 
 
