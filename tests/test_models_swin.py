@@ -36,7 +36,10 @@ def _kinds(model):
 
 def test_family_registered_with_names_apart_from_timms():
     names = timm.list_models(module="swin")
-    assert set(names) == {f"sima_swin_{s}_patch4_window7_224" for s in ("tiny", "small", "base")} | set(HYBRIDS)
+    sizes = ("tiny", "small", "base")
+    assert set(names) == {f"{kind}_swin_{size}_patch4_window7_224" for kind in
+                          ("sima", "agent", "flatten", "inline", "polaformer") for size in sizes} | {
+        "slab_swin_tiny_patch4_window7_224", "slab_swin_small_patch4_window7_224"}
     assert not set(names) & set(timm.list_models(module="swin_transformer"))
 
 
@@ -59,6 +62,16 @@ def test_grid_block_is_attention_then_mlp_over_the_row_major_grid():
     expected = (y + block.mlp(block.norm2(y))).reshape(2, 6, 5, 16)
     with torch.no_grad():
         torch.testing.assert_close(block(x), expected)
+
+
+@pytest.mark.parametrize("name, kind", [("agent_swin_base_patch4_window7_224", "agent"),
+                                        ("inline_swin_base_patch4_window7_224", "inline")])
+def test_mixed_stage_runs_the_kind_in_its_first_two_blocks(name, kind):
+    # the released B layouts' "M" stage (AAMB2, IIMS2): the kind in stage 3's first 2 blocks, windows after
+    model = timm.create_model(name, img_size=64, embed_dim=16, depths=(1, 1, 4, 1), num_heads=(1, 2, 2, 4),
+                              window_size=2)
+    blocks = [getattr(b.attn, "attn_name", "window") for b in model.layers[2].blocks]
+    assert blocks == [kind, kind, "window", "window"] and model.layers[2].blocks[3].shift_size == (1, 1)
 
 
 def test_agent_options_per_stage():
@@ -221,9 +234,15 @@ def _released_state(name, device="meta"):
     return out
 
 
-@pytest.mark.parametrize("name", list(HYBRIDS))
+RELEASED = sorted(n for n in timm.list_models(module="swin") if not n.startswith("sima_"))
+
+
+def test_every_released_hybrid_has_a_layout():
+    assert sorted(p.stem for p in LAYOUTS.glob("*.json")) == RELEASED and len(RELEASED) == 14
+
+
+@pytest.mark.parametrize("name", RELEASED)
 def test_released_layout_maps_with_no_missing_or_unexpected_key(name):
-    assert sorted(p.stem for p in LAYOUTS.glob("*.json")) == sorted(HYBRIDS)
     with torch.device("meta"):
         model = timm.create_model(name)
     ours = model.state_dict()

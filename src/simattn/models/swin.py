@@ -1,5 +1,5 @@
 """Swin Transformer (v1) backbones with softmax-free attention: SimA-Swin and the released Swin hybrids of the newer
-kinds (Agent-, FLatten-, InLine-, SLAB- and PolaFormer-Swin-T).
+kinds (Agent-, FLatten-, InLine-, SLAB- and PolaFormer-Swin at the sizes their authors released: T, S, B).
 
 Built on timm's ``SwinTransformer`` (its patch embedding, stages, ``PatchMerging``, window attention, head, intermediates
 and features): a model names which stages run its attention kind. Those stages' blocks (:class:`GridSwinBlock`) attend
@@ -11,17 +11,20 @@ other kind runs it in the model's kind stages (SimA-Swin: all four); a model's o
 another kind with a note, its layout (each stage's grid for a key encoding, no prefix tokens) goes to any kind that
 takes it.
 
-The released configurations (their ``cfgs/*_swin_t.yaml`` and model files), Swin-T's 96 channels, depths (2, 2, 6, 2)
-and heads (3, 6, 12, 24):
+The released configurations (their ``cfgs/*_swin_{t,s,b}.yaml`` and model files; Swin-T/S/B's channels, depths and
+heads; the stages that run the kind in the authors' letters, ``M2`` a stage whose first 2 blocks run it):
 
-- Agent-Swin-T (LeapLabTHU/Agent-Attention ``agent_swin``, ``AAAB``): agent attention in stages 1-3 with 9, 16 and 49
-  agents, its biases learned on the stage grids 56, 28 and 14, 3×3 conv on V.
-- FLatten-Swin-T (LeapLabTHU/FLatten-Transformer ``flatten_swin``, ``LLSS``): stages 1-2, focusing factor 3, 5×5
-  conv on V, key encoding on the stage grid.
-- InLine-Swin-T (LeapLabTHU/InLine ``inline_swin``, ``IIIS``): stages 1-3, 3×3 local branch.
-- SLAB-Swin-T (xinghaochen/SLAB ``SlabSwinTransformer``, ``LLSS``): stages 1-2, 5×5 conv on V, key encoding; every
-  norm is PRepBN (LayerNorm, eps 1e-5, handed over to RepBN in 60,000 steps; ``prepbn_steps=0`` keeps LayerNorm).
-- PolaFormer-Swin-T (ZacharyMeng/PolaFormer ``pola_swin``, ``LLSS``): stages 1-2, α 4, 5×5 conv on V, key encoding.
+- Agent-Swin (LeapLabTHU/Agent-Attention ``agent_swin``; T ``AAAB``, S ``AABB``, B ``AAMB2``): 9, 16 and 49 agents
+  in stages 1-3, biases learned on the stage grids (56, 28, 14 at 224 px), 3×3 conv on V.
+- FLatten-Swin (LeapLabTHU/FLatten-Transformer ``flatten_swin``; ``LLSS``): focusing factor 3, 5×5 conv on V, key
+  encoding on the stage grid.
+- InLine-Swin (LeapLabTHU/InLine ``inline_swin``; T ``IIIS``, S ``IISS``, B ``IIMS2``): 3×3 local branch.
+- SLAB-Swin T and S (xinghaochen/SLAB ``SlabSwinTransformer``; ``LLSS``): 5×5 conv on V, key encoding; every norm
+  is PRepBN (LayerNorm, eps 1e-5, handed over to RepBN in 60,000 steps; ``prepbn_steps=0`` keeps LayerNorm).
+- PolaFormer-Swin (ZacharyMeng/PolaFormer ``pola_swin``; ``LLSS``): α 4, 5×5 conv on V, key encoding, gate.
+
+Each has the released code's parameter count, and the released code's logits with its weights mapped here (fp64,
+every tensor moved off its initialization: within 1e-14, SLAB within its own rounding sensitivity).
 
 SimA-Swin (no one has published it) runs SimA in all four stages over the stage grid. Swin has no absolute position
 embedding: its positions are the softmax windows' relative bias, which the kind stages do not have (the hybrids' own
@@ -120,11 +123,13 @@ class TokenPRepBN(PRepBN):
 
 class SoftmaxFreeSwin(SwinTransformer):
     """timm's ``SwinTransformer`` whose stages ``i`` with ``stage_attn[i]`` (an attention class) run that kind over
-    the whole stage grid (:class:`GridSwinBlock`); the stages with None keep Swin's shifted-window softmax. A clear
+    the whole stage grid (:class:`GridSwinBlock`) in their first ``kind_blocks[i]`` blocks (all where None or not
+    given, as the released hybrids' ``M`` stages mix); the other blocks keep Swin's shifted-window softmax. A clear
     ValueError for inputs that are not image batches of the model's size (any size that is a multiple of the patch
     size with ``dynamic_img_size=True``)."""
 
-    def __init__(self, *, stage_attn: Sequence[Optional[Type[nn.Module]]] = (), **kwargs) -> None:
+    def __init__(self, *, stage_attn: Sequence[Optional[Type[nn.Module]]] = (),
+                 kind_blocks: Sequence[Optional[int]] = (), **kwargs) -> None:
         super().__init__(**kwargs)
         if len(stage_attn) not in (0, len(self.layers)):
             raise ValueError(f"{type(self).__name__}: stage_attn names {len(stage_attn)} stages, the model has "
@@ -134,10 +139,12 @@ class SoftmaxFreeSwin(SwinTransformer):
             if attn_layer is None:
                 continue
             stage = self.layers[i]
-            stage.blocks = nn.Sequential(*[GridSwinBlock(block, attn_layer) for block in stage.blocks])
+            count = kind_blocks[i] if i < len(kind_blocks) and kind_blocks[i] is not None else len(stage.blocks)
+            stage.blocks = nn.Sequential(*[GridSwinBlock(block, attn_layer) if j < count else block
+                                           for j, block in enumerate(stage.blocks)])
             if kwargs.get("weight_init") != "skip":  # timm's init rule for the attention built here too
-                for j, block in enumerate(stage.blocks):
-                    named_apply(init, block.attn, name=f"layers.{i}.blocks.{j}.attn")
+                for j in range(min(count, len(stage.blocks))):
+                    named_apply(init, stage.blocks[j].attn, name=f"layers.{i}.blocks.{j}.attn")
 
     def _check_input(self, x: torch.Tensor) -> None:
         if fx_tracing():
@@ -234,7 +241,7 @@ def _stage_grids(img_size: Union[int, Sequence[int]], patch_size: int, stages: i
 
 
 def _stage_layers(variant: str, attn_type: Any, attn_kwargs: Optional[Dict[str, Any]], own_kind: str,
-                  own_options: Sequence[Dict[str, Any]], kind_stages: Sequence[bool],
+                  own_options: Sequence[Dict[str, Any]], kind_stages: Sequence[Union[bool, int]],
                   grids: Sequence[Tuple[int, int]]) -> List[Optional[Type[nn.Module]]]:
     """Each stage's attention class: None (Swin's window softmax) in every stage for softmax, else the kind in the
     kind stages with its options there (the model's own per stage where it is the model's kind)."""
@@ -260,10 +267,10 @@ def _stage_layers(variant: str, attn_type: Any, attn_kwargs: Optional[Dict[str, 
 
 def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
             attn_kwargs: Optional[Dict[str, Any]] = None, own_attn: Optional[Tuple[str, Sequence[Dict]]] = None,
-            kind_stages: Sequence[bool] = (True, True, True, True), key_encoding: bool = False,
+            kind_stages: Sequence[Union[bool, int]] = (True, True, True, True), key_encoding: bool = False,
             **kwargs) -> SwinTransformer:
     """``own_attn``: the kind the model is made for and its options per kind stage; ``kind_stages``: which stages
-    run the kind; ``key_encoding``: whether the model's own kind has a key encoding on each stage's grid (the grid
+    run the kind (True: every block, an int n: the first n blocks, the released ``M`` stages); ``key_encoding``: whether the model's own kind has a key encoding on each stage's grid (the grid
     goes to every kind that takes ``pos_grid`` only then)."""
     check_model_kwargs(variant, kwargs)
     depths = kwargs.get("depths", (2, 2, 6, 2))
@@ -278,6 +285,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     model = build_model_with_cfg(
         SoftmaxFreeSwin, variant, pretrained,
         stage_attn=stage_attn,
+        kind_blocks=[None if s is True else int(s) for s in kind_stages],
         pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
         **kwargs,
@@ -298,9 +306,11 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 default_cfgs = generate_default_cfgs({
     # No SimA-Swin weights exist: a recipe's evaluation (Swin's crop 0.9).
     **{f"sima_swin_{size}_patch4_window7_224": _cfg(license="mit") for size in ("tiny", "small", "base")},
-    **{f"{kind}_swin_tiny_patch4_window7_224": _cfg(crop_pct=0.875)
-       for kind in ("agent", "flatten", "inline", "slab")},
-    "polaformer_swin_tiny_patch4_window7_224": _cfg(crop_pct=0.875, license="mit"),
+    **{f"{kind}_swin_{size}_patch4_window7_224": _cfg(crop_pct=0.875)
+       for kind in ("agent", "flatten", "inline") for size in ("tiny", "small", "base")},
+    **{f"slab_swin_{size}_patch4_window7_224": _cfg(crop_pct=0.875) for size in ("tiny", "small")},
+    **{f"polaformer_swin_{size}_patch4_window7_224": _cfg(crop_pct=0.875, license="mit")
+       for size in ("tiny", "small", "base")},
 })
 
 _TINY = dict(patch_size=4, window_size=7, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24))
@@ -326,64 +336,138 @@ def sima_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> Swi
     return _create("sima_swin_base_patch4_window7_224", pretrained, **dict(_BASE, **kwargs))
 
 
-def _agent_windows(kwargs: Dict[str, Any]) -> List[int]:
-    """Agent's row and column biases are learned on each stage's grid at ``img_size`` (the longer side)."""
-    grids = _stage_grids(kwargs.get("img_size", 224), kwargs.get("patch_size", 4),
-                         len(kwargs.get("depths", _TINY["depths"])))
-    return [max(g) for g in grids]
+def _agent(variant: str, pretrained: bool, size: Dict[str, Any], stages: Sequence[Union[bool, int]],
+           kwargs: Dict[str, Any]) -> SwinTransformer:
+    """Agent-Swin: 9, 16, 49 agents in stages 1-3; the row and column biases learned on each stage's grid at
+    ``img_size`` (the longer side); 3×3 conv on V."""
+    args = dict(size, **kwargs)
+    grids = _stage_grids(args.get("img_size", 224), args.get("patch_size", 4), len(args["depths"]))
+    own = [dict(agent_num=n, window=max(g), dwc_kernel=3) for n, g in zip((9, 16, 49), grids)]
+    return _create(variant, pretrained, attn_type=args.pop("attn_type", "agent"), own_attn=("agent", own),
+                   kind_stages=stages, **args)
 
 
 @register_model
 def agent_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
-    """Agent-Swin-T: agent attention in stages 1-3 (9, 16, 49 agents; 3×3 conv on V), Swin's window softmax in
-    stage 4 (paper: 29M params, 4.5G FLOPs, 82.6% top-1)."""
-    args = dict(_TINY, **kwargs)
-    windows = _agent_windows(args)
-    own = [dict(agent_num=n, window=w, dwc_kernel=3) for n, w in zip((9, 16, 49), windows)]
-    return _create("agent_swin_tiny_patch4_window7_224", pretrained, attn_type=args.pop("attn_type", "agent"),
-                   own_attn=("agent", own), kind_stages=(True, True, True, False), **args)
+    """Agent-Swin-T (AAAB): agent attention in stages 1-3, Swin's window softmax in stage 4 (28.90M params;
+    README: 29M, 4.5G FLOPs, 82.6% top-1)."""
+    return _agent("agent_swin_tiny_patch4_window7_224", pretrained, _TINY, (True, True, True, False), kwargs)
 
 
-def _grid_linear(variant: str, pretrained: bool, kind: str, stages: Sequence[bool], kwargs: Dict[str, Any],
-                 key_encoding: bool = True, **attn: Any) -> SwinTransformer:
-    args = dict(_TINY, **kwargs)
+@register_model
+def agent_swin_small_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """Agent-Swin-S (AABB): agent attention in stages 1-2 (README: 50M params, 8.7G FLOPs, 83.7% top-1)."""
+    return _agent("agent_swin_small_patch4_window7_224", pretrained, _SMALL, (True, True, False, False), kwargs)
+
+
+@register_model
+def agent_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """Agent-Swin-B (AAMB2): agent attention in stages 1-2 and the first 2 blocks of stage 3 (README: 88M params,
+    15.4G FLOPs, 84.0% top-1)."""
+    return _agent("agent_swin_base_patch4_window7_224", pretrained, _BASE, (True, True, 2, False), kwargs)
+
+
+def _grid_linear(variant: str, pretrained: bool, kind: str, size: Dict[str, Any],
+                 stages: Sequence[Union[bool, int]], kwargs: Dict[str, Any], key_encoding: bool = True,
+                 **attn: Any) -> SwinTransformer:
+    args = dict(size, **kwargs)
     return _create(variant, pretrained, attn_type=args.pop("attn_type", kind), own_attn=(kind, [attn] * 4),
                    kind_stages=stages, key_encoding=key_encoding, **args)
 
 
 _LLSS = (True, True, False, False)
+_FLATTEN = dict(focusing_factor=3.0, dwc_kernel=5)
 
 
 @register_model
 def flatten_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
-    """FLatten-Swin-T: focused linear attention in stages 1-2 (focusing factor 3, 5×5 conv on V, key encoding),
-    Swin's window softmax in stages 3-4 (paper: 29M params, 4.5G FLOPs, 82.1% top-1)."""
-    return _grid_linear("flatten_swin_tiny_patch4_window7_224", pretrained, "flatten", _LLSS, kwargs,
-                        focusing_factor=3.0, dwc_kernel=5)
+    """FLatten-Swin-T (LLSS): focused linear attention in stages 1-2 (focusing factor 3, 5×5 conv on V, key
+    encoding), Swin's window softmax in stages 3-4 (29.19M params; 82.1% top-1)."""
+    return _grid_linear("flatten_swin_tiny_patch4_window7_224", pretrained, "flatten", _TINY, _LLSS, kwargs,
+                        **_FLATTEN)
+
+
+@register_model
+def flatten_swin_small_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """FLatten-Swin-S (LLSS) (83.5% top-1)."""
+    return _grid_linear("flatten_swin_small_patch4_window7_224", pretrained, "flatten", _SMALL, _LLSS, kwargs,
+                        **_FLATTEN)
+
+
+@register_model
+def flatten_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """FLatten-Swin-B (LLSS) (83.8% top-1)."""
+    return _grid_linear("flatten_swin_base_patch4_window7_224", pretrained, "flatten", _BASE, _LLSS, kwargs,
+                        **_FLATTEN)
 
 
 @register_model
 def inline_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
-    """InLine-Swin-T: InLine attention in stages 1-3 (3×3 local branch), Swin's window softmax in stage 4
-    (paper: 30M params, 4.5G FLOPs, 82.4% top-1)."""
-    return _grid_linear("inline_swin_tiny_patch4_window7_224", pretrained, "inline", (True, True, True, False),
+    """InLine-Swin-T (IIIS): InLine attention in stages 1-3 (3×3 local branch), Swin's window softmax in stage 4
+    (29.22M params; README: 30M, 4.5G FLOPs, 82.4% top-1)."""
+    return _grid_linear("inline_swin_tiny_patch4_window7_224", pretrained, "inline", _TINY,
+                        (True, True, True, False), kwargs, key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_swin_small_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """InLine-Swin-S (IISS): InLine attention in stages 1-2 (README: 50M params, 8.7G FLOPs, 83.6% top-1)."""
+    return _grid_linear("inline_swin_small_patch4_window7_224", pretrained, "inline", _SMALL, _LLSS, kwargs,
+                        key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """InLine-Swin-B (IIMS2): InLine attention in stages 1-2 and the first 2 blocks of stage 3 (README: 88M
+    params, 15.4G FLOPs, 84.1% top-1)."""
+    return _grid_linear("inline_swin_base_patch4_window7_224", pretrained, "inline", _BASE, (True, True, 2, False),
                         kwargs, key_encoding=False, local_kernel=3)
+
+
+def _slab(variant: str, pretrained: bool, size: Dict[str, Any], prepbn_steps: int,
+          kwargs: Dict[str, Any]) -> SwinTransformer:
+    """SLAB-Swin (LLSS): every norm PRepBN over ``prepbn_steps`` training steps (the released 60,000, LayerNorm's
+    eps 1e-5; 0 keeps LayerNorm)."""
+    if check_count(variant, "prepbn_steps", prepbn_steps, low=0):
+        kwargs = dict(kwargs, norm_layer=partial(TokenPRepBN, steps=prepbn_steps, eps=1e-5))
+    return _grid_linear(variant, pretrained, "slab", size, _LLSS, kwargs, dwc_kernel=5)
 
 
 @register_model
 def slab_swin_tiny_patch4_window7_224(pretrained: bool = False, prepbn_steps: int = 60000,
                                       **kwargs) -> SwinTransformer:
     """SLAB-Swin-T: simplified linear attention in stages 1-2 (5×5 conv on V, key encoding), Swin's window
-    softmax in stages 3-4; every norm PRepBN over ``prepbn_steps`` training steps (the released 60,000; 0 keeps
-    LayerNorm) (paper: 81.8% top-1)."""
-    if check_count("slab_swin_tiny_patch4_window7_224", "prepbn_steps", prepbn_steps, low=0):
-        kwargs = dict(kwargs, norm_layer=partial(TokenPRepBN, steps=prepbn_steps, eps=1e-5))
-    return _grid_linear("slab_swin_tiny_patch4_window7_224", pretrained, "slab", _LLSS, kwargs, dwc_kernel=5)
+    softmax in stages 3-4, PRepBN norms (29.22M params; 81.8% top-1)."""
+    return _slab("slab_swin_tiny_patch4_window7_224", pretrained, _TINY, prepbn_steps, kwargs)
+
+
+@register_model
+def slab_swin_small_patch4_window7_224(pretrained: bool = False, prepbn_steps: int = 60000,
+                                       **kwargs) -> SwinTransformer:
+    """SLAB-Swin-S (83.6% top-1)."""
+    return _slab("slab_swin_small_patch4_window7_224", pretrained, _SMALL, prepbn_steps, kwargs)
+
+
+_POLA = dict(alpha=4.0, dwc_kernel=5)
 
 
 @register_model
 def polaformer_swin_tiny_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
-    """PolaFormer-Swin-T: polarity-aware linear attention in stages 1-2 (α 4, 5×5 conv on V, key encoding, gate),
-    Swin's window softmax in stages 3-4 (paper: 82.6% top-1)."""
-    return _grid_linear("polaformer_swin_tiny_patch4_window7_224", pretrained, "polaformer", _LLSS, kwargs,
-                        alpha=4.0, dwc_kernel=5)
+    """PolaFormer-Swin-T (LLSS): polarity-aware linear attention in stages 1-2 (α 4, 5×5 conv on V, key encoding,
+    gate), Swin's window softmax in stages 3-4 (29.29M params; 82.6% top-1)."""
+    return _grid_linear("polaformer_swin_tiny_patch4_window7_224", pretrained, "polaformer", _TINY, _LLSS, kwargs,
+                        **_POLA)
+
+
+@register_model
+def polaformer_swin_small_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """PolaFormer-Swin-S (LLSS) (83.6% top-1)."""
+    return _grid_linear("polaformer_swin_small_patch4_window7_224", pretrained, "polaformer", _SMALL, _LLSS,
+                        kwargs, **_POLA)
+
+
+@register_model
+def polaformer_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> SwinTransformer:
+    """PolaFormer-Swin-B (LLSS) (83.8% top-1)."""
+    return _grid_linear("polaformer_swin_base_patch4_window7_224", pretrained, "polaformer", _BASE, _LLSS, kwargs,
+                        **_POLA)
