@@ -2,7 +2,10 @@
 contract (intermediates, features), released key names through the filter, attention swaps, a few training steps."""
 import json
 import logging
+import sys
+import types
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 import timm
@@ -252,11 +255,33 @@ def test_released_layout_maps_with_no_missing_or_unexpected_key(name):
     assert sum(p.numel() for p in model.parameters()) == _layout(name)["params"]  # the released code's count
 
 
-def test_a_released_file_loads_through_timms_pretrained_path(tmp_path):
+TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in RELEASED)
+
+
+def test_released_weights_are_tags_with_their_evaluation():
+    assert len(TAGS) == 11  # Agent, FLatten, InLine T/S/B and SLAB T/S (PolaFormer's Hub files are unnamed)
+    for tag in TAGS:
+        cfg = timm.models.get_pretrained_cfg(tag).to_dict()
+        assert cfg["url"].startswith("https://") and Path(urlparse(cfg["url"]).path).name, tag  # a cache file name
+        assert cfg["num_classes"] == 1000 and cfg["input_size"] == (3, 224, 224) and cfg["paper_ids"], tag
+        assert cfg["crop_pct"] == 0.875 and cfg["crop_mode"] == ("center" if tag.startswith("slab") else "squash")
+        assert timm.models.get_pretrained_cfg(tag.split(".")[0]).url == ""  # the untagged name asks for no weights
+
+
+def test_a_released_file_loads_through_timms_pretrained_path(tmp_path, monkeypatch):
+    # the training script's file: a yacs config beside the weights (read as an inert stand-in), DDP's prefix
+    yacs, config = types.ModuleType("yacs"), types.ModuleType("yacs.config")
+    node = type("CfgNode", (dict,), {"__module__": "yacs.config"})
+    config.CfgNode, yacs.config = node, config
+    monkeypatch.setitem(sys.modules, "yacs", yacs)
+    monkeypatch.setitem(sys.modules, "yacs.config", config)
     name = "polaformer_swin_tiny_patch4_window7_224"
     state = {f"module.{k}": v for k, v in _released_state(name, device="cpu").items()}
     path = tmp_path / "pola_swin_t.pth"
-    torch.save({"model": state, "epoch": 300, "max_accuracy": 82.6}, path)
+    torch.save({"model": state, "epoch": 300, "max_accuracy": 82.6, "config": node(MODEL=node(TYPE="pola_swin"))},
+               path)
+    monkeypatch.delitem(sys.modules, "yacs.config")
+    monkeypatch.delitem(sys.modules, "yacs")
     model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), weight_init="skip")
     released = _released_state(name, device="cpu")
     qkvg = released["layers.0.blocks.0.attn.qkvg.weight"]
