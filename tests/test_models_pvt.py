@@ -1,5 +1,7 @@
 """PVT (v1) family (``simattn.models.pvt``): builds per kind, shapes, features, the kind swap, input checks, training
-steps and the released checkpoints' layout (key names and shapes read from their code: ``pvt_released_keys.json``)."""
+steps, ONNX, a Semantic FPN, and the released checkpoints' layout (key names and shapes read from their code:
+``pvt_released_keys.json``)."""
+import io
 import json
 import logging
 from pathlib import Path
@@ -172,3 +174,26 @@ def test_a_saved_model_loads_back_through_timm(tmp_path):
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
         assert torch.equal(model(x), again.eval()(x))
+
+
+@pytest.mark.parametrize("name", ["pvt_tiny", "slab_pvt_tiny"])
+def test_exports_to_onnx_equal_to_pytorch(name):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnx")
+    model = _tiny(name).eval()
+    x = torch.randn(1, 3, 64, 64)
+    buffer = io.BytesIO()
+    torch.onnx.export(model, (x,), buffer, opset_version=18, dynamo=False)
+    session = ort.InferenceSession(buffer.getvalue())
+    out = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_semantic_fpn_runs_on_pvt():
+    pytest.importorskip("segmentation_models_pytorch")
+    from simattn.models.segmentation import Segmenter
+    seg = Segmenter("pvt_tiny", num_classes=4, decoder_channels=32, segmentation_channels=32,
+                    **{k: v for k, v in TINY.items() if k != "num_classes"}).eval()
+    with torch.no_grad():
+        assert seg(torch.randn(2, 3, 64, 96)).shape == (2, 4, 64, 96)
