@@ -99,6 +99,17 @@ def test_a_hybrid_takes_another_kind_and_pvt_takes_a_hybrid_kind(caplog):
         assert model(torch.randn(1, 3, 64, 64)).shape == (1, 5)
 
 
+def test_every_kind_runs_in_pvt_reduced_where_it_takes_shorter_keys():
+    from simattn.attention._registry import list_attentions
+    reducing = {"softmax", "sima", "elu", "efficient", "performer", "relu", "sigmoid", "xnorm"}
+    for kind in list_attentions():
+        model = _tiny("pvt_tiny", attn_type=kind).eval()
+        assert model.sr_ratios == ((8, 4, 2, 1) if kind in reducing else (1, 1, 1, 1)), kind
+        with torch.no_grad():
+            out = model(torch.randn(1, 3, 64, 96))
+        assert out.shape == (1, 5) and torch.isfinite(out).all(), kind
+
+
 def test_inputs_and_sizes_it_cannot_take_are_one_line_errors():
     model = _tiny("pvt_tiny").eval()
     for shape, words in [((1, 1, 64, 64), "in_chans=3"), ((1, 3, 64, 80), "multiples of 32"),
