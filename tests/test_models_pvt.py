@@ -208,3 +208,18 @@ def test_a_semantic_fpn_runs_on_pvt():
                     **{k: v for k, v in TINY.items() if k != "num_classes"}).eval()
     with torch.no_grad():
         assert seg(torch.randn(2, 3, 64, 96)).shape == (2, 4, 64, 96)
+
+
+#: parameters the READMEs give (PVT's paper for its own), and the count of the model its released code builds where the
+#: README gives none (FLatten's and PolaFormer's without their unused final norm)
+PARAMS = {"pvt_tiny": 13.2e6, "pvt_small": 24.5e6, "pvt_medium": 44.2e6, "pvt_large": 61.4e6,
+          "agent_pvt_tiny": 11.6e6, "agent_pvt_small": 20.6e6, "inline_pvt_tiny": 12.0e6, "inline_pvt_small": 21.6e6,
+          "flatten_pvt_tiny": 12_149_480, "polaformer_pvt_tiny": 12_923_624, "slab_pvt_tiny": 12_157_692}
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+def test_parameters_within_one_percent_of_the_published(name):
+    with torch.device("meta"):
+        model = timm.create_model(name)
+    count = sum(p.numel() for p in model.parameters())
+    assert abs(count / PARAMS[name] - 1) < 0.01, count
