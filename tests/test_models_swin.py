@@ -115,16 +115,16 @@ def test_forward_intermediates_and_features_only():
 
 
 def test_input_checks_are_one_line():
-    model = timm.create_model("sima_swin_tiny_patch4_window7_224", **TINY)
+    fixed = timm.create_model("sima_swin_tiny_patch4_window7_224", dynamic_img_size=False, **TINY)
     with pytest.raises(ValueError, match="expected an image batch"):
-        model(torch.randn(2, 1, 32, 32))
+        fixed(torch.randn(2, 1, 32, 32))
     with pytest.raises(ValueError, match=r"differs from the model's \(32, 32\)"):
-        model(torch.randn(2, 3, 48, 48))
-    dynamic = timm.create_model("sima_swin_tiny_patch4_window7_224", dynamic_img_size=True, **TINY).eval()
+        fixed(torch.randn(2, 3, 48, 48))
+    model = timm.create_model("agent_swin_tiny_patch4_window7_224", **TINY).eval()  # any size, as every family here
     with torch.no_grad():
-        assert dynamic(torch.randn(1, 3, 48, 40)).shape == (1, 5)  # whole-grid SimA takes any grid
+        assert model(torch.randn(1, 3, 48, 40)).shape == (1, 5)  # the kind's grid and Swin's padded windows
     with pytest.raises(ValueError, match="multiple of the patch size"):
-        dynamic(torch.randn(1, 3, 34, 32))
+        model(torch.randn(1, 3, 34, 32))
 
 
 def test_swap_from_a_hybrid_to_softmax_and_sima(caplog):

@@ -274,6 +274,9 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     run the kind (True: every block, an int n: the first n blocks, the released ``M`` stages); ``key_encoding``: whether the model's own kind has a key encoding on each stage's grid (the grid
     goes to every kind that takes ``pos_grid`` only then)."""
     check_model_kwargs(variant, kwargs)
+    # any input size that is a multiple of the patch size, as every family here (timm's Swin: its own size only);
+    # the shifted windows' masks are then made per input, the same values at img_size
+    kwargs.setdefault("dynamic_img_size", True)
     depths = kwargs.get("depths", (2, 2, 6, 2))
     out_indices = kwargs.pop("out_indices", tuple(range(len(depths))))
     if len(kind_stages) != len(depths):
@@ -298,7 +301,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
 def _cfg(**kwargs) -> Dict[str, Any]:
     return {
         "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": (7, 7), "crop_pct": 0.9,
-        "interpolation": "bicubic", "fixed_input_size": True, "mean": IMAGENET_DEFAULT_MEAN,
+        "interpolation": "bicubic", "fixed_input_size": False, "mean": IMAGENET_DEFAULT_MEAN,
         "std": IMAGENET_DEFAULT_STD, "first_conv": "patch_embed.proj", "classifier": "head.fc", **kwargs,
     }
 
