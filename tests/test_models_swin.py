@@ -16,6 +16,8 @@ from simattn.attention import AgentAttention, SimAAttention, list_attentions
 from simattn.models import swin
 from simattn.models.swin import GridSwinBlock, SoftmaxFreeSwin, checkpoint_filter_fn
 
+from conftest import needs
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # small nets on a shared CPU: fastest on one thread
 
 #: two stages of one block each (stride 8 at patch 4), 32 px: grids 8x8 and 4x4, windows of 4
@@ -303,3 +305,16 @@ def test_semantic_fpn_on_swin():
     assert [f["reduction"] for f in seg.backbone.feature_info] == [4, 8, 16, 32]
     with torch.no_grad():
         assert seg(torch.randn(1, 3, 64, 64)).shape == (1, 4, 64, 64)
+
+
+@needs("onnx", "onnxruntime")
+def test_onnx_export_equals_pytorch(tmp_path):
+    import onnxruntime as ort
+    torch.manual_seed(0)
+    model = timm.create_model("sima_swin_tiny_patch4_window7_224", **TINY).eval()
+    x = torch.randn(2, 3, 32, 32)
+    path = tmp_path / "sima_swin.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=18, input_names=["x"])
+    out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-5)

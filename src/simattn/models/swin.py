@@ -9,7 +9,8 @@ position bias (window 7). ``attn_type='softmax'`` is Swin itself: window attenti
 timm's ``swin_{tiny,small,base}_patch4_window7_224`` (timm's Swin weights load, same logits). ``attn_type=`` any
 other kind runs it in the model's kind stages (SimA-Swin: all four); a model's own kind options fall away for
 another kind with a note, its layout (each stage's grid for a key encoding, no prefix tokens) goes to any kind that
-takes it.
+takes it. Any input size that is a multiple of the patch size runs (``dynamic_img_size=False``: ``img_size`` only, as
+timm's Swin); ``forward_intermediates`` gives NCHW maps per stage, ``features_only`` NHWC ones as timm's Swin.
 
 The released configurations (their ``cfgs/*_swin_{t,s,b}.yaml`` and model files; Swin-T/S/B's channels, depths and
 heads; the stages that run the kind in the authors' letters, ``M2`` a stage whose first 2 blocks run it):
