@@ -1,4 +1,4 @@
-"""Graph capture of every registered model, each compared with eager outputs computed separately: TorchScript
+"""Graph capture of every registered model (of PVT and Swin, one network per kind of block: below), each compared with eager outputs computed separately: TorchScript
 (with a save/load round trip), FX (timm's feature extraction with timm's no-trace lists, then TorchScript, as in
 timm's model tests; ``torch.fx.symbolic_trace`` forward and backward), ``torch.export`` with a dynamic batch
 (strict and non-strict) and ``torch.compile(fullgraph=True)``; then export at a fixed input size through
@@ -28,6 +28,13 @@ from simattn.models import list_models
 from simattn.models.export_ready import prepare_for_export, revert_sync_batchnorm
 
 MODELS = list_models()
+#: the pyramids of PVT and Swin run the attention modules captured in the DeiT family: their captures hold the
+#: family's own blocks (PVT's spatial reduction and ratio-1 kind stages, PRepBN; Swin's windows beside whole-grid
+#: kind stages, its PRepBN on (B, H, W, C) maps) through one network each, which keeps the suite's time
+_PYRAMID_CAPTURES = {"pvt_tiny", "sima_pvt_tiny", "agent_pvt_tiny", "slab_pvt_tiny",
+                     *(f"{kind}_swin_tiny_patch4_window7_224" for kind in ("sima", "agent", "slab"))}
+CAPTURED = [name for name in MODELS if model_entrypoint(name).__module__.rsplit(".", 1)[-1] not in ("pvt", "swin")
+            or name in _PYRAMID_CAPTURES]
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 _SMALL = {
@@ -40,6 +47,10 @@ _SMALL = {
     # 3 Newton iterations instead of 20: the same graph, a sixth of the ops for export to trace
     "soft_vit": dict(img_size=32, embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), v_conv_kernels=(3,),
                      stem_chans=8, attn_kwargs={"num_iters": 3}),
+    "pvt": dict(img_size=64, embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
+                mlp_ratios=(2, 2, 2, 2)),
+    # timm's Swin drops paths at 0.1 by default, which would make the FX backward check random
+    "swin": dict(img_size=32, embed_dim=16, depths=(1, 1), num_heads=(2, 4), window_size=4, drop_path_rate=0.0),
 }
 
 
@@ -68,8 +79,8 @@ def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
 
 
 def test_every_family_has_a_small_configuration():
-    assert len(MODELS) == 41 + 4 + 8  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
-    # + {flatten,inline,slab,polaformer}_deit_{tiny,small}
+    assert len(MODELS) == 41 + 4 + 8 + 2 + 17 + 17  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
+    # + {flatten,inline,slab,polaformer}_deit_{tiny,small}, prepbn_deit_{tiny,small}, the PVT and Swin families
     for name in MODELS:
         _small(name)
 
@@ -120,7 +131,7 @@ def _plain_torchscript():
         yield
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPTURED)
 def test_torchscript(name):
     model, x = _build(name)
 
@@ -138,7 +149,7 @@ def test_torchscript(name):
 
 
 # ---- FX: timm's model-test contract (its tests/test_models.py) ----------------------------------------------------
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPTURED)
 def test_fx_forward_and_torchscript(name):
     """timm's FX feature extraction (``timm.models._features_fx.create_feature_extractor``, with timm's no-trace
     lists; what ``feature_cls='fx'`` builds on) gives the eager output, and so does its graph scripted."""
@@ -156,7 +167,7 @@ def test_fx_forward_and_torchscript(name):
     _capture_once("FX then TorchScript", name, model, capture)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPTURED)
 def test_fx_symbolic_trace_forward_and_backward(name):
     """Any FX tracer (``torch.fx.symbolic_trace``, FX quantization) takes the models: attention modules record
     themselves as one call. timm's ViT resamples position embeddings per input through a function FX cannot enter
@@ -183,7 +194,7 @@ def test_fx_symbolic_trace_forward_and_backward(name):
 
 # ---- torch.export and torch.compile ---------------------------------------------------------------------------
 @pytest.mark.parametrize("strict", [True, False], ids=["strict", "nonstrict"])
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPTURED)
 def test_export_dynamic_batch(name, strict):
     model, x = _build(name)
 
@@ -198,7 +209,7 @@ def test_export_dynamic_batch(name, strict):
     _capture_once(f"export(strict={strict})", name, model, capture)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", CAPTURED)
 def test_compile_fullgraph(name):
     model, x = _build(name)
 

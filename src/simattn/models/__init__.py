@@ -2,7 +2,8 @@
 
 One file per family (names distinct from timm's own module names, which are registry keys):
 ``sima_vit`` (DeiT/ViT with SimA, ReLU-attention ViTs), ``sima_xcit`` (XCiT with SimA), ``ufo_vit`` (UFO-ViT),
-``sima_cvt`` (CvT with SimA), ``soft_vit`` (SOFT pyramids).
+``sima_cvt`` (CvT with SimA), ``soft_vit`` (SOFT pyramids), ``pvt`` (PVT v1 and its released hybrids), ``swin``
+(Swin v1 and its released hybrids).
 
 Task packages build, load and start models only through :mod:`simattn.models.factory` (``create_model``,
 ``load_model``, ``load_initial_weights``, also importable from here); every ``.safetensors`` file carries the record of
@@ -26,7 +27,7 @@ from .factory import create_model, load_initial_weights, load_model
 # its matmul order, dtypes and autocast handling from shapes and state in Python.
 register_notrace_module(TokenAttention)
 
-FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit")
+FAMILIES = ("sima_vit", "sima_xcit", "ufo_vit", "sima_cvt", "soft_vit", "pvt", "swin")
 #: dense-prediction networks on those backbones (``segmentation``: Semantic FPN, UperNet)
 SEGMENTERS = ("semantic_fpn", "upernet")
 
