@@ -64,9 +64,9 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ._checks import check_model_kwargs
 from ._kinds import kind_options
 from .prepbn import PRepBN
+from .released import released_names
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
-from ..utils.io import extract_state_dict
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
 
 __all__ = ["PatchEmbed", "SpatialReduction", "sr_attention_class", "PyramidVisionTransformer", "checkpoint_filter_fn"]
@@ -258,23 +258,6 @@ def _layer_norm(dim: int) -> nn.LayerNorm:
 
 # --- checkpoints -----------------------------------------------------------------------------------------------------
 _STAGE_KEYS = re.compile(r"^(patch_embed|pos_embed|block|pos_drop)(\d)(.*)$")
-#: Agent-Attention's bias names → ours, and how each becomes (heads, agents, …)
-_AGENT_BIASES = {"an_bias": "agent_block_bias", "na_bias": "query_block_bias", "ah_bias": "agent_row_bias",
-                 "aw_bias": "agent_col_bias", "ha_bias": "query_row_bias", "wa_bias": "query_col_bias"}
-
-
-#: SLAB's LinearNorm buffers → PRepBN's (None: left out)
-_PREPBN_BUFFERS = {"warm": "warmup_left", "iter": "steps_left", "total_step": None}
-
-
-def _agent_bias(name: str, value: torch.Tensor) -> torch.Tensor:
-    if name in ("an_bias", "na_bias"):  # (H, n, 7, 7)
-        return value
-    if name in ("ah_bias", "aw_bias"):  # (1, H, n, W, 1) / (1, H, n, 1, W)
-        return value.reshape(value.shape[1], value.shape[2], -1)
-    return value.reshape(value.shape[1], -1, value.shape[-1]).transpose(1, 2)  # (1, H, W, 1, n) / (1, H, 1, W, n)
-
-
 def _released_key(key: str, last: int) -> str:
     """A released PVT key in this layout (attention parameters aside)."""
     if key == "cls_token":
@@ -295,22 +278,12 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
     into the fused ``qkv``, ``norm`` of the reduction into ``sr_norm``, Agent's biases, FLatten's and PolaFormer's
     ``scale`` into ``feature_scale``); leaves out a final ``norm`` the model does not have (the hybrids keep an
     unused one); resamples position embeddings laid out for another grid. This layout passes through."""
-    state_dict = extract_state_dict(state_dict)
+    state_dict = released_names(state_dict)
     last = len(model.stages) - 1
     own = model.state_dict()
     out: Dict[str, torch.Tensor] = {}
     for key, value in state_dict.items():
         key = _released_key(key, last)
-        head, _, name = key.rpartition(".")
-        if name in _PREPBN_BUFFERS:  # SLAB's LinearNorm counters; its total is this model's prepbn_steps
-            if _PREPBN_BUFFERS[name] is None:
-                continue
-            key = f"{head}.{_PREPBN_BUFFERS[name]}"
-        if head.endswith(".attn"):
-            if name in _AGENT_BIASES:
-                key, value = f"{head}.{_AGENT_BIASES[name]}", _agent_bias(name, value)
-            elif name == "scale":
-                key = f"{head}.feature_scale"
         key = key.replace(".attn.norm.", ".attn.sr_norm.")  # the reduction's norm (LayerNorm or SLAB's PRepBN)
         match = re.match(r"^(.*\.attn)\.(q|kv|qg)\.(weight|bias)$", key)
         if match:

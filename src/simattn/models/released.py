@@ -1,4 +1,5 @@
-"""The peers' released DeiT checkpoints: their files read safely and their key layouts mapped onto the models here.
+"""The peers' released checkpoints: their files read safely, and their key names mapped onto the modules here (the
+one mapping of Agent's biases, FLatten's and PolaFormer's feature scale and SLAB's counters, for every family).
 
 Agent-DeiT (LeapLabTHU/Agent-Attention), InLine-DeiT (LeapLabTHU/InLine), SLAB-DeiT and the PRepBN softmax DeiTs
 (xinghaochen/SLAB) are saved by Swin-style training scripts as ``{'model', 'optimizer', 'lr_scheduler',
@@ -21,7 +22,7 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
-__all__ = ["ConfigStandIn", "unwrap", "released_to_simattn"]
+__all__ = ["ConfigStandIn", "unwrap", "released_names", "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -38,52 +39,57 @@ class ConfigStandIn:
 # process-wide, so timm's own loader (which calls torch.load itself) reads the released files too
 torch.serialization.add_safe_globals([(ConfigStandIn, "yacs.config.CfgNode")])
 
-_WRAPPERS = ("model", "state_dict")
+#: Agent-Attention's bias names → AgentAttention's, and the index that takes each to (H, n, …) with the agent axis
+#: second (its query biases store the agent axis last)
+_AGENT_BIASES = {
+    "an_bias": ("agent_block_bias", lambda v: v),  # (H, n, 7, 7)
+    "na_bias": ("query_block_bias", lambda v: v),
+    "ah_bias": ("agent_row_bias", lambda v: v[0, :, :, :, 0]),  # (1, H, n, w, 1)
+    "aw_bias": ("agent_col_bias", lambda v: v[0, :, :, 0, :]),  # (1, H, n, 1, w)
+    "ha_bias": ("query_row_bias", lambda v: v[0, :, :, 0, :].transpose(-2, -1)),  # (1, H, w, 1, n)
+    "wa_bias": ("query_col_bias", lambda v: v[0, :, 0, :, :].transpose(-2, -1)),  # (1, H, 1, w, n)
+    "ac_bias": ("agent_prefix_bias", lambda v: v[0]),  # (1, H, n, 1): the class token's
+    "ca_bias": ("query_prefix_bias", lambda v: v[0].transpose(-2, -1)),  # (1, H, 1, n)
+}
+#: SLAB's LinearNorm counters → PRepBN's (None: its total, this model's ``steps`` attribute, is left out)
+_PREPBN_COUNTERS = {"warm": "warmup_left", "iter": "steps_left", "total_step": None}
 
 
 def unwrap(state_dict: Mapping[str, Any]) -> Dict[str, Any]:
     """The tensors of a training checkpoint: inside ``model`` or ``state_dict`` where present, ``module.`` (DDP)
     prefixes removed."""
-    for key in _WRAPPERS:
+    for key in ("model", "state_dict"):
         if isinstance(state_dict.get(key), Mapping):
             state_dict = state_dict[key]
             break
     return {(k[len("module."):] if k.startswith("module.") else k): v for k, v in state_dict.items()}
 
 
-def _agent_biases(prefix: str, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    """One released AgentAttention's biases (keys under ``prefix``) in this module's names and axes."""
-    heads, agents = sd[prefix + "an_bias"].shape[:2]
-
-    def agents_first(name: str) -> torch.Tensor:  # (…, w, n) with the agent axis last → (H, n, w)
-        bias = sd.pop(prefix + name)
-        return bias.reshape(heads, -1, agents).transpose(1, 2).contiguous()
-
-    out = {
-        "agent_block_bias": sd.pop(prefix + "an_bias"),
-        "query_block_bias": sd.pop(prefix + "na_bias"),
-        "agent_row_bias": sd.pop(prefix + "ah_bias").reshape(heads, agents, -1),
-        "agent_col_bias": sd.pop(prefix + "aw_bias").reshape(heads, agents, -1),
-        "query_row_bias": agents_first("ha_bias"),
-        "query_col_bias": agents_first("wa_bias"),
-        "agent_prefix_bias": sd.pop(prefix + "ac_bias").reshape(heads, agents, 1),
-        "query_prefix_bias": sd.pop(prefix + "ca_bias").reshape(heads, agents, 1),
-    }
-    return {prefix + k: v for k, v in out.items()}
+def released_names(state_dict: Mapping[str, Any]) -> Dict[str, Any]:
+    """The peers' per-module names in a released file of any family (DeiT, PVT, Swin) as the modules here name
+    them: Agent's biases (``<attn>.an_bias`` … , axes as :data:`_AGENT_BIASES` says), FLatten's and PolaFormer's
+    feature ``scale`` (``feature_scale``), SLAB's LinearNorm counters (PRepBN's). Everything else passes
+    unchanged, so this is safe on any checkpoint; a family's own layout (stage names, fused projections) is its
+    filter's."""
+    out: Dict[str, Any] = {}
+    for key, value in unwrap(state_dict).items():
+        head, _, name = key.rpartition(".")
+        if head.endswith("attn") and name in _AGENT_BIASES:
+            name, value = _AGENT_BIASES[name][0], _AGENT_BIASES[name][1](value).contiguous()
+        elif head.endswith("attn") and name == "scale":
+            name = "feature_scale"
+        elif name in _PREPBN_COUNTERS and isinstance(value, torch.Tensor) and value.dim() == 0:
+            if _PREPBN_COUNTERS[name] is None:
+                continue
+            name = _PREPBN_COUNTERS[name]
+        out[f"{head}.{name}" if head else name] = value
+    return out
 
 
 def released_to_simattn(state_dict: Mapping[str, Any], model: nn.Module) -> Dict[str, Any]:
     """A released DeiT state dict (module docstring) in the key layout of ``model``; keys already in simattn's
     layout pass through unchanged, so the function is safe on any checkpoint."""
-    sd = unwrap(state_dict)
-    for key in [k for k in sd if k.endswith(".an_bias")]:
-        sd.update(_agent_biases(key[:-len("an_bias")], sd))
-    for key in [k for k in sd if k.endswith(".total_step")]:
-        prefix = key[:-len("total_step")]
-        if prefix + "norm2.alpha" in sd:  # a PRepBN (LinearNorm) of SLAB's code
-            del sd[key]
-            sd[prefix + "warmup_left"] = sd.pop(prefix + "warm")
-            sd[prefix + "steps_left"] = sd.pop(prefix + "iter")
+    sd = released_names(state_dict)
     if "cls_token" in sd and getattr(model, "cls_token", None) is None:
         del sd["cls_token"]  # SLAB-DeiT's, never used by its forward
     return sd

@@ -55,7 +55,7 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from . import released as _released_files  # noqa: F401  (the released files' yacs configs read as inert stand-ins)
+from .released import released_names
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
 
@@ -177,51 +177,16 @@ class SoftmaxFreeSwin(SwinTransformer):
 
 
 # ---- released checkpoints ----------------------------------------------------------------------------------------
-def _unwrap(state_dict: Dict[str, Any]) -> Dict[str, Any]:
-    """The weights of a training script's file: its ``model`` / ``state_dict`` entry, ``module.`` prefixes off."""
-    for key in ("model", "state_dict"):
-        if isinstance(state_dict.get(key), dict):
-            state_dict = state_dict[key]
-    return {k[7:] if k.startswith("module.") else k: v for k, v in state_dict.items()}
-
-
-def _agent_bias(name: str, v: torch.Tensor) -> Tuple[str, torch.Tensor]:
-    """Agent-Swin's bias tensors (``an``/``na`` (h, n, 7, 7); ``ah`` (1, h, n, W, 1), ``aw`` (1, h, n, 1, W),
-    ``ha`` (1, h, W, 1, n), ``wa`` (1, h, 1, W, n)) as AgentAttention's (h, n, 7, 7) and (h, n, W)."""
-    if name == "an_bias":
-        return "agent_block_bias", v
-    if name == "na_bias":
-        return "query_block_bias", v
-    if name == "ah_bias":
-        return "agent_row_bias", v[0, :, :, :, 0]
-    if name == "aw_bias":
-        return "agent_col_bias", v[0, :, :, 0, :]
-    if name == "ha_bias":
-        return "query_row_bias", v[0, :, :, 0, :].transpose(-2, -1)
-    return "query_col_bias", v[0, :, 0, :, :].transpose(-2, -1)
-
-
-_AGENT_BIASES = ("an_bias", "na_bias", "ah_bias", "aw_bias", "ha_bias", "wa_bias")
-
-
 def _released_keys(state_dict: Dict[str, Any]) -> Dict[str, Any]:
-    """The released hybrids' names mapped onto the kinds' modules (the rest as they are)."""
+    """PolaFormer-Swin's fused ``qkvg`` projection as ``qkv`` and the gate ``g`` (the rest as they are)."""
     out: Dict[str, Any] = {}
     for k, v in state_dict.items():
         head, _, name = k.rpartition(".")
-        if head.endswith(".attn") and name in _AGENT_BIASES:
-            name, v = _agent_bias(name, v)
-        elif head.endswith(".attn.qkvg"):  # PolaFormer: q, k, v and the gate in one projection
+        if head.endswith(".attn.qkvg"):  # PolaFormer: q, k, v and the gate in one projection
             dim = v.shape[0] // 4
             out[f"{head[:-5]}.qkv.{name}"], out[f"{head[:-5]}.g.{name}"] = v[:3 * dim], v[3 * dim:]
             continue
-        elif head.endswith(".attn") and name == "scale":  # FLatten's and PolaFormer's learned feature scale
-            name = "feature_scale"
-        elif name in ("warm", "iter", "total_step") and v.dim() == 0:  # SLAB's LinearNorm counters
-            if name == "total_step":
-                continue
-            name = "warmup_left" if name == "warm" else "steps_left"
-        out[f"{head}.{name}" if head else name] = v
+        out[k] = v
     return out
 
 
@@ -229,7 +194,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SwinTransformer) -> 
     """Map Swin checkpoints onto these models: timm's layout and the Swin authors' (downsampling at a stage's end,
     ``head``, buffers left out, relative position tables resized: timm's own filter), each released hybrid's key
     names (module docstring), and a training script's wrapper (``model``, ``state_dict``, ``module.``)."""
-    return _timm_swin_filter(_released_keys(_unwrap(state_dict)), model)
+    return _timm_swin_filter(_released_keys(released_names(state_dict)), model)
 
 
 # ---- building ----------------------------------------------------------------------------------------------------
