@@ -77,10 +77,20 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::")[0]
 
 
+#: modules whose test functions are units of their own: each function is long alone (a capture of every registered
+#: network), and they share nothing but builds of small models, so one module need not hold one worker throughout
+SPLIT_BY_FUNCTION = {"tests/test_graph_capture.py"}
+
+
 def _unit(nodeid: str) -> str:
-    """The unit of work a test belongs to under pytest-xdist: its module, or the edge-runtime modules together."""
+    """The unit of work a test belongs to under pytest-xdist: its module, the edge-runtime modules together, or one
+    test function of a module of :data:`SPLIT_BY_FUNCTION`."""
     module = _module(nodeid)
-    return "edge runtimes" if module in EDGE_RUNTIME_MODULES else module
+    if module in EDGE_RUNTIME_MODULES:
+        return "edge runtimes"
+    if module in SPLIT_BY_FUNCTION and "::" in nodeid:
+        return nodeid.split("[")[0]
+    return module
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
@@ -118,10 +128,14 @@ def pytest_collection_modifyitems(config, items):
     recorded = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.is_file() else {}
     slow = {_module(item.nodeid) for item in items if item.get_closest_marker("slow")}
     longest = max(recorded.values(), default=0.0)
+    units_of: dict = {}  # module → its units (several for a module split by function)
+    for item in items:
+        units_of.setdefault(_module(item.nodeid), set()).add(_unit(item.nodeid))
     unit_seconds: dict = {}
-    for module in {_module(item.nodeid) for item in items}:
+    for module, units in units_of.items():
         seconds = recorded.get(module, longest if module in slow else 0.0)
-        unit_seconds[_unit(module)] = unit_seconds.get(_unit(module), 0.0) + seconds
+        for unit in units:  # a split module's seconds shared evenly: its functions are of a size
+            unit_seconds[unit] = unit_seconds.get(unit, 0.0) + seconds / len(units)
     items.sort(key=lambda item: (-unit_seconds[_unit(item.nodeid)], _unit(item.nodeid)))
 
 
