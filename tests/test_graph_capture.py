@@ -28,11 +28,11 @@ from simattn.models import list_models
 from simattn.models.export_ready import prepare_for_export, revert_sync_batchnorm
 
 MODELS = list_models()
-#: the pyramids of PVT and Swin run the attention modules captured in the DeiT family: their captures hold the
-#: family's own blocks (PVT's spatial reduction and ratio-1 kind stages, PRepBN; Swin's windows beside whole-grid
+#: the pyramids of PVT and Swin run the attention modules and the PRepBN captured in the DeiT family: their captures
+#: hold the family's own blocks (PVT's spatial reduction, its ratio-1 kind stages; Swin's windows beside whole-grid
 #: kind stages, its PRepBN on (B, H, W, C) maps) through one network each, which keeps the suite's time
-_PYRAMID_CAPTURES = {"pvt_tiny", "sima_pvt_tiny", "agent_pvt_tiny", "slab_pvt_tiny",
-                     *(f"{kind}_swin_tiny_patch4_window7_224" for kind in ("sima", "agent", "slab"))}
+_PYRAMID_CAPTURES = {"pvt_tiny", "agent_pvt_tiny", "agent_swin_tiny_patch4_window7_224",
+                     "slab_swin_tiny_patch4_window7_224"}
 CAPTURED = [name for name in MODELS if model_entrypoint(name).__module__.rsplit(".", 1)[-1] not in ("pvt", "swin")
             or name in _PYRAMID_CAPTURES]
 TOL = dict(rtol=1e-4, atol=1e-5)
