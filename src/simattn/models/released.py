@@ -22,7 +22,8 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
-__all__ = ["ConfigStandIn", "unwrap", "released_names", "released_to_simattn"]
+__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "unwrap", "released_names",
+           "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -38,6 +39,24 @@ class ConfigStandIn:
 
 # process-wide, so timm's own loader (which calls torch.load itself) reads the released files too
 torch.serialization.add_safe_globals([(ConfigStandIn, "yacs.config.CfgNode")])
+
+#: paper → (paper_ids, paper_name, origin_url) of the tags made from its released checkpoints
+PAPERS = {
+    "agent": ("arXiv:2312.08874", "Agent Attention: On the Integration of Softmax and Linear Attention",
+              "https://github.com/LeapLabTHU/Agent-Attention"),
+    "flatten": ("arXiv:2308.00442", "FLatten Transformer: Vision Transformer using Focused Linear Attention",
+                "https://github.com/LeapLabTHU/FLatten-Transformer"),
+    "inline": ("arXiv:2412.06590", "Bridging the Divide: Reconsidering Softmax and Linear Attention",
+               "https://github.com/LeapLabTHU/InLine"),
+    "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
+             "Re-parameterized Batch Normalization", "https://github.com/xinghaochen/SLAB"),
+}
+# Their READMEs link Tsinghua Cloud as /f/<id>/?dl=1. timm and torch.hub name the cached file after the URL's last
+# path segment, empty there (the cache folder itself would be read as the file): written here without the slash
+# before the query, which seahub (a Django app, APPEND_SLASH) is expected to redirect to the README's form; not
+# tried from this repository's machines, which have no network.
+TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}?dl=1"
+SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
 
 #: Agent-Attention's bias names → AgentAttention's, and the index that takes each to (H, n, …) with the agent axis
 #: second (its query biases store the agent axis last)

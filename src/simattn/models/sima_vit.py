@@ -35,7 +35,7 @@ from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
-from .released import released_to_simattn
+from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_to_simattn
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -179,39 +179,25 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 # The peers' released DeiT checkpoints, with their repositories' evaluation transform: resize to a square of
 # int(256 / 224 · size) px (timm's crop_mode 'squash'), center crop, bicubic, ImageNet mean/std. Their repositories
 # state no license (license None).
-_PAPERS = {
-    "agent": ("arXiv:2312.08874", "Agent Attention: On the Integration of Softmax and Linear Attention",
-              "https://github.com/LeapLabTHU/Agent-Attention"),
-    "inline": ("arXiv:2412.06590", "Bridging the Divide: Reconsidering Softmax and Linear Attention",
-               "https://github.com/LeapLabTHU/InLine"),
-    "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
-             "Re-parameterized Batch Normalization", "https://github.com/xinghaochen/SLAB"),
-}
-# Their READMEs link Tsinghua Cloud as /f/<id>/?dl=1. timm and torch.hub name the cached file after the URL's last
-# path segment, empty there (the cache folder itself would be read as the file): written here without the slash
-# before the query, which seahub (a Django app, APPEND_SLASH) is expected to redirect to the README's form; not
-# tried from this repository's machines, which have no network.
-_TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}?dl=1"
-_SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
 
 
 def _released(paper: str, url: str, top1: float, size: int = 224, **kwargs) -> Dict[str, Any]:
-    paper_ids, paper_name, origin = _PAPERS[paper]
+    paper_ids, paper_name, origin = PAPERS[paper]
     return _cfg(url=url, input_size=(3, size, size), crop_pct=0.875, crop_mode="squash", license=None,
                 paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
                 notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",), **kwargs)
 
 
 _RELEASED = {
-    "agent_deit_tiny_patch16_224.in1k": _released("agent", _TSINGHUA.format("57e0904221824ee7b7af"), 74.9),
-    "agent_deit_small_patch16_224.in1k": _released("agent", _TSINGHUA.format("fdd43304372541db8ea7"), 80.5),
-    "inline_deit_tiny_patch16_224.in1k": _released("inline", _TSINGHUA.format("1d6b8191ad6d4114b291"), 74.5),
-    "inline_deit_small_patch16_224.in1k_288": _released("inline", _TSINGHUA.format("2f3898b07e9247f3beb3"), 80.2,
+    "agent_deit_tiny_patch16_224.in1k": _released("agent", TSINGHUA.format("57e0904221824ee7b7af"), 74.9),
+    "agent_deit_small_patch16_224.in1k": _released("agent", TSINGHUA.format("fdd43304372541db8ea7"), 80.5),
+    "inline_deit_tiny_patch16_224.in1k": _released("inline", TSINGHUA.format("1d6b8191ad6d4114b291"), 74.5),
+    "inline_deit_small_patch16_224.in1k_288": _released("inline", TSINGHUA.format("2f3898b07e9247f3beb3"), 80.2,
                                                          size=288),
-    "slab_deit_tiny_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_deit_tiny.pth"), 74.3),
-    "slab_deit_small_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_deit_small.pth"), 80.0),
-    "prepbn_deit_tiny_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("deit_tiny_prepbn.pth"), 73.6),
-    "prepbn_deit_small_patch16_224.in1k": _released("slab", _SLAB_RELEASES.format("deit_small_prepbn.pth"), 80.2),
+    "slab_deit_tiny_patch16_224.in1k": _released("slab", SLAB_RELEASES.format("slab_deit_tiny.pth"), 74.3),
+    "slab_deit_small_patch16_224.in1k": _released("slab", SLAB_RELEASES.format("slab_deit_small.pth"), 80.0),
+    "prepbn_deit_tiny_patch16_224.in1k": _released("slab", SLAB_RELEASES.format("deit_tiny_prepbn.pth"), 73.6),
+    "prepbn_deit_small_patch16_224.in1k": _released("slab", SLAB_RELEASES.format("deit_small_prepbn.pth"), 80.2),
 }
 
 # What a tag builds beyond its model's defaults: the model its weights were trained in (InLine-DeiT-S at 288 px, its

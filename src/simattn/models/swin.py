@@ -55,7 +55,7 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import released_names
+from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_names
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
 
@@ -272,43 +272,29 @@ def _cfg(**kwargs) -> Dict[str, Any]:
     }
 
 
-_PAPERS = {
-    "agent": ("arXiv:2312.08874", "Agent Attention: On the Integration of Softmax and Linear Attention",
-              "https://github.com/LeapLabTHU/Agent-Attention"),
-    "flatten": ("arXiv:2308.00442", "FLatten Transformer: Vision Transformer using Focused Linear Attention",
-                "https://github.com/LeapLabTHU/FLatten-Transformer"),
-    "inline": ("arXiv:2412.06590", "Bridging the Divide: Reconsidering Softmax and Linear Attention",
-               "https://github.com/LeapLabTHU/InLine"),
-    "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
-             "Re-parameterized Batch Normalization", "https://github.com/xinghaochen/SLAB"),
-}
-# Their READMEs link Tsinghua Cloud as /f/<id>/?dl=1; written without the slash before the query, so the URL's last
-# path segment (timm's and torch.hub's cache file name) is not empty (as sima_vit's tags; not tried from here: no
-# network). The evaluation transforms of their Swin-style code: resize int(256 / 224 · 224) px, centre crop 224,
-# bicubic; LeapLabTHU's resize to a square (timm's crop_mode 'squash'), SLAB's the shorter side ('center').
-_TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}?dl=1"
-_SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
 
 
+# The evaluation transforms of their Swin-style code: resize int(256 / 224 · 224) px, centre crop 224, bicubic;
+# LeapLabTHU's resize to a square (timm's crop_mode 'squash'), SLAB's the shorter side ('center').
 def _released(paper: str, url: str, top1: float) -> Dict[str, Any]:
-    paper_ids, paper_name, origin = _PAPERS[paper]
+    paper_ids, paper_name, origin = PAPERS[paper]
     return _cfg(url=url, crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash", license=None,
                 paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
                 notes=(f"top-1 {top1} on ImageNet-1k val at 224 px, as reported by the authors",))
 
 
 _RELEASED = {
-    **{f"agent_swin_{size}_patch4_window7_224.in1k": _released("agent", _TSINGHUA.format(key), top1)
+    **{f"agent_swin_{size}_patch4_window7_224.in1k": _released("agent", TSINGHUA.format(key), top1)
        for size, key, top1 in (("tiny", "a2ddc1190c224f768a41", 82.6), ("small", "f607172c9fea4d6e99bb", 83.7),
                                ("base", "4fcd2d0114bb490483c3", 84.0))},
-    **{f"flatten_swin_{size}_patch4_window7_224.in1k": _released("flatten", _TSINGHUA.format(key), top1)
+    **{f"flatten_swin_{size}_patch4_window7_224.in1k": _released("flatten", TSINGHUA.format(key), top1)
        for size, key, top1 in (("tiny", "e1518e76703e4e57a7f2", 82.1), ("small", "94188e52af354bf4a88b", 83.5),
                                ("base", "7a9e5186bad04e7fb3a9", 83.8))},
-    **{f"inline_swin_{size}_patch4_window7_224.in1k": _released("inline", _TSINGHUA.format(key), top1)
+    **{f"inline_swin_{size}_patch4_window7_224.in1k": _released("inline", TSINGHUA.format(key), top1)
        for size, key, top1 in (("tiny", "32810869fcc34410966b", 82.4), ("small", "e9657fd247c04c7cb1a1", 83.6),
                                ("base", "bf23564bb64c420aafe1", 84.1))},
-    "slab_swin_tiny_patch4_window7_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_swin_tiny.pth"), 81.8),
-    "slab_swin_small_patch4_window7_224.in1k": _released("slab", _SLAB_RELEASES.format("slab_swin_small.pth"), 83.6),
+    "slab_swin_tiny_patch4_window7_224.in1k": _released("slab", SLAB_RELEASES.format("slab_swin_tiny.pth"), 81.8),
+    "slab_swin_small_patch4_window7_224.in1k": _released("slab", SLAB_RELEASES.format("slab_swin_small.pth"), 83.6),
 }
 
 default_cfgs = generate_default_cfgs({
