@@ -54,6 +54,10 @@ class PRepBN(nn.Module):
         self.norm2 = RepBN(dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blend(x)
+
+    def blend(self, x: torch.Tensor) -> torch.Tensor:
+        """RepBN in eval mode; in training LayerNorm and RepBN mixed by the schedule, which takes one step."""
         if not self.training:
             return self.norm2(x)
         # tensor arithmetic, no Python branch on the counters: graph capture sees one training graph

@@ -109,18 +109,9 @@ class TokenPRepBN(PRepBN):
         return self.norm1.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # PRepBN.forward on the tokens, written out: TorchScript has no super()
+        # PRepBN on the tokens (through blend: TorchScript has no super())
         shape = x.shape
-        x = x.reshape(shape[0], -1, shape[-1])
-        if not self.training:
-            return self.norm2(x).reshape(shape)
-        warming = self.warmup_left > 0
-        lam = torch.where(warming, torch.ones_like(self.steps_left, dtype=x.dtype),
-                          self.steps_left.to(x.dtype) * (self.r0 / self.steps))
-        with torch.no_grad():
-            self.steps_left.sub_((~warming & (self.steps_left > 0)).to(self.steps_left.dtype))
-            self.warmup_left.sub_(warming.to(self.warmup_left.dtype))
-        return (lam * self.norm1(x) + (1 - lam) * self.norm2(x)).reshape(shape)
+        return self.blend(x.reshape(shape[0], -1, shape[-1])).reshape(shape)
 
 
 class SoftmaxFreeSwin(SwinTransformer):
