@@ -261,10 +261,14 @@ TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in RELEASED)
 
 
 def test_released_weights_are_tags_with_their_evaluation():
-    assert len(TAGS) == 11  # Agent, FLatten, InLine T/S/B and SLAB T/S (PolaFormer's Hub files are unnamed)
+    assert len(TAGS) == 14  # Agent, FLatten, InLine, PolaFormer T/S/B and SLAB T/S
     for tag in TAGS:
         cfg = timm.models.get_pretrained_cfg(tag).to_dict()
-        assert cfg["url"].startswith("https://") and Path(urlparse(cfg["url"]).path).name, tag  # a cache file name
+        if tag.startswith("polaformer"):  # on the Hugging Face Hub
+            assert cfg["hf_hub_id"] == "ZachMeng/PolaFormer" and cfg["hf_hub_filename"].endswith(".pth")
+            assert cfg["license"] == "mit"
+        else:
+            assert cfg["url"].startswith("https://") and Path(urlparse(cfg["url"]).path).name, tag  # a cache file
         assert cfg["num_classes"] == 1000 and cfg["input_size"] == (3, 224, 224) and cfg["paper_ids"], tag
         assert cfg["crop_pct"] == 0.875 and cfg["crop_mode"] == ("center" if tag.startswith("slab") else "squash")
         assert timm.models.get_pretrained_cfg(tag.split(".")[0]).url == ""  # the untagged name asks for no weights

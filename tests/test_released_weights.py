@@ -26,10 +26,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 LAYOUTS = Path(__file__).parent / "data" / "released"
 FAST = dict(weight_init="skip")  # the weights are overwritten or only their names and shapes read: skip the init
-#: every simattn tag with weights; this file holds the DeiT family's, test_models_swin.py the Swin family's
+#: every simattn tag with weights; this file holds the DeiT family's, test_models_swin.py and test_models_pvt.py the
+#: Swin and PVT families'
 ALL_TAGS = sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in simattn.list_models())
 TAGS = [tag for tag in ALL_TAGS if timm.models.model_entrypoint(tag.split(".")[0]).__module__ == sima_vit.__name__]
 SWIN_LAYOUTS = LAYOUTS.parent / "swin_released"
+PVT_LAYOUTS = LAYOUTS.parent / "pvt_released"
 
 
 def _filter(tag: str):
@@ -57,7 +59,8 @@ def test_every_tag_has_a_layout():
     assert TAGS, "no pretrained tags registered"
     assert sorted(p.name[:-len(".json")] for p in LAYOUTS.glob("*.json")) == TAGS
     swin = {p.stem for p in SWIN_LAYOUTS.glob("*.json")}
-    assert [tag for tag in ALL_TAGS if tag not in TAGS and tag.split(".")[0] not in swin] == []
+    pvt = {p.stem for p in PVT_LAYOUTS.glob("*.json")}
+    assert [tag for tag in ALL_TAGS if tag not in set(TAGS) | pvt and tag.split(".")[0] not in swin] == []
 
 
 @pytest.mark.parametrize("tag", TAGS)

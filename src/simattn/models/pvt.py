@@ -64,7 +64,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ._checks import check_model_kwargs
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import released_names
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
@@ -332,17 +332,80 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 
 _NAMES = ("pvt_tiny", "pvt_small", "pvt_medium", "pvt_large", "sima_pvt_tiny", "sima_pvt_small",
-          "agent_pvt_tiny", "agent_pvt_small", "inline_pvt_tiny", "inline_pvt_small", "flatten_pvt_tiny",
+          "agent_pvt_tiny", "agent_pvt_small", "agent_pvt_medium", "agent_pvt_large",
+          "inline_pvt_tiny", "inline_pvt_small", "inline_pvt_medium", "inline_pvt_large", "flatten_pvt_tiny",
           "slab_pvt_tiny", "pvt_tiny_prepbn", "pvt_small_prepbn", "pvt_medium_prepbn",
           "polaformer_pvt_tiny", "polaformer_pvt_small")
-# No weights here yet: the released checkpoints' tags are a later step.
-default_cfgs = generate_default_cfgs({name: _cfg() for name in _NAMES})
+
+# The released checkpoints and their repositories' evaluation transform: resize int(256 / 224 * size) px, centre
+# crop, bicubic, ImageNet mean/std. The PVT authors' (DeiT's code) and SLAB's resize the shorter side (timm's
+# crop_mode 'center'), LeapLabTHU's and PolaFormer's (Swin's code) to a square ('squash'). Licenses as the
+# repositories state them: PVT Apache-2.0, PolaFormer MIT, the others none.
+_TRANSFORM = {"pvt": ("center", "apache-2.0"), "slab": ("center", None), "agent": ("squash", None),
+              "inline": ("squash", None), "flatten": ("squash", None), "polaformer": ("squash", "mit")}
+PVT_RELEASES = "https://github.com/whai362/PVT/releases/download/v2/{}"
+
+
+def _released(paper: str, top1: float, size: int = 224, **source: Any) -> Dict[str, Any]:
+    paper_ids, paper_name, origin = PAPERS[paper]
+    crop_mode, license_ = _TRANSFORM[paper]
+    return _cfg(**source, input_size=(3, size, size), pool_size=(size // 32, size // 32), crop_mode=crop_mode,
+                license=license_, paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
+                notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",))
+
+
+def _tsinghua(paper: str, key: str, top1: float, size: int = 224) -> Dict[str, Any]:
+    return _released(paper, top1, size, url=TSINGHUA.format(key))
+
+
+_RELEASED = {
+    **{f"pvt_{size}.in1k": _released("pvt", top1, url=PVT_RELEASES.format(f"pvt_{size}.pth"))
+       for size, top1 in (("tiny", 75.1), ("small", 79.8), ("medium", 81.2), ("large", 81.7))},
+    "agent_pvt_tiny.in1k": _tsinghua("agent", "13fdf0e0a7c5498c934f", 78.4),
+    "agent_pvt_small.in1k": _tsinghua("agent", "36b8be9a8863456685a3", 82.2),
+    "agent_pvt_medium.in1k": _tsinghua("agent", "4d00ecacf18b45f9b88c", 83.4),
+    "agent_pvt_medium.in1k_256": _tsinghua("agent", "654df734121643b19c52", 83.8, size=256),
+    "agent_pvt_large.in1k": _tsinghua("agent", "040cfe0cfbbe4762ad09", 83.7),
+    "inline_pvt_tiny.in1k": _tsinghua("inline", "90ac52b1555b401eb5e6", 78.2),
+    "inline_pvt_small.in1k": _tsinghua("inline", "1ab953b2479d433080a3", 82.0),
+    "inline_pvt_medium.in1k": _tsinghua("inline", "a72aec31e6084bc0a280", 83.2),
+    "inline_pvt_large.in1k": _tsinghua("inline", "efd91318ba964f01b288", 83.6),
+    "flatten_pvt_tiny.in1k": _tsinghua("flatten", "3ab1d773f19d45648690", 77.8),
+    "slab_pvt_tiny.in1k": _released("slab", 76.5, url=SLAB_RELEASES.format("slab_pvt_tiny.pth")),
+    **{f"pvt_{size}_prepbn.in1k": _released("slab", top1, url=SLAB_RELEASES.format(f"pvt_{size}_prepbn.pth"))
+       for size, top1 in (("tiny", 76.0), ("small", 80.1), ("medium", 81.7))},
+    **{f"polaformer_pvt_{size}.in1k": _released("polaformer", top1, hf_hub_id=POLAFORMER_HUB,
+                                                  hf_hub_filename=f"pola_pvt_{size}.pth")
+       for size, top1 in (("tiny", 78.8), ("small", 81.9))},
+}
+# What a tag builds beyond its model's defaults: the model its weights were trained in (Agent-PVT-M at 256 px: its
+# position embeddings and agent biases laid out for the 64/32/16/8 grids). Arguments given win.
+_TAG_ARGS = {"agent_pvt_medium.in1k_256": dict(img_size=256)}
+
+default_cfgs = generate_default_cfgs({
+    **{name: _cfg() for name in _NAMES},
+    **_RELEASED,
+})
+# The untagged names stay the recipes' defaults (timm would make the first cfg with weights the default): a tag asks
+# for weights, and builds the model they were trained in.
+for _name in {tag.split(".")[0] for tag in _RELEASED}:
+    default_cfgs[_name].tags.remove("")
+    default_cfgs[_name].tags.appendleft("")
+
+
+def _with_tag_args(variant: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` with what the tag asks for where not given (timm passes a tag as ``pretrained_cfg``)."""
+    tag = kwargs.get("pretrained_cfg")
+    asked = _TAG_ARGS.get(f"{variant}.{tag}", {}) if isinstance(tag, str) else {}
+    return {**asked, **kwargs}
+
 
 _DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3), "large": (3, 8, 27, 3)}
 
 
 def _pvt(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], **args: Any) -> PyramidVisionTransformer:
-    return _create(variant, pretrained, **dict(dict(depths=_DEPTHS[size], **args), **kwargs))
+    args = dict(depths=_DEPTHS[size], **args)
+    return _create(variant, pretrained, **dict(args, **_with_tag_args(variant, kwargs)))
 
 
 @register_model
@@ -386,6 +449,7 @@ _HYBRID = dict(class_token=False, global_pool="avg", final_norm=False, sr_ratios
 
 
 def _agent(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any]) -> PyramidVisionTransformer:
+    kwargs = _with_tag_args(variant, kwargs)
     img = kwargs.get("img_size", 224)
     side = img if isinstance(img, int) else img[0]
     own = [dict(agent_num=n, window=max(1, side // r)) for n, r in zip((9, 16, 49, 49), (4, 8, 16, 32))]
@@ -402,6 +466,18 @@ def agent_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransform
 def agent_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     """Agent-PVT-S: agents 9/16/49/49, no reduction, 3×3 conv on V (20.6M params, paper: 82.2 %)."""
     return _agent("agent_pvt_small", pretrained, "small", kwargs)
+
+
+@register_model
+def agent_pvt_medium(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """Agent-PVT-M: agents 9/16/49/49, no reduction, 3×3 conv on V (35.9M params, paper: 83.4 %; 256 px: 83.8 %)."""
+    return _agent("agent_pvt_medium", pretrained, "medium", kwargs)
+
+
+@register_model
+def agent_pvt_large(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """Agent-PVT-L: agents 9/16/49/49, no reduction, 3×3 conv on V (48.7M params, paper: 83.7 %)."""
+    return _agent("agent_pvt_large", pretrained, "large", kwargs)
 
 
 def _grid_linear(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], kind: str,
@@ -422,6 +498,20 @@ def inline_pvt_tiny(pretrained: bool = False, **kwargs) -> PyramidVisionTransfor
 def inline_pvt_small(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     """InLine-PVT-S: heads 2/4/10/16, 3×3 local branch, no reduction (paper: 82.0 %)."""
     return _grid_linear("inline_pvt_small", pretrained, "small", kwargs, "inline", num_heads=(2, 4, 10, 16),
+                        key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_pvt_medium(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """InLine-PVT-M: heads 2/4/10/16, 3×3 local branch, no reduction (37.6M params, paper: 83.2 %)."""
+    return _grid_linear("inline_pvt_medium", pretrained, "medium", kwargs, "inline", num_heads=(2, 4, 10, 16),
+                        key_encoding=False, local_kernel=3)
+
+
+@register_model
+def inline_pvt_large(pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
+    """InLine-PVT-L: heads 2/4/10/16, 3×3 local branch, no reduction (50.2M params, paper: 83.6 %)."""
+    return _grid_linear("inline_pvt_large", pretrained, "large", kwargs, "inline", num_heads=(2, 4, 10, 16),
                         key_encoding=False, local_kernel=3)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
-__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "unwrap", "released_names",
+__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "POLAFORMER_HUB", "unwrap", "released_names",
            "released_to_simattn"]
 
 
@@ -46,6 +46,10 @@ PAPERS = {
               "https://github.com/LeapLabTHU/Agent-Attention"),
     "flatten": ("arXiv:2308.00442", "FLatten Transformer: Vision Transformer using Focused Linear Attention",
                 "https://github.com/LeapLabTHU/FLatten-Transformer"),
+    "polaformer": ("arXiv:2501.15061", "PolaFormer: Polarity-aware Linear Attention for Vision Transformers",
+                   "https://github.com/ZacharyMeng/PolaFormer"),
+    "pvt": ("arXiv:2102.12122", "Pyramid Vision Transformer: A Versatile Backbone for Dense Prediction without "
+            "Convolutions", "https://github.com/whai362/PVT"),
     "inline": ("arXiv:2412.06590", "Bridging the Divide: Reconsidering Softmax and Linear Attention",
                "https://github.com/LeapLabTHU/InLine"),
     "slab": ("arXiv:2405.11582", "SLAB: Efficient Transformers with Simplified Linear Attention and Progressive "
@@ -57,6 +61,10 @@ PAPERS = {
 # tried from this repository's machines, which have no network.
 TSINGHUA = "https://cloud.tsinghua.edu.cn/f/{}?dl=1"
 SLAB_RELEASES = "https://github.com/xinghaochen/SLAB/releases/download/ckpts/{}"
+# PolaFormer's weights are on the Hugging Face Hub. Its README links the repository, not its files: the tags name
+# each file after its training config's model name (``pola_pvt_tiny.pth``, ``pola_swin_tiny_patch4_224.pth``), not
+# checked against the repository, which no network reaches from here.
+POLAFORMER_HUB = "ZachMeng/PolaFormer"
 
 #: Agent-Attention's bias names → AgentAttention's, and the index that takes each to (H, n, …) with the agent axis
 #: second (its query biases store the agent axis last)

@@ -55,7 +55,7 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_names
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
 
@@ -267,11 +267,12 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 # The evaluation transforms of their Swin-style code: resize int(256 / 224 · 224) px, centre crop 224, bicubic;
 # LeapLabTHU's resize to a square (timm's crop_mode 'squash'), SLAB's the shorter side ('center').
-def _released(paper: str, url: str, top1: float) -> Dict[str, Any]:
+def _released(paper: str, url: str, top1: float, **source: Any) -> Dict[str, Any]:
     paper_ids, paper_name, origin = PAPERS[paper]
-    return _cfg(url=url, crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash", license=None,
-                paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
-                notes=(f"top-1 {top1} on ImageNet-1k val at 224 px, as reported by the authors",))
+    return _cfg(url=url, crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash",
+                license="mit" if paper == "polaformer" else None, paper_ids=paper_ids, paper_name=paper_name,
+                origin_url=origin, notes=(f"top-1 {top1} on ImageNet-1k val at 224 px, as reported by the authors",),
+                **source)
 
 
 _RELEASED = {
@@ -286,13 +287,15 @@ _RELEASED = {
                                ("base", "bf23564bb64c420aafe1", 84.1))},
     "slab_swin_tiny_patch4_window7_224.in1k": _released("slab", SLAB_RELEASES.format("slab_swin_tiny.pth"), 81.8),
     "slab_swin_small_patch4_window7_224.in1k": _released("slab", SLAB_RELEASES.format("slab_swin_small.pth"), 83.6),
+    **{f"polaformer_swin_{size}_patch4_window7_224.in1k": _released(
+        "polaformer", "", top1, hf_hub_id=POLAFORMER_HUB, hf_hub_filename=f"pola_swin_{size}_patch4_224.pth")
+       for size, top1 in (("tiny", 82.6), ("small", 83.6), ("base", 83.8))},
 }
 
 default_cfgs = generate_default_cfgs({
     # No SimA-Swin weights exist: a recipe's evaluation (Swin's crop 0.9).
     **{f"sima_swin_{size}_patch4_window7_224": _cfg(license="mit") for size in ("tiny", "small", "base")},
-    # The untagged names: the recipes' evaluation (crop 0.875); the authors' weights are tags (PolaFormer's, on the
-    # Hugging Face Hub, not yet: their file names are not in its README).
+    # The untagged names: the recipes' evaluation (crop 0.875); the authors' weights are tags.
     **{f"{kind}_swin_{size}_patch4_window7_224": _cfg(crop_pct=0.875)
        for kind in ("agent", "flatten", "inline") for size in ("tiny", "small", "base")},
     **{f"slab_swin_{size}_patch4_window7_224": _cfg(crop_pct=0.875) for size in ("tiny", "small")},
