@@ -272,3 +272,40 @@ def test_overwrite_replaces_the_earlier_results_whole(tmp_path, monkeypatch, cap
     assert simattn_main([*PEERS, "--out", str(out), "--overwrite"]) == 2
     assert "notes.txt, which this command does not write" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "the user's" and (out / "peers_digits" / "agent").is_dir()
+
+
+def test_imagenet_rows_name_every_released_tag_with_its_authors_top1_beside_the_readme():
+    """A row per released tag (DeiT, PVT and Swin: 42) from its pretrained_cfg, no model built; params and GMACs of
+    one tag's model (meta device for params, one forward for GMACs) beside its README's figures."""
+    import timm
+
+    from simattn.bench import paper_imagenet as pi
+
+    tags = pi.released_tags()
+    assert len(tags) == 42 and set(tags) <= set(timm.list_pretrained())
+    rows = pi.run_imagenet_rows(params=False, gmacs=False)
+    assert [r["tag"] for r in rows] == tags and all(r["top1"] and r["weights"] for r in rows)
+    by = {r["tag"]: r for r in rows}
+    assert (by["polaformer_pvt_tiny.in1k"]["top1"], by["pvt_large.in1k"]["top1"]) == (78.8, 81.7)
+    assert by["agent_pvt_medium.in1k_256"]["input_px"] == 256 and by["agent_pvt_medium.in1k_256"]["top1"] == 83.8
+    assert by["inline_deit_small_patch16_224.in1k_288"]["readme_gflops"] == 5.0
+    assert by["polaformer_swin_tiny_patch4_window7_224.in1k"]["weights"].startswith("hf-hub:ZachMeng/PolaFormer/")
+    row = pi.imagenet_row("agent_pvt_tiny.in1k")
+    assert row["params_m"] == 11.57 and row["readme_params_m"] == 11.6 and abs(row["params_gap_pct"]) < 1
+    assert row["gmacs"] == pytest.approx(1.986, abs=1e-3) and row["readme_gflops"] == 2.0
+    assert abs(row["gmacs_gap_pct"]) < 1
+    text = pi.imagenet_markdown(rows + [{"tag": "x.in1k", "error": "boom"}])
+    assert "| agent_pvt_tiny.in1k | 224 | 78.4 |" in text and "| x.in1k |" in text and "boom" in text
+
+
+def test_the_imagenet_part_writes_its_rows_and_section(tmp_path, monkeypatch):
+    from simattn.bench import paper as bench_paper
+    from simattn.bench import paper_imagenet as pi
+
+    monkeypatch.setattr(pi, "released_tags", lambda: ["pvt_tiny.in1k"])
+    monkeypatch.setattr(pi, "imagenet_row", lambda tag, params, gmacs: {"tag": tag, "top1": 75.1, "gmacs": 1.93})
+    assert bench_paper.main(["--only", "peers", "--peers-parts", "imagenet", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "peers_imagenet.json").read_text())["rows"]
+    assert rows == [{"tag": "pvt_tiny.in1k", "top1": 75.1, "gmacs": 1.93}]
+    assert (tmp_path / "peers_imagenet.csv").read_text().splitlines()[0].startswith("tag,")
+    assert "the released ImageNet-1k checkpoints" in (tmp_path / "paper.md").read_text()

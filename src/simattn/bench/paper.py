@@ -16,7 +16,9 @@ The comparison tables of SimA and SOFT (SimA's Table 2, SOFT's Table 1 and Fig. 
 embedded digits) are :mod:`simattn.bench.paper_tables`; the newer softmax-free attentions beside all the others
 (params, GMACs and exp counts at DeiT-T beside each paper's DeiT-T figures, CPU latency at 197 and 785 tokens, digits
 top-1 over seeds with the non-finite and softmax-margin check, each kind's digits weights exported to ONNX and
-ExecuTorch and validated there) are :mod:`simattn.bench.paper_peers` (``peers``).
+ExecuTorch and validated there) are :mod:`simattn.bench.paper_peers` (``peers``), and the peers' released ImageNet-1k
+checkpoints (each tag's authors' top-1 beside the params and GMACs built here and its README's) are
+:mod:`simattn.bench.paper_imagenet` (``--peers-parts imagenet``).
 ``--only`` picks parts (``table3 figure_a1 table2 table1 figure1b digits peers``; default all).
 
 The paper's published numbers are printed beside ours, with every time also given relative to SimA, the
@@ -24,7 +26,8 @@ comparison that carries across machines. The full run covers the paper's ranges 
 8192 on CUDA) and takes hours on a small CPU; ``--quick`` takes minutes. Outputs in ``--output``: ``paper.md``
 (every part run, with the CPU and threads), ``table3.{json,csv,png}``, ``figure_a1.{json,csv,png}``,
 ``table2.{json,csv}``, ``table1.{json,csv}``, ``figure1b.{json,csv,png}``, ``digits.{json,csv}`` (and ``digits/<kind>/seed<k>/``, the training runs),
-``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``, ``peers_deploy/<kind>/``: the exported files).
+``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``, ``peers_deploy/<kind>/``: the exported files),
+``peers_imagenet.{json,csv}``.
 A part that ran but failed (a worker's error, a kind failing the peers check, an export) still writes its files; the
 command then names it in one line and exits 1. ``--overwrite`` replaces all of these whole (:data:`PAPER_FILES`).
 """
@@ -336,7 +339,7 @@ def run_figure_a1(args: argparse.Namespace, threads: int) -> Tuple[List[Dict[str
 
 
 PARTS = ("table3", "figure_a1", "table2", "table1", "figure1b", "digits", "peers")
-PEER_PARTS = ("costs", "latency", "digits", "deploy")
+PEER_PARTS = ("costs", "latency", "digits", "deploy", "imagenet")
 QUICK = {"repeats": 10, "rounds": 3, "sizes": [224, 320, 448], "dims": [192, 384, 768], "deit_depth": 4,
          "repeats_models": 5, "warmup_models": 1, "rounds_models": 1,
          "table1_batch": 2, "figure1b_p": [1, 2], "figure1b_depth": 2, "digits_epochs": 1, "peers_epochs": 1,
@@ -396,8 +399,9 @@ def _options():
                                   "and recipe are --digits-seeds and --digits-recipe", **count),
         "peers_repeats": Opt(None, "peers: timed forward runs per kind and token count (default 5; quick 2)",
                              **count),
-        "peers_parts": Opt(None, "peers: which measurements (costs latency digits deploy; default all; deploy "
-                                 "exports the digits part's weights, so it needs digits)",
+        "peers_parts": Opt(None, "peers: which measurements (costs latency digits deploy imagenet; default all; "
+                                 "deploy exports the digits part's weights, so it needs digits; imagenet: the "
+                                 "released ImageNet tags' params and GMACs beside their READMEs')",
                            type=maybe(List[str]), check=some_of(list(PEER_PARTS))),
         "peers_formats": Opt(None, "peers: the formats deploy exports each kind's digits weights to and validates "
                                    "(default onnx executorch; quick onnx)", type=maybe(List[str]),
@@ -438,7 +442,8 @@ PART_OPTIONS = {
 PAPER_FILES = ("paper.md", "digits", "peers_digits", "peers_deploy", *result_files("table3", ("json", "csv", "png")),
                *result_files("figure_a1", ("json", "csv", "png")), *result_files("table2", ("json", "csv")),
                *result_files("table1", ("json", "csv")), *result_files("figure1b", ("json", "csv", "png")),
-               *result_files("digits", ("json", "csv")), *result_files("peers", ("json", "csv", "png")))
+               *result_files("digits", ("json", "csv")), *result_files("peers", ("json", "csv", "png")),
+               *result_files("peers_imagenet", ("json", "csv")))
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -571,8 +576,21 @@ def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], mac
     write_csv(rows, out / "peers.csv")
     title = f"every attention kind at DeiT-T and on digits ({machine})"
     drawn = pp.plot_peers(rows, out / "peers.png", title)
+    imagenet, more = imagenet_section(out, meta) if "imagenet" in parts else ([], [])
     return [f"## Peers: {title}", "", pp.peers_markdown(rows, notes, args.digits_recipe, args.digits_seeds), "",
-            *(["![peers](peers.png)", ""] if drawn else [])], failed
+            *(["![peers](peers.png)", ""] if drawn else []), *imagenet], failed + more
+
+
+def imagenet_section(out: Path, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
+    """The released ImageNet tags' rows (:mod:`simattn.bench.paper_imagenet`), written to
+    ``peers_imagenet.{json,csv}``; returns its report section and the tags whose model did not build."""
+    from . import paper_imagenet as pi
+
+    rows = pi.run_imagenet_rows()
+    write_json({"meta": meta, "rows": rows}, out / "peers_imagenet.json")
+    write_csv(rows, out / "peers_imagenet.csv")
+    failed = [f"peers imagenet: {row['tag']} ({row['error']})" for row in rows if row.get("error")]
+    return ["### Peers: the released ImageNet-1k checkpoints", "", pi.imagenet_markdown(rows), ""], failed
 
 
 def main(argv: Optional[List[str]] = None) -> int:
