@@ -242,14 +242,19 @@ def _released_state(name, device="meta"):
 RELEASED = sorted(n for n in timm.list_models(module="swin") if not n.startswith("sima_"))
 
 
+#: the tags whose weights were fine-tuned at another size (their models' layouts at that size): <tag>.json
+HIGH_RES = sorted(p.stem for p in LAYOUTS.glob("*.json") if "." in p.stem)
+
+
 def test_every_released_hybrid_has_a_layout():
-    assert sorted(p.stem for p in LAYOUTS.glob("*.json")) == RELEASED and len(RELEASED) == 14
+    assert sorted(p.stem for p in LAYOUTS.glob("*.json") if "." not in p.stem) == RELEASED and len(RELEASED) == 14
+    assert [tag.split(".")[1] for tag in HIGH_RES] == ["in1k_384", "in1k_288", "in1k_384"]
 
 
-@pytest.mark.parametrize("name", RELEASED)
+@pytest.mark.parametrize("name", RELEASED + HIGH_RES)
 def test_released_layout_maps_with_no_missing_or_unexpected_key(name):
     with torch.device("meta"):
-        model = timm.create_model(name)
+        model = timm.create_model(name)  # a tag: the model at its weights' size
     ours = model.state_dict()
     mapped = checkpoint_filter_fn({"model": _released_state(name), "epoch": 300}, model)
     assert sorted(mapped) == sorted(ours), set(mapped) ^ set(ours)
@@ -261,7 +266,8 @@ TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in RELEASED)
 
 
 def test_released_weights_are_tags_with_their_evaluation():
-    assert len(TAGS) == 14  # Agent, FLatten, InLine, PolaFormer T/S/B and SLAB T/S
+    assert len(TAGS) == 17  # Agent, FLatten, InLine, PolaFormer T/S/B, SLAB T/S; Agent S 288, B 384, FLatten B 384
+    assert set(HIGH_RES) <= set(TAGS)
     for tag in TAGS:
         cfg = timm.models.get_pretrained_cfg(tag).to_dict()
         if tag.startswith("polaformer"):  # on the Hugging Face Hub
@@ -269,9 +275,17 @@ def test_released_weights_are_tags_with_their_evaluation():
             assert cfg["license"] == "mit"
         else:
             assert cfg["url"].startswith("https://") and Path(urlparse(cfg["url"]).path).name, tag  # a cache file
-        assert cfg["num_classes"] == 1000 and cfg["input_size"] == (3, 224, 224) and cfg["paper_ids"], tag
-        assert cfg["crop_pct"] == 0.875 and cfg["crop_mode"] == ("center" if tag.startswith("slab") else "squash")
+        size = int(tag.rpartition("_")[2]) if tag in HIGH_RES else 224
+        assert cfg["num_classes"] == 1000 and cfg["input_size"] == (3, size, size) and cfg["paper_ids"], tag
+        # their evaluation: resize 256/224 of the size and centre crop; fine-tuned sizes a plain resize (no crop)
+        crop = 1.0 if tag in HIGH_RES else 0.875
+        assert cfg["crop_pct"] == crop and cfg["crop_mode"] == ("center" if tag.startswith("slab") else "squash")
         assert timm.models.get_pretrained_cfg(tag.split(".")[0]).url == ""  # the untagged name asks for no weights
+    with torch.device("meta"):  # a fine-tuned size's tag builds its model at that size; arguments given win
+        at288 = timm.create_model("agent_swin_small_patch4_window7_224.in1k_288")
+        given = timm.create_model("agent_swin_small_patch4_window7_224.in1k_288", img_size=224, window_size=7)
+    assert at288.patch_embed.img_size == (288, 288) and at288.layers[2].blocks[0].window_size == (9, 9)
+    assert given.patch_embed.img_size == (224, 224) and given.layers[2].blocks[0].window_size == (7, 7)
 
 
 def test_a_released_file_loads_through_timms_pretrained_path(tmp_path, monkeypatch):

@@ -32,6 +32,8 @@ README_FIGURES: Dict[str, Tuple[float, Optional[float]]] = {
     "inline_pvt_large.in1k": (50.2, 10.2),
     "agent_swin_tiny_patch4_window7_224.in1k": (29.0, 4.5), "agent_swin_small_patch4_window7_224.in1k": (50.0, 8.7),
     "agent_swin_base_patch4_window7_224.in1k": (88.0, 15.4),
+    "agent_swin_small_patch4_window7_224.in1k_288": (50.0, 14.6),
+    "agent_swin_base_patch4_window7_224.in1k_384": (88.0, 46.3),
     "inline_swin_tiny_patch4_window7_224.in1k": (30.0, 4.5), "inline_swin_small_patch4_window7_224.in1k": (50.0, 8.7),
     "inline_swin_base_patch4_window7_224.in1k": (88.0, 15.4),
 }

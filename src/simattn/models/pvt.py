@@ -64,7 +64,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ._checks import check_model_kwargs
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
@@ -393,19 +393,12 @@ for _name in {tag.split(".")[0] for tag in _RELEASED}:
     default_cfgs[_name].tags.appendleft("")
 
 
-def _with_tag_args(variant: str, kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """``kwargs`` with what the tag asks for where not given (timm passes a tag as ``pretrained_cfg``)."""
-    tag = kwargs.get("pretrained_cfg")
-    asked = _TAG_ARGS.get(f"{variant}.{tag}", {}) if isinstance(tag, str) else {}
-    return {**asked, **kwargs}
-
-
 _DEPTHS = {"tiny": (2, 2, 2, 2), "small": (3, 4, 6, 3), "medium": (3, 4, 18, 3), "large": (3, 8, 27, 3)}
 
 
 def _pvt(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any], **args: Any) -> PyramidVisionTransformer:
     args = dict(depths=_DEPTHS[size], **args)
-    return _create(variant, pretrained, **dict(args, **_with_tag_args(variant, kwargs)))
+    return _create(variant, pretrained, **dict(args, **with_tag_args(variant, kwargs, _TAG_ARGS)))
 
 
 @register_model
@@ -449,7 +442,7 @@ _HYBRID = dict(class_token=False, global_pool="avg", final_norm=False, sr_ratios
 
 
 def _agent(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any]) -> PyramidVisionTransformer:
-    kwargs = _with_tag_args(variant, kwargs)
+    kwargs = with_tag_args(variant, kwargs, _TAG_ARGS)
     img = kwargs.get("img_size", 224)
     side = img if isinstance(img, int) else img[0]
     own = [dict(agent_num=n, window=max(1, side // r)) for n, r in zip((9, 16, 49, 49), (4, 8, 16, 32))]

@@ -22,8 +22,8 @@ from typing import Any, Dict, Mapping
 import torch
 from torch import nn
 
-__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "POLAFORMER_HUB", "unwrap", "released_names",
-           "released_to_simattn"]
+__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "POLAFORMER_HUB", "with_tag_args", "unwrap",
+           "released_names", "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -80,6 +80,13 @@ _AGENT_BIASES = {
 }
 #: SLAB's LinearNorm counters → PRepBN's (None: its total, this model's ``steps`` attribute, is left out)
 _PREPBN_COUNTERS = {"warm": "warmup_left", "iter": "steps_left", "total_step": None}
+
+
+def with_tag_args(variant: str, kwargs: Dict[str, Any], asked: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:
+    """``kwargs`` with what the tag asks for (``asked``: tag → the arguments of the model its weights were trained
+    in) where not given; timm passes a tag to the model's function as ``pretrained_cfg``."""
+    tag = kwargs.get("pretrained_cfg")
+    return {**(asked.get(f"{variant}.{tag}", {}) if isinstance(tag, str) else {}), **kwargs}
 
 
 def unwrap(state_dict: Mapping[str, Any]) -> Dict[str, Any]:

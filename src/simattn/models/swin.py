@@ -27,6 +27,11 @@ heads; the stages that run the kind in the authors' letters, ``M2`` a stage whos
 Each has the released code's parameter count, and the released code's logits with its weights mapped here (fp64,
 every tensor moved off its initialization: within 1e-14, SLAB within its own rounding sensitivity).
 
+The authors' weights are tags (``.in1k``; PolaFormer's on the Hugging Face Hub). Those fine-tuned at a higher
+resolution (Agent-Swin-S at 288 px, Agent-Swin-B and FLatten-Swin-B at 384: ``.in1k_288``, ``.in1k_384``) build their
+model at that size, the kind stages over its grids and the softmax stages' windows grown as the released code grows
+them.
+
 SimA-Swin (no one has published it) runs SimA in all four stages over the stage grid. Swin has no absolute position
 embedding: its positions are the softmax windows' relative bias, which the kind stages do not have (the hybrids' own
 encodings aside), so a kind without one sees positions only through the patch merging.
@@ -55,7 +60,7 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
 
@@ -267,11 +272,13 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 # The evaluation transforms of their Swin-style code: resize int(256 / 224 · 224) px, centre crop 224, bicubic;
 # LeapLabTHU's resize to a square (timm's crop_mode 'squash'), SLAB's the shorter side ('center').
-def _released(paper: str, url: str, top1: float, **source: Any) -> Dict[str, Any]:
+def _released(paper: str, url: str, top1: float, size: int = 224, **source: Any) -> Dict[str, Any]:
     paper_ids, paper_name, origin = PAPERS[paper]
-    return _cfg(url=url, crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash",
+    crop = dict(crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash") if size == 224 else \
+        dict(crop_pct=1.0, crop_mode="squash")  # fine-tuned at a higher resolution: TEST.CROP False, a plain resize
+    return _cfg(url=url, input_size=(3, size, size), pool_size=(size // 32, size // 32), **crop,
                 license="mit" if paper == "polaformer" else None, paper_ids=paper_ids, paper_name=paper_name,
-                origin_url=origin, notes=(f"top-1 {top1} on ImageNet-1k val at 224 px, as reported by the authors",),
+                origin_url=origin, notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",),
                 **source)
 
 
@@ -290,6 +297,21 @@ _RELEASED = {
     **{f"polaformer_swin_{size}_patch4_window7_224.in1k": _released(
         "polaformer", "", top1, hf_hub_id=POLAFORMER_HUB, hf_hub_filename=f"pola_swin_{size}_patch4_224.pth")
        for size, top1 in (("tiny", 82.6), ("small", 83.6), ("base", 83.8))},
+    "agent_swin_small_patch4_window7_224.in1k_288": _released("agent", TSINGHUA.format("09760394e93b4046a25e"), 84.1,
+                                                              size=288),
+    "agent_swin_base_patch4_window7_224.in1k_384": _released("agent", TSINGHUA.format("bb84ee9058954706a557"), 84.9,
+                                                             size=384),
+    "flatten_swin_base_patch4_window7_224.in1k_384": _released("flatten", TSINGHUA.format("0d0330cf2e5249f1abb6"),
+                                                               85.0, size=384),
+}
+# What a tag builds beyond its model's defaults: the model its weights were fine-tuned in. The kind stages span each
+# stage's grid at that size; the softmax stages' windows grow with it (Agent's max(7, grid / 8): 9 at 288 px, 12 at
+# 384; FLatten's 12 past 224), clamped to a stage's grid where it is smaller, as the released code does. Arguments
+# given win.
+_TAG_ARGS = {
+    "agent_swin_small_patch4_window7_224.in1k_288": dict(img_size=288, window_size=9),
+    "agent_swin_base_patch4_window7_224.in1k_384": dict(img_size=384, window_size=12),
+    "flatten_swin_base_patch4_window7_224.in1k_384": dict(img_size=384, window_size=12),
 }
 
 default_cfgs = generate_default_cfgs({
@@ -336,7 +358,7 @@ def _agent(variant: str, pretrained: bool, size: Dict[str, Any], stages: Sequenc
            kwargs: Dict[str, Any]) -> SwinTransformer:
     """Agent-Swin: 9, 16, 49 agents in stages 1-3; the row and column biases learned on each stage's grid at
     ``img_size`` (the longer side); 3×3 conv on V."""
-    args = dict(size, **kwargs)
+    args = dict(size, **with_tag_args(variant, kwargs, _TAG_ARGS))
     grids = _stage_grids(args.get("img_size", 224), args.get("patch_size", 4), len(args["depths"]))
     own = [dict(agent_num=n, window=max(g), dwc_kernel=3) for n, g in zip((9, 16, 49), grids)]
     return _create(variant, pretrained, attn_type=args.pop("attn_type", "agent"), own_attn=("agent", own),
@@ -366,7 +388,7 @@ def agent_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> Sw
 def _grid_linear(variant: str, pretrained: bool, kind: str, size: Dict[str, Any],
                  stages: Sequence[Union[bool, int]], kwargs: Dict[str, Any], key_encoding: bool = True,
                  **attn: Any) -> SwinTransformer:
-    args = dict(size, **kwargs)
+    args = dict(size, **with_tag_args(variant, kwargs, _TAG_ARGS))
     return _create(variant, pretrained, attn_type=args.pop("attn_type", kind), own_attn=(kind, [attn] * 4),
                    kind_stages=stages, key_encoding=key_encoding, **args)
 
