@@ -1,6 +1,6 @@
 """The peers' released DeiT checkpoints as timm tags, without their code or their files.
 
-``tests/data/released/<tag>.json`` lists each released file's keys with shapes and dtypes, taken from the released
+``tests/data/deit_released/<tag>.json`` lists each released file's keys with shapes and dtypes, taken from the released
 model code (their training scripts save ``model.state_dict()`` under ``model``). Files in that layout, filled with
 seeded random values, must map through the family's ``checkpoint_filter_fn`` onto the tag's model with no missing
 or unexpected key, and load through timm's own pretrained path (``pretrained_cfg_overlay=dict(file=...)``) with
@@ -24,7 +24,7 @@ from simattn.models import sima_vit
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-LAYOUTS = Path(__file__).parent / "data" / "released"
+LAYOUTS = Path(__file__).parent / "data" / "deit_released"
 FAST = dict(weight_init="skip")  # the weights are overwritten or only their names and shapes read: skip the init
 #: every simattn tag with weights; this file holds the DeiT family's, test_models_swin.py and test_models_pvt.py the
 #: Swin and PVT families'
