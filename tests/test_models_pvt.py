@@ -175,6 +175,22 @@ def test_the_released_layout_maps_with_no_missing_or_unexpected_key(tag):
     assert sum(p.numel() for p in model.parameters()) == layout["params"] - unused
 
 
+def test_a_released_file_loads_through_timms_pretrained_path(tmp_path):
+    """A file in a training script's layout (``model``, DDP's ``module.``, the epoch beside) loads by tag, each tensor
+    where the filter puts it."""
+    tag = "agent_pvt_tiny.in1k"
+    gen = torch.Generator().manual_seed(0)
+    state = {k: torch.randn(shape, generator=gen, dtype=getattr(torch, dtype))
+             for k, (shape, dtype) in _layout(tag)["keys"].items()}
+    path = tmp_path / "agent_pvt_tiny.pth"
+    torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "epoch": 299}, path)
+    model = timm.create_model(tag, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))
+    expected = pvt.checkpoint_filter_fn(state, model)
+    loaded = model.state_dict()
+    assert sorted(loaded) == sorted(expected) and all(torch.equal(loaded[k], v) for k, v in expected.items())
+    assert torch.equal(loaded["stages.3.blocks.1.attn.agent_block_bias"], state["block4.1.attn.an_bias"])
+
+
 def test_a_tag_builds_the_model_its_weights_were_trained_in():
     with torch.device("meta"):
         at256 = timm.create_model("agent_pvt_medium.in1k_256")
