@@ -105,7 +105,8 @@ def test_deployed_files_carry_the_weights_record(weights, tmp_path):
     pytest.importorskip("onnxruntime")
     import onnx
 
-    from simattn.models.weights import WEIGHTS_FORMAT, read_weights_record
+    from simattn.models.sources import read_weights_record
+    from simattn.models.weights import WEIGHTS_FORMAT
 
     out = tmp_path / "m.onnx"
     assert simattn_main(["export", "--weights", str(weights), "--exporter", "torchscript", "-o", str(out)]) == 0

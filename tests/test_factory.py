@@ -47,8 +47,10 @@ def test_create_model_errors_are_one_line():
         create_model("no_such_model")
     with pytest.raises(ValueError, match="cannot build"):
         create_model(DEIT, no_such_kwarg=1)
-    with pytest.raises(ValueError, match="pretrained=True .* not downloaded; start from a file instead"):
+    with pytest.raises(ValueError, match="pretrained=True for sima_deit_tiny_patch16_224: it has no released weights"):
         create_model(DEIT, pretrained=True)
+    with pytest.raises(ValueError, match="its pretrained tags: agent_deit_tiny_patch16_224.in1k"):
+        create_model("agent_deit_tiny_patch16_224", pretrained=True)
 
 
 def test_task_packages_build_models_through_the_factory():

@@ -14,7 +14,8 @@ import torch
 import simattn  # noqa: F401  (registers the models)
 from simattn.cli import main as simattn_main
 from simattn.models.factory import create_model, load_initial_weights, load_model
-from simattn.models.weights import read_weights_record, save_weights, weights_metadata
+from simattn.models.sources import read_weights_record
+from simattn.models.weights import save_weights, weights_metadata
 
 from cli_inputs import one_line_error
 

@@ -217,7 +217,7 @@ def test_reported_miou_equals_torchmetrics_over_the_saved_pngs_and_the_masks_on_
 
 def test_a_train_state_is_scored_like_its_safetensors(run, capsys, tmp_path):
     """``last.pth`` records the run's config, not the weights record: the dataset comes from it."""
-    from simattn.models.weights import read_weights_record
+    from simattn.models.sources import read_weights_record
     from simattn.segment.config import SegmentConfig
     from simattn.utils.io import load_checkpoint
 

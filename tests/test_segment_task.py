@@ -67,7 +67,7 @@ def test_run_writes_scores_report_and_a_record_that_rebuilds_the_model(straight)
     assert rows[0] == ["class", "iou", "acc"] and len(rows) == 12
     assert (out / "per_class_iou.png").stat().st_size > 0
     from simattn.models.factory import load_model
-    from simattn.models.weights import read_weights_record
+    from simattn.models.sources import read_weights_record
     record = read_weights_record(out / "final.safetensors")
     assert record.model == "semantic_fpn" and record.model_kwargs["backbone"] == "sima_deit_tiny_patch16_224"
     assert record.extra["classes"][0] == "background" and len(record.extra["palette"]) == 11

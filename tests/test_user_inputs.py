@@ -134,7 +134,7 @@ def digits_run(tmp_path_factory):
 
 
 def test_weights_record_the_class_names_and_validate_checks_them(digits_run, tmp_path, capsys):
-    from simattn.models.weights import read_weights_record
+    from simattn.models.sources import read_weights_record
     record = read_weights_record(digits_run / "final.safetensors")
     assert record.extra["classes"] == [str(i) for i in range(10)]
     # a folder with 10 classes under other names: same count, other meaning

@@ -7,7 +7,8 @@ import torch
 import simattn
 from simattn.cli import main as simattn_main
 from simattn.models.factory import create_model, load_model
-from simattn.models.weights import (WEIGHTS_FORMAT, read_weights_record, save_weights, weights_metadata)
+from simattn.models.sources import read_weights_record
+from simattn.models.weights import WEIGHTS_FORMAT, save_weights, weights_metadata
 from simattn.utils.io import CheckpointError, read_safetensors_metadata, save_safetensors
 
 DEIT = "sima_deit_tiny_patch16_224"

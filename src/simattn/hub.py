@@ -71,7 +71,8 @@ def build_save_parser() -> argparse.ArgumentParser:
 def _check_inputs(args: Mapping[str, Any]) -> None:
     """The one-line refusals that come before any work."""
     from . import deploy
-    from .models.hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, hub_name, resolve_weights, weights_file
+    from .models.hub import CARD_NAME, CONFIG_NAME, WEIGHTS_NAME, hub_name
+    from .models.sources import resolve_source
     from .utils.io import check_new_folder
 
     if args["weights"] is None:
@@ -80,15 +81,12 @@ def _check_inputs(args: Mapping[str, Any]) -> None:
         raise ValueError("--output DIR or --push ORG/NAME is required: where the folder goes")
     if args["private"] and args["push"] is None:
         raise ValueError("--private applies to --push only (the repository it creates)")
-    source = hub_name(args["weights"])
-    if source is None:
-        if deploy.for_path(args["weights"]) is not None:
-            raise ValueError(f"--weights {args['weights']} is an exported file; hub save takes the weights it was "
-                             "exported from (.safetensors, or a run's last.pth)")
-        weights_file(args["weights"])  # a folder timm reads is taken as local-dir:DIR
+    if hub_name(args["weights"]) is None and deploy.for_path(args["weights"]) is not None:
+        raise ValueError(f"--weights {args['weights']} is an exported file; hub save takes the weights it was "
+                         "exported from (.safetensors, or a run's last.pth)")
+    source = args["weights"] = resolve_source(args["weights"])  # once: the steps below read this source
     if args["output"] is not None:
-        local = source is None or source[0] == "local-dir"  # (an hf-hub download lies in the Hub's cache)
-        weights = os.path.realpath(resolve_weights(args["weights"]) if local else args["weights"])
+        weights = os.path.realpath(source.path)
         folder = os.path.realpath(args["output"])
         if args["overwrite"] and os.path.commonpath([weights, folder]) == folder:
             raise ValueError(f"--weights {args['weights']} is inside --output {args['output']}, which --overwrite "
@@ -104,23 +102,23 @@ def run_save(argv: List[str]) -> Dict[str, Any]:
     """``simattn hub save`` with arguments ``argv``; returns what was written (``folder``, ``files``, ``pushed``)."""
     from .detect.model import detector_config, load_detector
     from .models.factory import attention_kind, load_model
-    from .models.hub import hub_config, resolve_weights, save_hub_folder
-    from .models.weights import read_weights_record
+    from .models.hub import hub_config, save_hub_folder
     from .utils.recipe import checked_flags
 
     args = checked_flags(build_save_parser().parse_args(argv), save_options())
     _check_inputs(args)
-    path = resolve_weights(args["weights"])
-    detector = load_detector(path, use_ema=args["use_ema"])
+    source = args["weights"]
+    path = source.path
+    detector = load_detector(source, use_ema=args["use_ema"])
     if detector is not None:  # not a timm model: its folder is read by simattn detect
         model, record = detector
         config = detector_config(model, record)
     else:
-        record = read_weights_record(path)
+        record = source.record
         if record is None:
             raise ValueError(f"weights {args['weights']} do not name their model (no simattn record): hub save "
                              "takes files simattn wrote (train, segment, detect, ssl, convert)")
-        model, spec = load_model(None, path, use_ema=args["use_ema"])
+        model, spec = load_model(None, source, use_ema=args["use_ema"])
         record.model_kwargs = dict(spec["config"])
         record.num_classes = getattr(model, "num_classes", record.num_classes)
         config = hub_config(model, record.model, record.data_config, **_task_entries(record))

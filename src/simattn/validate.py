@@ -27,8 +27,7 @@ import torch
 
 from .models.factory import (add_model_arguments, attention_kind, load_model, model_spec_from_weights,
                              parse_model_kwargs, recorded_attention)
-from .models.hub import resolve_weights
-from .models.weights import read_weights_record
+from .models.sources import WeightsSource, resolve_source
 from .utils.global_state import restores_global_state
 from .utils.io import atomic_write_json, check_new_file, check_outputs
 from .utils.recipe import flag_name
@@ -97,13 +96,14 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
 
     from . import deploy
 
-    weights = resolve_weights(weights)  # a local-dir: or hf-hub: folder's model.safetensors
+    resolved = resolve_source(weights, packages=True)  # once: every step below reads this source
+    weights = resolved.path
     if threads is not None and threads < 1:
         raise ValueError(f"--threads {threads}: expected an integer >= 1")
     check_predictions_dir(save_predictions)  # before any work
     seg_options = {"mode": mode, "crop_size": crop_size, "stride": stride, "flip": flip, "scales": scales,
                    "save_predictions": save_predictions}
-    source = segmentation_source(weights)
+    source = segmentation_source(resolved)
     if source is not None:
         return _validate_segmentation(source, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
                                       workers=workers, use_ema=use_ema, device=device, threads=threads,
@@ -118,7 +118,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                          "classifier")
     from .segment.config import SEGMENT_DATASETS
     from .data.factory import DATASETS
-    dataset, data_dir, split = _recorded_data(weights, dataset, data_dir, split)
+    dataset, data_dir, split = _recorded_data(resolved, dataset, data_dir, split)
     if dataset not in DATASETS:
         only = " (a segmentation dataset)" if dataset in SEGMENT_DATASETS else ""
         raise ValueError(f"--dataset {dataset}{only}: {weights.name} holds a classifier; classification datasets: "
@@ -128,23 +128,22 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
                                   img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
                                   batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
                                   channels_last=channels_last, show_progress=show_progress, threads=threads)
-    return _validate_checkpoint(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
+    return _validate_checkpoint(resolved, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
                                 img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
                                 batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
                                 amp_dtype=amp_dtype, channels_last=channels_last, show_progress=show_progress,
                                 threads=threads)
 
 
-def _recorded_data(weights: Path, dataset: Optional[str], data_dir: Optional[str], split: Optional[str]):
+def _recorded_data(source: WeightsSource, dataset: Optional[str], data_dir: Optional[str], split: Optional[str]):
     """(dataset, data_dir, split) to score a classifier on: those given, else those its record names (the dataset,
     and its root and evaluated split when the dataset is the recorded one), else digits' val split (older records
     name no data)."""
     from . import deploy
 
-    record = None
+    record, weights = None, source.path
     if weights.is_file():
-        record = deploy.read_metadata(weights) if deploy.for_path(weights) is not None else \
-            read_weights_record(weights)
+        record = deploy.read_metadata(weights) if deploy.for_path(weights) is not None else source.record
     recorded = dict(record.extra) if record is not None else {}
     name = dataset or recorded.get("dataset") or "digits"
     same = isinstance(recorded.get("dataset"), str) and name.lower() == recorded["dataset"].lower()
@@ -154,7 +153,7 @@ def _recorded_data(weights: Path, dataset: Optional[str], data_dir: Optional[str
     return name, data_dir, split or "val"
 
 
-def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,
+def _validate_checkpoint(source: WeightsSource, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,
                          dataset: str, data_dir: Optional[str], split: str, img_size: Optional[int],
                          crop_pct: Optional[float], interpolation: Optional[str], batch_size: int, workers: int,
                          use_ema: bool, device: Optional[str], amp: bool, amp_dtype: str, channels_last: bool,
@@ -170,13 +169,14 @@ def _validate_checkpoint(weights: Path, model: Optional[str], model_kwargs: Opti
     if threads is not None:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
-    stored = model_spec_from_weights(weights)
+    weights = source.path
+    stored = model_spec_from_weights(source)
     data = create_dataset(dataset, data_dir, split)
     n_classes = len(dataset_classes(data))
     kwargs = dict(model_kwargs or {})
     if (stored is None or stored.get("num_classes") is None) and "num_classes" not in kwargs:
         kwargs["num_classes"] = n_classes
-    net, spec = load_model(model, weights, kwargs, use_ema=use_ema)
+    net, spec = load_model(model, source, kwargs, use_ema=use_ema)
     if not spec["num_classes"]:
         raise ValueError(f"weights {weights} hold {spec['model']} without a classifier head (num_classes=0, e.g. a "
                          "DINO backbone): validate needs logits; evaluate it with simattn ssl eval (k-NN, linear "

@@ -46,7 +46,9 @@ def convert(cfg: ConvertConfig, teacher_weights: str, model: Optional[str] = Non
             model_kwargs: Optional[Dict[str, Any]] = None, teacher_attn: Optional[str] = None) -> Dict[str, Any]:
     """Convert ``teacher_weights`` to ``cfg.convert.to`` with the budget ``cfg.epochs``; returns the results written
     to ``<cfg.output>/results.json`` (single process, or DDP under torchrun)."""
+    from ..models.sources import resolve_source
     check_kind(cfg.convert.to)
+    teacher_weights = resolve_source(teacher_weights)  # once: the teacher and the student's start read this source
     with session(cfg) as dist:
         stages = StagedRun(cfg, dist, "convert", STAGES, OUTPUTS, "conversion")
         return _convert(cfg, stages, teacher_weights, model, model_kwargs, teacher_attn)

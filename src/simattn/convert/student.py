@@ -15,7 +15,7 @@ from torch import nn
 from ..attention import TokenAttention, get_attention_class, list_attentions
 from ..models.factory import (attention_kind, create_model, load_initial_weights, load_model, model_spec_from_weights,
                               with_attention)
-from ..models.hub import resolve_weights
+from ..models.sources import resolve_source
 
 __all__ = ["convertible_kinds", "check_kind", "load_teacher", "build_student", "attention_modules",
            "LAYOUT_PARAMS"]
@@ -56,7 +56,8 @@ def load_teacher(weights: str | Path, model: Optional[str] = None, model_kwargs:
     (default softmax; pass ``xca`` for timm XCiT weights in an XCiT family model).
     """
     kwargs = dict(model_kwargs or {})
-    stored = model_spec_from_weights(weights) if resolve_weights(weights).is_file() else None
+    weights = resolve_source(weights)  # once: the record and the tensors come from this read
+    stored = model_spec_from_weights(weights)
     if attn_type is not None:
         kwargs = with_attention(kwargs, attn_type)
     elif stored is None:  # timm/official weights name no attention: they are softmax networks

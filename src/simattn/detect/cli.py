@@ -62,10 +62,11 @@ def main(argv: List[str]) -> int:
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     name = recipe_name(args.config) or "detect"
-    from ..models.hub import resolve_weights
-    beside = str(resolve_weights(args.weights)) if args.weights else None  # a hub folder's model.safetensors
+    from ..models.sources import resolve_source
+    source = resolve_source(args.weights) if args.weights else None  # once, for every step below
+    beside = str(source.path) if source is not None and source.tag is None else None  # not in a download cache
     out = results_folder(cfg.output, beside, f"{name}_eval", "detect_eval")
-    results = evaluate_checkpoint(cfg, args.weights)
+    results = evaluate_checkpoint(cfg, source)
     print(json_dumps(_ap_summary(results)), flush=True)  # shown before anything is written
     atomic_write_json({"weights": args.weights, **results}, out / "eval.json")
     return 0

@@ -80,23 +80,23 @@ def load_detector(path: Union[str, Path], use_ema: bool = False) -> Optional[Tup
     """``(detector in eval mode, its weights record)`` from a ``simattn detect`` ``last.pth`` or a
     ``.safetensors`` file with a detection record (``local-dir:``/``hf-hub:`` folders too); None for weights of
     another task."""
-    from ..models.hub import resolve_weights
-    from ..models.weights import read_weights_record
-    from ..utils.io import load_checkpoint, load_weights
-    path = resolve_weights(path)
-    if path.suffix == ".safetensors":
-        record = read_weights_record(path)
+    from ..models.sources import resolve_source
+    from ..utils.io import load_weights
+    source = resolve_source(path)
+    path = source.path
+    if path.suffix == ".safetensors" or source.tag is not None:
+        record = source.record
         if record is None or record.extra.get("task") != DETECTION_TASK:
             return None
     else:
-        state = load_checkpoint(path)
+        state = source.checkpoint()
         if state.get("task") != "simattn detect":
             return None
         record = _record_of_state(state)
     section = {k: v for k, v in record.model_kwargs.items() if k != "num_classes"}
     # the detector's weights replace everything, so the backbone's own initial weights are not loaded
     model = build_mask_rcnn(dict(section, backbone_weights=None), int(record.num_classes))
-    load_weights(model, path, use_ema=use_ema)
+    load_weights(model, path, use_ema=use_ema, checkpoint=source.checkpoint())
     record.model_kwargs = section
     return model.eval(), record
 

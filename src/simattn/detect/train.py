@@ -18,7 +18,7 @@ from typing import Any, Dict, Mapping, Optional
 from ..engine.core import Engine, run
 from ..engine.dist import DistInfo, init_distributed
 from ..engine.log import plot_history
-from ..utils.io import load_checkpoint, load_weights
+from ..utils.io import load_weights
 from ..utils.recipe import recipe_to_save
 from .config import DetectConfig
 from .data import CocoInstances, collate_detection
@@ -128,21 +128,21 @@ def train(cfg: DetectConfig) -> Dict[str, Any]:
 
 def evaluate_checkpoint(cfg: DetectConfig, weights: str, dist: Optional[DistInfo] = None) -> Dict[str, Any]:
     """Box and mask AP of a trained detector checkpoint on the recipe's val data."""
-    from ..models.hub import resolve_weights
-    from ..models.weights import read_weights_record
+    from ..models.sources import resolve_source
     device = (dist or init_distributed(cfg.device, cfg.dist_timeout)).device
     val = load_datasets(dataclasses.asdict(cfg.data), need_train=False)["val"]
-    weights = resolve_weights(weights)  # a local-dir: or hf-hub: folder's model.safetensors
+    source = resolve_source(weights)  # once: a local-dir: or hf-hub: folder's model.safetensors, a tag's file
+    weights = source.path
     if weights.suffix == ".safetensors":  # a detector saved by simattn hub save: its record names the categories
-        record = read_weights_record(weights)
+        record = source.record
         saved = (record.extra.get("category_ids") if record is not None else None) or []
     else:
-        checkpoint = load_checkpoint(weights)
+        checkpoint = source.checkpoint()
         saved = [c.get("id") for c in (checkpoint.get("task_state") or checkpoint).get("categories", [])]
     if saved and saved != val.cat_ids:
         raise ValueError(f"checkpoint categories {saved} differ from the val annotation categories {val.cat_ids}")
     # The detector's weights replace everything, so the backbone's own initial weights are not loaded.
     model = build_mask_rcnn(dict(dataclasses.asdict(cfg.model), backbone_weights=None), val.num_classes)
-    load_weights(model, weights)
+    load_weights(model, weights, checkpoint=source.checkpoint())
     model.to(device)
     return evaluate_coco(model, val, device, cfg.eval.batch_size, cfg.workers)

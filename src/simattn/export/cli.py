@@ -233,6 +233,9 @@ def check_options(args: argparse.Namespace) -> Dict[str, Any]:
     if not args.compare_softmax and _given(args, defaults, ["bench_batch", "bench_time"]):
         raise ValueError(f"{', '.join(_given(args, defaults, ['bench_batch', 'bench_time']))} applies to "
                          "--compare-softmax only")
+    if args.weights:  # once: every step below reads this source
+        from ..models.sources import resolve_source
+        args.weights = resolve_source(args.weights, packages=True)
     output = Path(args.output) if args.output else None
     if output is not None:
         _check_suffix(fmt, output)
@@ -288,7 +291,7 @@ def _calibration_data(args: argparse.Namespace, mode: Optional[str], segmentatio
     name, root = args.calib_data, args.calib_dir
     if name is not None or mode != "static" or segmentation is not None or not args.weights:
         return name or "digits", root, False
-    from ..models.weights import read_weights_record
+    from ..models.sources import read_weights_record
 
     record = read_weights_record(args.weights)
     dataset = (record.extra if record is not None else {}).get("dataset")

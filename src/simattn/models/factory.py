@@ -17,12 +17,11 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..utils.io import (CheckpointError, extract_state_dict, load_checkpoint, load_weights, non_finite_tensors,
-                        shape_mismatches)
+from ..utils.io import CheckpointError, extract_state_dict, load_weights, non_finite_tensors, shape_mismatches
 from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
-from .hub import weights_file
-from .weights import WeightsRecord, read_weights_record
+from .sources import WeightsSource, resolve_source
+from .weights import WeightsRecord
 
 __all__ = ["create_model", "check_model_name", "check_model", "patch_grid", "check_patch_grid", "similar_names",
            "model_options", "add_model_arguments", "parse_model_kwargs", "MODEL_KWARGS_HELP", "checkpoint_filter_for",
@@ -33,19 +32,36 @@ __all__ = ["create_model", "check_model_name", "check_model", "patch_grid", "che
 def create_model(name: str, **kwargs: Any) -> nn.Module:
     """``timm.create_model`` with a one-line ValueError for an unknown name or arguments the model rejects.
 
-    ``pretrained=True`` is refused: weights come from files, through :func:`load_initial_weights` (no SimA weights
-    were ever published, and a download would make runs depend on the network)."""
+    ``pretrained=True`` takes the weights of the tag ``name`` names (``model.tag``; a bare model name: its default
+    tag) through :func:`~simattn.models.sources.resolve_source`: from timm's cache, downloaded once by timm's own
+    code, or a one-line error naming the address when there is no network. ``pretrained_cfg_overlay=dict(file=F)``
+    gives the file instead. timm then loads it strictly (its classifier reset for another ``num_classes``)."""
     import timm
 
     check_model_name(name)
-    if kwargs.get("pretrained"):
-        raise ValueError(f"pretrained={kwargs['pretrained']!r} for {name}: weights are not downloaded; start from a "
-                         "file instead (simattn train --initial-checkpoint PATH, ssl model.weights, detect "
-                         "model.backbone_weights)")
+    overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
+    if kwargs.get("pretrained") and not overlay.get("file") and not overlay.get("state_dict"):
+        tag = name if "." in name else _default_tag(name)
+        overlay["file"] = str(resolve_source(tag).path)
+        kwargs["pretrained_cfg_overlay"] = overlay
     try:
         return timm.create_model(name, **kwargs)
     except TypeError as e:
         raise ValueError(f"cannot build {name} with {kwargs}: {e}") from None
+
+
+def _default_tag(name: str) -> str:
+    """``name``'s default pretrained tag, or a one-line ValueError when it has none with weights."""
+    from timm.models import get_pretrained_cfg
+    cfg = get_pretrained_cfg(name)
+    tag = f"{name}.{cfg.tag}" if cfg is not None and cfg.tag else name
+    if cfg is None or not (cfg.url or cfg.hf_hub_id or cfg.file):
+        import timm
+        tags = timm.list_pretrained(f"{name}.*")
+        raise ValueError(f"pretrained=True for {name}: it has no released weights by default"
+                         + (f"; its pretrained tags: {', '.join(tags)}" if tags else "; no tag of it has any")
+                         + " (or pass pretrained_cfg_overlay=dict(file=PATH))")
+    return tag
 
 
 def check_model_name(name: str) -> None:
@@ -125,8 +141,8 @@ def model_options(weights_required: bool = False) -> Dict[str, Opt]:
     return {
         "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
         "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), a "
-                             "bare state dict with --model, or a folder simattn hub save wrote (DIR, local-dir:DIR, "
-                             "hf-hub:ORG/NAME)" + ("" if weights_required else
+                             "bare state dict with --model, a folder simattn hub save wrote (DIR, local-dir:DIR, "
+                             "hf-hub:ORG/NAME), or a pretrained tag (MODEL.TAG: simattn list --pretrained)" + ("" if weights_required else
                                                                 "; random weights when omitted"),
                        type=maybe(str), check=check_path, required=weights_required),
         "use_ema": Opt(False, "load the EMA weights of a training checkpoint"),
@@ -167,10 +183,10 @@ def _spec(record: WeightsRecord) -> Dict[str, Any]:
             "num_classes": record.num_classes, "producer": record.producer, "extra": dict(record.extra)}
 
 
-def model_spec_from_weights(path: str | Path) -> Optional[Dict[str, Any]]:
+def model_spec_from_weights(weights: Union[str, Path, WeightsSource]) -> Optional[Dict[str, Any]]:
     """``{'model', 'config', 'data_config', 'num_classes', 'producer', 'extra'}`` recorded with weights
-    (``config``: the ``create_model`` kwargs), or None when the file does not name its model."""
-    record = read_weights_record(path)
+    (``config``: the ``create_model`` kwargs), or None when they do not name their model."""
+    record = resolve_source(weights).record
     return _spec(record) if record is not None else None
 
 
@@ -213,15 +229,16 @@ def recorded_attention(record: Optional[WeightsRecord]) -> Optional[str]:
         return None
 
 
-def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] = None,
+def load_model(model_name: Optional[str] = None, weights: Union[str, Path, WeightsSource, None] = None,
                model_kwargs: Optional[Mapping[str, Any]] = None,
                use_ema: bool = False) -> Tuple[nn.Module, Dict[str, Any]]:
     """Create a registered model in eval mode, optionally with weights that must fit it exactly.
 
     Args:
         model_name: a registered name; taken from the weights' record when None.
-        weights: a ``.safetensors`` file, a training checkpoint (``.pth``), a bare state dict (needs a name), or
-            a folder timm reads (``DIR``, ``local-dir:DIR``, ``hf-hub:ORG/NAME``: :mod:`simattn.models.hub`).
+        weights: a ``.safetensors`` file, a training checkpoint (``.pth``), a bare state dict (needs a name), a
+            folder timm reads (``DIR``, ``local-dir:DIR``, ``hf-hub:ORG/NAME``: :mod:`simattn.models.hub`), a
+            pretrained tag, or the :class:`~simattn.models.sources.WeightsSource` any of them resolved to.
         model_kwargs: ``create_model`` kwargs; they override the ones recorded with the weights.
         use_ema: load the EMA weights of a training checkpoint.
 
@@ -232,10 +249,11 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     """
     spec: Dict[str, Any] = {"model": model_name, "config": {}, "data_config": None, "num_classes": None,
                             "producer": None, "extra": {}, "weights": None}
+    stored = None
     if weights is not None:
-        path = weights_file(weights)
-        weights = path
-        stored = model_spec_from_weights(path)
+        source = resolve_source(weights)
+        path = weights = source.path
+        stored = model_spec_from_weights(source)
         if stored:
             if model_name is not None and stored["model"] != model_name:
                 raise ValueError(f"weights {path} were saved for model {stored['model']!r}, not {model_name!r}")
@@ -249,7 +267,8 @@ def load_model(model_name: Optional[str] = None, weights: Optional[str | Path] =
     spec["num_classes"] = getattr(model, "num_classes", spec["num_classes"])
     if weights is not None:
         try:
-            load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]))
+            load_weights(model, weights, use_ema=use_ema, filter_fn=checkpoint_filter_for(spec["model"]),
+                         checkpoint=source.checkpoint())
         except CheckpointError as e:
             if stored or "does not fit" not in str(e):
                 raise
@@ -325,7 +344,7 @@ def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool) -> Dict[st
     return sd
 
 
-def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Optional[str] = None,
+def load_initial_weights(model: nn.Module, path: Union[str, Path, WeightsSource], *, model_name: Optional[str] = None,
                          use_ema: bool = False, strict: bool = False, partial: bool = False,
                          partial_option: str = "partial=True") -> InitialWeightsReport:
     """Start ``model`` from weights trained for a network of the same family, possibly of another resolution or
@@ -343,9 +362,10 @@ def load_initial_weights(model: nn.Module, path: str | Path, *, model_name: Opti
     :class:`~simattn.utils.io.CheckpointError` (one line) for those, when any other tensor has the wrong shape, or
     when no tensor loads at all. The model is only modified when no error is raised.
     """
-    path = weights_file(path, "initial weights")
-    record = read_weights_record(path) if path.suffix == ".safetensors" else None
-    raw = _initial_state_dict(load_checkpoint(path), use_ema)
+    source = resolve_source(path, "initial weights")
+    path = source.path
+    record = source.record
+    raw = _initial_state_dict(source.checkpoint(), use_ema)
     filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
     sd = filter_fn(dict(raw), model) if filter_fn is not None else dict(raw)
     own = model.state_dict()

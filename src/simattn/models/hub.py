@@ -7,8 +7,8 @@ after ``import simattn`` a classifier loads with ``timm.create_model("local-dir:
 ``model.safetensors`` is the state dict timm loads, carrying the weights record (:mod:`simattn.models.weights`) in
 its metadata, so every simattn command opens the folder as it opens the file: :func:`resolve_weights` turns
 the folder (``DIR`` or ``local-dir:DIR``) and ``hf-hub:ORG/NAME[@REVISION]`` into that file (the latter
-downloaded, or taken from the cache, by ``huggingface_hub``), and :func:`read_weights_record` / :func:`load_model`
-call it.
+downloaded, or taken from the cache, by ``huggingface_hub``), for :mod:`simattn.models.sources`, the one
+resolution of a weights name every loader uses.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from torch import nn
 from ..utils.io import atomic_folder, save_safetensors
 
 __all__ = ["HUB_PREFIXES", "WEIGHTS_NAME", "CONFIG_NAME", "CARD_NAME", "hub_name", "timm_loader", "resolve_weights",
-           "weights_file", "hub_config", "save_hub_folder"]
+           "weights_file", "download_file", "hub_config", "save_hub_folder"]
 
 #: the model names timm reads from a folder (``local-dir:``) or a Hub repository (``hf-hub:``)
 HUB_PREFIXES = ("local-dir:", "hf-hub:")
@@ -105,21 +105,28 @@ def _folder_weights(folder: Path, name: str) -> Path:
 
 @functools.lru_cache(maxsize=16)  # one download (or cache look-up) per repository and process
 def _download(model_id: str) -> Path:
+    name = f"hf-hub:{model_id}"
+    for filename in (CONFIG_NAME, WEIGHTS_NAME):  # config.json too: the snapshot is then timm's whole folder
+        path = download_file(model_id, filename, name, missing="(not a folder simattn hub save or timm wrote)")
+    return path
+
+
+def download_file(model_id: str, filename: str, name: str, missing: str = "") -> Path:
+    """``filename`` of the Hub repository ``ORG/NAME[@REVISION]``, downloaded by ``huggingface_hub`` (or taken from
+    its cache); one-line ValueErrors naming the weights as ``name`` (``missing``: what a file it lacks means)."""
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError,
                                         RepositoryNotFoundError, RevisionNotFoundError)
     from timm.models._hub import hf_split
 
     repo, revision = hf_split(model_id)
-    name = f"hf-hub:{model_id}"
     if not repo or repo.count("/") != 1:
         raise ValueError(f"weights {name}: expected hf-hub:ORG/NAME (optionally @REVISION)")
     # without a network huggingface_hub retries for half a minute: look the Hub's host up first, and take the
     # cached copy at once when it cannot be found
     offline = not _hub_reachable()
     try:
-        for filename in (CONFIG_NAME, WEIGHTS_NAME):  # config.json too: the snapshot is then timm's whole folder
-            path = hf_hub_download(repo, filename, revision=revision, local_files_only=offline)
+        return Path(hf_hub_download(repo, filename, revision=revision, local_files_only=offline))
     except RepositoryNotFoundError:
         raise ValueError(f"weights {name}: no such repository on the Hugging Face Hub (or it is private: log in "
                          "with `hf auth login`)") from None
@@ -127,18 +134,16 @@ def _download(model_id: str) -> Path:
         raise ValueError(f"weights {name}: the repository has no revision {revision!r}") from None
     except LocalEntryNotFoundError:
         raise ValueError(f"weights {name}: cannot reach the Hugging Face Hub (huggingface.co: no network, or "
-                         "HF_HUB_OFFLINE is set) and no copy is cached; connect to the network, or download the "
-                         "folder elsewhere and pass local-dir:DIR") from None
+                         f"HF_HUB_OFFLINE is set) and {repo}/{filename} is not cached; connect to the network, or "
+                         "download it elsewhere and pass the file (a folder: local-dir:DIR)") from None
     except EntryNotFoundError:  # after its subclass LocalEntryNotFoundError
-        raise ValueError(f"weights {name}: the repository has no {filename} (not a folder simattn hub save "
-                         "or timm wrote)") from None
+        raise ValueError(f"weights {name}: the repository has no {filename} {missing}".rstrip()) from None
     except HfHubHTTPError as e:
         raise ValueError(f"weights {name}: the Hugging Face Hub answered "
                          f"{str(e).splitlines()[0][:200]}") from None
     except OSError as e:  # a connection that fails below huggingface_hub's own errors
         raise ValueError(f"weights {name}: cannot reach the Hugging Face Hub (huggingface.co) over the network: "
                          f"{type(e).__name__}: {str(e)[:200]}") from None
-    return Path(path)
 
 
 def _hub_reachable() -> bool:

@@ -34,9 +34,9 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from torch import nn
 
-from ..utils.io import CheckpointError, PathLike, load_checkpoint, read_safetensors_metadata, save_safetensors
+from ..utils.io import CheckpointError, PathLike, save_safetensors
 
-__all__ = ["WEIGHTS_FORMAT", "WeightsRecord", "weights_metadata", "save_weights", "read_weights_record",
+__all__ = ["WEIGHTS_FORMAT", "WeightsRecord", "weights_metadata", "save_weights", "train_state_record",
            "parse_weights_metadata", "export_record", "read_deployed_record", "DATA_CONFIG_KEYS", "DATA_RECORD_KEYS"]
 
 WEIGHTS_FORMAT = "simattn-weights-v1"
@@ -195,16 +195,8 @@ def _maybe_json(text: str) -> Any:
         return text
 
 
-def read_weights_record(path: PathLike) -> Optional[WeightsRecord]:
-    """The record of a weights file: safetensors metadata, or the ``model_name``/``model_kwargs``/``data_config``
-    entries of a ``simattn train`` state (``last.pth``). None when the file does not name its model. ``path`` may
-    also be a folder timm reads (``DIR``, ``local-dir:DIR``, ``hf-hub:ORG/NAME``:
-    :func:`simattn.models.hub.resolve_weights`)."""
-    from .hub import weights_file
-    path = weights_file(path)
-    if path.suffix == ".safetensors":
-        return parse_weights_metadata(read_safetensors_metadata(path), path)
-    state = load_checkpoint(path)
+def train_state_record(state: Mapping[str, Any]) -> Optional[WeightsRecord]:
+    """The record a ``simattn train`` state (``last.pth``) carries in its entries, None for any other checkpoint."""
     if not isinstance(state.get("model_name"), str):
         return None
     kwargs = dict(state.get("model_kwargs") or {})

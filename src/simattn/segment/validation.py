@@ -50,6 +50,8 @@ class SegmentationSource:
     mean: Optional[List[float]] = None
     std: Optional[List[float]] = None
     input_size: Optional[List[int]] = None
+    #: the weights resolved (:class:`~simattn.models.sources.WeightsSource`), read once; None for an exported file
+    weights: Any = None
 
     def record(self) -> Dict[str, Any]:
         """The entries an exported file carries so that it is scored on the same data (beside ``classes``)."""
@@ -65,8 +67,8 @@ def _is_segmenter(model: Optional[str]) -> bool:
     return model in HEADS
 
 
-def _from_extra(path: Path, model: str, deployed: bool, num_classes, data_config, extra: Mapping[str, Any]
-                ) -> SegmentationSource:
+def _from_extra(path: Path, model: str, deployed: bool, num_classes, data_config, extra: Mapping[str, Any],
+                weights: Any = None) -> SegmentationSource:
     config = data_config or {}
     classes = extra.get("classes")
     source = SegmentationSource(
@@ -75,7 +77,7 @@ def _from_extra(path: Path, model: str, deployed: bool, num_classes, data_config
         img_scale=extra.get("img_scale"), crop_size=extra.get("crop_size"), eval=dict(extra.get("eval") or {}),
         train_split=extra.get("train_split") or "train", val_split=extra.get("val_split") or "val",
         classes=[str(c) for c in classes] if isinstance(classes, list) else None,
-        mean=config.get("mean"), std=config.get("std"), input_size=config.get("input_size"))
+        mean=config.get("mean"), std=config.get("std"), input_size=config.get("input_size"), weights=weights)
     return source
 
 
@@ -84,10 +86,10 @@ def segmentation_source(path: str | os.PathLike) -> Optional[SegmentationSource]
     or None when the file holds another kind of model (a classifier). A file is a segmentation one when its record
     says ``task: semantic_segmentation`` or its model is a registered segmenter."""
     from .. import deploy
-    from ..models.hub import resolve_weights
-    from ..models.weights import read_weights_record
+    from ..models.sources import resolve_source
 
-    path = resolve_weights(path)
+    source = resolve_source(path, packages=True)
+    path = source.path
     if deploy.for_path(path) is not None:
         if not path.exists():
             raise FileNotFoundError(f"exported file not found: {path}")
@@ -95,25 +97,19 @@ def segmentation_source(path: str | os.PathLike) -> Optional[SegmentationSource]
         if record.extra.get("task") != SEGMENT_TASK and not _is_segmenter(record.model):
             return None
         return _from_extra(path, record.model, True, record.num_classes, record.data_config, record.extra)
-    if path.suffix != ".safetensors" and path.is_file():
-        from ..utils.io import load_checkpoint
-        try:  # the record only: the tensors stay on disk
-            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except Exception:  # an older or damaged file: read as the loader does, with its one-line errors
-            state = load_checkpoint(path)
-        if not isinstance(state, dict):
-            return None
+    if path.suffix != ".safetensors" and source.tag is None:
+        state = source.checkpoint()  # mapped: the record only, the tensors stay on disk
         name = state.get("model_name")
         if state.get("task") != "simattn segment" and not _is_segmenter(name if isinstance(name, str) else None):
             return None
         cfg = state.get("config") if isinstance(state.get("config"), dict) else {}
         kwargs = state.get("model_kwargs") or {}
         return _from_extra(path, name, False, kwargs.get("num_classes"), state.get("data_config"),
-                           {**cfg, "classes": None})
-    record = read_weights_record(path)
+                           {**cfg, "classes": None}, source)
+    record = source.record
     if record is None or (record.extra.get("task") != SEGMENT_TASK and not _is_segmenter(record.model)):
         return None
-    return _from_extra(path, record.model, False, record.num_classes, record.data_config, record.extra)
+    return _from_extra(path, record.model, False, record.num_classes, record.data_config, record.extra, source)
 
 
 def open_segmentation_dataset(source: SegmentationSource, *, dataset: Optional[str] = None,
@@ -207,7 +203,7 @@ def open_predictor(source: SegmentationSource, *, device: Optional[torch.device]
         fixed = any(t is not None for t in net.takes[1:])
         return Predictor(net, torch.device("cpu"), net.metadata.model, net.runtime, (h, w) if fixed else None)
     from ..models.factory import load_model
-    net, spec = load_model(None, source.path, dict(model_kwargs or {}), use_ema=use_ema)
+    net, spec = load_model(None, source.weights or source.path, dict(model_kwargs or {}), use_ema=use_ema)
     device = device or torch.device("cpu")
     net = net.to(device).eval()
     return Predictor(net, device, spec["model"], "torch", None, sum(p.numel() for p in net.parameters()))

@@ -51,20 +51,21 @@ def main(argv: List[str]) -> int:
 def _evaluate(cfg: SslConfig, args, name: str) -> int:
     from ..engine.dist import init_distributed
     from ..models.factory import load_initial_weights
-    from ..models.hub import resolve_weights
+    from ..models.sources import resolve_source
     from ..utils.io import atomic_write_json
     from ..utils.runs import results_folder
     from .dino import build_backbone
     from .evaluate import evaluate_backbone
     device = init_distributed(cfg.device, cfg.dist_timeout).device
     backbone = build_backbone(dataclasses.asdict(cfg.model)).to(device)
-    if args.weights:
+    source = resolve_source(args.weights) if args.weights else None  # once, for every step below
+    if source is not None:
         # any file the project opens: a DINO checkpoint or backbone, a classifier (its head is dropped), timm weights
-        report = load_initial_weights(backbone, args.weights, model_name=cfg.model.name, use_ema=args.ema,
+        report = load_initial_weights(backbone, source, model_name=cfg.model.name, use_ema=args.ema,
                                       strict=True)
         print(report.summary(), flush=True)
-    # the results go beside the weights file (a hub folder's, for local-dir: and hf-hub: names)
-    beside = str(resolve_weights(args.weights)) if args.weights else None
+    # the results go beside the weights file (a hub folder's, for local-dir: and hf-hub: names; not a tag's cache)
+    beside = str(source.path) if source is not None and source.tag is None else None
     out = results_folder(cfg.output, beside, f"{name}_eval", "ssl_eval")
     results = evaluate_backbone(backbone, cfg, device=device)
     results = {"model": cfg.model.name, "weights": args.weights or "random init", **results}

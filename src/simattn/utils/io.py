@@ -255,8 +255,11 @@ def atomic_write_json(obj: Any, path: PathLike) -> None:
     atomic_write_text(json_dumps(obj, indent=2, sort_keys=False) + "\n", path)
 
 
-def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu") -> Dict[str, Any]:
-    """Load a ``.pth``/``.pt`` checkpoint (``weights_only=True``) or a ``.safetensors`` file, with one-line errors."""
+def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu",
+                    mmap: bool = False) -> Dict[str, Any]:
+    """Load a ``.pth``/``.pt`` checkpoint (``weights_only=True``) or a ``.safetensors`` file, with one-line errors.
+    ``mmap``: a ``.pth`` in torch's zip format is mapped, its tensors read from disk when used (a file in the legacy
+    format is read whole)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
@@ -270,7 +273,12 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         except (SafetensorError, ValueError):
             raise unreadable_checkpoint(path) from None
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        try:
+            obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            obj = torch.load(path, map_location=map_location, weights_only=True)  # the legacy format
     except OSError:
         raise
     except Exception as e:  # torch raises many types for corrupt files (RuntimeError, EOFError, UnpicklingError)
@@ -310,14 +318,15 @@ def extract_state_dict(checkpoint: Mapping[str, Any], use_ema: bool = False) -> 
 
 
 def load_weights(model: nn.Module, path: PathLike, use_ema: bool = False, strict: bool = True,
-                 filter_fn=None) -> Dict[str, Any]:
-    """Load weights from a checkpoint or safetensors file into ``model``.
+                 filter_fn=None, checkpoint: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Load weights from a checkpoint or safetensors file into ``model`` (``checkpoint``: the file's contents when
+    they were read already; ``path`` then only names them).
 
     ``filter_fn(state_dict, model)`` (e.g. a timm ``checkpoint_filter_fn``) maps foreign layouts first. Missing,
     unexpected and mis-shaped keys are reported by name in a :class:`CheckpointError`; the model is only modified
     when everything fits.
     """
-    raw = extract_state_dict(load_checkpoint(path), use_ema=use_ema)
+    raw = extract_state_dict(load_checkpoint(path) if checkpoint is None else checkpoint, use_ema=use_ema)
     sd = filter_fn(dict(raw), model) if filter_fn is not None else raw
     own = model.state_dict()
     missing = [k for k in own if k not in sd]

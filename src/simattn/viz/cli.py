@@ -152,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
 
     _check_output(args)
     if args.weights is not None:
+        from ..models.sources import resolve_source
         from ..segment.validation import segmentation_source
+        args.weights = resolve_source(args.weights, packages=True)  # once: every step below reads this source
         source = segmentation_source(args.weights)
         if source is not None:
             return run_segmentation(args, source)

@@ -1,0 +1,185 @@
+"""One resolution of a weights name, for every command that takes weights.
+
+A name is a weights file (``.safetensors``, a training or released ``.pth``), a folder timm reads (``DIR``,
+``local-dir:DIR``), ``hf-hub:ORG/NAME[@REV]`` (:mod:`simattn.models.hub`), or a pretrained tag ``model.tag`` that
+timm lists (``timm.list_pretrained()``: the peers' released checkpoints registered here, and timm's own).
+:func:`resolve_source` turns it into one :class:`WeightsSource` once; the commands pass that on, and the loaders
+(:func:`~simattn.models.factory.load_model`, :func:`~simattn.models.factory.load_initial_weights`,
+:func:`read_weights_record`) take it as it is. Its file is read once: the record (safetensors
+metadata, a training state's entries, or the tag's configuration) and the tensors come from the same read.
+
+A tag's file is fetched by timm's own download code into timm's cache (``torch.hub``'s ``checkpoints`` folder, or
+the Hugging Face cache), where ``timm.create_model(tag, pretrained=True)`` finds it too; torch writes the download
+to a temporary file and renames it whole, so an interrupted download leaves nothing behind. Without a network, a tag
+whose file is not cached is one line naming the address and where the file goes.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+from urllib.parse import urlparse
+
+from ..utils.io import load_checkpoint, read_safetensors_metadata
+from .hub import resolve_weights, weights_file
+from .weights import WeightsRecord, parse_weights_metadata, train_state_record
+
+__all__ = ["WeightsSource", "resolve_source", "read_weights_record", "pretrained_tag", "tag_cache_path"]
+
+_UNREAD = object()
+
+
+@dataclass(eq=False)
+class WeightsSource:
+    """Resolved weights: ``name`` as given, ``path`` the local file, ``tag`` the pretrained tag it came from."""
+    name: str
+    path: Path
+    tag: Optional[str] = None
+    _checkpoint: Optional[Dict[str, Any]] = field(default=None, repr=False)
+    _record: Any = field(default=_UNREAD, repr=False)
+
+    def checkpoint(self) -> Dict[str, Any]:
+        """The file's contents (``weights_only=True``), read on first use and kept (a ``.pth`` mapped: the record
+        is read without the tensors, which are read when used)."""
+        if self._checkpoint is None:
+            self._checkpoint = load_checkpoint(self.path, mmap=True)
+        return self._checkpoint
+
+    @property
+    def record(self) -> Optional[WeightsRecord]:
+        """What built the weights: the file's record, the tag's configuration, or None when neither names a
+        model (a bare state dict)."""
+        if self._record is _UNREAD:
+            self._record = self._read_record()
+        return self._record
+
+    def _read_record(self) -> Optional[WeightsRecord]:
+        if self.tag is not None:
+            return _tag_record(self.tag)
+        if self.path.suffix == ".safetensors":
+            return parse_weights_metadata(read_safetensors_metadata(self.path), self.path)
+        return train_state_record(self.checkpoint())
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __fspath__(self) -> str:  # path-taking code (``Path(source)``, ``open``) gets the resolved file
+        return str(self.path)
+
+
+def resolve_source(weights: Union[str, Path, WeightsSource], what: str = "weights file",
+                   packages: bool = False) -> WeightsSource:
+    """``weights`` as one :class:`WeightsSource` (itself when it is one). A path that exists, a folder name or a
+    ``hf-hub:`` name is resolved as :func:`~simattn.models.hub.weights_file` does; otherwise a pretrained tag is
+    looked up, downloaded once (or found in the cache). One-line errors (``what`` names the weights) for a name that
+    is none of these, suggesting the tags of a model named without one. ``packages``: a folder that holds no
+    weights (an exported package) is taken as it is, for its reader."""
+    if isinstance(weights, WeightsSource):
+        return weights
+    name = str(weights)
+    tag = None if Path(name).exists() else pretrained_tag(name)
+    if tag is not None:
+        return WeightsSource(name, _tag_file(tag), tag=tag)
+    try:
+        if packages and Path(name).is_dir():
+            return WeightsSource(name, resolve_weights(weights))
+        return WeightsSource(name, weights_file(weights, what))
+    except FileNotFoundError as e:
+        tags = _tags_of(name)
+        if tags:
+            raise FileNotFoundError(f"{e}; {name.partition('.')[0]} has pretrained tag(s) {', '.join(tags)}: "
+                                    "pass one of them") from None
+        raise
+
+
+def read_weights_record(weights: Union[str, Path, WeightsSource]) -> Optional[WeightsRecord]:
+    """The record of weights (:attr:`WeightsSource.record`): safetensors metadata, the entries of a ``simattn
+    train`` state (``last.pth``), or a pretrained tag's configuration; None when they name no model."""
+    return resolve_source(weights).record
+
+
+def pretrained_tag(name: str) -> Optional[str]:
+    """``name`` when it is a ``model.tag`` timm lists with a download (url, Hugging Face repository or file)."""
+    arch, dot, tag = name.partition(".")
+    if not dot or not tag or "/" in name or os.sep in name:
+        return None
+    cfg = _pretrained_cfg(name)
+    return name if cfg is not None and (cfg.get("url") or cfg.get("hf_hub_id") or cfg.get("file")) else None
+
+
+def _pretrained_cfg(name: str) -> Optional[Dict[str, Any]]:
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    from . import list_models  # noqa: F401  (registers simattn's families and their tags with timm)
+    if not timm.is_model(name):
+        return None
+    try:
+        cfg = get_pretrained_cfg(name, allow_unregistered=False)
+    except RuntimeError:  # a tag the model does not have
+        return None
+    return cfg.to_dict() if cfg is not None else None
+
+
+def _tags_of(name: str) -> List[str]:
+    import timm
+    arch = name.partition(".")[0]
+    if "/" in name or os.sep in name or not arch or not timm.is_model(arch):
+        return []
+    return [t for t in timm.list_pretrained(f"{arch}.*") if pretrained_tag(t)]
+
+
+def tag_cache_path(tag: str) -> Optional[Path]:
+    """Where timm keeps a url tag's file (None for a tag on the Hugging Face Hub or a local file)."""
+    cfg = _pretrained_cfg(tag) or {}
+    if cfg.get("file") or cfg.get("hf_hub_id") or not cfg.get("url"):
+        return None
+    from timm.models._hub import get_cache_dir
+    return Path(get_cache_dir()) / os.path.basename(urlparse(cfg["url"]).path)
+
+
+def _tag_file(tag: str) -> Path:
+    cfg = _pretrained_cfg(tag) or {}
+    if cfg.get("file"):
+        return weights_file(cfg["file"], f"weights {tag}: its file")
+    if cfg.get("hf_hub_id"):
+        from .hub import download_file
+        return download_file(cfg["hf_hub_id"], cfg.get("hf_hub_filename") or "model.safetensors", name=tag)
+    url, cached = cfg["url"], tag_cache_path(tag)
+    if cached.is_file():
+        return cached
+    host = urlparse(url).hostname or url
+    # looked up first: without a network urllib would fail late, or wait on a connection
+    if not _resolves(host):
+        raise ValueError(f"weights {tag}: its file is not cached and {host} cannot be reached (no network): download "
+                         f"{url} where there is one and copy it to {cached} (or pass that file, naming the model "
+                         f"{tag})")
+    from timm.models._hub import download_cached_file
+    try:
+        return Path(download_cached_file(url, check_hash=False, progress=sys.stderr.isatty()))
+    except (OSError, ValueError) as e:  # urllib's errors are OSErrors; torch.hub's partial file is already gone
+        raise ValueError(f"weights {tag}: downloading {url} failed ({type(e).__name__}: {str(e)[:160]}): try "
+                         f"again, or download it elsewhere and pass that file instead of the tag") from None
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+    except (OSError, UnicodeError):
+        return False
+    return True
+
+
+def _tag_record(tag: str) -> WeightsRecord:
+    """A tag's record: the tag builds its network (timm applies the tag's configuration), its preprocessing is the
+    tag's ``pretrained_cfg`` (read from the model built), and it was trained on ImageNet when it has 1000 classes."""
+    cfg = _pretrained_cfg(tag) or {}
+    num_classes = cfg.get("num_classes")
+    extra: Dict[str, Any] = {"tag": tag}
+    if num_classes == 1000:
+        extra["dataset"] = "imagenet"
+    return WeightsRecord(model=tag, model_kwargs={}, num_classes=num_classes, data_config=None,
+                         producer=cfg.get("origin_url") or "released", format="pretrained-tag", extra=extra)
