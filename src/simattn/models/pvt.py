@@ -25,8 +25,12 @@ pvt_{medium,large}                                                              
                                                                                    61.37M    61.4M
 agent_pvt_{tiny,small} agents 9/16/49/49, biases for each stage's 224-px grid      11.57M,   11.6M,
                        (56/28/14/7), 3×3 conv on V                                 20.64M    20.6M
+agent_pvt_{medium,                                                                 35.92M,   35.9M,
+large}                                                                             48.74M    48.7M
 inline_pvt_{tiny,      heads 2/4/10/16 (head dim 32), 3×3 local branch, no key     12.03M,   12.0M,
 small}                 encoding                                                    21.56M    21.6M
+inline_pvt_{medium,                                                                37.62M,   37.6M,
+large}                                                                             51.15M    50.2M
 flatten_pvt_tiny       focusing factor 3, 5×5 conv on V, key encoding per stage    12.15M    (none)
 polaformer_pvt_{tiny,  α 4, 5×5 conv on V, key encoding per stage, the gate        12.92M,   (none)
 small}                                                                             23.16M
@@ -40,6 +44,11 @@ medium}_prepbn         ATTN_TYPE SSSS): reduction 8/4/2/1, hybrid layout        
 The released FLatten and PolaFormer models count 1,024 more parameters: their unused final norm. SLAB's PRepBN is
 ``LinearNorm`` with its default 300,000 steps in every norm, the patch embeddings' and the reduction's included;
 ``prepbn_steps=0`` gives LayerNorm.
+
+The authors' ImageNet-1k weights are tags (``pvt_tiny.in1k``, ``agent_pvt_medium.in1k_256``, ...): download, the
+repository's evaluation transform, license, paper and the README's top-1 in each ``pretrained_cfg``; a tag builds the
+model its weights were trained in (Agent-PVT-M at 256 px: position embeddings and agent biases on 64/32/16/8 grids).
+InLine-PVT-L's README gives 50.2M; its released code builds 51.15M, as here.
 
 :func:`checkpoint_filter_fn` maps the PVT authors' classification checkpoints (``patch_embed{i}``, ``pos_embed{i}``,
 ``block{i}``, ``cls_token``, separate ``q`` and ``kv``) and the hybrids' (Agent's ``an/na/ah/aw/ha/wa_bias``,
