@@ -17,7 +17,7 @@ os.environ["SIMATTN_TRITON_AUTOTUNE"] = "0"  # the stand-in has no GPU to tune o
 
 import torch  # noqa: E402
 
-from simattn.attention import linear_triton as LT  # noqa: E402
+from simattn.kernels import host  # noqa: E402
 from simattn.attention.sima import sima_attention  # noqa: E402
 
 SETTINGS = ("simattn's path (dry run)", "Triton's run path every launch", "direct launch")
@@ -27,17 +27,17 @@ SETTINGS = ("simattn's path (dry run)", "Triton's run path every launch", "direc
 def setting(name: str):
     """The launch path of ``name``; plans are dropped on entering and leaving the stand-in."""
     if name == SETTINGS[0]:
-        with LT.dry_run():
+        with host.dry_run():
             yield
         return
-    keep = LT._Launch._keep
+    keep = host.Launch._keep
     if name == SETTINGS[1]:
-        LT._Launch._keep = lambda self, compiled, args: None  # never launch directly
+        host.Launch._keep = lambda self, compiled, args: None  # never launch directly
     try:
-        with LT.hopper_stand_in():
+        with host.hopper_stand_in():
             yield
     finally:
-        LT._Launch._keep = keep
+        host.Launch._keep = keep
 
 
 def per_call_us(fn, calls: int) -> float:

@@ -46,13 +46,13 @@ def _job(job):
     batch, n, dtype_name, sm90_here = job
     import contextlib
 
-    from simattn.attention import linear_triton
+    from simattn.kernels import host
 
     shared = []
     _compile_only(shared)
-    linear_triton._call = lambda key, build: build()  # no launch plan kept: every call meets the autotuners
+    host.planned = lambda key, build: build()  # no launch plan kept: every call meets the autotuners
     # CPU tensors stand in for CUDA ones on an H100/H200 (its 132 multiprocessors decide the plans)
-    with linear_triton.hopper_stand_in(tune=True) if sm90_here else contextlib.nullcontext():
+    with host.hopper_stand_in(tune=True) if sm90_here else contextlib.nullcontext():
         start = time.perf_counter()
         errors = _calls(batch, n, dtype_name, sm90_here)
     return batch, n, time.perf_counter() - start, len(shared), max((s for *_, s in shared), default=0), errors
@@ -62,19 +62,20 @@ def _calls(batch, n, dtype_name, sm90_here):
     """The sweep's calls, and on CPU tensors the kernels the CPU entry points would not reach; the errors."""
     import torch
 
-    from simattn.attention import linear_triton
     from simattn.bench.attention import run_gpu
 
     device = "cpu" if sm90_here else "cuda"
     fake_time = {"median_ms": 1.0, "p10_ms": 1.0, "p90_ms": 1.0, "min_ms": 1.0, "runs": 1}  # not timed
+    from simattn.kernels.linear.launch import linear_triton
+
     rows = run_gpu([n], KINDS, batch, 6, 64, getattr(torch, dtype_name), device, 1.0,
                    timer=lambda call: (call(), fake_time)[1])
     if sm90_here:  # on CPU tensors the ELU and XNorm entry points take torch ops: call their kernels directly
         q, k, v = (torch.randn(batch, 6, n, 64, dtype=getattr(torch, dtype_name)) for _ in range(3))
-        linear_triton.linear_triton("elu", q, k, v)
-        linear_triton.linear_triton("xnorm", q, k, v, gamma=torch.ones(batch * 6))
+        linear_triton("elu", q, k, v)
+        linear_triton("xnorm", q, k, v, gamma=torch.ones(batch * 6))
         # the relu kind's kernels (h = relu, n^(-a) scale, a key mask), forward and backward
-        from simattn.attention.activation_triton import activation_triton
+        from simattn.kernels.pointwise.launch import activation_triton
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         out = activation_triton(*leaves, activation="relu", bias=0.0, alpha=1.0,
                                 mask=torch.ones(batch, n, dtype=torch.bool))
@@ -83,7 +84,7 @@ def _calls(batch, n, dtype_name, sm90_here):
     x = [torch.randn(batch, 6, n, 64, dtype=getattr(torch, dtype_name), device=device) for _ in range(3)]
     for kind, inputs in (("slab", x), ("features", (x[0].float(), x[1].float(), x[2]))):
         leaves = [t.requires_grad_() for t in inputs]
-        out = linear_triton.linear_triton(kind, *leaves)
+        out = linear_triton(kind, *leaves)
         out.backward(torch.ones_like(out))
     return [f"{r['kind']} {r['pass']}: {r['error']}" for r in rows if "error" in r]
 

@@ -28,7 +28,7 @@ COMMANDS = {
     "hub": ("simattn.hub", "share weights as timm does: a local-dir:/hf-hub: folder (config.json, model.safetensors, "
                            "model card), --push to the Hugging Face Hub"),
     "list": ("simattn.listing", "list attention kinds, models, shipped recipes and pretrained tags (PATTERN filters)"),
-    "build-kernels": ("simattn.attention.sima_cpu", "compile SimA's CPU kernel for this machine (setup runs it)"),
+    "build-kernels": ("simattn.kernels.cpu.sima", "compile SimA's CPU kernel for this machine (setup runs it)"),
 }
 
 

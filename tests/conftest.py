@@ -21,7 +21,7 @@ torch.set_num_threads(SUITE_THREADS)
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(SUITE_THREADS))
 # Triton fixes whether kernels run compiled or in its interpreter when it decorates them, at the first import of
-# simattn.attention.linear_kernels: without CUDA, the interpreter (CPU tensors), set before any test imports them.
+# simattn.kernels.host (the kernels import it): without CUDA, the interpreter (CPU tensors), set before any test imports them.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -238,10 +238,10 @@ def one_thread():
 
 @pytest.fixture
 def kernel_device():
-    """Where the Triton kernels of simattn.attention run in this process: "cpu" in the interpreter, "cuda" where
+    """Where the Triton kernels of simattn.kernels run in this process: "cpu" in the interpreter, "cuda" where
     they were compiled (skipped without a CUDA device)."""
-    from simattn.attention import linear_kernels
-    if linear_kernels.INTERPRETER:
+    from simattn.kernels import host
+    if host.INTERPRETER:
         return "cpu"
     if not torch.cuda.is_available():
         pytest.skip("the kernels are compiled but there is no CUDA device")

@@ -14,15 +14,15 @@ import torch
 
 from simattn.attention import ReLUAttention, create_attention
 from simattn.attention import reference as R
-from simattn.attention.activation_backend import activation_refusal, runs_triton
+from simattn.attention._common import activation_refusal, runs_triton
 from simattn.attention.relu import relu_attention
 from simattn.attention.sigmoid import sigmoid_attention
 
 from attention_cases import error_ratio, rms
 
 pytest.importorskip("triton")
-from simattn.attention import activation_triton as at  # noqa: E402 - in the mode conftest set
-from simattn.attention import linear_kernels as LK  # noqa: E402
+from simattn.kernels import host  # noqa: E402 - in the mode conftest set
+from simattn.kernels.pointwise import launch as at  # noqa: E402
 
 TOL = 1e-4
 HALF_TOL = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
@@ -151,21 +151,19 @@ def test_triton_refusals_are_one_line():
 
 def test_a_repeat_call_reuses_its_plan(kernel_device, monkeypatch):
     """The first call at a signature plans its launch; a repeat with new values only looks it up."""
-    from simattn.attention import linear_triton as LT
-    monkeypatch.setattr(LT, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     (q, k, v), _ = _leaves(((1, 1, 3, 16), (1, 1, 3, 16)), kernel_device)
     with torch.no_grad():
         first = at.activation_triton(q, k, v, activation="sigmoid")
-        plans = dict(LT._CALLS)
+        plans = dict(host.PLANS)
         second = at.activation_triton(2 * q, k, v, activation="sigmoid")
-    assert len(plans) == 1 and LT._CALLS == plans
+    assert len(plans) == 1 and host.PLANS == plans
     assert rms(first - second) > 0
 
 
 def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
-    from simattn.attention import linear_triton as LT
-    monkeypatch.setattr(LT, "_CALLS", {})
-    monkeypatch.setattr(LK, "INTERPRETER", False)
+    monkeypatch.setattr(host, "PLANS", {})
+    monkeypatch.setattr(host, "INTERPRETER", False)
     q = torch.randn(1, 2, 5, 16)
     with pytest.raises(ValueError, match=r"^attention with h=sigmoid: backend 'triton' needs CUDA tensors"):
         sigmoid_attention(q, q, q, backend="triton")

@@ -26,7 +26,7 @@ from simattn.attention.agent import agent_attention
 from attention_cases import assert_grads_close, error_ratio
 
 pytest.importorskip("triton")
-from simattn.attention import agent_triton  # noqa: E402,F401 - registers the ops; in the mode conftest set
+from simattn.kernels.agent import launch as agent_triton  # noqa: E402,F401 - registers the ops; in the mode conftest set
 
 TOL = 1e-4
 HALF_TOL = {torch.bfloat16: torch.finfo(torch.bfloat16).eps, torch.float16: torch.finfo(torch.float16).eps}

@@ -439,7 +439,7 @@ def test_sima_call_checks_its_inputs_and_chooses_its_path_once(backend, monkeypa
     import simattn.attention.sima as sima_mod
     dry_run = contextlib.nullcontext
     if backend == "triton":
-        dry_run = pytest.importorskip("simattn.attention.linear_triton").dry_run
+        dry_run = pytest.importorskip("simattn.kernels.host").dry_run
     counts = {}
     for name in ("check_qkv", "resolve_sima_backend", "resolve_sima_order"):
         real = getattr(sima_mod, name)

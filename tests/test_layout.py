@@ -1,5 +1,6 @@
 """The package's layout holds: no import circle between modules, and imports only go down the layers
-(attention → models → task packages → the command line); no file over 900 lines and no function over 80 in src/
+(kernels → attention → models → task packages → the command line); in attention/ and kernels/ no file takes a private
+name of another file, and no attention kind imports another kind; no file over 900 lines and no function over 80 in src/
 (model constructors aside); no runtime name tested outside deploy/."""
 from __future__ import annotations
 
@@ -96,15 +97,94 @@ def _layer(module: str) -> str:
 
 def test_imports_only_go_down_the_layers():
     below = {"utils": {"utils"},
-             "attention": {"attention", "utils"},
-             "models": {"attention", "models", "utils"},
+             "kernels": {"kernels", "utils"},
+             "attention": {"attention", "kernels", "utils"},
+             "models": {"attention", "kernels", "models", "utils"},
              "data": {"data", "utils"},
              "deploy": {"deploy", "models", "utils"},
-             "engine": {"engine", "data", "models", "attention", "utils"},
-             "classify": {"classify", "engine", "data", "models", "attention", "utils"}}
+             "engine": {"engine", "data", "models", "attention", "kernels", "utils"},
+             "classify": {"classify", "engine", "data", "models", "attention", "kernels", "utils"}}
     wrong = sorted(f"{name} imports {dep}" for name, deps in _graph().items() if _layer(name) in below
                    for dep in deps if dep.startswith("simattn.") and _layer(dep) not in below[_layer(name)])
     assert wrong == []
+
+
+def _imported_privates(name: str, path: Path, is_package: bool, known) -> List[str]:
+    """The private names (a leading underscore, dunders aside) that ``name`` takes from other modules of ours:
+    ``from m import _x`` and ``m._x`` where ``m`` is bound to one of our modules by an import."""
+    out: List[str] = []
+    modules: Dict[str, str] = {}  # local name → module of ours it is bound to
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in known and a.asname:
+                    modules[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[:len(base) - (node.level - 1)]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            if not prefix.startswith("simattn"):
+                continue
+            for a in node.names:
+                if f"{prefix}.{a.name}" in known:
+                    modules[a.asname or a.name] = f"{prefix}.{a.name}"
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{name} imports {prefix}.{a.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")
+                and modules[node.value.id] != name):
+            out.append(f"{name} uses {modules[node.value.id]}.{node.attr}")
+    return sorted(set(out))
+
+
+def _in_packages(*packages: str):
+    known = _modules()
+    return known, {name: entry for name, entry in known.items() if _layer(name) in packages}
+
+
+def test_no_private_name_crosses_files_in_attention_and_kernels():
+    """A file of attention/ or kernels/ uses only the public names of the other files of the project: what the
+    kernel families share (plan cache, launch modes, dry_run, the tile helpers) is public in kernels/host.py and
+    kernels/tiles.py."""
+    known, files = _in_packages("attention", "kernels")
+    assert "simattn.kernels.host" in files and "simattn.attention.sima" in files
+    wrong = [use for name, (path, pkg) in sorted(files.items()) for use in _imported_privates(name, path, pkg, known)]
+    assert wrong == []
+
+
+def test_the_private_name_check_finds_imports_and_uses(tmp_path):
+    known = {"simattn.a.b": None, "simattn.a.c": None, "simattn.a": None}
+    path = tmp_path / "b.py"
+    path.write_text("from . import c as C\nfrom .c import _x, y\nfrom .c import __all__\nimport simattn.a.c as D\n"
+                    "C._z(); C.__file__; D._w; y._v\n")
+    assert _imported_privates("simattn.a.b", path, False, known) == [
+        "simattn.a.b imports simattn.a.c._x", "simattn.a.b uses simattn.a.c._w", "simattn.a.b uses simattn.a.c._z"]
+
+
+#: the files of attention/ that are not kinds: shared checks and helpers, the registry, the module bases, the grid
+#: geometry, the grid-linear skeleton and the oracles
+NOT_KINDS = {"__init__", "_common", "_registry", "base", "grid", "grid_linear", "reference"}
+#: a kind that calls another kind's op, each with why; an entry that no longer applies is removed
+KIND_IMPORTS = {
+    ("linformer", "softmax"): "Linformer is softmax attention over projected keys and values",
+}
+
+
+def test_no_kind_imports_another_kind():
+    """Each attention kind is a file of its own that imports no other kind's file (what several kinds share lives in
+    the files of :data:`NOT_KINDS`)."""
+    graph = _graph()
+    kinds = {p.stem for p in (SRC / "simattn" / "attention").glob("*.py")} - NOT_KINDS
+    assert {"sima", "soft", "agent", "linformer"} <= kinds
+    found = {(name.split(".")[-1], dep.split(".")[-1]) for name, deps in graph.items()
+             if name.startswith("simattn.attention.") and name.split(".")[-1] in kinds
+             for dep in deps if dep.startswith("simattn.attention.") and dep.split(".")[-1] in kinds}
+    assert found == set(KIND_IMPORTS)
 
 
 def test_convert_imports_nothing_from_train():

@@ -17,8 +17,8 @@ from simattn.attention.slab import slab_attention
 from attention_cases import error_ratio
 
 pytest.importorskip("triton")
-from simattn.attention import linear_kernels as K  # noqa: E402 - in the mode conftest set
-from simattn.attention import linear_triton as st  # noqa: E402
+from simattn.kernels import host  # noqa: E402 - in the mode conftest set
+from simattn.kernels.linear import launch as st  # noqa: E402
 
 TOL = 1e-4
 PLANS = {"one_tile": (1, True), "one_launch_loop": (1, False), "split3": (3, False)}
@@ -30,14 +30,14 @@ HALF_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 1e-3}
 
 @pytest.fixture(autouse=True)
 def interpreted():
-    if not K.INTERPRETER:
+    if not host.INTERPRETER:
         pytest.skip("the kernels run compiled here, not on CPU tensors")
 
 
 @pytest.fixture
 def forced_plan(monkeypatch):
     """Force a token-axis plan (programs per head, one tile) on calls planned from now on."""
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
 
 
@@ -139,13 +139,13 @@ def test_backend_choice_and_refusals(monkeypatch):
     """'torch' and 'auto' on CPU tensors take torch (no kernel planned), 'triton' the kernels; 'triton' refuses what
     the kernels cannot take with a one-line error, and an unknown backend is named."""
     q, k, v = (torch.randn(1, 2, 8, 16) for _ in range(3))
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     for backend in ("torch", "auto"):
         slab_attention(q, k, v, backend=backend)
         flatten_attention(q, k, v, backend=backend)
-    assert not st._CALLS
+    assert not host.PLANS
     slab_attention(q, k, v, backend="triton")
-    assert [key[0] for key in st._CALLS] == ["slab"]
+    assert [key[0] for key in host.PLANS] == ["slab"]
     with pytest.raises(ValueError, match="slab: unknown backend 'cuda'"):
         slab_attention(q, k, v, backend="cuda")
     with pytest.raises(ValueError, match="flatten: backend 'triton' takes float32, float16 or bfloat16"):

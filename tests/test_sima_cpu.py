@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from simattn.attention import SimAAttention, sima_cpu
+from simattn.attention import SimAAttention
+from simattn.kernels.cpu import sima as sima_cpu
 from simattn.attention import reference as R
 from simattn.attention.sima import sima_attention
 

@@ -77,7 +77,7 @@ def test_sima_forward_and_gradients_match_reference(shape, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_elu_and_xnorm_take_the_fused_forward_without_gradients(dtype, monkeypatch):
-    from simattn.attention import linear_triton as st
+    from simattn.kernels.linear import launch as st
 
     calls = []
     real = st.linear_triton
@@ -99,33 +99,33 @@ def test_elu_and_xnorm_take_the_fused_forward_without_gradients(dtype, monkeypat
 def test_tuned_configs_are_reused(monkeypatch):
     """The first call at a signature tunes its launches; a repeat call launches the tuned kernels directly: no new
     tuning entry, no new compile, no autotuner."""
-    from simattn.attention import linear_kernels as K
-    from simattn.attention import linear_triton as st
+    from simattn.kernels import host
+    from simattn.kernels.linear import kernels as K
 
     monkeypatch.setenv("SIMATTN_TRITON_AUTOTUNE", "1")
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     q, k, v = torch.randn(3, 4, 6, 1025, 64, device="cuda", dtype=torch.bfloat16).unbind(0)
     sima_attention(q, k, v, backend="triton")
-    names = ("_stats_kernel", "_fwd_kernel", "_fwd_one_tile_kernel")
+    names = ("stats_kernel", "fwd_kernel", "fwd_one_tile_kernel")
 
     def state():  # tuning entries and compiled kernels (Triton keys its compiled kernels by device index)
         return {name: (dict(getattr(K, name).cache), len(getattr(K, name).fn.device_caches[0][0])) for name in names}
 
     before = state()
-    launches = [call.launch for call in st._CALLS.values()]
+    launches = [call.launch for call in host.PLANS.values()]
     assert launches and not any(launch.tuning for launch in launches)
     assert any(cache for cache, _ in before.values())
     sima_attention(q + 1, k, v, backend="triton")
-    assert state() == before and len(st._CALLS) == 1
+    assert state() == before and len(host.PLANS) == 1
 
 
 def test_direct_launches_give_what_the_first_launch_gave(monkeypatch):
     """A signature's repeat calls launch the compiled kernels directly (not through Triton's run path): forward
     and backward equal the first call's bit for bit on new tensors; views 4 bytes off 16-byte alignment (which
     Triton compiles apart) give what an aligned copy gives."""
-    from simattn.attention import linear_triton as st
+    from simattn.kernels import host
 
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     n = 3 * 2 * 6 * 1025 * 64
     base = torch.randn(n + 1, device="cuda", generator=torch.Generator(device="cuda").manual_seed(0))
 
@@ -137,7 +137,7 @@ def test_direct_launches_give_what_the_first_launch_gave(monkeypatch):
     first = run(base[:n].clone())
     again = run(base[:n].clone())
     assert all(torch.equal(a, b) for a, b in zip(first, again))
-    launches = [launch for call in st._CALLS.values()
+    launches = [launch for call in host.PLANS.values()
                 for launch in (call.launch, getattr(getattr(call, "partials", None), "launch", None)) if launch]
     assert launches and all(launch.compiled is not None for launch in launches)
     odd, aligned = run(base[1:n + 1]), run(base[1:n + 1].clone())

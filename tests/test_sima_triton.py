@@ -20,8 +20,9 @@ from simattn.attention.sima import resolve_sima_backend, sima_attention
 from attention_cases import LargestCopy, assert_grads_close, error_ratio, rms
 
 pytest.importorskip("triton")
-from simattn.attention import linear_kernels as K  # noqa: E402 - in the mode conftest set
-from simattn.attention import linear_triton as st  # noqa: E402
+from simattn.kernels import host  # noqa: E402 - in the mode conftest set
+from simattn.kernels.linear import kernels as K  # noqa: E402
+from simattn.kernels.linear import launch as st  # noqa: E402
 
 TOL = 1e-4
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
@@ -31,15 +32,15 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.i
 def triton_mode(request):
     """CPU tensors need the interpreter, CUDA ones compiled kernels: the mode the kernels were imported in."""
     device = request.node.callspec.params.get("device", "cpu") if hasattr(request.node, "callspec") else "cpu"
-    if (device == "cpu") != K.INTERPRETER:
-        pytest.skip(f"the kernels run {'in the interpreter' if K.INTERPRETER else 'compiled'}, not on {device}")
+    if (device == "cpu") != host.INTERPRETER:
+        pytest.skip(f"the kernels run {'in the interpreter' if host.INTERPRETER else 'compiled'}, not on {device}")
     return device
 
 
 @pytest.fixture
 def forced_plan(monkeypatch):
     """Force a token-axis plan (programs per head, one tile) on calls planned from now on."""
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
 
 
@@ -264,7 +265,7 @@ def test_compile_fullgraph_traces_through_the_op(triton_mode):
 
 # ---------------------------------------------------------------- options and errors
 def test_auto_is_the_cpu_kernel_where_built_and_torch_on_other_devices(monkeypatch):
-    from simattn.attention import sima_cpu
+    from simattn.kernels.cpu import sima as sima_cpu
 
     q = torch.zeros(1, 1, 4, 8)
     monkeypatch.setattr(sima_cpu, "available", lambda: False)
@@ -304,8 +305,8 @@ def test_bad_backend_is_one_line_naming_the_choices():
 
 
 def test_triton_on_cpu_without_the_interpreter_is_refused(monkeypatch):
-    monkeypatch.setattr(K, "INTERPRETER", False)  # as if imported without TRITON_INTERPRET
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "INTERPRETER", False)  # as if imported without TRITON_INTERPRET
+    monkeypatch.setattr(host, "PLANS", {})
     q, k, v = torch.randn(3, 1, 2, 5, 8).unbind(0)
     with pytest.raises(ValueError, match="needs CUDA tensors \\(or TRITON_INTERPRET=1"):
         sima_attention(q, k, v, backend="triton")
@@ -325,7 +326,7 @@ def test_triton_refuses_what_the_kernels_do_not_take(triton_mode):
 def test_import_simattn_does_not_load_the_kernels():
     code = ("import sys, torch, simattn; from simattn.attention.sima import sima_attention; "
             "q = torch.randn(1, 1, 4, 8); sima_attention(q, q, q); "
-            "print('simattn.attention.linear_triton' in sys.modules)")
+            "print('simattn.kernels.linear.launch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
     assert out.stdout.strip() == "False"
@@ -384,16 +385,25 @@ def _signature(fn, pointers, constexprs):
 
 
 def _compiled_kernels(monkeypatch):
-    """The kernel module as imported without TRITON_INTERPRET (a second copy where this process interprets)."""
-    if not K.INTERPRETER:
+    """The kernel module as imported without TRITON_INTERPRET (where this process interprets: a second copy, with
+    a second copy of the tile helpers it calls, made while the host reads as not interpreting)."""
+    if not host.INTERPRETER:
         return K
     import importlib.util
 
+    from simattn.kernels import tiles
+
+    def load(name: str, path: str):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    spec = importlib.util.spec_from_file_location("simattn.attention._linear_kernels_compiled", K.__file__)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert not module.INTERPRETER
+    monkeypatch.setattr(host, "INTERPRETER", False)
+    monkeypatch.setitem(sys.modules, "simattn.kernels.tiles", load("simattn.kernels.tiles", tiles.__file__))
+    module = load("simattn.kernels.linear._kernels_compiled", K.__file__)
+    assert hasattr(module.fwd_kernel, "configs")  # autotuned: compiled, not interpreted
     return module
 
 
@@ -415,15 +425,15 @@ def test_kernels_compile_for_gpus_without_one(monkeypatch):
                NATIVE=True, BF16_OUT=True, **common)
     variants = [  # each kernel once, each kind's prologue or epilogue once, both token-axis plans, bf16 and fp32
         # ELU's prologue on bf16 keys: its fp32 features and SimA's own keys come from one function
-        (kernels._stats_kernel, {**bf16, **u8},
+        (kernels.stats_kernel, {**bf16, **u8},
          dict(HAS_XM=True, HAS_ZM=False, NORMS=True, HAS_Z=False, FEATURE_ELU=True, FEATURE_RELU=False, NATIVE=False,
               **common)),
-        (kernels._fwd_kernel, {**bf16, **u8}, dict(fwd, SPLIT=False)),
-        (kernels._fwd_kernel, u8, dict(fwd, **st.KINDS["elu"].flags, KEY_SUMS=True, QUERY_SUMS=False, NATIVE=False,
+        (kernels.fwd_kernel, {**bf16, **u8}, dict(fwd, SPLIT=False)),
+        (kernels.fwd_kernel, u8, dict(fwd, **st.KINDS["elu"].flags, KEY_SUMS=True, QUERY_SUMS=False, NATIVE=False,
                                        BF16_OUT=False, SAVE=False, SPLIT=True)),
-        (kernels._fwd_one_tile_kernel, u8, dict(fwd, **st.KINDS["xnorm"].flags, KEY_SUMS=False, QUERY_SUMS=False,
+        (kernels.fwd_one_tile_kernel, u8, dict(fwd, **st.KINDS["xnorm"].flags, KEY_SUMS=False, QUERY_SUMS=False,
                                                 NATIVE=False, BF16_OUT=False, SAVE=False, PREC="ieee")),
-        (kernels._bwd_kernel, {**bf16, **u8}, dict(HAS_QM=True, HAS_KM=True, SPLIT=True, NATIVE=True, BF16_DQ=True,
+        (kernels.bwd_kernel, {**bf16, **u8}, dict(HAS_QM=True, HAS_KM=True, SPLIT=True, NATIVE=True, BF16_DQ=True,
                                                    **common)),
     ]
     for tuned, pointers, flags in variants:
@@ -445,7 +455,7 @@ def _counting_launches(monkeypatch):
     from triton.runtime.autotuner import Autotuner
 
     launches = []
-    for name in ("_stats_kernel", "_fwd_kernel", "_fwd_one_tile_kernel", "_bwd_kernel"):
+    for name in ("stats_kernel", "fwd_kernel", "fwd_one_tile_kernel", "bwd_kernel"):
         kernel = getattr(K, name)
         for runner in (kernel, kernel.fn) if isinstance(kernel, Autotuner) else (kernel,):
             real = runner.run
@@ -457,7 +467,7 @@ def _counting_launches(monkeypatch):
 def test_a_repeat_call_reuses_its_plan(monkeypatch, triton_mode):
     """The first call at a signature plans its launches, a repeat call (new values, same shapes and strides) only
     looks the plan up and launches the same kernels; another stride pattern is another plan."""
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "PLANS", {})
     planned = []
     real_plan = st._plan
     monkeypatch.setattr(st, "_plan", lambda *a: planned.append(a) or real_plan(*a))
@@ -467,29 +477,29 @@ def test_a_repeat_call_reuses_its_plan(monkeypatch, triton_mode):
         (q, k, v), leaves = _leaves(((1, 1, 20, 16), (1, 1, 20, 16)), triton_mode, "qkv", seed=seed)
         out = sima_attention(q, k, v, backend="triton", mask=mask)
         torch.autograd.grad(out.sum(), leaves)
-        assert len(planned) == 2 and len(st._CALLS) == 2  # a forward and a backward, planned once
+        assert len(planned) == 2 and len(host.PLANS) == 2  # a forward and a backward, planned once
     assert launches and launches[:len(launches) // 2] == launches[len(launches) // 2:]
     with torch.no_grad():
         sima_attention(q.contiguous(), k, v, backend="triton", mask=mask)
-    assert len(planned) == 3 and len(st._CALLS) == 3
+    assert len(planned) == 3 and len(host.PLANS) == 3
 
 
 def test_dry_run_launches_nothing_and_takes_cpu_tensors(monkeypatch):
     """Within dry_run() a forward and backward on CPU tensors run the host path without the interpreter, launch no
     kernel and return outputs of the right shapes and dtypes; outside it, kernels run again."""
-    monkeypatch.setattr(K, "INTERPRETER", False)  # CPU tensors are refused outside dry_run
-    monkeypatch.setattr(st, "_CALLS", {})
+    monkeypatch.setattr(host, "INTERPRETER", False)  # CPU tensors are refused outside dry_run
+    monkeypatch.setattr(host, "PLANS", {})
     launches = _counting_launches(monkeypatch)
     q, k, v = (torch.randn(2, 3, 4097, 16, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    with st.dry_run():
+    with host.dry_run():
         out = sima_attention(q, k, v, backend="triton")
         grads = torch.autograd.grad(out.sum(), (q, k, v))
         elu = st.linear_triton("elu", q.detach(), k.detach(), v.detach())
     assert launches == []
     assert out.shape == elu.shape == (2, 3, 4097, 16) and out.dtype == torch.bfloat16
     assert [g.shape for g in grads] == [q.shape] * 3
-    splits = [c.launch.grid for c in st._CALLS.values()]
+    splits = [c.launch.grid for c in host.PLANS.values()]
     assert all(grid[0] == 6 for grid in splits) and max(len(g) for g in splits) == 2  # planned as on 132 SMs
-    assert any(c.partials is not None for c in st._CALLS.values())  # B·H = 6 splits 4097 tokens
+    assert any(c.partials is not None for c in host.PLANS.values())  # B·H = 6 splits 4097 tokens
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         sima_attention(q, k, v, backend="triton")

@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 SCRIPT = r"""
 import json, torch, triton
-from simattn.attention import linear_triton as LT
+from simattn.kernels import host as LT
 from simattn.attention.sima import sima_attention
 
 launched, through_triton = [], []

@@ -204,7 +204,7 @@ _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # asked once
 
 
 def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.attention.linear_triton`) cannot take q, k, v
+    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.kernels.linear.launch`) cannot take q, k, v
     (None where they can): :data:`TRITON_DTYPES`, head dims up to :data:`TRITON_MAX_HEAD_DIM`, and the triton
     package."""
     if not (q.dtype in TRITON_DTYPES and k.dtype in TRITON_DTYPES and v.dtype in TRITON_DTYPES):
@@ -272,6 +272,26 @@ def linear_triton_chosen(name: str, backend: str, q: torch.Tensor, k: torch.Tens
             raise ValueError(f"{name}: backend 'triton' {refusal}; backend 'torch' runs it")
         return True
     return backend == "auto" and triton_forward_applies(q, k, v, *params)
+
+
+#: the h the point-wise kernels compute (:data:`simattn.kernels.pointwise.launch.TRITON_H`), for ``sigmoid`` and
+#: ``relu``; asked here without importing Triton, so CPU calls never load it
+TRITON_ACTIVATIONS = ("relu", "sigmoid")
+
+
+def activation_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str) -> Optional[str]:
+    """Why the point-wise kernels cannot take this call (None where they can): h, then :func:`triton_refusal`."""
+    if activation not in TRITON_ACTIVATIONS:
+        return f"computes h = {' or '.join(TRITON_ACTIVATIONS)}, got activation={activation!r}"
+    return triton_refusal(q, k, v)
+
+
+def runs_triton(owner: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                activation: str) -> bool:
+    """Whether the point-wise kernels run this call of a point-wise kind (``sigmoid``, ``relu``) on checked q, k, v
+    (:func:`kernels_chosen`)."""
+    check_backend(owner, backend)
+    return kernels_chosen(owner, backend, q, lambda: activation_refusal(q, k, v, activation))
 
 
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:

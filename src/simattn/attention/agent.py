@@ -15,7 +15,7 @@ released DeiT code's class-token bias. All of the attention runs in fp32 (fp64 f
 every output row is a convex combination of V_A's rows, which are convex combinations of V's, so it stays in V's
 range in any float format. ``backend='triton'`` (``'auto'`` on CUDA) runs both steps on Triton kernels, forward
 and backward, with no n×N tensor in memory but the biases and their gradients
-(:mod:`simattn.attention.agent_triton`).
+(:mod:`simattn.kernels.agent.launch`).
 
 Released code (LeapLabTHU/Agent-Attention, ``agent_transformer/models/agent_deit.py`` ``AgentAttention``): run on
 fixed inputs (B 2, N 197 = 1 + 14×14, dim 48, 3 heads, 49 agents, window 14, fp64) with its parameters copied
@@ -37,7 +37,7 @@ from ._common import (check_backend, check_count, check_qkv, kernels_chosen, mat
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import agent_reference as agent_attention_reference
-from .soft import add_heads_image, heads_image, infer_grid, token_grid
+from .grid import add_heads_image, heads_image, infer_grid, token_grid
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
 
@@ -109,7 +109,7 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     is added to the agents' logits over the keys, ``query_bias`` (…, Nq, n) to the queries' logits over the agents.
     Returns the autocast dtype under autocast, else v's. ``backend``: 'auto' (on CUDA both steps on their Triton
     kernels where they take the call, torch elsewhere and in exported graphs), 'torch' or 'triton'
-    (:mod:`~simattn.attention.agent_triton`).
+    (:mod:`~simattn.kernels.agent.launch`).
     """
     check_qkv(q, k, v, "agent")
     if agents is None:
@@ -125,7 +125,7 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     dt = matmul_dtype(v)
     with no_autocast(q):
         if kernels_chosen("agent", backend, q, lambda: _kernel_refusal(q, k, v, agents)):
-            from .agent_triton import agent_broadcast_triton, agent_gather_triton
+            from ..kernels.agent.launch import agent_broadcast_triton, agent_gather_triton
             agent_v = agent_gather_triton(agents, k, v, agent_bias)
             return agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
         out = _agent(q, k, v, agents, agent_bias, query_bias)

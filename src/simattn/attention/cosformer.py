@@ -31,7 +31,7 @@ from ._common import (acc_dtype, apply_token_mask, check_count, check_positive, 
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import cosformer_reference as cosformer_attention_reference
-from .soft import infer_grid, scripted_grid
+from .grid import infer_grid, scripted_grid
 
 __all__ = ["cosformer_attention", "cosformer_attention_reference", "cosformer_weights", "CosFormerAttention"]
 

@@ -26,14 +26,14 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
 
     The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32. On CUDA, where nothing needs a
     gradient, one fused Triton kernel computes it (SimA's skeleton with φ as prologue and the normalizer as
-    epilogue, :func:`simattn.attention.linear_triton.linear_triton`); training runs the torch ops.
+    epilogue, :func:`simattn.kernels.linear.launch.linear_triton`); training runs the torch ops.
     """
     check_qkv(q, k, v, "elu")
     check_positive("elu", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
     dt = matmul_dtype(q)
     if triton_forward_applies(q, k, v):
-        from .linear_triton import linear_triton
+        from ..kernels.linear.launch import linear_triton
         return linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _elu(q, k, v, mask, eps)

@@ -65,7 +65,7 @@ def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focu
     ``scale``: the positive divisor s of the features, a number or one value per channel (H·d values, e.g. the
     module's softplus of its (1, 1, H·d) scale). Computed in fp32 under autocast. ``backend``: ``'triton'`` makes
     the features in torch (their norms span every head of a token) and runs the rest forward and backward as
-    fused kernels (:func:`simattn.attention.linear_triton.linear_triton`; CUDA, or CPU under
+    fused kernels (:func:`simattn.kernels.linear.launch.linear_triton`; CUDA, or CPU under
     ``TRITON_INTERPRET=1``), ``'torch'`` torch ops throughout, ``'auto'`` the kernels on CUDA where nothing needs a
     gradient, else torch."""
     check_qkv(q, k, v, "flatten")
@@ -77,7 +77,7 @@ def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focu
     with no_autocast(q):
         scale = scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
         if triton:
-            from .linear_triton import linear_triton
+            from ..kernels.linear.launch import linear_triton
             phi_q = flatten_feature_map(q.to(acc), focusing_factor, scale)
             phi_k = flatten_feature_map(k.to(acc), focusing_factor, scale)
             # φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(k) + eps) = φ(q)(φ(K)ᵀV) / (φ(q)·Σφ(k) + N·eps)

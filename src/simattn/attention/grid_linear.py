@@ -22,7 +22,7 @@ from torch import nn
 
 from ._common import check_count, check_positive
 from .base import TokenAttention
-from .soft import infer_grid, scripted_grid
+from .grid import infer_grid, scripted_grid
 
 __all__ = ["GridLinearAttention", "grid_image", "grid_tokens", "key_position", "per_channel"]
 

@@ -44,7 +44,7 @@ def _inline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 
 def _inline_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    from .linear_triton import linear_triton
+    from ..kernels.linear.launch import linear_triton
     # (k − k̄)ᵀ(v − v̄) = (k − k̄)ᵀv: the kernels' plain q(kᵀv) on the centered keys, then the mean of v
     k_centered = k - k.mean(dim=-2, keepdim=True)
     return linear_triton("plain", q * (scale / k.shape[-2]), k_centered, v) + v.mean(dim=-2, keepdim=True)

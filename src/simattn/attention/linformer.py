@@ -36,7 +36,7 @@ from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocas
 from ._registry import register_attention
 from .base import GridReducedAttention
 from .reference import linformer_reference as linformer_attention_reference
-from .soft import infer_grid, scripted_grid
+from .grid import infer_grid, scripted_grid
 from .softmax import softmax_attention
 
 __all__ = ["linformer_attention", "linformer_attention_reference", "window_projection", "LinformerAttention"]

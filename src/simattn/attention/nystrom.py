@@ -33,7 +33,7 @@ from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocas
 from ._registry import register_attention
 from .base import GridReducedAttention
 from .reference import nystrom_reference as nystrom_attention_reference
-from .soft import infer_grid, pool_landmarks, scripted_grid
+from .grid import infer_grid, pool_landmarks, scripted_grid
 
 __all__ = ["nystrom_attention", "nystrom_attention_reference", "iterative_pinv", "NystromAttention"]
 

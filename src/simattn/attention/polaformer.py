@@ -63,7 +63,7 @@ def _pola(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor
 
 def _pola_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor, scale: torch.Tensor,
                  eps: float) -> torch.Tensor:
-    from .linear_triton import linear_triton
+    from ..kernels.linear.launch import linear_triton
     # each half of v is a feature kind on 2d channels: [q⁺, q⁻] against [k⁺, k⁻] (same sign) or [k⁻, k⁺]
     q, k = q / scale, k / scale
     q_polar = torch.cat([F.relu(q).pow(power), F.relu(-q).pow(power)], dim=-1)

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from ._common import (HookPoint, acc_dtype, apply_token_mask, check_backend, check_finite, check_qkv,
-                      check_token_mask, no_autocast, range_safe_dtype)
+                      check_token_mask, no_autocast, range_safe_dtype, runs_triton)
 from ._registry import register_attention
-from .activation_backend import runs_triton
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
 
@@ -90,7 +89,7 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     """ReLU attention on q (B, H, Nq, d), k, v (B, H, Nk, ·).
 
     ``backend``: 'triton' runs h = relu or sigmoid as flash-style Triton kernels, forward and backward, with no
-    N×N tensor (:mod:`simattn.attention.activation_triton`); 'auto' does so on CUDA where they take the call and
+    N×N tensor (:mod:`simattn.kernels.pointwise.launch`); 'auto' does so on CUDA where they take the call and
     runs torch elsewhere, for the other h and in exported graphs; 'torch' never.
 
     Torch path: for positively homogeneous h (relu, relu2, identity) the scalars √d⁻¹ and L^(-alpha) are folded into
@@ -105,7 +104,7 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     degree = _HOMOGENEOUS_DEGREE.get(activation)
     out_dtype = _out_dtype(q)
     if runs_triton("relu", backend, q, k, v, activation):
-        from .activation_triton import activation_triton
+        from ..kernels.pointwise.launch import activation_triton
         return activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
                                  out_dtype=out_dtype)
     if degree is None:

@@ -9,7 +9,7 @@ itself is the weighting. One sigmoid per query-key pair: SimA's Table 2 class HN
 A key mask removes keys (weight 0) and n counts the kept keys, so a masked call equals one on the kept tokens.
 Scores and sigmoid run in fp32 (fp64 for fp64 inputs) under autocast; the output is unnormalized (up to n·|v|), so
 under fp16 autocast it is returned in fp32, as the ``relu`` kind's. ``backend='triton'`` (``'auto'`` on CUDA) runs
-it as flash-style Triton kernels, forward and backward, with no N×N tensor (:mod:`simattn.attention.activation_triton`).
+it as flash-style Triton kernels, forward and backward, with no N×N tensor (:mod:`simattn.kernels.pointwise.launch`).
 
 Released code (apple/ml-sigmoid-attention, ``attention_simulator/layers/attention.py`` ``Attention`` with
 ``activations.unnormalized_sigmoid_attention`` and ``attn_bias = −log n``, its temperature at 0): run on fixed
@@ -26,9 +26,8 @@ from typing import Optional
 import torch
 
 from ._common import (HookPoint, acc_dtype, check_backend, check_finite, check_qkv, check_token_mask, no_autocast,
-                      range_safe_dtype)
+                      range_safe_dtype, runs_triton)
 from ._registry import register_attention
-from .activation_backend import runs_triton
 from .base import TokenAttention
 from .reference import sigmoid_reference as sigmoid_attention_reference
 
@@ -73,12 +72,12 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
     """Sigmoid attention on q (B, H, Nq, d), k, v (B, H, Nk, ·): σ(q kᵀ/√d + b) v with b = −log n (n the kept
     keys) unless ``bias``; ``mask`` (B, Nk) removes keys. Under autocast the output is autocast's dtype, fp16 lifted
     to fp32 (it is unnormalized). ``backend``: 'auto' (the Triton kernels on CUDA where they take the call, torch
-    elsewhere and in exported graphs), 'torch' or 'triton' (:mod:`~simattn.attention.activation_backend`)."""
+    elsewhere and in exported graphs), 'torch' or 'triton' (:func:`~simattn.attention._common.runs_triton`)."""
     check_qkv(q, k, v, "sigmoid")
     mask = _check(q, k, bias, mask)
     out_dtype = range_safe_dtype(q) if torch.is_autocast_enabled(q.device.type) else v.dtype
     if runs_triton("sigmoid", backend, q, k, v, "sigmoid"):
-        from .activation_triton import activation_triton
+        from ..kernels.pointwise.launch import activation_triton
         return activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask, out_dtype=out_dtype)
     with no_autocast(q):
         w = _weights(q, k, mask, bias)

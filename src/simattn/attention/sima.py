@@ -9,9 +9,9 @@ The fast path never materializes q̂ or k̂: with s_q, s_k the per-channel l1 no
 the reciprocal of a small norm) can exceed fp16's range (65504) where neither norm does, and fp16 backends (Core ML)
 run this graph as written.
 
-``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.attention.linear_triton`) on CUDA, or on
+``backend='triton'`` runs q̂(k̂ᵀv) as fused Triton kernels (:mod:`simattn.kernels.linear.launch`) on CUDA, or on
 CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32 inference
-(:mod:`simattn.attention.sima_cpu`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and on a GPU
+(:mod:`simattn.kernels.cpu.sima`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and on a GPU
 the Triton kernels wherever they apply, unless ``sima_gpu_table.json`` holds a measurement for this GPU's compute
 capability, dtype, head dim and pass in which torch was faster at the nearest measured (B·H, N)
 (:func:`measured_backend`).
@@ -42,10 +42,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.cpu import sima as sima_cpu
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager,
                       kernels_may_run, matmul_dtype, no_autocast, range_safe_dtype, resolve_masks,
                       triton_refusal as linear_triton_refusal)
-from . import sima_cpu
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
@@ -281,7 +281,7 @@ def _sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Option
     """The Triton kernels' binding: the torch path's dtypes (bf16 products under bf16, fp32 otherwise; under
     autocast the output in that compute dtype)."""
     try:
-        from .linear_triton import sima_triton
+        from ..kernels.linear.launch import sima_triton
     except ImportError as e:
         raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
     dt = range_safe_dtype(q)

@@ -39,13 +39,13 @@ def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: fl
     """SLAB's linear attention on q (B, H, Nq, d), k, v (B, H, Nk, ·), without the conv on V; fp32 under autocast.
 
     ``backend``: ``'triton'`` runs it forward and backward as fused kernels (relu as the prologue of SimA's
-    skeleton, :func:`simattn.attention.linear_triton.linear_triton`; CUDA, or CPU under ``TRITON_INTERPRET=1``),
+    skeleton, :func:`simattn.kernels.linear.launch.linear_triton`; CUDA, or CPU under ``TRITON_INTERPRET=1``),
     ``'torch'`` as torch ops, ``'auto'`` the kernels on CUDA where nothing needs a gradient, else torch."""
     check_qkv(q, k, v, "slab")
     check_positive("slab", "eps", eps)
     dt, acc = matmul_dtype(q), acc_dtype(q)
     if linear_triton_chosen("slab", backend, q, k, v):
-        from .linear_triton import linear_triton
+        from ..kernels.linear.launch import linear_triton
         return linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _slab(q.to(acc), k.to(acc), v.to(acc), eps)

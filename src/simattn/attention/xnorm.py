@@ -36,7 +36,7 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     normalized query is never materialized. γ may be floats or per-head tensors: shape (H,), (H, 1, 1),
     (1, H, 1, 1) or (B, H, 1, 1). On CUDA, where nothing needs a gradient (γ included), one fused Triton kernel
     computes it (SimA's skeleton with the column and row norms as epilogue,
-    :func:`simattn.attention.linear_triton.linear_triton`); training runs the torch ops.
+    :func:`simattn.kernels.linear.launch.linear_triton`); training runs the torch ops.
     """
     check_qkv(q, k, v, "xnorm")
     gamma_q = check_per_head("xnorm", "gamma_q", gamma_q, q)
@@ -45,7 +45,7 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
     dt = matmul_dtype(q)
     if triton_forward_applies(q, k, v, gamma_q, gamma_kv):
-        from .linear_triton import linear_triton
+        from ..kernels.linear.launch import linear_triton
         B, H = q.shape[:2]
         gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
         return linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma.expand(B, H, 1, 1).reshape(B * H).float(),

@@ -49,9 +49,10 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..attention import (agent_attention, elu_attention, flatten_attention, inline_attention, polaformer_attention,
-                         relu_attention, sigmoid_attention, sima_attention, sima_attention_reference, sima_cpu,
+                         relu_attention, sigmoid_attention, sima_attention, sima_attention_reference,
                          slab_attention, soft_attention, softmax_attention, xca_attention, xnorm_attention)
 from ..attention.sima import resolve_sima_order
+from ..kernels.cpu import sima as sima_cpu
 from ..utils.io import atomic_write_json
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda
@@ -544,7 +545,7 @@ def main_host_cost(args: argparse.Namespace) -> int:
     from . import host_cost
 
     try:
-        import simattn.attention.linear_triton  # noqa: F401 - the path measured
+        import simattn.kernels.linear.launch  # noqa: F401 - the path measured
     except ImportError as e:
         raise ValueError(f"--host-cost times SimA's Triton path and needs the triton package ({e})") from None
     threads = set_threads(args.threads or 1)

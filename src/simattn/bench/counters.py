@@ -201,7 +201,7 @@ def count_flops(fn: Callable[[], Any], model: Optional[nn.Module] = None) -> Flo
     """FLOPs of ``fn()``; with ``model`` (the root module ``fn`` calls) also the attention-core FLOPs."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ..attention import sima_cpu
+    from ..kernels.cpu import sima as sima_cpu
 
     sima_cpu.available()  # loads a built kernel now: its FLOP formula must be registered before the counter copies them
     counter = FlopCounterMode(display=False, custom_mapping=_cpu_flash_flops())

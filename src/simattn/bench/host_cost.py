@@ -3,9 +3,9 @@
 SimA's public path, ``sima_attention(q, k, v, backend="triton")`` and its backward through autograd, runs on tiny
 CPU tensors two ways:
 
-* ``sima``: inside :func:`simattn.attention.linear_triton.dry_run`, which runs simattn's whole host path (checks,
+* ``sima``: inside :func:`simattn.kernels.host.dry_run`, which runs simattn's whole host path (checks,
   the choice of backend and order, the launch plan, autograd, allocating the outputs) and skips the kernel launches;
-* ``sima_launch``: inside :func:`simattn.attention.linear_triton.hopper_stand_in`, where the kernels are compiled
+* ``sima_launch``: inside :func:`simattn.kernels.host.hopper_stand_in`, where the kernels are compiled
   for an H100/H200 and every launch goes through Triton's launch path as on the GPU, up to Triton's CUDA launcher,
   which is replaced by a no-op: simattn's host path plus Triton's. Left out: the launcher's C code and
   ``cuLaunchKernel`` itself. Not measured (its row says why) where the kernels cannot be compiled here.
@@ -57,7 +57,7 @@ def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
 
 def _contexts() -> Dict[str, Callable[[], ContextManager]]:
     """The setting each kind's calls run in."""
-    from ..attention.linear_triton import dry_run, hopper_stand_in
+    from ..kernels.host import dry_run, hopper_stand_in
     return {"sima": dry_run, "sima_launch": hopper_stand_in, "sdpa": contextlib.nullcontext}
 
 

@@ -6,7 +6,7 @@ h is relu (``ACT = 0``, the ``relu`` kind) or the logistic sigmoid (``ACT = 1``:
 attention's b = −log n); s = 1, or L^(-a) with ``LENGTH_SCALE`` (the relu kind's), where n = L is the number of kept
 keys, counted per example from the key mask (:func:`_kept_keys`). Unlike softmax there is no row maximum and no
 normalizer: each weight depends on its own score only, so a tile's weights are final as soon as its scores are, and
-the forward is one pass of fp32 accumulation, acc += h(c q kᵀ + b) v, over key tiles (:func:`_fwd_kernel`).
+the forward is one pass of fp32 accumulation, acc += h(c q kᵀ + b) v, over key tiles (:func:`fwd_kernel`).
 
 Backward, with G the output gradient and x = c q kᵀ + b:
 
@@ -14,7 +14,7 @@ Backward, with G the output gradient and x = c q kᵀ + b:
 
 with P = s h(x), h'(x) = σ(x)(1 − σ(x)) for the sigmoid and 1[x > 0] for relu (0 at 0, as F.relu). With no
 normalizer there is no row term (FlashAttention's D = rowsum(dO ∘ O)), so the two gradients need nothing from each
-other: :func:`_dkdv_kernel` holds a key tile and streams the queries (dk, dv), :func:`_dq_kernel` holds a query tile
+other: :func:`dkdv_kernel` holds a key tile and streams the queries (dk, dv), :func:`dq_kernel` holds a query tile
 and streams the keys (dq). Each recomputes the scores it needs, so every gradient is written once by one program, in
 a fixed order: no atomics, run-to-run identical, and no fp32 N×d scratch for dq (FlashAttention-2's atomic dq
 split would save one recomputation of q kᵀ for that).
@@ -24,15 +24,16 @@ Precision: scores, h, the scale and every accumulator in fp32. q kᵀ multiplies
 attention's P is; bf16 has fp32's range), and dS meets k and q in bf16 when they are bf16 (``BF16_DS``), otherwise
 as fp32 at ``PREC`` (TF32 for fp16: fp16 cannot hold the relu kind's weights, which are not bounded). Masked keys read as zero rows and get zero weight.
 
-The tiles, product and mask helpers are :mod:`simattn.attention.linear_kernels`'. Decorated where written, in the
-mode of ``TRITON_INTERPRET`` at first import (see there); the host side is :mod:`simattn.attention.activation_triton`.
+The tiles, product and mask helpers are :mod:`simattn.kernels.tiles`'. Decorated where written, in the
+mode of ``TRITON_INTERPRET`` at first import (:data:`simattn.kernels.host.INTERPRETER`); the host side is :mod:`simattn.kernels.pointwise.launch`.
 """
 import triton
 import triton.language as tl
 
-from .linear_kernels import _SUM, INTERPRETER, _keep, _mm, _tile
+from ..host import tuned
+from ..tiles import SUM, keep_rows, mm, tile
 
-__all__ = ["CONFIGS", "TUNE_KEYS", "ACT_RELU", "ACT_SIGMOID"]
+__all__ = ["CONFIGS", "TUNE_KEYS", "ACT_RELU", "ACT_SIGMOID", "fwd_kernel", "dkdv_kernel", "dq_kernel"]
 
 #: h by its constexpr code
 ACT_RELU, ACT_SIGMOID = 0, 1
@@ -42,13 +43,9 @@ CONFIGS = ((64, 4, 2), (32, 4, 3), (64, 8, 3), (128, 8, 2))
 TUNE_KEYS = ["n_bucket", "d", "e", "ACT"]
 
 
-def _tuned(fn):
-    """Compiled: autotuned over :data:`CONFIGS`; the interpreter runs the kernel as written, with the host's tiles."""
-    if INTERPRETER:
-        return fn
-    configs = [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
-               for block, warps, stages in CONFIGS]
-    return triton.autotune(configs, key=TUNE_KEYS)(fn)
+#: :func:`~simattn.kernels.host.tuned` over :data:`CONFIGS`
+_tuned = tuned([triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages) for block, warps, stages in CONFIGS],
+               TUNE_KEYS)
 
 
 @triton.jit
@@ -60,7 +57,7 @@ def _kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM: tl.constexpr, BLOCK: tl.
             offs = start + tl.arange(0, BLOCK)
             keep = tl.load(m_ptr + b * smb + offs.to(tl.int64) * smn, mask=offs < n_k, other=0)
             count += (keep != 0).to(tl.float32)
-        n = tl.maximum(tl.reduce(count, 0, _SUM), 1.0)
+        n = tl.maximum(tl.reduce(count, 0, SUM), 1.0)
     else:
         n = n_keys
     return n
@@ -101,7 +98,7 @@ def _head_offsets(sb, sh):
 
 @_tuned
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
+def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sob, soh, son, soe, smb, smn, n_bucket,
                 ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                 QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
@@ -115,21 +112,21 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c,
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
     d_ok, e_ok = offs_d < d, offs_e < e
     rows_q = offs_m < n_q
-    q = _tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
+    q = tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
     bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
                                 LENGTH_SCALE)
     acc = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     for start in range(0, n_k, BLOCK):
         offs_n = start + tl.arange(0, BLOCK)
-        rows_k = _keep(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
-        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
-        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: zero rows, no weight
-        s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
+        rows_k = keep_rows(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
+        k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
+        v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: zero rows, no weight
+        s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
         w, _unused = _activation(s * c + bias_b, ACT)
         if PV_NATIVE:
-            acc = _mm(w.to(v.dtype), v, acc, True, UPCAST, PREC)
+            acc = mm(w.to(v.dtype), v, acc, True, UPCAST, PREC)
         else:
-            acc = _mm(w, v, acc, False, UPCAST, PREC)
+            acc = mm(w, v, acc, False, UPCAST, PREC)
     out = acc * scale
     tl.store(o_ptr + o_base + offs_m.to(tl.int64)[:, None] * son + offs_e[None, :] * soe,
              out.to(o_ptr.dtype.element_ty), mask=rows_q[:, None] & e_ok[None, :])
@@ -137,7 +134,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c,
 
 @_tuned
 @triton.jit
-def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
+def dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
                  ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                  QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr,
@@ -153,9 +150,9 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k,
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
     d_ok, e_ok = offs_d < d, offs_e < e
-    rows_k = _keep(m_ptr, b, smb, smn, offs_m, n_k, HAS_KM)
-    k = _tile(k_ptr + k_base, offs_m, offs_d, skn, skd, rows_k, d_ok)
-    v = _tile(v_ptr + v_base, offs_m, offs_e, svn, sve, rows_k, e_ok)
+    rows_k = keep_rows(m_ptr, b, smb, smn, offs_m, n_k, HAS_KM)
+    k = tile(k_ptr + k_base, offs_m, offs_d, skn, skd, rows_k, d_ok)
+    v = tile(v_ptr + v_base, offs_m, offs_e, svn, sve, rows_k, e_ok)
     bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
                                 LENGTH_SCALE)
     dk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -163,20 +160,20 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k,
     for start in range(0, n_q, BLOCK):
         offs_n = start + tl.arange(0, BLOCK)
         rows_q = offs_n < n_q
-        q = _tile(q_ptr + q_base, offs_n, offs_d, sqn, sqd, rows_q, d_ok)
-        g = _tile(g_ptr + g_base, offs_n, offs_e, sgn, sge, rows_q, e_ok)  # rows past n_q: zero, no gradient
-        s_t = _mm(k, tl.trans(q), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
+        q = tile(q_ptr + q_base, offs_n, offs_d, sqn, sqd, rows_q, d_ok)
+        g = tile(g_ptr + g_base, offs_n, offs_e, sgn, sge, rows_q, e_ok)  # rows past n_q: zero, no gradient
+        s_t = mm(k, tl.trans(q), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
         w, dw = _activation(s_t * c + bias_b, ACT)
         w = tl.where(rows_k[:, None], w, 0.0)  # a removed key's zero row would still get h(b) > 0
         if PV_NATIVE:
-            dv = _mm(w.to(g.dtype), g, dv, True, UPCAST, PREC)
+            dv = mm(w.to(g.dtype), g, dv, True, UPCAST, PREC)
         else:
-            dv = _mm(w, g, dv, False, UPCAST, PREC)
-        dp_t = _mm(v, tl.trans(g), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
+            dv = mm(w, g, dv, False, UPCAST, PREC)
+        dp_t = mm(v, tl.trans(g), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
         if QK_NATIVE and BF16_DS:
-            dk = _mm((dp_t * dw).to(q.dtype), q, dk, True, UPCAST, PREC)
+            dk = mm((dp_t * dw).to(q.dtype), q, dk, True, UPCAST, PREC)
         else:
-            dk = _mm(dp_t * dw, q, dk, False, UPCAST, PREC)
+            dk = mm(dp_t * dw, q, dk, False, UPCAST, PREC)
     rows = offs_m.to(tl.int64)[:, None]
     ok = offs_m[:, None] < n_k
     tl.store(dk_ptr + bh * n_k * d + rows * d + offs_d[None, :], (dk * (scale * c)).to(dk_ptr.dtype.element_ty),
@@ -187,7 +184,7 @@ def _dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k,
 
 @_tuned
 @triton.jit
-def _dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
+def dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
                ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                QK_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr, UPCAST: tl.constexpr,
@@ -203,22 +200,22 @@ def _dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d
     offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
     d_ok, e_ok = offs_d < d, offs_e < e
     rows_q = offs_m < n_q
-    q = _tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
-    g = _tile(g_ptr + g_base, offs_m, offs_e, sgn, sge, rows_q, e_ok)
+    q = tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
+    g = tile(g_ptr + g_base, offs_m, offs_e, sgn, sge, rows_q, e_ok)
     bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
                                 LENGTH_SCALE)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(0, n_k, BLOCK):
         offs_n = start + tl.arange(0, BLOCK)
-        rows_k = _keep(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
-        k = _tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
-        v = _tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: G vᵀ = 0 there
-        s = _mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
+        rows_k = keep_rows(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
+        k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
+        v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: G vᵀ = 0 there
+        s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
         _unused, dw = _activation(s * c + bias_b, ACT)
-        dp = _mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
+        dp = mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
         if QK_NATIVE and BF16_DS:
-            dq = _mm((dp * dw).to(k.dtype), k, dq, True, UPCAST, PREC)
+            dq = mm((dp * dw).to(k.dtype), k, dq, True, UPCAST, PREC)
         else:
-            dq = _mm(dp * dw, k, dq, False, UPCAST, PREC)
+            dq = mm(dp * dw, k, dq, False, UPCAST, PREC)
     tl.store(dq_ptr + bh * n_q * d + offs_m.to(tl.int64)[:, None] * d + offs_d[None, :],
              (dq * (scale * c)).to(dq_ptr.dtype.element_ty), mask=rows_q[:, None] & d_ok[None, :])

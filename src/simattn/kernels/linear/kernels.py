@@ -1,6 +1,6 @@
 """The Triton kernels of linear attention with a d×dv state, φ(q)(φ(k)ᵀv): one skeleton, and each kind's prologue
 and epilogue as named functions that the skeleton calls under named constexpr flags. The host side (launch plans,
-the custom ops, the entry points) is :mod:`simattn.attention.linear_triton`, whose docstring gives the maths.
+the custom ops, the entry points) is :mod:`simattn.kernels.linear.launch`, whose docstring gives the maths.
 
 The skeleton, per (batch, head):
 
@@ -9,9 +9,9 @@ The skeleton, per (batch, head):
 2. on chip, the **fold** (:func:`_fold`): the state made into the d×dv matrix W that queries are multiplied with;
 3. over query tiles, the **application** (:func:`_apply`): φ(q) W, then the kind's normalizer of each output row.
 
-:func:`_fwd_kernel` runs this with one program per (batch, head), or per chunk of the token axis when the sums of
-step 1 come from :func:`_stats_kernel`'s partials (``SPLIT``); :func:`_fwd_one_tile_kernel` holds a whole head in
-one tile. :func:`_bwd_kernel` is SimA's backward; :func:`_feature_bwd_kernel` that of the kinds with a feature
+:func:`fwd_kernel` runs this with one program per (batch, head), or per chunk of the token axis when the sums of
+step 1 come from :func:`stats_kernel`'s partials (``SPLIT``); :func:`fwd_one_tile_kernel` holds a whole head in
+one tile. :func:`bwd_kernel` is SimA's backward; :func:`feature_bwd_kernel` that of the kinds with a feature
 map and a per-row normalizer, whose chain through φ is the prologue's derivative (:func:`_feature_slope`).
 
 The kinds, by their flags (each a ``tl.constexpr``; the host's ``LinearKind`` records name them per kind):
@@ -20,31 +20,33 @@ The kinds, by their flags (each a ``tl.constexpr``; the host's ``LinearKind`` re
 - ELU: ``FEATURE_ELU`` (φ = elu + 1 on q and k, :func:`_elu_features`); ``NORM_DOT`` (each row over φ(q)·Σφ(k),
   :func:`_dot_normalizer`); needs Σ|φ(k)| = Σφ(k).
 - SLAB: ``FEATURE_RELU`` (φ = relu on q and k, :func:`_relu_features`) and ``NORM_DOT``; its backward and ELU's
-  are :func:`_feature_bwd_kernel`'s. FLatten: ``NORM_DOT`` alone, on features made by the caller (its focused map's
+  are :func:`feature_bwd_kernel`'s. FLatten: ``NORM_DOT`` alone, on features made by the caller (its focused map's
   norms span every head of a token, more than one program holds).
 - XNorm: ``FOLD_COLS_L2`` (columns of kᵀv over their l2 norm, times γ, :func:`_cols_l2_fold`); ``NORM_ROWS_L2``
   (each row over ‖q‖₂, :func:`_rows_l2_normalizer`).
 
 Adding a kind (InLine, PolaFormer ...): write its prologue and/or epilogue here as
 ``@triton.jit`` functions, give each a flag parameter on :func:`_prologue`, :func:`_fold` or :func:`_apply` (and on
-the kernels, which pass it through), branch on it there, and add a ``LinearKind`` record in ``linear_triton.KINDS``
+the kernels, which pass it through), branch on it there, and add a ``LinearKind`` record in ``launch.KINDS``
 that sets the flags and says which sums it needs; a new feature map with a per-row normalizer gets its backward
 by adding its derivative to :func:`_feature_slope`. A kind that needs more than d×dv state or per-channel sums
 needs a new skeleton.
 
 Every function is decorated where it is written. ``triton.jit`` reads ``TRITON_INTERPRET`` when it decorates, so
-this module runs in Triton's interpreter (CPU tensors) or compiled (CUDA) as the variable was when it was first
-imported (:data:`INTERPRETER`); the test suite sets it before that on machines without CUDA. Only builtins of
+this module runs in Triton's interpreter (CPU tensors) or compiled (CUDA) as the variable was when the kernels were
+first imported (:data:`simattn.kernels.host.INTERPRETER`); the test suite sets it before that on machines without
+CUDA. The tile, mask and product helpers are :mod:`simattn.kernels.tiles`'. Only builtins of
 ``triton.language`` are called: its own jit'd helpers (``tl.sum``) take the mode of triton's import, which can
 differ.
 """
 import triton
 import triton.language as tl
 
-__all__ = ["INTERPRETER", "LOOP_CONFIGS", "ONE_TILE_WARPS", "TUNE_KEYS"]
+from ..host import tuned
+from ..tiles import SUM, keep_rows, mm, tile
 
-#: whether the kernels of this module run in Triton's interpreter (fixed when it was imported)
-INTERPRETER = bool(triton.knobs.runtime.interpret)
+__all__ = ["LOOP_CONFIGS", "ONE_TILE_WARPS", "TUNE_KEYS", "stats_kernel", "fwd_kernel", "fwd_one_tile_kernel",
+           "bwd_kernel", "feature_bwd_kernel"]
 
 #: (tokens per tile, warps, pipeline stages) tried for the looping kernels. The first is the untuned default: the
 #: smallest tile, whose shared memory fits every head size up to 128 on an H100/H200 (the backward at d = dv = 128 in
@@ -65,58 +67,14 @@ TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE
 
 
 def _loop_tuned(name):
-    """Compiled: autotuned over :data:`LOOP_CONFIGS` (the host launches the tuned configuration itself once it is
-    known); the interpreter runs the kernel as written, with the host's small tiles."""
-    if INTERPRETER:
-        return lambda fn: fn
-    configs = [triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
-               for block, warps, stages in LOOP_CONFIGS]
-    return triton.autotune(configs, key=TUNE_KEYS[name])
+    """:func:`~simattn.kernels.host.tuned` over :data:`LOOP_CONFIGS`, on the tune keys of kernel ``name``."""
+    return tuned([triton.Config({"BLOCK": block}, num_warps=warps, num_stages=stages)
+                  for block, warps, stages in LOOP_CONFIGS], TUNE_KEYS[name])
 
 
 def _warps_tuned(name):
     """:func:`_loop_tuned` for the one-tile kernel: warps only."""
-    if INTERPRETER:
-        return lambda fn: fn
-    return triton.autotune([triton.Config({}, num_warps=w) for w in ONE_TILE_WARPS], key=TUNE_KEYS[name])
-
-
-@triton.jit
-def _add(a, b):
-    return a + b
-
-
-# The interpreter sums with numpy for triton's own combiner and loops over elements for any other; compiled, a
-# combiner decorated in this module's mode.
-_SUM = tl.standard._sum_combine if INTERPRETER else _add
-
-
-# ------------------------------------------------------------------------------------------------ tiles and products
-@triton.jit
-def _keep(m_ptr, b, smb, smn, offs, lim, HAS_M: tl.constexpr):
-    """Rows of a tile that take part: below ``lim`` and kept by the (B, N) keep-mask."""
-    rows = offs < lim
-    if HAS_M:
-        rows = rows & (tl.load(m_ptr + b * smb + offs.to(tl.int64) * smn, mask=rows, other=0) != 0)
-    return rows
-
-
-@triton.jit
-def _tile(base, offs_n, offs_c, sn, sc, rows, c_ok):
-    """A (tokens × channels) tile through its strides; rows that do not take part read as 0."""
-    return tl.load(base + offs_n.to(tl.int64)[:, None] * sn + offs_c[None, :] * sc,
-                   mask=rows[:, None] & c_ok[None, :], other=0.0)
-
-
-@triton.jit
-def _mm(a, b, acc, NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """acc + a b on tensor cores: NATIVE multiplies a and b in their own (equal, half) dtype, else fp32 operands
-    at PREC. UPCAST: the interpreter multiplies bf16 bit patterns as integers, so it gets the same values in fp32."""
-    if NATIVE:
-        if UPCAST:
-            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-        return tl.dot(a, b, acc)
-    return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=PREC)
+    return tuned([triton.Config({}, num_warps=w) for w in ONE_TILE_WARPS], TUNE_KEYS[name])
 
 
 @triton.jit
@@ -184,7 +142,7 @@ def _l1_fold(kv, s_k, s_q, eps):
 @triton.jit
 def _cols_l2_fold(kv, gamma, eps):
     """XNorm: γ · each column of kᵀv over its l2 norm + eps."""
-    norm = tl.sqrt(tl.reduce(kv * kv, 0, _SUM)) + eps
+    norm = tl.sqrt(tl.reduce(kv * kv, 0, SUM)) + eps
     return kv / norm[None, :] * gamma
 
 
@@ -201,14 +159,14 @@ def _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1: tl.constexpr, FOLD_COLS_L
 @triton.jit
 def _dot_normalizer(out, phi, z, eps):
     """ELU: each output row over φ(q)·z + eps, z = Σ φ(k) per channel."""
-    return out / (tl.reduce(phi * z[None, :], 1, _SUM) + eps)[:, None]
+    return out / (tl.reduce(phi * z[None, :], 1, SUM) + eps)[:, None]
 
 
 @triton.jit
 def _rows_l2_normalizer(out, q, eps):
     """XNorm: each output row over ‖q‖₂ + eps."""
     qf = q.to(tl.float32)
-    return out / (tl.sqrt(tl.reduce(qf * qf, 1, _SUM)) + eps)[:, None]
+    return out / (tl.sqrt(tl.reduce(qf * qf, 1, SUM)) + eps)[:, None]
 
 
 @triton.jit
@@ -226,9 +184,9 @@ def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.const
     else:
         x = q
     if BF16_OUT:
-        out = _mm(x.to(tl.bfloat16), w, zero, True, UPCAST, PREC)
+        out = mm(x.to(tl.bfloat16), w, zero, True, UPCAST, PREC)
     else:
-        out = _mm(x, w, zero, False, UPCAST, PREC)
+        out = mm(x, w, zero, False, UPCAST, PREC)
     if NORM_DOT:
         out = _dot_normalizer(out, x, z, eps)
     if NORM_ROWS_L2:
@@ -250,23 +208,23 @@ def _stats(x_base, y_base, z_base, xm_ptr, zm_ptr, b, start, lim_x, lim_z, sxn, 
     s_z = tl.full((BLOCK_D,), 0.0, tl.float32)
     for n0 in range(start, tl.maximum(lim_x, lim_z), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
-        rows = _keep(xm_ptr, b, smxb, smxn, offs, lim_x, HAS_XM)
-        x = _prologue(_tile(x_base, offs, offs_d, sxn, sxd, rows, d_ok), rows, FEATURE_ELU, FEATURE_RELU)
-        y = _tile(y_base, offs, offs_e, syn, sye, rows, e_ok)
-        acc = _mm(tl.trans(x), y, acc, NATIVE, UPCAST, PREC)
+        rows = keep_rows(xm_ptr, b, smxb, smxn, offs, lim_x, HAS_XM)
+        x = _prologue(tile(x_base, offs, offs_d, sxn, sxd, rows, d_ok), rows, FEATURE_ELU, FEATURE_RELU)
+        y = tile(y_base, offs, offs_e, syn, sye, rows, e_ok)
+        acc = mm(tl.trans(x), y, acc, NATIVE, UPCAST, PREC)
         if NORMS:
-            s_x += tl.reduce(tl.abs(x.to(tl.float32)), 0, _SUM)
+            s_x += tl.reduce(tl.abs(x.to(tl.float32)), 0, SUM)
             if HAS_Z:
-                z_rows = _keep(zm_ptr, b, smzb, smzn, offs, lim_z, HAS_ZM)
-                z = _tile(z_base, offs, offs_d, szn, szd, z_rows, d_ok)
-                s_z += tl.reduce(tl.abs(z.to(tl.float32)), 0, _SUM)
+                z_rows = keep_rows(zm_ptr, b, smzb, smzn, offs, lim_z, HAS_ZM)
+                z = tile(z_base, offs, offs_d, szn, szd, z_rows, d_ok)
+                s_z += tl.reduce(tl.abs(z.to(tl.float32)), 0, SUM)
     return acc, s_x, s_z
 
 
 @triton.jit
 def _sum_parts(part_ptr, sx_ptr, sz_ptr, bh64, n_split, d, e, offs_d, offs_e, d_ok, e_ok,
                NORMS: tl.constexpr, HAS_Z: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The partial sums :func:`_stats_kernel` wrote for one (batch, head), added in a fixed order."""
+    """The partial sums :func:`stats_kernel` wrote for one (batch, head), added in a fixed order."""
     acc = tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32)
     s_x = tl.full((BLOCK_D,), 0.0, tl.float32)
     s_z = tl.full((BLOCK_D,), 0.0, tl.float32)
@@ -297,7 +255,7 @@ def _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e
 
 @_loop_tuned("stats")
 @triton.jit
-def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr, H, n_x, n_z, d, e, chunk,
+def stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr, H, n_x, n_z, d, e, chunk,
                   n_bucket, p_bucket,
                   sxb, sxh, sxn, sxd, syb, syh, syn, sye, szb, szh, szn, szd, smxb, smxn, smzb, smzn,
                   HAS_XM: tl.constexpr, HAS_ZM: tl.constexpr, NORMS: tl.constexpr, HAS_Z: tl.constexpr,
@@ -325,7 +283,7 @@ def _stats_kernel(x_ptr, y_ptr, z_ptr, xm_ptr, zm_ptr, part_ptr, sx_ptr, sz_ptr,
 
 @_loop_tuned("fwd")
 @triton.jit
-def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_ptr, psq_ptr, o_ptr, kv_ptr, sq_ptr,
+def fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_ptr, psq_ptr, o_ptr, kv_ptr, sq_ptr,
                 sk_ptr, H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SPLIT: tl.constexpr, SAVE: tl.constexpr,
@@ -335,7 +293,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
                 NORM_ROWS_L2: tl.constexpr, NATIVE: tl.constexpr, BF16_OUT: tl.constexpr, UPCAST: tl.constexpr,
                 PREC: tl.constexpr, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """One (batch, head) ``program_id(0)``: the state over every token (or, with SPLIT, the sum of the partials of
-    :func:`_stats_kernel`), folded on chip, applied to the queries of chunk ``program_id(1)``."""
+    :func:`stats_kernel`), folded on chip, applied to the queries of chunk ``program_id(1)``."""
     b, h, bh64 = _head(H)
     split = tl.program_id(1)
     offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
@@ -358,8 +316,8 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
     start = split * chunk
     for n0 in range(start, tl.minimum(n_q, start + chunk), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
-        rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
-        q = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
+        rows = keep_rows(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
+        q = tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
         out = _apply(q, rows, w, s_k, eps, FEATURE_ELU, FEATURE_RELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC,
                      BLOCK, BLOCK_E)
         tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
@@ -368,7 +326,7 @@ def _fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_pt
 
 @_warps_tuned("one")
 @triton.jit
-def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, kv_ptr, sq_ptr, sk_ptr,
+def fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, kv_ptr, sq_ptr, sk_ptr,
                          H, n_q, n_k, d, e, eps, n_bucket, p_bucket,
                          sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sqmb, sqmn, skmb, skmn,
                          HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SAVE: tl.constexpr,
@@ -378,20 +336,20 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
                          NORM_ROWS_L2: tl.constexpr, NATIVE: tl.constexpr, BF16_OUT: tl.constexpr,
                          UPCAST: tl.constexpr, PREC: tl.constexpr,
                          BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
-    """:func:`_fwd_kernel` for a head whose tokens fit one tile (BLOCK ≥ n_q, n_k): q, k, v are read once.
+    """:func:`fwd_kernel` for a head whose tokens fit one tile (BLOCK ≥ n_q, n_k): q, k, v are read once.
     (KEY_SUMS and QUERY_SUMS: the sums are taken from the tile in registers whatever they say.)"""
     b, h, bh64 = _head(H)
     offs = tl.arange(0, BLOCK)
     offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
-    k_rows = _keep(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
-    q_rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
-    k = _prologue(_tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, k_rows, d_ok), k_rows, FEATURE_ELU,
+    k_rows = keep_rows(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
+    q_rows = keep_rows(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
+    k = _prologue(tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, k_rows, d_ok), k_rows, FEATURE_ELU,
                   FEATURE_RELU)
-    v = _tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, k_rows, e_ok)
-    q = _tile(q_ptr + b * sqb + h * sqh, offs, offs_d, sqn, sqd, q_rows, d_ok)
-    kv = _mm(tl.trans(k), v, tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32), NATIVE, UPCAST, PREC)
-    s_k = tl.reduce(tl.abs(k.to(tl.float32)), 0, _SUM)
-    s_q = tl.reduce(tl.abs(q.to(tl.float32)), 0, _SUM)
+    v = tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, k_rows, e_ok)
+    q = tile(q_ptr + b * sqb + h * sqh, offs, offs_d, sqn, sqd, q_rows, d_ok)
+    kv = mm(tl.trans(k), v, tl.full((BLOCK_D, BLOCK_E), 0.0, tl.float32), NATIVE, UPCAST, PREC)
+    s_k = tl.reduce(tl.abs(k.to(tl.float32)), 0, SUM)
+    s_q = tl.reduce(tl.abs(q.to(tl.float32)), 0, SUM)
     if SAVE:
         _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps, FOLD_L1)
     w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2)
@@ -405,7 +363,7 @@ def _fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, 
 
 @_loop_tuned("bwd")
 @triton.jit
-def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_ptr, part_ptr, dq_ptr, dk_ptr, dv_ptr,
+def bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_ptr, part_ptr, dq_ptr, dk_ptr, dv_ptr,
                 H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, sqmb, sqmn, skmb, skmn,
                 HAS_QM: tl.constexpr, HAS_KM: tl.constexpr, SPLIT: tl.constexpr, NATIVE: tl.constexpr,
@@ -430,7 +388,7 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
     s_k_raw = tl.load(sk_ptr + bh64 * d + offs_d, mask=d_ok, other=1.0)
     s_q, s_k = tl.maximum(s_q_raw, eps), tl.maximum(s_k_raw, eps)
     dkvn = qg / s_q[:, None]  # q̂ᵀG
-    r = tl.reduce(kvn * dkvn, 1, _SUM)  # Σ_n dq̂·q̂ = Σ_j dk̂·k̂
+    r = tl.reduce(kvn * dkvn, 1, SUM)  # Σ_n dq̂·q̂ = Σ_j dk̂·k̂
     t_q = tl.where(s_q_raw >= eps, r / s_q, 0.0)  # a norm clamped to eps is a constant: no sign term
     t_k = tl.where(s_k_raw >= eps, r / s_k, 0.0)
     w_q = tl.trans(kvn / s_q[:, None])
@@ -442,24 +400,24 @@ def _bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, qm_ptr, km_ptr, kv_ptr, sq_ptr, sk_p
     start = split * chunk
     for n0 in range(start, tl.minimum(n_q, start + chunk), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
-        rows = _keep(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
-        g = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok)
-        x = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok).to(tl.float32)
+        rows = keep_rows(qm_ptr, b, sqmb, sqmn, offs, n_q, HAS_QM)
+        g = tile(g_base, offs, offs_e, sgn, sge, rows, e_ok)
+        x = tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok).to(tl.float32)
         if BF16_DQ:
-            gw = _mm(g.to(tl.bfloat16), w_q, zero_d, True, UPCAST, PREC)
+            gw = mm(g.to(tl.bfloat16), w_q, zero_d, True, UPCAST, PREC)
         else:
-            gw = _mm(g, w_q, zero_d, False, UPCAST, PREC)
+            gw = mm(g, w_q, zero_d, False, UPCAST, PREC)
         dq = gw - tl.where(x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)) * t_q[None, :]
         tl.store(dq_ptr + bh64 * n_q * d + offs.to(tl.int64)[:, None] * d + offs_d[None, :],
                  dq.to(dq_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & d_ok[None, :])
     for n0 in range(start, tl.minimum(n_k, start + chunk), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
-        rows = _keep(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
-        y = _tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, rows, e_ok)
-        x = _tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, rows, d_ok).to(tl.float32)
-        dk = _mm(y, w_kt, zero_d, False, UPCAST, PREC) - tl.where(
+        rows = keep_rows(km_ptr, b, skmb, skmn, offs, n_k, HAS_KM)
+        y = tile(v_ptr + b * svb + h * svh, offs, offs_e, svn, sve, rows, e_ok)
+        x = tile(k_ptr + b * skb + h * skh, offs, offs_d, skn, skd, rows, d_ok).to(tl.float32)
+        dk = mm(y, w_kt, zero_d, False, UPCAST, PREC) - tl.where(
             x > 0, 1.0, tl.where(x < 0, -1.0, 0.0)) * t_k[None, :]
-        dv = _mm(x, w_k, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
+        dv = mm(x, w_k, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
         in_range = (offs < n_k)[:, None]
         tl.store(dk_ptr + bh64 * n_k * d + offs.to(tl.int64)[:, None] * d + offs_d[None, :],
                  dk.to(dk_ptr.dtype.element_ty), mask=in_range & d_ok[None, :])
@@ -482,22 +440,22 @@ def _feature_query_grads(q_base, g_base, dq_base, s, z, start, stop, d, eps, sqn
     for n0 in range(start, stop, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
         rows = offs < stop  # the chunk's own: a tile past its end is the next chunk's
-        x = _tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
+        x = tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
         a = _prologue(x, rows, FEATURE_ELU, FEATURE_RELU).to(tl.float32)
-        g_hat = _tile(g_base, offs, offs_e, sgn, sge, rows, e_ok).to(tl.float32)
+        g_hat = tile(g_base, offs, offs_e, sgn, sge, rows, e_ok).to(tl.float32)
         da = tl.full((BLOCK, BLOCK_D), 0.0, tl.float32)
         if NORM_DOT:
-            den = tl.reduce(a * z[None, :], 1, _SUM) + eps
+            den = tl.reduce(a * z[None, :], 1, SUM) + eps
             g_hat = g_hat / den[:, None]
-            out = _mm(a, s, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC) / den[:, None]
-            t = tl.reduce(g_hat * out, 1, _SUM)
+            out = mm(a, s, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC) / den[:, None]
+            t = tl.reduce(g_hat * out, 1, SUM)
             da -= t[:, None] * z[None, :]
-            dz -= tl.reduce(a * t[:, None], 0, _SUM)
-        da = _mm(g_hat, s_t, da, False, UPCAST, PREC)
+            dz -= tl.reduce(a * t[:, None], 0, SUM)
+        da = mm(g_hat, s_t, da, False, UPCAST, PREC)
         dq = da * _feature_slope(x, FEATURE_ELU, FEATURE_RELU)
         tl.store(dq_base + offs.to(tl.int64)[:, None] * d + offs_d[None, :],
                  dq.to(dq_base.dtype.element_ty), mask=rows[:, None] & d_ok[None, :])
-        ds = _mm(tl.trans(a), g_hat, ds, False, UPCAST, PREC)
+        ds = mm(tl.trans(a), g_hat, ds, False, UPCAST, PREC)
     return ds, dz
 
 
@@ -511,13 +469,13 @@ def _feature_key_grads(k_base, v_base, km_ptr, dk_base, dv_base, ds, dz, b, star
     for n0 in range(start, stop, BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
         in_range = offs < stop
-        rows = _keep(km_ptr, b, skmb, skmn, offs, stop, HAS_KM)
-        x = _tile(k_base, offs, offs_d, skn, skd, rows, d_ok)
+        rows = keep_rows(km_ptr, b, skmb, skmn, offs, stop, HAS_KM)
+        x = tile(k_base, offs, offs_d, skn, skd, rows, d_ok)
         phi = _prologue(x, rows, FEATURE_ELU, FEATURE_RELU).to(tl.float32)
-        y = _tile(v_base, offs, offs_e, svn, sve, rows, e_ok).to(tl.float32)
-        db = _mm(y, ds_t, tl.full((BLOCK, BLOCK_D), 0.0, tl.float32), False, UPCAST, PREC) + dz[None, :]
+        y = tile(v_base, offs, offs_e, svn, sve, rows, e_ok).to(tl.float32)
+        db = mm(y, ds_t, tl.full((BLOCK, BLOCK_D), 0.0, tl.float32), False, UPCAST, PREC) + dz[None, :]
         dk = tl.where(rows[:, None], db * _feature_slope(x, FEATURE_ELU, FEATURE_RELU), 0.0)
-        dv = _mm(phi, ds, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
+        dv = mm(phi, ds, tl.full((BLOCK, BLOCK_E), 0.0, tl.float32), False, UPCAST, PREC)
         tl.store(dk_base + offs.to(tl.int64)[:, None] * d + offs_d[None, :], dk.to(dk_base.dtype.element_ty),
                  mask=in_range[:, None] & d_ok[None, :])
         tl.store(dv_base + offs.to(tl.int64)[:, None] * e + offs_e[None, :], dv.to(dv_base.dtype.element_ty),
@@ -526,13 +484,13 @@ def _feature_key_grads(k_base, v_base, km_ptr, dk_base, dv_base, ds, dz, b, star
 
 @_loop_tuned("feature_bwd")
 @triton.jit
-def _feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_ptr, pz_ptr, dq_ptr, dk_ptr, dv_ptr,
+def feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_ptr, pz_ptr, dq_ptr, dk_ptr, dv_ptr,
                         H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, skmb, skmn,
                         HAS_KM: tl.constexpr, STAGE: tl.constexpr, FEATURE_ELU: tl.constexpr,
                         FEATURE_RELU: tl.constexpr, NORM_DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
-    """The gradients of a feature kind, with the per-row normalizer (NORM_DOT) or without (``linear_triton``'s
+    """The gradients of a feature kind, with the per-row normalizer (NORM_DOT) or without (``launch``'s
     docstring), for (batch, head)
     ``program_id(0)``, from the forward's S = φ(k)ᵀv and z = Σφ(k). STAGE 0: one program per head, queries then
     keys. A split token axis takes two launches over chunk ``program_id(1)``: STAGE 1 writes the queries' dq and

@@ -1,10 +1,10 @@
 """Point-wise activation attention, out = s · h(q kᵀ/√d + b) v, as flash-style Triton kernels, forward and backward:
 sigmoid attention (``sigmoid_attention(..., backend='triton')``: h = σ, b = −log n or a given number, s = 1) and
 ReLU attention (``relu_attention(..., backend='triton')``: h = relu or σ, b = 0, s = L^(-a)). The kernels and the
-maths are :mod:`simattn.attention.activation_kernels`; this module launches them.
+maths are :mod:`simattn.kernels.pointwise.kernels`; this module launches them.
 
-Host path, as :mod:`simattn.attention.linear_triton`'s (whose launch modes, plan cache and :func:`dry_run` it
-shares): the first call at a signature (shapes, strides, dtypes, mask present, h, which of b and s apply, output
+Host path, :mod:`simattn.kernels.host`'s (its launch modes, plan cache, direct launches and
+:func:`~simattn.kernels.host.dry_run`): the first call at a signature (shapes, strides, dtypes, mask present, h, which of b and s apply, output
 dtype, device) plans its launches; a repeat call looks the plan up, allocates its outputs and launches, checking
 nothing (the kinds' functions checked the inputs). Eagerly the autograd is a ``torch.autograd.Function``; while
 compiling, exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind the
@@ -22,15 +22,15 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from . import activation_kernels as K
-from . import linear_triton as LT
+from .. import host
+from . import kernels as K
 
 __all__ = ["activation_triton", "TRITON_H"]
 
 #: h the kernels compute, by name, with their constexpr code
 TRITON_H = {"relu": K.ACT_RELU, "sigmoid": K.ACT_SIGMOID}
 # queries (forward, dq) or keys (dk, dv) a program holds: on a GPU by head size; in the interpreter as small as the
-# streamed tile (linear_triton's 32), so that short test inputs span several tiles
+# streamed tile (the host's INTERPRETER_BLOCK, 32), so that short test inputs span several tiles
 _INTERPRETER_BLOCK_M = 32
 
 
@@ -59,17 +59,17 @@ class _ForwardCall:
         block_m = _block_m(d, e, mode)
         self.mode, self.out_shape, self.out_dtype = mode, (B, H, n_q, e), out_dtype
         self.head = (H, n_q, n_k, float(n_k), d, e)
-        self.strides = (*q.stride(), *k.stride(), *v.stride(), n_q * e * H, n_q * e, e, 1, *LT._mask_strides(mask),
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), n_q * e * H, n_q * e, e, 1, *host.mask_strides(mask),
                         triton.next_power_of_2(n_k))
-        self.launch = LT._Launch(K._fwd_kernel, (triton.cdiv(n_q, block_m), B, H), dict(
-            flags, HAS_KM=mask is not None, QK_NATIVE=LT._native(q, k), PV_NATIVE=v.dtype == torch.bfloat16,
-            UPCAST=mode.interpret, PREC=LT._precision(q), BLOCK_D=LT._block(d), BLOCK_E=LT._block(e),
+        self.launch = host.Launch(K.fwd_kernel, (triton.cdiv(n_q, block_m), B, H), dict(
+            flags, HAS_KM=mask is not None, QK_NATIVE=host.native(q, k), PV_NATIVE=v.dtype == torch.bfloat16,
+            UPCAST=mode.interpret, PREC=host.precision(q), BLOCK_D=host.block(d), BLOCK_E=host.block(e),
             BLOCK_M=block_m), mode)
 
     def __call__(self, q, k, v, mask, scalars):
         out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
         with self.mode.device():
-            self.launch(q, k, v, LT._u8(mask, q), out, *self.head, *scalars, *self.strides)
+            self.launch(q, k, v, host.mask_bytes(mask, q), out, *self.head, *scalars, *self.strides)
         return out
 
 
@@ -82,21 +82,21 @@ class _BackwardCall:
         block_m = _block_m(d, e, mode)
         self.mode = mode
         self.head = (H, n_q, n_k, float(n_k), d, e)
-        self.strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride(), *LT._mask_strides(mask))
-        consts = dict(flags, HAS_KM=mask is not None, QK_NATIVE=LT._native(q, k), VG_NATIVE=LT._native(v, g),
+        self.strides = (*q.stride(), *k.stride(), *v.stride(), *g.stride(), *host.mask_strides(mask))
+        consts = dict(flags, HAS_KM=mask is not None, QK_NATIVE=host.native(q, k), VG_NATIVE=host.native(v, g),
                       BF16_DS=q.dtype == torch.bfloat16,
-                      UPCAST=mode.interpret, PREC=LT._precision(q), BLOCK_D=LT._block(d), BLOCK_E=LT._block(e),
+                      UPCAST=mode.interpret, PREC=host.precision(q), BLOCK_D=host.block(d), BLOCK_E=host.block(e),
                       BLOCK_M=block_m)
         self.buckets = (triton.next_power_of_2(n_q), triton.next_power_of_2(n_k))
-        self.dkdv = LT._Launch(K._dkdv_kernel, (triton.cdiv(n_k, block_m), B, H),
+        self.dkdv = host.Launch(K.dkdv_kernel, (triton.cdiv(n_k, block_m), B, H),
                                dict(consts, PV_NATIVE=g.dtype == torch.bfloat16), mode)
-        self.dq = LT._Launch(K._dq_kernel, (triton.cdiv(n_q, block_m), B, H), consts, mode)
+        self.dq = host.Launch(K.dq_kernel, (triton.cdiv(n_q, block_m), B, H), consts, mode)
 
     def __call__(self, g, q, k, v, mask, scalars):
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
         dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
-        m = LT._u8(mask, q)
+        m = host.mask_bytes(mask, q)
         with self.mode.device():
             self.dkdv(q, k, v, g, m, dk, dv, *self.head, *scalars, *self.strides, self.buckets[0])
             self.dq(q, k, v, g, m, dq, *self.head, *scalars, *self.strides, self.buckets[1])
@@ -104,31 +104,31 @@ class _BackwardCall:
 
 
 def _key(what: str, activation, bias, alpha, q, k, v, mask) -> tuple:
-    return (what, activation, bias is None, alpha is None, LT._signature(q, k, v, mask, None), LT._dry_sms,
-            q.dtype == torch.float32 and LT._tf32())
+    return (what, activation, bias is None, alpha is None, host.signature(q, k, v, mask, None),
+            host.dry_multiprocessors(), q.dtype == torch.float32 and host.tf32())
 
 
 def _mode(activation: str, q: torch.Tensor, dry: Optional[int]):
-    """How the call's kernels run (``linear_triton``'s modes); a device they cannot run on is refused here."""
-    return LT._Mode(f"attention with h={activation}", q.device, dry, LT._tuning())
+    """How the call's kernels run (:class:`~simattn.kernels.host.Mode`); a device they cannot run on is refused here."""
+    return host.Mode(f"attention with h={activation}", q.device, dry, host.tuning())
 
 
 def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float],
              out_dtype: torch.dtype) -> torch.Tensor:
     """The output (:class:`_ForwardCall`), planned once per signature."""
-    dry = LT._dry_sms
+    dry = host.dry_multiprocessors()
     key = (*_key("activation forward", activation, bias, alpha, q, k, v, mask), out_dtype)
-    call = LT._call(key, lambda: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype,
-                                              _mode(activation, q, dry)))
+    call = host.planned(key, lambda: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype,
+                                                    _mode(activation, q, dry)))
     return call(q, k, v, mask, _scalars(q, bias, alpha))
 
 
 def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float]):
     """dq, dk, dv (:class:`_BackwardCall`), planned once per signature."""
-    dry = LT._dry_sms
+    dry = host.dry_multiprocessors()
     key = (*_key("activation backward", activation, bias, alpha, q, k, v, mask), g.shape, g.stride(), g.dtype)
-    call = LT._call(key, lambda: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask,
-                                               _mode(activation, q, dry)))
+    call = host.planned(key, lambda: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask,
+                                                     _mode(activation, q, dry)))
     return call(g, q, k, v, mask, _scalars(q, bias, alpha))
 
 
@@ -203,8 +203,6 @@ def activation_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, acti
     have checked the inputs and :func:`~simattn.attention._common.triton_refusal`; a device the kernels cannot run
     on is refused here."""
     out_dtype = out_dtype or v.dtype
-    if LT._as_op(q):
-        return _fwd_op(q, k, v, mask, activation, bias, alpha, out_dtype)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _ActivationAttention.apply(q, k, v, mask, activation, bias, alpha, out_dtype)
-    return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return host.run(_fwd_op, _ActivationAttention, _forward, q, grad, q, k, v, mask, activation, bias, alpha,
+                    out_dtype)

@@ -1,4 +1,4 @@
-"""SimA's compiled CPU kernel (``csrc/sima_cpu.cpp``): q̂(k̂ᵀv) for eager fp32 inference in one call.
+"""SimA's compiled CPU kernel (``sima_cpu.cpp`` beside this module): q̂(k̂ᵀv) for eager fp32 inference in one call.
 
 Eager PyTorch runs SimA as about ten ops, and copies the strided q, k, v views of a fused projection; at small token
 counts the launches cost more than the arithmetic, and at large ones the extra passes over memory do. The kernel
@@ -27,7 +27,7 @@ import torch
 
 __all__ = ["SOURCE", "library_path", "available", "build", "sima_kv_first", "unavailable_reason"]
 
-SOURCE = Path(__file__).with_name("csrc") / "sima_cpu.cpp"
+SOURCE = Path(__file__).with_name("sima_cpu.cpp")
 NAME = "simattn_sima_cpu"
 
 
@@ -139,13 +139,13 @@ def sima_kv_first(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float)
 
 
 def _options():
-    from ..utils.recipe import Opt
+    from ...utils.recipe import Opt
     return {"verbose": Opt(False, "show the compiler's commands and output")}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """``simattn build-kernels``: build the kernel; exit 1 with the reason where it cannot be built."""
-    from ..utils.recipe import checked_flags, command_parser
+    from ...utils.recipe import checked_flags, command_parser
 
     parser = command_parser("simattn build-kernels", "Compile SimA's CPU kernel for this machine and torch "
                             "(scripts/setup_venv.sh runs this). Where it is not built, SimA runs in torch.", _options())

@@ -13,7 +13,7 @@ Short and medium token axes run this in one launch, one program per (batch, head
 a head's q, k and v fit in one tile they are read once. When there are too few (batch, head) pairs to fill the GPU,
 the token axis is split over programs: one launch writes partial sums per token chunk, a second adds them in a fixed
 order and applies them to its chunk of queries. The kernels, and how ELU, XNorm and the next kinds plug their
-prologue and epilogue into them, are :mod:`simattn.attention.linear_kernels`; this module launches them.
+prologue and epilogue into them, are :mod:`simattn.kernels.linear.kernels`; this module launches them.
 
 Backward, with kvn = k̂ᵀv, G the output gradient and dkvn = q̂ᵀG:
 
@@ -45,7 +45,7 @@ mantissa with fp32's range, so fp16 never overflows the folded scale) and follow
 ``torch.backends.cuda.matmul.allow_tf32`` for fp32 inputs. q, k, v are read through their strides, so views of a
 fused qkv projection are not copied.
 
-Host path. A call's signature (shapes, strides, dtypes, masks present, flags, device) decides everything but the
+Host path (:mod:`simattn.kernels.host`'s plan cache, launch modes and direct launches). A call's signature (shapes, strides, dtypes, masks present, flags, device) decides everything but the
 data: the token-axis plan, grids, constexprs, the outputs' shapes and, once a GPU has tuned it, the launch
 configuration. The first call at a signature builds that (:class:`_ForwardCall`, :class:`_BackwardCall`) and a
 repeat call looks it up, allocates its outputs and launches: it checks nothing (the caller, ``sima_attention`` or
@@ -58,30 +58,26 @@ fake implementations and registered autograd, so ``torch.compile(fullgraph=True)
 depth are autotuned once per (tokens per program rounded to a power of two, d, dv, dtypes, path) in the process
 (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration, untimed).
 
-:func:`dry_run` runs that whole path with the launches skipped, on CPU tensors as if they were a GPU's: what a call
-costs the host, measurable without a GPU.
+:func:`simattn.kernels.host.dry_run` runs that whole path with the launches skipped, on CPU tensors as if they were
+a GPU's: what a call costs the host, measurable without a GPU.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
-import os
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import triton
-from triton.compiler.compiler import CompiledKernel
 
-from . import linear_kernels as K
+from .. import host
+from . import kernels as K
 
-__all__ = ["sima_triton", "linear_triton", "dry_run", "hopper_stand_in", "interpreting", "LinearKind", "KINDS",
-           "FEATURE_KINDS"]
+__all__ = ["sima_triton", "linear_triton", "LinearKind", "KINDS", "FEATURE_KINDS", "ONE_TILE_ELEMENTS"]
 
 
 @dataclass(frozen=True)
 class LinearKind:
-    """What a kind sets in the kernels' skeleton (:mod:`~simattn.attention.linear_kernels`): the constexpr flags of
+    """What a kind sets in the kernels' skeleton (:mod:`~simattn.kernels.linear.kernels`): the constexpr flags of
     its prologue and epilogue, which per-channel sums its fold or normalizer reads (Σ|φ(k)|, Σ|q|), whether φ(k)ᵀv
     may multiply half inputs in their own dtype (not after a prologue that makes fp32 features), and whether the
     kernels have its backward."""
@@ -117,111 +113,6 @@ KINDS = {
 FEATURE_KINDS = ("elu", "slab", "features", "plain")
 #: largest tile (tokens × max(d, dv), padded to powers of two) for which a head's q, k, v are held whole on chip
 ONE_TILE_ELEMENTS = 256 * 64
-#: fewest tokens per program when the token axis is split over programs (GPU; the interpreter uses 32)
-SPLIT_MIN_TOKENS = 512
-_INTERPRETER_BLOCK = 32  # tokens per tile in the interpreter: small, so short test inputs span several tiles
-#: calls remembered; past this many signatures the memory starts over (shapes that never repeat)
-_MAX_CALLS = 1024
-_CALLS: dict = {}
-_dry_sms: Optional[int] = None  # the multiprocessors dry_run() plans for; None: launches run
-#: hopper_stand_in(): (multiprocessors, whether to autotune) of the GPU CPU tensors stand in for; None outside it
-_hopper: Optional[Tuple[int, bool]] = None
-_hopper_launch: Callable[..., None] = lambda *args: None  # what a launch ends in within hopper_stand_in()
-
-
-def interpreting() -> bool:
-    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when they were first imported)."""
-    return K.INTERPRETER
-
-
-@contextlib.contextmanager
-def dry_run(multiprocessors: int = 132) -> Iterator[None]:
-    """Within it, calls run their whole host path but launch nothing: outputs are allocated and never written, CPU
-    tensors are taken as CUDA ones would be, and launches are planned as for a GPU with ``multiprocessors``
-    multiprocessors (132: an H100/H200), compiled, not interpreted. For measuring host cost without a GPU."""
-    global _dry_sms
-    before, _dry_sms = _dry_sms, multiprocessors
-    try:
-        yield
-    finally:
-        _dry_sms = before
-
-
-class _HopperDriver:
-    """Stands in for Triton's CUDA driver: an sm_90 target (H100/H200) to compile for, device 0, stream 0."""
-
-    def get_current_device(self):
-        return 0
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def get_current_target(self):
-        from triton.backends.compiler import GPUTarget
-        return GPUTarget("cuda", 90, 32)
-
-    def get_active_torch_device(self):
-        return torch.device("cpu")
-
-
-def _launch_stand_in(*args) -> None:
-    _hopper_launch(*args)
-
-
-@contextlib.contextmanager
-def hopper_stand_in(launch: Optional[Callable[..., None]] = None, multiprocessors: int = 132,
-                    tune: bool = False) -> Iterator[None]:
-    """Within it, calls on CPU tensors take the compiled path of an H100/H200 with ``multiprocessors``
-    multiprocessors: the kernels compile for sm_90 with Triton's own compiler (its bundled ptxas), and every
-    launch, through all of Triton's launch path, ends in ``launch(*arguments)`` (what Triton's CUDA launcher would
-    get: the grid, stream, function, metadata and hooks, then the kernel's arguments; by default nothing) instead
-    of a GPU. ``tune``: launch through Triton's autotuners (which time on a GPU: patch them) rather than in each
-    kernel's first configuration. For compiling the kernels and measuring the host path, Triton's included,
-    without a GPU; not with the interpreter, which compiles nothing. Plans made within it are dropped at its end."""
-    global _hopper, _hopper_launch
-    if K.INTERPRETER:
-        raise RuntimeError("hopper_stand_in: the kernels were imported for Triton's interpreter (TRITON_INTERPRET=1), "
-                           "which compiles nothing; run without it")
-    from triton.runtime import driver
-
-    original = CompiledKernel._init_handles
-    # the driver in use before (None: not made yet; on a machine without a GPU making one fails, so it is not made)
-    active = getattr(driver, "_active", None)
-
-    def no_gpu(kernel) -> None:  # the launcher without loading the binary onto a GPU
-        if kernel._run is None:
-            kernel._run = _launch_stand_in
-
-    driver.set_active(_HopperDriver())
-    CompiledKernel._init_handles = no_gpu
-    _hopper, _hopper_launch = (multiprocessors, tune), launch or (lambda *args: None)
-    _CALLS.clear()
-    try:
-        yield
-    finally:
-        _hopper, _hopper_launch = None, lambda *args: None
-        _CALLS.clear()
-        CompiledKernel._init_handles = original
-        driver.set_active(active)
-
-
-def _tuning() -> bool:
-    """Whether launch configurations are autotuned on a GPU: yes unless ``SIMATTN_TRITON_AUTOTUNE=0``, which runs
-    each kernel in its first configuration without timing any (quick checks and tests, which compile each shape
-    once instead of once per configuration). Read when a call signature is first planned."""
-    return os.environ.get("SIMATTN_TRITON_AUTOTUNE", "1") != "0"
-
-
-# ------------------------------------------------------------------------------------------------ launch plans
-
-
-def _block(n: int) -> int:
-    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
-
-
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _plan(bh: int, n: int, d: int, e: int, sms: int, least: int) -> Tuple[int, bool]:
@@ -232,117 +123,7 @@ def _plan(bh: int, n: int, d: int, e: int, sms: int, least: int) -> Tuple[int, b
     splits = min(triton.cdiv(2 * sms, bh), triton.cdiv(n, least))
     if splits > 1:
         return splits, False
-    return 1, _block(n) * max(_block(d), _block(e)) <= ONE_TILE_ELEMENTS
-
-
-def _runnable(device: torch.device) -> bool:
-    """Whether compiled kernels can launch on ``device`` (CPU tensors within :func:`hopper_stand_in`)."""
-    return device.type == "cuda" or (_hopper is not None and device.type == "cpu")
-
-
-class _Mode:
-    """How a call's kernels run: dry (planned for ``sms`` multiprocessors, not launched), interpreted, or compiled
-    on ``device`` (tuned or in the first configuration)."""
-
-    def __init__(self, name: str, device: torch.device, dry_sms: Optional[int], tune: bool):
-        self.dry = dry_sms is not None
-        self.interpret = K.INTERPRETER and not self.dry
-        if not (_runnable(device) or self.interpret or self.dry):
-            raise ValueError(f"{name}: backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 when the kernels "
-                             f"are first imported, to run them in Triton's interpreter on CPU), got {device.type} "
-                             f"tensors")
-        self.tune = tune
-        if self.dry:
-            self.sms, self.least = dry_sms, SPLIT_MIN_TOKENS
-        elif self.interpret:
-            self.sms, self.least = 2, _INTERPRETER_BLOCK
-        elif device.type != "cuda":  # a GPU stood in for (hopper_stand_in)
-            (self.sms, self.tune), self.least = _hopper, SPLIT_MIN_TOKENS
-        else:
-            self.sms, self.least = _multiprocessors(device), SPLIT_MIN_TOKENS
-        # launches go to the current CUDA device: the tensors' one (set around the launches when it is another)
-        self.device_index = device.index if device.type == "cuda" and not self.dry else None
-
-    def device(self):
-        if self.device_index is None or self.device_index == torch.cuda.current_device():
-            return contextlib.nullcontext()
-        return torch.cuda.device(self.device_index)
-
-
-class _Launch:
-    """One kernel launch of a call: grid and constexprs fixed; the configuration (tile, warps, stages) the first
-    configuration, or on a tuned GPU the one Triton's autotuner picks at the first launch, after which the kernel is
-    launched in it directly. Dry: nothing.
-
-    Compiled launches after the first skip Triton's per-call work (binding and specializing every argument, the cache
-    lookup: tens of microseconds for these kernels' 30-odd arguments) and launch the compiled kernel Triton returned
-    (``compiled[grid](*args)``, with the launch hooks profilers set). What Triton specializes on beyond the call's
-    signature, which fixes every integer argument (the other scalars are floats, which Triton does not specialize),
-    is each tensor's dtype and 16-byte alignment: a call where those differ goes through Triton's path, which
-    compiles or finds the kernel for them."""
-
-    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensor_at", "tensors_seen", "constants")
-
-    def __init__(self, kernel, grid: Tuple[int, ...], consts: dict, mode: _Mode):
-        self.grid, self.tuning, self.compiled, self.tensors_seen, self.constants = grid, False, None, None, ()
-        self.tensor_at: Tuple[int, ...] = ()  # the positions of the tensor arguments (fixed by the call's plan)
-        if mode.dry:
-            self.kernel, self.kwargs = None, {}
-        elif mode.interpret:  # the kernel as written; the host picks the tile
-            self.kernel, self.kwargs = kernel, dict({"BLOCK": _INTERPRETER_BLOCK}, **consts)
-        elif mode.tune:
-            self.kernel, self.kwargs, self.tuning = kernel, consts, True
-        else:
-            self.kernel, self.kwargs = kernel.fn, dict(consts, **kernel.configs[0].all_kwargs())
-
-    def __call__(self, *args) -> None:
-        if self.kernel is None:
-            return
-        if self.compiled is not None and _tensor_keys(args, self.tensor_at) == self.tensors_seen:
-            self.compiled[self.grid](*args, *self.constants)
-            return
-        compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
-        if self.tuning:  # from now on the tuned configuration, without the autotuner
-            self.kernel, self.kwargs = self.kernel.fn, dict(self.kwargs, **self.kernel.best_config.all_kwargs())
-            self.tuning = False
-        elif isinstance(compiled, CompiledKernel) and not K.INTERPRETER:
-            self._keep(compiled, args)
-
-    def _keep(self, compiled, args) -> None:
-        """Launch ``compiled`` directly from now on for arguments like ``args``: the constexprs follow the runtime
-        arguments in each kernel's signature, in its order."""
-        names = self.kernel.arg_names[len(args):]
-        if all(name in self.kwargs for name in names):
-            self.tensor_at = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            self.compiled, self.tensors_seen = compiled, _tensor_keys(args, self.tensor_at)
-            self.constants = tuple(self.kwargs[name] for name in names)
-            self.grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # a compiled kernel's launch takes three
-
-
-def _tensor_keys(args, at: Tuple[int, ...]) -> tuple:
-    """What Triton specializes a launch on among its tensor arguments (at positions ``at``): dtype and 16-byte
-    alignment of each."""
-    return tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at)
-
-
-def _precision(t: torch.Tensor) -> str:
-    """Products with an fp32 operand: TF32 for half inputs (exact in TF32), else as torch's flag says."""
-    tf32 = t.dtype != torch.float32 or (t.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
-    return "tf32" if tf32 else "ieee"
-
-
-def _native(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether a product of a and b runs in their own dtype: equal half dtypes, whose products are exact in fp32."""
-    return a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16)
-
-
-def _u8(mask: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    """A bool keep-mask as bytes (a view, no copy); a placeholder pointer for none."""
-    return like if mask is None else mask.view(torch.uint8)
-
-
-def _mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
-    return (0, 0) if mask is None else mask.stride()
+    return 1, host.block(n) * max(host.block(d), host.block(e)) <= ONE_TILE_ELEMENTS
 
 
 def _features(flags: dict) -> dict:
@@ -350,24 +131,8 @@ def _features(flags: dict) -> dict:
     return {name: flags.get(name, False) for name in ("FEATURE_ELU", "FEATURE_RELU")}
 
 
-def _signature(q, k, v, mask, q_mask) -> tuple:
-    """What a call's plan depends on in its inputs: shapes, strides, dtypes, device (the masks' shapes, dtype and
-    device follow from q's and k's, checked by the caller)."""
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            None if mask is None else mask.stride(), None if q_mask is None else q_mask.stride())
-
-
-def _call(key: tuple, build):
-    call = _CALLS.get(key)
-    if call is None:
-        if len(_CALLS) >= _MAX_CALLS:
-            _CALLS.clear()
-        call = _CALLS[key] = build()
-    return call
-
-
 class _Partials:
-    """The partial-sum launch of a split token axis (:func:`~simattn.attention.linear_kernels._stats_kernel`):
+    """The partial-sum launch of a split token axis (:func:`~simattn.kernels.linear.kernels.stats_kernel`):
     partial φ(x)ᵀy (B·H·splits, d, e) and, with ``norms``, Σ|φ(x)| and Σ|z| (z given), all fp32."""
 
     def __init__(self, x, y, z, x_mask, z_mask, splits, chunk, features, norms, native, prec, mode):
@@ -377,19 +142,21 @@ class _Partials:
         self.has_z, self.norms = z is not None, norms
         self.shapes = ((bh * splits, d, e), (bh * splits, d))
         zz = z if z is not None else x
-        self.tail = (H, n_x, zz.shape[-2] if z is not None else 0, d, e, chunk, _block(chunk), _block(bh * splits),
-                     *x.stride(), *y.stride(), *zz.stride(), *_mask_strides(x_mask), *_mask_strides(z_mask))
-        self.launch = _Launch(K._stats_kernel, (bh, splits), dict(
+        self.tail = (H, n_x, zz.shape[-2] if z is not None else 0, d, e, chunk, host.block(chunk),
+                     host.block(bh * splits),
+                     *x.stride(), *y.stride(), *zz.stride(), *host.mask_strides(x_mask), *host.mask_strides(z_mask))
+        self.launch = host.Launch(K.stats_kernel, (bh, splits), dict(
             HAS_XM=x_mask is not None, HAS_ZM=z_mask is not None, NORMS=norms, HAS_Z=z is not None,
-            **_features(features), NATIVE=native, UPCAST=mode.interpret, PREC=prec, BLOCK_D=_block(d),
-            BLOCK_E=_block(e)), mode)
+            **_features(features), NATIVE=native, UPCAST=mode.interpret, PREC=prec, BLOCK_D=host.block(d),
+            BLOCK_E=host.block(e)), mode)
 
     def __call__(self, x, y, z, x_mask, z_mask):
         f32 = {"device": x.device, "dtype": torch.float32}
         part = torch.empty(self.shapes[0], **f32)
         s_x = torch.empty(self.shapes[1], **f32) if self.norms else part
         s_z = torch.empty(self.shapes[1], **f32) if self.has_z else part
-        self.launch(x, y, z if self.has_z else x, _u8(x_mask, x), _u8(z_mask, x), part, s_x, s_z, *self.tail)
+        self.launch(x, y, z if self.has_z else x, host.mask_bytes(x_mask, x), host.mask_bytes(z_mask, x), part, s_x,
+                    s_z, *self.tail)
         return part, s_x, s_z
 
 
@@ -398,7 +165,7 @@ class _ForwardCall:
     (B·H, d, dv), s_q and s_k (B·H, d), else placeholders."""
 
     def __init__(self, kind: str, q, k, v, mask, q_mask, eps: float, bf16: bool, out_dtype: torch.dtype,
-                 save: bool, mode: _Mode):
+                 save: bool, mode: host.Mode):
         spec = KINDS[kind]
         B, H, n_q, d = q.shape
         n_k, e = k.shape[-2], v.shape[-1]
@@ -407,24 +174,24 @@ class _ForwardCall:
         self.out_shape, self.out_dtype = (B, H, n_q, e), out_dtype
         self.state_shapes = ((bh, d, e), (bh, d))
         splits, one_tile = _plan(bh, max(n_q, n_k), d, e, mode.sms, mode.least)
-        native = spec.half_products and _native(k, v)
-        prec = _precision(q)
+        native = spec.half_products and host.native(k, v)
+        prec = host.precision(q)
         flags = dict(HAS_QM=q_mask is not None, HAS_KM=mask is not None, SAVE=save, **spec.flags,
                      KEY_SUMS=spec.key_sums, QUERY_SUMS=spec.query_sums, NATIVE=native, BF16_OUT=bf16,
-                     UPCAST=mode.interpret, PREC=prec, BLOCK_D=_block(d), BLOCK_E=_block(e))
-        strides = (*q.stride(), *k.stride(), *v.stride(), *_mask_strides(q_mask), *_mask_strides(mask))
+                     UPCAST=mode.interpret, PREC=prec, BLOCK_D=host.block(d), BLOCK_E=host.block(e))
+        strides = (*q.stride(), *k.stride(), *v.stride(), *host.mask_strides(q_mask), *host.mask_strides(mask))
         self.partials, self.one_tile = None, one_tile
         if one_tile:
-            block = _block(max(n_q, n_k))
-            self.tail = (H, n_q, n_k, d, e, eps, block, _block(bh), *strides)
-            self.launch = _Launch(K._fwd_one_tile_kernel, (bh,), dict(flags, BLOCK=block), mode)
+            block = host.block(max(n_q, n_k))
+            self.tail = (H, n_q, n_k, d, e, eps, block, host.block(bh), *strides)
+            self.launch = host.Launch(K.fwd_one_tile_kernel, (bh,), dict(flags, BLOCK=block), mode)
             return
         chunk = triton.cdiv(max(n_q, n_k), splits)
         if splits > 1:
             self.partials = _Partials(k, v, q if spec.query_sums else None, mask, q_mask if spec.query_sums else None,
                                       splits, chunk, spec.flags, spec.key_sums, native, prec, mode)
-        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits), *strides)
-        self.launch = _Launch(K._fwd_kernel, (bh, splits), dict(flags, SPLIT=splits > 1), mode)
+        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, host.block(chunk), host.block(bh * splits), *strides)
+        self.launch = host.Launch(K.fwd_kernel, (bh, splits), dict(flags, SPLIT=splits > 1), mode)
 
     def __call__(self, q, k, v, mask, q_mask, gamma):
         out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
@@ -434,7 +201,7 @@ class _ForwardCall:
             s_q, s_k = torch.empty(self.state_shapes[1], **f32), torch.empty(self.state_shapes[1], **f32)
         else:
             kv = s_q = s_k = out
-        qm, km = _u8(q_mask, q), _u8(mask, q)
+        qm, km = host.mask_bytes(q_mask, q), host.mask_bytes(mask, q)
         gamma = out if gamma is None else gamma
         with self.mode.device():
             if self.one_tile:
@@ -449,7 +216,7 @@ class _ForwardCall:
         return out, kv, s_q, s_k
 
 
-def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: _Mode) -> Tuple[int, ...]:
+def _backward_plan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: host.Mode) -> Tuple[int, ...]:
     """A backward's sizes and token split: (H, n_q, n_k, d, e, B·H, programs per head, tokens per program); the split
     covers the longer of the two token axes, which the backward walks both of."""
     B, H, n_q, d = q.shape
@@ -462,19 +229,19 @@ class _BackwardCall:
     """SimA's backward at one signature: dq, dk, dv (contiguous, in q's, k's, v's dtypes) from the output gradient
     g and the forward's state."""
 
-    def __init__(self, g, q, k, v, mask, q_mask, eps: float, bf16: bool, mode: _Mode):
+    def __init__(self, g, q, k, v, mask, q_mask, eps: float, bf16: bool, mode: host.Mode):
         H, n_q, n_k, d, e, bh, splits, chunk = _backward_plan(q, k, v, mode)
         self.mode = mode
-        native, prec = _native(q, g), _precision(q)
+        native, prec = host.native(q, g), host.precision(q)
         self.partials = None
         if splits > 1:
             self.partials = _Partials(q, g, None, q_mask, None, splits, chunk, {}, False, native, prec, mode)
-        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
-                     *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(q_mask),
-                     *_mask_strides(mask))
-        self.launch = _Launch(K._bwd_kernel, (bh, splits), dict(
+        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, host.block(chunk), host.block(bh * splits),
+                     *q.stride(), *k.stride(), *v.stride(), *g.stride(), *host.mask_strides(q_mask),
+                     *host.mask_strides(mask))
+        self.launch = host.Launch(K.bwd_kernel, (bh, splits), dict(
             HAS_QM=q_mask is not None, HAS_KM=mask is not None, SPLIT=splits > 1, NATIVE=native, BF16_DQ=bf16,
-            UPCAST=mode.interpret, PREC=prec, BLOCK_D=_block(d), BLOCK_E=_block(e)), mode)
+            UPCAST=mode.interpret, PREC=prec, BLOCK_D=host.block(d), BLOCK_E=host.block(e)), mode)
 
     def __call__(self, g, q, k, v, mask, q_mask, kvn, s_q, s_k):
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
@@ -484,26 +251,27 @@ class _BackwardCall:
             part = kvn
             if self.partials is not None:
                 part, _, _ = self.partials(q, g, None, q_mask, None)
-            self.launch(q, k, v, g, _u8(q_mask, q), _u8(mask, q), kvn, s_q, s_k, part, dq, dk, dv, *self.tail)
+            self.launch(q, k, v, g, host.mask_bytes(q_mask, q), host.mask_bytes(mask, q), kvn, s_q, s_k, part, dq, dk,
+                        dv, *self.tail)
         return dq, dk, dv
 
 
 class _FeatureBackwardCall:
-    """A feature kind's backward at one signature (:func:`~simattn.attention.linear_kernels._feature_bwd_kernel`):
+    """A feature kind's backward at one signature (:func:`~simattn.kernels.linear.kernels.feature_bwd_kernel`):
     dq, dk, dv (contiguous, in q's, k's, v's dtypes) from the output gradient g and the forward's S and z. A split
     token axis takes two launches: the queries' stage writes partial dS, dz per chunk, the keys' stage adds them."""
 
-    def __init__(self, kind: str, g, q, k, v, mask, eps: float, mode: _Mode):
+    def __init__(self, kind: str, g, q, k, v, mask, eps: float, mode: host.Mode):
         H, n_q, n_k, d, e, bh, splits, chunk = _backward_plan(q, k, v, mode)
         self.mode = mode
         self.part_shapes = ((bh * splits, d, e), (bh * splits, d)) if splits > 1 else None
-        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, _block(chunk), _block(bh * splits),
-                     *q.stride(), *k.stride(), *v.stride(), *g.stride(), *_mask_strides(mask))
+        self.tail = (H, n_q, n_k, d, e, splits, chunk, eps, host.block(chunk), host.block(bh * splits),
+                     *q.stride(), *k.stride(), *v.stride(), *g.stride(), *host.mask_strides(mask))
         consts = dict(HAS_KM=mask is not None, **_features(KINDS[kind].flags),
                       NORM_DOT=KINDS[kind].flags["NORM_DOT"], UPCAST=mode.interpret,
-                      PREC=_precision(q), BLOCK_D=_block(d), BLOCK_E=_block(e))
+                      PREC=host.precision(q), BLOCK_D=host.block(d), BLOCK_E=host.block(e))
         stages = (1, 2) if splits > 1 else (0,)
-        self.launches = [_Launch(K._feature_bwd_kernel, (bh, splits), dict(consts, STAGE=stage), mode)
+        self.launches = [host.Launch(K.feature_bwd_kernel, (bh, splits), dict(consts, STAGE=stage), mode)
                          for stage in stages]
 
     def __call__(self, g, q, k, v, mask, s, z):
@@ -516,41 +284,37 @@ class _FeatureBackwardCall:
             pz = torch.empty(self.part_shapes[1], device=q.device, dtype=torch.float32)
         with self.mode.device():
             for launch in self.launches:
-                launch(q, k, v, g, _u8(mask, q), s, z, part, pz, dq, dk, dv, *self.tail)
+                launch(q, k, v, g, host.mask_bytes(mask, q), s, z, part, pz, dq, dk, dv, *self.tail)
         return dq, dk, dv
-
-
-def _tf32() -> bool:
-    return torch.backends.cuda.matmul.allow_tf32
 
 
 def _forward(kind: str, q, k, v, mask, q_mask, gamma, eps: float, bf16: bool, out_dtype: torch.dtype, save: bool):
     """The forward's outputs (:class:`_ForwardCall`), planned once per signature."""
-    dry = _dry_sms
-    key = (kind, _signature(q, k, v, mask, q_mask), gamma is not None, eps, bf16, out_dtype, save, dry,
-           q.dtype == torch.float32 and _tf32())
-    call = _call(key, lambda: _ForwardCall(kind, q, k, v, mask, q_mask, eps, bf16, out_dtype, save,
-                                           _Mode(kind, q.device, dry, _tuning())))
+    dry = host.dry_multiprocessors()
+    key = (kind, host.signature(q, k, v, mask, q_mask), gamma is not None, eps, bf16, out_dtype, save, dry,
+           q.dtype == torch.float32 and host.tf32())
+    call = host.planned(key, lambda: _ForwardCall(kind, q, k, v, mask, q_mask, eps, bf16, out_dtype, save,
+                                                  host.Mode(kind, q.device, dry, host.tuning())))
     return call(q, k, v, mask, q_mask, gamma)
 
 
 def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
     """SimA's gradients (:class:`_BackwardCall`), planned once per signature."""
-    dry = _dry_sms
-    key = ("sima backward", _signature(q, k, v, mask, q_mask), g.shape, g.stride(), g.dtype, eps, bf16, dry,
-           q.dtype == torch.float32 and _tf32())
-    call = _call(key, lambda: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16,
-                                            _Mode("sima", q.device, dry, _tuning())))
+    dry = host.dry_multiprocessors()
+    key = ("sima backward", host.signature(q, k, v, mask, q_mask), g.shape, g.stride(), g.dtype, eps, bf16, dry,
+           q.dtype == torch.float32 and host.tf32())
+    call = host.planned(key, lambda: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16,
+                                                   host.Mode("sima", q.device, dry, host.tuning())))
     return call(g, q, k, v, mask, q_mask, kvn, s_q, s_k)
 
 
 def _feature_backward(kind: str, g, q, k, v, mask, s, z, eps: float):
     """A feature kind's gradients (:class:`_FeatureBackwardCall`), planned once per signature."""
-    dry = _dry_sms
-    key = (kind, "backward", _signature(q, k, v, mask, None), g.shape, g.stride(), g.dtype, eps, dry,
-           q.dtype == torch.float32 and _tf32())
-    call = _call(key, lambda: _FeatureBackwardCall(kind, g, q, k, v, mask, eps,
-                                                   _Mode(kind, q.device, dry, _tuning())))
+    dry = host.dry_multiprocessors()
+    key = (kind, "backward", host.signature(q, k, v, mask, None), g.shape, g.stride(), g.dtype, eps, dry,
+           q.dtype == torch.float32 and host.tf32())
+    call = host.planned(key, lambda: _FeatureBackwardCall(kind, g, q, k, v, mask, eps,
+                                                          host.Mode(kind, q.device, dry, host.tuning())))
     return call(g, q, k, v, mask, s, z)
 
 
@@ -558,10 +322,11 @@ def _feature_backward(kind: str, g, q, k, v, mask, s, z, eps: float):
 
 
 class _SimA(torch.autograd.Function):
-    """SimA's forward and backward for eager calls: the cheapest way through autograd."""
+    """SimA's forward and backward for eager calls: the cheapest way through autograd. Takes the arguments of the
+    forward op (:func:`_fwd_op`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, q_mask, eps, bf16, out_dtype):
+    def forward(ctx, q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
         out, kvn, s_q, s_k = _forward("sima", q, k, v, mask, q_mask, None, eps, bf16, out_dtype, True)
         ctx.save_for_backward(q, k, v, mask, q_mask, kvn, s_q, s_k)
         ctx.eps, ctx.bf16 = eps, bf16
@@ -570,16 +335,15 @@ class _SimA(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, mask, q_mask, kvn, s_q, s_k = ctx.saved_tensors
-        return (*_backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16),
-                None, None, None, None, None)
+        return (*_backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16), *_NO_GRADS)
 
 
 class _FeatureKind(torch.autograd.Function):
-    """A feature kind's forward and backward for eager calls."""
+    """A feature kind's forward and backward for eager calls; the arguments of the forward op."""
 
     @staticmethod
-    def forward(ctx, q, k, v, mask, kind, eps, out_dtype):
-        out, s, _, z = _forward(kind, q, k, v, mask, None, None, eps, False, out_dtype, True)
+    def forward(ctx, q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
+        out, s, _, z = _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, True)
         ctx.save_for_backward(q, k, v, mask, s, z)
         ctx.kind, ctx.eps = kind, eps
         return out
@@ -587,7 +351,11 @@ class _FeatureKind(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         q, k, v, mask, s, z = ctx.saved_tensors
-        return (*_feature_backward(ctx.kind, g, q, k, v, mask, s, z, ctx.eps), None, None, None, None)
+        return (*_feature_backward(ctx.kind, g, q, k, v, mask, s, z, ctx.eps), *_NO_GRADS)
+
+
+#: the forward op's arguments after q, k, v, none differentiable
+_NO_GRADS = (None,) * 8
 
 
 # Registered for CUDA and, for the interpreter, CPU tensors.
@@ -654,17 +422,20 @@ def _grads(ctx, grad_out, *_):
         dq, dk, dv = _feature_bwd_op(grad_out, q, k, v, mask, kvn, s_k, ctx.eps, ctx.kind)
     else:
         dq, dk, dv = _bwd_op(grad_out, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16)
-    return dq, dk, dv, None, None, None, None, None, None, None, None
+    return (dq, dk, dv, *_NO_GRADS)
 
 
 _fwd_op.register_autograd(_grads, setup_context=_setup_context)
 
 
-def _as_op(q: torch.Tensor) -> bool:
-    """Whether a call goes through the registered ops: while compiling, exporting or tracing (the graph records one
-    op), on tensor subclasses (fake and functional tensors) and under dispatch modes, which see torch ops only."""
-    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or type(q) is not torch.Tensor
-            or torch._C._len_torch_dispatch_stack() > 0)
+def _op_out(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save) -> torch.Tensor:
+    """The forward op's output."""
+    return _fwd_op(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save)[0]
+
+
+def _eager_out(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save) -> torch.Tensor:
+    """The forward's output, outside autograd (nothing saved)."""
+    return _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, False)[0]
 
 
 # ------------------------------------------------------------------------------------------------ entry points
@@ -684,11 +455,8 @@ def sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Opti
     bf16 = compute_dtype == torch.bfloat16
     out_dtype = out_dtype or q.dtype
     save = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if _as_op(q):
-        return _fwd_op(q, k, v, mask, q_mask, None, eps, "sima", bf16, out_dtype, save)[0]
-    if save:
-        return _SimA.apply(q, k, v, mask, q_mask, eps, bf16, out_dtype)
-    return _forward("sima", q, k, v, mask, q_mask, None, eps, bf16, out_dtype, False)[0]
+    return host.run(_op_out, _SimA, _eager_out, q, save, q, k, v, mask, q_mask, None, eps, "sima", bf16, out_dtype,
+                    save)
 
 
 def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -703,8 +471,5 @@ def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     out_dtype = out_dtype or q.dtype
     save = (KINDS[kind].backward and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad))
-    if _as_op(q):
-        return _fwd_op(q, k, v, mask, None, gamma, eps, kind, False, out_dtype, save)[0]
-    if save:
-        return _FeatureKind.apply(q, k, v, mask, kind, eps, out_dtype)
-    return _forward(kind, q, k, v, mask, None, gamma, eps, False, out_dtype, False)[0]
+    return host.run(_op_out, _FeatureKind, _eager_out, q, save, q, k, v, mask, None, gamma, eps, kind, False,
+                    out_dtype, save)

@@ -1,10 +1,10 @@
 """Agent attention on Triton kernels, forward and backward: the aggregation V_A = softmax(A Kᵀ/√d + B₁) V
 (:func:`agent_gather_triton`) and the broadcast O = softmax(Q Aᵀ/√d + B₂) V_A (:func:`agent_broadcast_triton`),
 with no n×N tensor in memory but the biases and their gradients. The kernels and the maths are
-:mod:`simattn.attention.agent_kernels`; this module launches them.
+:mod:`simattn.kernels.agent.kernels`; this module launches them.
 
-Host path, as :mod:`simattn.attention.linear_triton`'s (whose launch modes, plan cache, direct launches and
-:func:`~simattn.attention.linear_triton.dry_run` it shares): the first call at a signature plans its launches; a
+Host path, :mod:`simattn.kernels.host`'s (its launch modes, plan cache, direct launches and
+:func:`~simattn.kernels.host.dry_run`): the first call at a signature plans its launches; a
 repeat call looks the plan up, allocates its outputs and launches. Eagerly the autograd is a
 ``torch.autograd.Function``; while compiling, exporting or tracing, on tensor subclasses and under dispatch modes
 the same calls run behind the custom ops ``simattn::agent_gather_fwd``, ``simattn::agent_gather_bwd``,
@@ -20,8 +20,8 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from . import agent_kernels as K
-from . import linear_triton as LT
+from .. import host
+from . import kernels as K
 
 __all__ = ["agent_broadcast_triton", "agent_gather_triton"]
 
@@ -41,15 +41,15 @@ def _chunks(n: int, bh: int, mode) -> Tuple[int, int]:
     """(programs per (batch, head) along n tokens, tokens per program): about two programs per multiprocessor, at
     least ``_CHUNK_LEAST`` tokens each (32 in the interpreter, so small tests take several); every chunk holds a
     token."""
-    least = LT._INTERPRETER_BLOCK if mode.interpret else _CHUNK_LEAST
+    least = host.INTERPRETER_BLOCK if mode.interpret else _CHUNK_LEAST
     chunk = triton.cdiv(n, min(triton.cdiv(2 * mode.sms, bh), triton.cdiv(n, least)))
     return triton.cdiv(n, chunk), chunk
 
 
 def _consts(x, agents, mode, e: int) -> dict:
     """Constexprs shared by the kernels; ``x`` the tokens multiplied with the agents (q or k)."""
-    return dict(UPCAST=mode.interpret, PREC=LT._precision(x), BLOCK_A=LT._block(agents.shape[-2]),
-                BLOCK_D=LT._block(x.shape[-1]), BLOCK_E=LT._block(e))
+    return dict(UPCAST=mode.interpret, PREC=host.precision(x), BLOCK_A=host.block(agents.shape[-2]),
+                BLOCK_D=host.block(x.shape[-1]), BLOCK_E=host.block(e))
 
 
 def _parts(splits: int, shape, like: torch.Tensor) -> torch.Tensor:
@@ -70,7 +70,7 @@ def _plan_gather(call, agents, k, v, bias, mode) -> None:
     call.sizes = (H, n_k, n_a, d, e, float(d ** -0.5), chunk)
     call.strides = (*agents.stride(), *k.stride(), *v.stride(), *_bias_strides(bias, call.bias_shape),
                     triton.next_power_of_2(chunk))
-    call.consts = dict(_consts(k, agents, mode, e), HAS_BIAS=bias is not None, AK_NATIVE=LT._native(agents, k))
+    call.consts = dict(_consts(k, agents, mode, e), HAS_BIAS=bias is not None, AK_NATIVE=host.native(agents, k))
 
 
 class _GatherForward:
@@ -79,7 +79,7 @@ class _GatherForward:
 
     def __init__(self, agents, k, v, bias, mode):
         _plan_gather(self, agents, k, v, bias, mode)
-        self.launch = LT._Launch(K._gather_fwd_kernel, (self.splits, *agents.shape[:2]), self.consts, mode)
+        self.launch = host.Launch(K.gather_fwd_kernel, (self.splits, *agents.shape[:2]), self.consts, mode)
 
     def __call__(self, agents, k, v, bias):
         part = (*agents.shape[:-1],) if self.splits == 1 else (self.splits, *agents.shape[:-1])
@@ -99,7 +99,7 @@ class _GatherBackward:
     def __init__(self, agents, k, v, bias, bias_grad: bool, mode):
         _plan_gather(self, agents, k, v, bias, mode)
         self.bias_grad = bias_grad
-        self.launch = LT._Launch(K._gather_bwd_kernel, (self.splits, *agents.shape[:2]),
+        self.launch = host.Launch(K.gather_bwd_kernel, (self.splits, *agents.shape[:2]),
                                  dict(self.consts, BIAS_GRAD=bias_grad), mode)
 
     def __call__(self, gw, w, lse, agents, k, v, bias):
@@ -128,9 +128,9 @@ class _BroadcastForward:
         self.sizes = (n_q, agents.shape[-2], d, e, float(d ** -0.5))
         self.strides = (*q.stride(), *agents.stride(), *w.stride(), *_bias_strides(bias, self.bias_shape),
                         H * n_q * e, n_q * e, e, 1, triton.next_power_of_2(n_q))
-        block = LT._INTERPRETER_BLOCK if mode.interpret else K.FWD_BLOCK
-        self.launch = LT._Launch(K._broadcast_fwd_kernel, (triton.cdiv(n_q, block), B, H), dict(
-            _consts(q, agents, mode, e), HAS_BIAS=bias is not None, QA_NATIVE=LT._native(q, agents)), mode)
+        block = host.INTERPRETER_BLOCK if mode.interpret else K.FWD_BLOCK
+        self.launch = host.Launch(K.broadcast_fwd_kernel, (triton.cdiv(n_q, block), B, H), dict(
+            _consts(q, agents, mode, e), HAS_BIAS=bias is not None, QA_NATIVE=host.native(q, agents)), mode)
 
     def __call__(self, q, agents, w, bias):
         out = torch.empty(self.out_shape, device=q.device, dtype=self.out_dtype)
@@ -151,9 +151,9 @@ class _BroadcastBackward:
         self.sizes = (H, n_q, n_a, d, e, float(d ** -0.5), chunk)
         self.strides = (*q.stride(), *agents.stride(), *w.stride(), *_bias_strides(bias, self.bias_shape),
                         *g.stride(), triton.next_power_of_2(chunk))
-        self.launch = LT._Launch(K._broadcast_bwd_kernel, (self.splits, B, H), dict(
+        self.launch = host.Launch(K.broadcast_bwd_kernel, (self.splits, B, H), dict(
             _consts(q, agents, mode, e), HAS_BIAS=bias is not None, BIAS_GRAD=bias_grad,
-            QA_NATIVE=LT._native(q, agents)), mode)
+            QA_NATIVE=host.native(q, agents)), mode)
 
     def __call__(self, g, q, agents, w, bias):
         dev = q.device
@@ -171,14 +171,15 @@ def _signature(*tensors) -> tuple:
     """What a call's plan depends on: each tensor's shape, strides and dtype (None for none), the device, the dry
     run's multiprocessors and TF32."""
     described = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors)
-    return (*described, tensors[0].device, LT._dry_sms, tensors[0].dtype == torch.float32 and LT._tf32())
+    return (*described, tensors[0].device, host.dry_multiprocessors(),
+            tensors[0].dtype == torch.float32 and host.tf32())
 
 
 def _planned(what: str, build, *tensors, extra=()):
     """The call planned for these tensors (built by ``build(mode)`` at a new signature)."""
-    dry = LT._dry_sms
-    return LT._call((what, *_signature(*tensors), *extra),
-                    lambda: build(LT._Mode("agent attention", tensors[0].device, dry, LT._tuning())))
+    dry = host.dry_multiprocessors()
+    return host.planned((what, *_signature(*tensors), *extra),
+                        lambda: build(host.Mode("agent attention", tensors[0].device, dry, host.tuning())))
 
 
 def _gather_forward(agents, k, v, bias):
@@ -329,6 +330,14 @@ _fwd_op.register_autograd(_grads, setup_context=_setup_context)
 # ------------------------------------------------------------------------------------------------ entry points
 
 
+def _gather_op_out(agents, k, v, bias) -> torch.Tensor:
+    return _gather_fwd_op(agents, k, v, bias)[0]
+
+
+def _gather_out(agents, k, v, bias) -> torch.Tensor:
+    return _gather_forward(agents, k, v, bias)[0]
+
+
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -337,11 +346,8 @@ def agent_gather_triton(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The aggregation V_A = softmax(A kᵀ/√d + B₁) v on the agents A (B, H, n, d), k (B, H, N, d), v (B, H, N, dv)
     and an optional bias B₁ broadcasting to (B, H, n, N) → (B, H, n, dv) in fp32. Differentiable in all four."""
-    if LT._as_op(k):
-        return _gather_fwd_op(agents, k, v, bias)[0]
-    if _needs_grad(agents, k, v, bias):
-        return _AgentGather.apply(agents, k, v, bias)
-    return _gather_forward(agents, k, v, bias)[0]
+    return host.run(_gather_op_out, _AgentGather, _gather_out, k, _needs_grad(agents, k, v, bias), agents, k, v,
+                    bias)
 
 
 def agent_broadcast_triton(q: torch.Tensor, agents: torch.Tensor, agent_v: torch.Tensor,
@@ -351,8 +357,5 @@ def agent_broadcast_triton(q: torch.Tensor, agents: torch.Tensor, agent_v: torch
     (B, H, n, dv) and an optional bias B₂ broadcasting to (B, H, N, n) → (B, H, N, dv) in ``out_dtype`` (V_A's by
     default). Differentiable in all four."""
     out_dtype = out_dtype or agent_v.dtype
-    if LT._as_op(q):
-        return _fwd_op(q, agents, agent_v, bias, out_dtype)
-    if _needs_grad(q, agents, agent_v, bias):
-        return _AgentBroadcast.apply(q, agents, agent_v, bias, out_dtype)
-    return _forward(q, agents, agent_v, bias, out_dtype)
+    return host.run(_fwd_op, _AgentBroadcast, _forward, q, _needs_grad(q, agents, agent_v, bias), q, agents, agent_v,
+                    bias, out_dtype)

@@ -1,0 +1,87 @@
+"""The 2-D token grid of the kinds that work on it (``uses_grid``: SOFT, Agent, Nyströmformer, Linformer, CosFormer
+and the grid-linear kinds): its geometry from the token count (:func:`infer_grid`, :func:`scripted_grid` for
+TorchScript, :func:`token_grid` either way), the grid tokens as one image of every head's channels and back
+(:func:`heads_image`, :func:`add_heads_image`), and landmarks pooled over it (:func:`pool_landmarks`)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["infer_grid", "scripted_grid", "token_grid", "heads_image", "add_heads_image", "pool_landmarks"]
+
+
+def _is_count(value, low: int) -> bool:
+    """An integer >= low; symbolic sizes (``torch.export`` with dynamic shapes, tensors under ``torch.jit.trace``)
+    pass unchecked."""
+    if isinstance(value, (torch.SymInt, torch.Tensor)):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def infer_grid(n: int, grid_size: Optional[Tuple[int, int]] = None,
+               num_prefix_tokens: Optional[int] = None, name: str = "soft") -> Tuple[Tuple[int, int], int]:
+    """((H, W), number of prefix tokens) for n tokens: from ``grid_size`` or a square grid with 0 or 1 prefix tokens.
+    Every kind that works on the 2-D token grid (``uses_grid``) finds it here; ``name`` heads its errors."""
+    if num_prefix_tokens is not None and not _is_count(num_prefix_tokens, 0):
+        raise ValueError(f"{name}: num_prefix_tokens={num_prefix_tokens!r}; allowed: an integer >= 0")
+    if grid_size is not None:
+        if not isinstance(grid_size, (tuple, list)) or len(grid_size) != 2 or not all(_is_count(s, 1) for s in grid_size):
+            raise ValueError(f"{name}: grid_size={grid_size!r}; allowed: (H, W), two integers >= 1")
+        gh, gw = grid_size
+        prefix = n - gh * gw
+        if prefix < 0 or (num_prefix_tokens is not None and prefix != num_prefix_tokens):
+            raise ValueError(f"{name}: {n} tokens do not fit grid {gh}x{gw} with {num_prefix_tokens or 0} prefix tokens")
+        return (gh, gw), prefix
+    for prefix in ((num_prefix_tokens,) if num_prefix_tokens is not None else (0, 1)):
+        side = math.isqrt(max(n - prefix, 0))
+        if side > 0 and side * side == n - prefix:
+            return (side, side), prefix
+    raise ValueError(f"{name}: cannot infer a square token grid from N={n}; pass grid_size=(H, W)")
+
+
+def scripted_grid(n: int, grid_size: Optional[Tuple[int, int]],
+                   num_prefix_tokens: Optional[int]) -> Tuple[Tuple[int, int], int]:
+    """:func:`infer_grid` without its checks, for TorchScript (the eager path checks)."""
+    if grid_size is not None:
+        return grid_size, n - grid_size[0] * grid_size[1]
+    prefix = 0 if num_prefix_tokens is None else num_prefix_tokens
+    side = int(math.sqrt(n - prefix))
+    if side * side != n - prefix and num_prefix_tokens is None:
+        prefix = 1
+        side = int(math.sqrt(n - 1))
+    return (side, side), prefix
+
+
+def token_grid(n: int, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: Optional[int],
+               name: str) -> Tuple[Tuple[int, int], int]:
+    """:func:`infer_grid` eagerly, :func:`scripted_grid` under TorchScript."""
+    if torch.jit.is_scripting():
+        return scripted_grid(n, grid_size, num_prefix_tokens)
+    else:
+        return infer_grid(n, grid_size, num_prefix_tokens, name=name)
+
+
+def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
+    conv over all of them."""
+    B, H, _, d = v.shape
+    return v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+
+
+def add_heads_image(out: torch.Tensor, image: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """out (B, H, N, d) with image (B, H·d, gh, gw) added to its grid tokens, the prefix tokens unchanged."""
+    B, H, _, d = out.shape
+    tokens = image.reshape(B, H, d, -1).transpose(-2, -1)
+    return out + F.pad(tokens.to(out.dtype), [0, 0, num_prefix_tokens, 0])
+
+
+def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Landmarks by ratio×ratio stride-ratio average pooling of the grid tokens of x (B, H, N, d) → (B, H, m, d)."""
+    B, H, N, d = x.shape
+    gh, gw = grid_size
+    grid = x[:, :, num_prefix_tokens:].reshape(B * H, gh, gw, d).permute(0, 3, 1, 2)
+    pooled = F.avg_pool2d(grid, ratio, ratio, ceil_mode=True) if ratio > 1 else grid
+    return pooled.flatten(2).transpose(1, 2).reshape(B, H, -1, d)

@@ -1,0 +1,313 @@
+"""The host side every Triton kernel family shares: how a call's kernels run and what it costs the host.
+
+A family (:mod:`simattn.kernels.linear`, :mod:`simattn.kernels.pointwise`, :mod:`simattn.kernels.agent`) plans each
+call signature once (shapes, strides, dtypes, masks present, flags, device) into launches and keeps the plan here
+(:func:`planned`, :data:`PLANS`); a repeat call looks it up, allocates its outputs and launches, checking nothing.
+What is here:
+
+* the launch modes (:class:`Mode`): compiled on CUDA (autotuned on a GPU once per tune key unless
+  ``SIMATTN_TRITON_AUTOTUNE=0``, :func:`tuning`), in Triton's interpreter on CPU tensors (:data:`INTERPRETER`, fixed
+  when this module is first imported: the test suite sets ``TRITON_INTERPRET=1`` before that on machines without
+  CUDA), or dry (:func:`dry_run`);
+* one kernel launch (:class:`Launch`): after a signature's first launch, the compiled kernel Triton returned is
+  launched directly, skipping Triton's per-call binding;
+* :func:`tuned`, the one decorator of the kernels: autotuned over their configurations when compiled, as written in
+  the interpreter;
+* :func:`run`, the one eager-or-custom-op branch of every entry point: the registered custom ops while compiling,
+  exporting or tracing, on tensor subclasses and under dispatch modes (:func:`as_op`), else the family's
+  ``torch.autograd.Function`` where a gradient is wanted, else the forward itself;
+* :func:`dry_run` and :func:`hopper_stand_in`: the whole host path without a GPU (launches skipped; or compiled for
+  an H100/H200 with Triton's launcher stubbed), for measuring host cost;
+* the helpers every plan uses: tile sizes (:func:`block`), TF32 and native-product choices, masks as bytes and
+  their strides, the signature of q, k, v and masks.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from typing import Callable, Iterator, Optional, Sequence, Tuple
+
+import torch
+import triton
+from triton.compiler.compiler import CompiledKernel
+
+__all__ = ["INTERPRETER", "INTERPRETER_BLOCK", "SPLIT_MIN_TOKENS", "PLANS", "Launch", "Mode", "as_op", "block",
+           "dry_multiprocessors", "dry_run", "hopper_stand_in", "interpreting", "mask_bytes", "mask_strides",
+           "native", "planned", "precision", "run", "signature", "tf32", "tuned", "tuning"]
+
+#: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET`` when this module was first imported; every
+#: family's kernels are decorated in that mode, as they import it)
+INTERPRETER = bool(triton.knobs.runtime.interpret)
+
+#: fewest tokens per program when the token axis is split over programs (GPU; the interpreter uses 32)
+SPLIT_MIN_TOKENS = 512
+INTERPRETER_BLOCK = 32  # tokens per tile in the interpreter: small, so short test inputs span several tiles
+#: calls remembered; past this many signatures the memory starts over (shapes that never repeat)
+_MAX_PLANS = 1024
+#: the plans made, by call signature (each family's key)
+PLANS: dict = {}
+_dry_sms: Optional[int] = None  # the multiprocessors dry_run() plans for; None: launches run
+#: hopper_stand_in(): (multiprocessors, whether to autotune) of the GPU CPU tensors stand in for; None outside it
+_hopper: Optional[Tuple[int, bool]] = None
+_hopper_launch: Callable[..., None] = lambda *args: None  # what a launch ends in within hopper_stand_in()
+
+
+def interpreting() -> bool:
+    """Whether the kernels run in Triton's interpreter (``TRITON_INTERPRET=1`` when they were first imported)."""
+    return INTERPRETER
+
+
+@contextlib.contextmanager
+def dry_run(multiprocessors: int = 132) -> Iterator[None]:
+    """Within it, calls run their whole host path but launch nothing: outputs are allocated and never written, CPU
+    tensors are taken as CUDA ones would be, and launches are planned as for a GPU with ``multiprocessors``
+    multiprocessors (132: an H100/H200), compiled, not interpreted. For measuring host cost without a GPU."""
+    global _dry_sms
+    before, _dry_sms = _dry_sms, multiprocessors
+    try:
+        yield
+    finally:
+        _dry_sms = before
+
+
+class _HopperDriver:
+    """Stands in for Triton's CUDA driver: an sm_90 target (H100/H200) to compile for, device 0, stream 0."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def _launch_stand_in(*args) -> None:
+    _hopper_launch(*args)
+
+
+@contextlib.contextmanager
+def hopper_stand_in(launch: Optional[Callable[..., None]] = None, multiprocessors: int = 132,
+                    tune: bool = False) -> Iterator[None]:
+    """Within it, calls on CPU tensors take the compiled path of an H100/H200 with ``multiprocessors``
+    multiprocessors: the kernels compile for sm_90 with Triton's own compiler (its bundled ptxas), and every
+    launch, through all of Triton's launch path, ends in ``launch(*arguments)`` (what Triton's CUDA launcher would
+    get: the grid, stream, function, metadata and hooks, then the kernel's arguments; by default nothing) instead
+    of a GPU. ``tune``: launch through Triton's autotuners (which time on a GPU: patch them) rather than in each
+    kernel's first configuration. For compiling the kernels and measuring the host path, Triton's included,
+    without a GPU; not with the interpreter, which compiles nothing. Plans made within it are dropped at its end."""
+    global _hopper, _hopper_launch
+    if INTERPRETER:
+        raise RuntimeError("hopper_stand_in: the kernels were imported for Triton's interpreter (TRITON_INTERPRET=1), "
+                           "which compiles nothing; run without it")
+    from triton.runtime import driver
+
+    original = CompiledKernel._init_handles
+    # the driver in use before (None: not made yet; on a machine without a GPU making one fails, so it is not made)
+    active = getattr(driver, "_active", None)
+
+    def no_gpu(kernel) -> None:  # the launcher without loading the binary onto a GPU
+        if kernel._run is None:
+            kernel._run = _launch_stand_in
+
+    driver.set_active(_HopperDriver())
+    CompiledKernel._init_handles = no_gpu
+    _hopper, _hopper_launch = (multiprocessors, tune), launch or (lambda *args: None)
+    PLANS.clear()
+    try:
+        yield
+    finally:
+        _hopper, _hopper_launch = None, lambda *args: None
+        PLANS.clear()
+        CompiledKernel._init_handles = original
+        driver.set_active(active)
+
+
+def tuning() -> bool:
+    """Whether launch configurations are autotuned on a GPU: yes unless ``SIMATTN_TRITON_AUTOTUNE=0``, which runs
+    each kernel in its first configuration without timing any (quick checks and tests, which compile each shape
+    once instead of once per configuration). Read when a call signature is first planned."""
+    return os.environ.get("SIMATTN_TRITON_AUTOTUNE", "1") != "0"
+
+
+# ------------------------------------------------------------------------------------------------ launch plans
+
+
+def block(n: int) -> int:
+    return max(16, triton.next_power_of_2(n))  # tl.dot needs every dimension >= 16
+
+
+@functools.lru_cache(maxsize=None)
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _runnable(device: torch.device) -> bool:
+    """Whether compiled kernels can launch on ``device`` (CPU tensors within :func:`hopper_stand_in`)."""
+    return device.type == "cuda" or (_hopper is not None and device.type == "cpu")
+
+
+class Mode:
+    """How a call's kernels run: dry (planned for ``sms`` multiprocessors, not launched), interpreted, or compiled
+    on ``device`` (tuned or in the first configuration)."""
+
+    def __init__(self, name: str, device: torch.device, dry_sms: Optional[int], tune: bool):
+        self.dry = dry_sms is not None
+        self.interpret = INTERPRETER and not self.dry
+        if not (_runnable(device) or self.interpret or self.dry):
+            raise ValueError(f"{name}: backend 'triton' needs CUDA tensors (or TRITON_INTERPRET=1 when the kernels "
+                             f"are first imported, to run them in Triton's interpreter on CPU), got {device.type} "
+                             f"tensors")
+        self.tune = tune
+        if self.dry:
+            self.sms, self.least = dry_sms, SPLIT_MIN_TOKENS
+        elif self.interpret:
+            self.sms, self.least = 2, INTERPRETER_BLOCK
+        elif device.type != "cuda":  # a GPU stood in for (hopper_stand_in)
+            (self.sms, self.tune), self.least = _hopper, SPLIT_MIN_TOKENS
+        else:
+            self.sms, self.least = _multiprocessors(device), SPLIT_MIN_TOKENS
+        # launches go to the current CUDA device: the tensors' one (set around the launches when it is another)
+        self.device_index = device.index if device.type == "cuda" and not self.dry else None
+
+    def device(self):
+        if self.device_index is None or self.device_index == torch.cuda.current_device():
+            return contextlib.nullcontext()
+        return torch.cuda.device(self.device_index)
+
+
+class Launch:
+    """One kernel launch of a call: grid and constexprs fixed; the configuration (tile, warps, stages) the first
+    configuration, or on a tuned GPU the one Triton's autotuner picks at the first launch, after which the kernel is
+    launched in it directly. Dry: nothing.
+
+    Compiled launches after the first skip Triton's per-call work (binding and specializing every argument, the cache
+    lookup: tens of microseconds for these kernels' 30-odd arguments) and launch the compiled kernel Triton returned
+    (``compiled[grid](*args)``, with the launch hooks profilers set). What Triton specializes on beyond the call's
+    signature, which fixes every integer argument (the other scalars are floats, which Triton does not specialize),
+    is each tensor's dtype and 16-byte alignment: a call where those differ goes through Triton's path, which
+    compiles or finds the kernel for them."""
+
+    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensor_at", "tensors_seen", "constants")
+
+    def __init__(self, kernel, grid: Tuple[int, ...], consts: dict, mode: Mode):
+        self.grid, self.tuning, self.compiled, self.tensors_seen, self.constants = grid, False, None, None, ()
+        self.tensor_at: Tuple[int, ...] = ()  # the positions of the tensor arguments (fixed by the call's plan)
+        if mode.dry:
+            self.kernel, self.kwargs = None, {}
+        elif mode.interpret:  # the kernel as written; the host picks the tile
+            self.kernel, self.kwargs = kernel, dict({"BLOCK": INTERPRETER_BLOCK}, **consts)
+        elif mode.tune:
+            self.kernel, self.kwargs, self.tuning = kernel, consts, True
+        else:
+            self.kernel, self.kwargs = kernel.fn, dict(consts, **kernel.configs[0].all_kwargs())
+
+    def __call__(self, *args) -> None:
+        if self.kernel is None:
+            return
+        if self.compiled is not None and _tensor_keys(args, self.tensor_at) == self.tensors_seen:
+            self.compiled[self.grid](*args, *self.constants)
+            return
+        compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
+        if self.tuning:  # from now on the tuned configuration, without the autotuner
+            self.kernel, self.kwargs = self.kernel.fn, dict(self.kwargs, **self.kernel.best_config.all_kwargs())
+            self.tuning = False
+        elif isinstance(compiled, CompiledKernel) and not INTERPRETER:
+            self._keep(compiled, args)
+
+    def _keep(self, compiled, args) -> None:
+        """Launch ``compiled`` directly from now on for arguments like ``args``: the constexprs follow the runtime
+        arguments in each kernel's signature, in its order."""
+        names = self.kernel.arg_names[len(args):]
+        if all(name in self.kwargs for name in names):
+            self.tensor_at = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
+            self.compiled, self.tensors_seen = compiled, _tensor_keys(args, self.tensor_at)
+            self.constants = tuple(self.kwargs[name] for name in names)
+            self.grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # a compiled kernel's launch takes three
+
+
+def _tensor_keys(args, at: Tuple[int, ...]) -> tuple:
+    """What Triton specializes a launch on among its tensor arguments (at positions ``at``): dtype and 16-byte
+    alignment of each."""
+    return tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at)
+
+
+def precision(t: torch.Tensor) -> str:
+    """Products with an fp32 operand: TF32 for half inputs (exact in TF32), else as torch's flag says."""
+    tf32 = t.dtype != torch.float32 or (t.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32)
+    return "tf32" if tf32 else "ieee"
+
+
+def native(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a product of a and b runs in their own dtype: equal half dtypes, whose products are exact in fp32."""
+    return a.dtype == b.dtype and a.dtype in (torch.float16, torch.bfloat16)
+
+
+def mask_bytes(mask: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """A bool keep-mask as bytes (a view, no copy); a placeholder pointer for none."""
+    return like if mask is None else mask.view(torch.uint8)
+
+
+def mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
+    return (0, 0) if mask is None else mask.stride()
+
+
+def signature(q, k, v, mask, q_mask) -> tuple:
+    """What a call's plan depends on in its inputs: shapes, strides, dtypes, device (the masks' shapes, dtype and
+    device follow from q's and k's, checked by the caller)."""
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+            None if mask is None else mask.stride(), None if q_mask is None else q_mask.stride())
+
+
+def planned(key: tuple, build):
+    """The plan at ``key`` (a family's call signature), made by ``build()`` the first time; past
+    :data:`_MAX_PLANS` signatures the memory starts over."""
+    call = PLANS.get(key)
+    if call is None:
+        if len(PLANS) >= _MAX_PLANS:
+            PLANS.clear()
+        call = PLANS[key] = build()
+    return call
+
+
+def tf32() -> bool:
+    return torch.backends.cuda.matmul.allow_tf32
+
+
+def as_op(q: torch.Tensor) -> bool:
+    """Whether a call goes through the registered ops: while compiling, exporting or tracing (the graph records one
+    op), on tensor subclasses (fake and functional tensors) and under dispatch modes, which see torch ops only."""
+    return (torch.compiler.is_compiling() or torch.jit.is_tracing() or type(q) is not torch.Tensor
+            or torch._C._len_torch_dispatch_stack() > 0)
+
+
+
+def dry_multiprocessors() -> Optional[int]:
+    """The multiprocessors :func:`dry_run` plans for within it; None outside it (launches run)."""
+    return _dry_sms
+
+
+def tuned(configs: Sequence[triton.Config], key: Sequence[str]) -> Callable:
+    """A kernel's decorator (above ``triton.jit``): compiled, autotuned over ``configs`` on ``key`` (the host
+    launches the tuned configuration itself once it is known, :class:`Launch`); in the interpreter the kernel as
+    written, with the host's small tiles."""
+    if INTERPRETER:
+        return lambda fn: fn
+    return triton.autotune(list(configs), key=list(key))
+
+
+def run(op: Callable, function, forward: Callable, like: torch.Tensor, grad: bool, *args):
+    """An entry point's one branch: ``op(*args)`` (a registered custom op) where :func:`as_op` holds for ``like``,
+    else ``function.apply(*args)`` (a ``torch.autograd.Function``) where ``grad`` (a gradient is wanted), else
+    ``forward(*args)``. The three take the same arguments and return the same output."""
+    if as_op(like):
+        return op(*args)
+    if grad:
+        return function.apply(*args)
+    return forward(*args)
