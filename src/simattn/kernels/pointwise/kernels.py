@@ -1,7 +1,7 @@
 """The Triton kernels of point-wise activation attention, out = s · h(c q kᵀ + b) v, flash-style: one tile of
 queries (or keys) per program and the other axis streamed through in tiles, so no N×N tensor is ever in memory.
 
-h is relu (``ACT = 0``, the ``relu`` kind) or the logistic sigmoid (``ACT = 1``: the ``sigmoid`` kind, and the
+h is relu (``SIGMOID`` False, the ``relu`` kind) or the logistic sigmoid (``SIGMOID``: the ``sigmoid`` kind, and the
 ``relu`` kind's ``activation='sigmoid'``); c = 1/√d; b a number, minus log n with ``LOG_N_BIAS`` (sigmoid
 attention's b = −log n); s = 1, or L^(-a) with ``LENGTH_SCALE`` (the relu kind's), where n = L is the number of kept
 keys, counted per example from the key mask (:func:`_kept_keys`). Unlike softmax there is no row maximum and no
@@ -33,14 +33,12 @@ import triton.language as tl
 from ..host import tuned
 from ..tiles import SUM, keep_rows, mm, tile
 
-__all__ = ["CONFIGS", "TUNE_KEYS", "ACT_RELU", "ACT_SIGMOID", "fwd_kernel", "dkdv_kernel", "dq_kernel"]
+__all__ = ["CONFIGS", "TUNE_KEYS", "fwd_kernel", "dkdv_kernel", "dq_kernel"]
 
-#: h by its constexpr code
-ACT_RELU, ACT_SIGMOID = 0, 1
 #: (streamed tokens per tile, warps, pipeline stages) tried on a GPU; the first is the untuned default
 CONFIGS = ((64, 4, 2), (32, 4, 3), (64, 8, 3), (128, 8, 2))
 # What the tuned configuration depends on: streamed tokens (a power of two, unused in the bodies), head dims, h.
-TUNE_KEYS = ["n_bucket", "d", "e", "ACT"]
+TUNE_KEYS = ["n_bucket", "d", "e", "SIGMOID"]
 
 
 #: :func:`~simattn.kernels.host.tuned` over :data:`CONFIGS`
@@ -78,9 +76,9 @@ def _bias_scale(n, bias, alpha, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.const
 
 
 @triton.jit
-def _activation(x, ACT: tl.constexpr):
-    """h(x) in fp32, and h'(x)."""
-    if ACT == 1:
+def _activation(x, SIGMOID: tl.constexpr):
+    """h(x) in fp32, and h'(x): the logistic sigmoid with ``SIGMOID``, else relu."""
+    if SIGMOID:
         w = 1.0 / (1.0 + tl.exp(-x))
         dw = w * (1.0 - w)
     else:
@@ -100,7 +98,7 @@ def _head_offsets(sb, sh):
 @triton.jit
 def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                 sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sob, soh, son, soe, smb, smn, n_bucket,
-                ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
+                SIGMOID: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                 QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of BLOCK_M queries of one (batch, head): out = s Σ over key tiles h(c q kᵀ + b) v."""
@@ -122,7 +120,7 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, 
         k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
         v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: zero rows, no weight
         s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        w, _unused = _activation(s * c + bias_b, ACT)
+        w, _unused = _activation(s * c + bias_b, SIGMOID)
         if PV_NATIVE:
             acc = mm(w.to(v.dtype), v, acc, True, UPCAST, PREC)
         else:
@@ -136,7 +134,7 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, 
 @triton.jit
 def dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                  sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
-                 ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
+                 SIGMOID: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                  QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr,
                  UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK: tl.constexpr):
@@ -163,7 +161,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, 
         q = tile(q_ptr + q_base, offs_n, offs_d, sqn, sqd, rows_q, d_ok)
         g = tile(g_ptr + g_base, offs_n, offs_e, sgn, sge, rows_q, e_ok)  # rows past n_q: zero, no gradient
         s_t = mm(k, tl.trans(q), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        w, dw = _activation(s_t * c + bias_b, ACT)
+        w, dw = _activation(s_t * c + bias_b, SIGMOID)
         w = tl.where(rows_k[:, None], w, 0.0)  # a removed key's zero row would still get h(b) > 0
         if PV_NATIVE:
             dv = mm(w.to(g.dtype), g, dv, True, UPCAST, PREC)
@@ -186,7 +184,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, 
 @triton.jit
 def dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
                sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, smb, smn, n_bucket,
-               ACT: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
+               SIGMOID: tl.constexpr, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr,
                QK_NATIVE: tl.constexpr, VG_NATIVE: tl.constexpr, BF16_DS: tl.constexpr, UPCAST: tl.constexpr,
                PREC: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
@@ -211,7 +209,7 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d,
         k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
         v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: G vᵀ = 0 there
         s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        _unused, dw = _activation(s * c + bias_b, ACT)
+        _unused, dw = _activation(s * c + bias_b, SIGMOID)
         dp = mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
         if QK_NATIVE and BF16_DS:
             dq = mm((dp * dw).to(k.dtype), k, dq, True, UPCAST, PREC)

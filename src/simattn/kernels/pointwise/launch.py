@@ -27,8 +27,8 @@ from . import kernels as K
 
 __all__ = ["activation_triton", "TRITON_H"]
 
-#: h the kernels compute, by name, with their constexpr code
-TRITON_H = {"relu": K.ACT_RELU, "sigmoid": K.ACT_SIGMOID}
+#: h the kernels compute, by name, with their constexpr flags
+TRITON_H = {"relu": dict(SIGMOID=False), "sigmoid": dict(SIGMOID=True)}
 # queries (forward, dq) or keys (dk, dv) a program holds: on a GPU by head size; in the interpreter as small as the
 # streamed tile (the host's INTERPRETER_BLOCK, 32), so that short test inputs span several tiles
 _INTERPRETER_BLOCK_M = 32
@@ -41,7 +41,7 @@ def _block_m(d: int, e: int, mode) -> int:
 
 
 def _flags(activation: str, bias: Optional[float], alpha: Optional[float]) -> dict:
-    return dict(ACT=TRITON_H[activation], LOG_N_BIAS=bias is None, LENGTH_SCALE=alpha is not None)
+    return dict(TRITON_H[activation], LOG_N_BIAS=bias is None, LENGTH_SCALE=alpha is not None)
 
 
 def _scalars(q: torch.Tensor, bias: Optional[float], alpha: Optional[float]) -> Tuple[float, float, float]:
