@@ -68,6 +68,7 @@ def imagenet_row(tag: str, params: bool = True, gmacs: bool = True) -> Dict[str,
     (``params``: counted on the meta device) and GMACs (``gmacs``: one forward, batch 1)."""
     import timm
 
+    from ..models.factory import create_model
     from .counters import count_flops
 
     cfg = timm.models.get_pretrained_cfg(tag).to_dict()
@@ -79,11 +80,11 @@ def imagenet_row(tag: str, params: bool = True, gmacs: bool = True) -> Dict[str,
                            "weights": cfg.get("url") or f"hf-hub:{cfg.get('hf_hub_id')}/{cfg.get('hf_hub_filename')}"}
     if params:
         with torch.device("meta"):  # shapes only
-            count = sum(p.numel() for p in timm.create_model(tag).parameters()) / 1e6
+            count = sum(p.numel() for p in create_model(tag).parameters()) / 1e6
         row.update(params_m=round(count, 3), params_gap_pct=_gap(count, readme_params))
     if gmacs:
         torch.manual_seed(0)
-        model = timm.create_model(tag).eval()
+        model = create_model(tag).eval()
         x = torch.randn(1, 3, size, size)
         with torch.inference_mode():
             row["gmacs"] = round(count_flops(lambda: model(x)).total / 2e9, 3)
