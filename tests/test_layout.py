@@ -21,6 +21,15 @@ def _modules() -> Dict[str, Tuple[Path, bool]]:
     return found
 
 
+
+def _imported_module(node: ast.ImportFrom, name: str, is_package: bool) -> str:
+    """The absolute module an ``from X import ...`` in module ``name`` reads (relative levels resolved)."""
+    if not node.level:
+        return node.module or ""
+    base = name.split(".") if is_package else name.split(".")[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
 def _imports(name: str, path: Path, is_package: bool, known) -> Set[str]:
     """The modules of ours that ``name`` imports anywhere in its file (lazy imports inside functions included)."""
     out: Set[str] = set()
@@ -28,12 +37,7 @@ def _imports(name: str, path: Path, is_package: bool, known) -> Set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
+            prefix = _imported_module(node, name, is_package)
             out.add(prefix)
             out.update(f"{prefix}.{a.name}" for a in node.names)
     return {m for m in out if m in known and m != name}
@@ -121,12 +125,7 @@ def _imported_privates(name: str, path: Path, is_package: bool, known) -> List[s
                 if a.name in known and a.asname:
                     modules[a.asname] = a.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".") if is_package else name.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
+            prefix = _imported_module(node, name, is_package)
             if not prefix.startswith("simattn"):
                 continue
             for a in node.names:
