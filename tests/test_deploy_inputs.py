@@ -63,15 +63,17 @@ def _tree(folder: Path):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A tiny 2-class model trained on classes ['a', 'b'], exported to m.onnx, m.pte and m.mlpackage in one
-    folder, as the README's deploy sequence does (one real ExecuTorch and one real Core ML export)."""
+    folder, as the README's deploy sequence does (one real ExecuTorch and one real Core ML export, fp16)."""
     folder = tmp_path_factory.mktemp("deploy")
     torch.manual_seed(0)
     model = timm.create_model(DEIT, **TINY).eval()
     weights = folder / "w.safetensors"
     save_weights(model, weights, weights_metadata(DEIT, TINY, producer="test", data_config=PREPROCESS,
                                                   classes=["a", "b"]))
-    for fmt, name in (("onnx", "m.onnx"), ("executorch", "m.pte"), ("coreml", "m.mlpackage")):
-        assert simattn_main(["export", "--weights", str(weights), "--format", fmt, "-o", str(folder / name)]) == 0
+    for fmt, name, *args in (("onnx", "m.onnx"), ("executorch", "m.pte"),
+                             ("coreml", "m.mlpackage", "--precision", "fp16")):
+        assert simattn_main(["export", "--weights", str(weights), "--format", fmt, *args,
+                             "-o", str(folder / name)]) == 0
     return folder
 
 
@@ -87,6 +89,21 @@ def test_each_export_keeps_its_own_report(exported):
     assert not (exported / "m.json").exists()
     # the class names of the weights travel in every file's metadata
     assert all(r["metadata"]["classes"] == ["a", "b"] for r in reports.values())
+
+
+def test_coreml_package_carries_metadata_and_exp_free_gate(exported, tmp_path, capsys):
+    from simattn.deploy import read_metadata
+
+    record = read_metadata(exported / "m.mlpackage")
+    assert record.model == DEIT and record.input_size == (3, 16, 16) and record.data_config["mean"] == [0.5] * 3
+    assert record.extra["precision"] == "fp16"
+    assert (exported / "m.mlpackage").is_dir() and not [p for p in exported.iterdir() if p.name.startswith(".")]
+    # GELU evaluates erf: --require-exp-free fails (exit 1) before anything is written
+    capsys.readouterr()
+    gated = tmp_path / "gated.pte"
+    assert simattn_main(["export", "--weights", str(exported / "w.safetensors"), "--format", "executorch",
+                         "--require-exp-free", "-o", str(gated)]) == 1
+    assert "gelu" in capsys.readouterr().err and not gated.exists()
 
 
 # ---------------------------------------------------------------- 2. every family in Core ML

@@ -40,6 +40,15 @@ def weights(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def onnx_file(weights, tmp_path_factory):
+    """The weights through ``simattn export`` (TorchScript exporter) as an ONNX file."""
+    pytest.importorskip("onnxruntime")
+    out = tmp_path_factory.mktemp("registry_onnx") / "m.onnx"
+    assert simattn_main(["export", "--weights", str(weights), "--exporter", "torchscript", "-o", str(out)]) == 0
+    return out
+
+
 # ---------------------------------------------------------------- each capability in exactly one module
 def _definitions(names):
     """name → modules (relative to simattn) that define it at module level (def, class or assignment)."""
@@ -101,15 +110,13 @@ def test_registry_maps_names_runtimes_and_suffixes():
 
 
 # ---------------------------------------------------------------- one record: weights files and deployed files
-def test_deployed_files_carry_the_weights_record(weights, tmp_path):
-    pytest.importorskip("onnxruntime")
+def test_deployed_files_carry_the_weights_record(weights, onnx_file):
     import onnx
 
     from simattn.models.sources import read_weights_record
     from simattn.models.weights import WEIGHTS_FORMAT
 
-    out = tmp_path / "m.onnx"
-    assert simattn_main(["export", "--weights", str(weights), "--exporter", "torchscript", "-o", str(out)]) == 0
+    out = onnx_file
     props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
     stored = read_weights_record(weights)
     record = deploy.read_metadata(out)
@@ -120,14 +127,11 @@ def test_deployed_files_carry_the_weights_record(weights, tmp_path):
     assert record.producer == "simattn export"
 
 
-def test_files_written_with_the_earlier_metadata_layout_are_read(weights, tmp_path):
+def test_files_written_with_the_earlier_metadata_layout_are_read(onnx_file, tmp_path):
     """ONNX files exported before the record was shared held one JSON value per key; they still validate."""
-    pytest.importorskip("onnxruntime")
     import onnx
 
-    out = tmp_path / "m.onnx"
-    assert simattn_main(["export", "--weights", str(weights), "--exporter", "torchscript", "-o", str(out)]) == 0
-    proto = onnx.load(str(out))
+    proto = onnx.load(str(onnx_file))
     old = {"model": DEIT, "model_kwargs": TINY, "attention": "sima", "input_size": [3, 16, 16], "mean": [0.5] * 3,
            "std": [0.25] * 3, "simattn_version": "0.1.0", "interpolation": "bilinear", "crop_pct": 1.0}
     del proto.metadata_props[:]

@@ -459,37 +459,10 @@ def test_fused_projection_stays_when_not_only_unbound_heads(case):
     assert [n.op_type for n in proto.graph.node] == nodes and {i.name for i in proto.graph.initializer} >= {"W", "b"}
 
 
-def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(tmp_path):
-    """The exporter writes exact GELU as x·(0.5·(1+erf(x/√2))), which onnxruntime leaves as five elementwise ops;
-    reordered to (x·(1+erf(x/√2)))·0.5 its optimizer runs one (Bias)Gelu kernel per MLP: no Erf is left in the
-    optimized graph, and the outputs stay the model's."""
-    import onnx
-    import onnxruntime as ort
-
-    from simattn.deploy.onnx import export_onnx
-
-    torch.manual_seed(0)
-    model = timm.create_model(DEIT, **TINY_DEIT).eval()  # GELU MLPs
-    path = tmp_path / "gelu.onnx"
-    export_onnx(model, path, _meta(DEIT, 32), exporter="dynamo")
-    written = [n.op_type for n in onnx.load(str(path)).graph.node]
-    assert written.count("Erf") == TINY_DEIT["depth"]  # standard ops in the file
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    optimized = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
-    assert "Erf" not in optimized and sum(op in ("Gelu", "BiasGelu") for op in optimized) == TINY_DEIT["depth"]
-    x = torch.randn(2, 3, 32, 32)
-    with torch.no_grad():
-        ref = model(x).numpy()
-    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0], ref, atol=ATOL)
-
-
-def test_one_shape_inference_per_export_and_every_pass_rewrites(tmp_path, monkeypatch):
-    """The rewrites run on one index with one onnx shape inference per export (ours; the exporter's own are not
-    counted), and each finds its pattern in a GELU DeiT's dynamo export: every linear layer a Gemm, each q/k/v
-    projection three."""
+@pytest.fixture(scope="module")
+def gelu_deit(tmp_path_factory):
+    """A GELU SimA DeiT written by the dynamo exporter: (model, file, the modules that ran an onnx shape inference
+    during the export, the rewrites' counts)."""
     import onnx
 
     from simattn.deploy import onnx_passes
@@ -506,14 +479,48 @@ def test_one_shape_inference_per_export_and_every_pass_rewrites(tmp_path, monkey
         counts.update(real_run(proto, *args, **kwargs))
         return counts
 
-    monkeypatch.setattr(onnx.shape_inference, "infer_shapes", infer)
-    monkeypatch.setattr("simattn.deploy.onnx.run_passes", run)
     torch.manual_seed(0)
-    model = timm.create_model(DEIT, **TINY_DEIT).eval()
-    export_onnx(model, tmp_path / "m.onnx", _meta(DEIT, 32), exporter="dynamo")
+    model = timm.create_model(DEIT, **TINY_DEIT).eval()  # GELU MLPs
+    path = tmp_path_factory.mktemp("gelu") / "gelu.onnx"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx.shape_inference, "infer_shapes", infer)
+        patch.setattr("simattn.deploy.onnx.run_passes", run)
+        export_onnx(model, path, _meta(DEIT, 32), exporter="dynamo")
+    return model, path, calls, counts
+
+
+def test_exact_gelu_is_written_in_the_order_onnxruntime_fuses(gelu_deit, tmp_path):
+    """The exporter writes exact GELU as x·(0.5·(1+erf(x/√2))), which onnxruntime leaves as five elementwise ops;
+    reordered to (x·(1+erf(x/√2)))·0.5 its optimizer runs one (Bias)Gelu kernel per MLP: no Erf is left in the
+    optimized graph, and the outputs stay the model's."""
+    import onnx
+    import onnxruntime as ort
+
+    model, path, _, _ = gelu_deit
+    written = [n.op_type for n in onnx.load(str(path)).graph.node]
+    assert written.count("Erf") == TINY_DEIT["depth"]  # standard ops in the file
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+    optimized = [n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node]
+    assert "Erf" not in optimized and sum(op in ("Gelu", "BiasGelu") for op in optimized) == TINY_DEIT["depth"]
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        ref = model(x).numpy()
+    np.testing.assert_allclose(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0], ref, atol=ATOL)
+
+
+def test_one_shape_inference_per_export_and_every_pass_rewrites(gelu_deit):
+    """The rewrites run on one index with one onnx shape inference per export (ours; the exporter's own are not
+    counted), and each finds its pattern in a GELU DeiT's dynamo export: every linear layer a Gemm, each q/k/v
+    projection three."""
+    import onnx
+
+    _, path, calls, counts = gelu_deit
     assert [c for c in calls if c.startswith("simattn")] == ["simattn.deploy.onnx_passes"]
     depth = TINY_DEIT["depth"]
     assert counts == {"order_gelu_for_onnxruntime": depth, "linears_as_gemm": 4 * depth,
                       "fused_projection_as_three_gemms": depth}
-    ops = [n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
+    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert ops.count("Gemm") == 6 * depth + 1 and "MatMul" in ops  # the head was a Gemm; attention products stay

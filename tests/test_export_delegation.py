@@ -1,6 +1,6 @@
 """What runs outside the fast kernels of an exported file: the XNNPACK delegate of the SimA XCiT and CvT .pte (the
-DeiT's, fp32 and int8, in test_export_edge.py), onnxruntime's int8 kernels for a static int8 ONNX file, and
-``simattn export --require-delegated``."""
+DeiT's, fp32 and int8, in test_export_edge.py), and ``simattn export --require-delegated`` refusing files with ops
+outside (its passing cases, and onnxruntime's int8 kernels for a static int8 ONNX file, in test_export_edge.py)."""
 import json
 
 import pytest
@@ -93,24 +93,13 @@ def test_require_delegated_executorch_fails_with_ops_outside(tmp_path, capsys, m
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gated.pte.json"]
 
 
-def test_onnx_int8_linear_ops_fuse_in_onnxruntime(tmp_path, capsys, monkeypatch):
+def test_onnx_int8_conv_left_in_float_is_refused(tmp_path, capsys, monkeypatch):
     from simattn.deploy import onnx as onnx_format
 
-    # a float file: onnxruntime's CPU provider runs every op
-    code, printed, _ = _export(capsys, tmp_path, "--static-spatial", "--require-delegated",
-                               "-o", str(tmp_path / "m.onnx"))
-    assert code == 0 and "not delegated: nothing (a float graph" in printed
-    # static int8: each MatMul/Gemm/Conv fused into an int8 kernel, the patch embedding's Conv included
-    args = ["--static-spatial", "--quantize", "static", "--calib-images", "8", "--require-delegated"]
-    code, printed, _ = _export(capsys, tmp_path, *args, "-o", str(tmp_path / "m8.onnx"))
-    assert code == 0 and "not delegated: nothing, every int8 linear op fused" in printed
-    delegation = json.loads((tmp_path / "m8.onnx.json").read_text())["delegation"]
-    assert delegation["not_delegated"] == {} and delegation["qdq_left"] == 0
-    # every linear layer one QGemm with its bias inside (the fused qkv projection three: q, k and v; then proj,
-    # fc1, fc2 and the head); the attention's own products of two activations stay float
-    assert delegation["fused"] == {"QGemm": 7, "QLinearConv": 1}
+    # (a float file and a static int8 file whose linear ops all fuse pass: test_export_edge.py)
     # a Conv whose output stays float keeps its Q/DQ: onnxruntime runs it in float, and the export is refused
     monkeypatch.setattr(onnx_format, "FLOAT_OUTPUT_OP_TYPES", onnx_format.QDQ_OP_TYPES)
+    args = ["--static-spatial", "--quantize", "static", "--calib-images", "8", "--require-delegated"]
     code, printed, err = _export(capsys, tmp_path, *args, "-o", str(tmp_path / "gated.onnx"))
     assert code == 1 and len(err) == 1 and "Conv ×1 outside" in err[0] and "not written" in err[0]
     assert "1 int8 linear op left in float by onnxruntime" in printed and not (tmp_path / "gated.onnx").exists()
