@@ -14,7 +14,7 @@ import torch
 
 from simattn.attention import ReLUAttention, create_attention
 from simattn.attention import reference as R
-from simattn.attention._common import activation_refusal, runs_triton
+from simattn.attention.backends import POLICIES, Call, choose
 from simattn.attention.relu import relu_attention
 from simattn.attention.sigmoid import sigmoid_attention
 
@@ -132,10 +132,11 @@ def test_custom_ops_pass_opcheck(kernel_device):
 
 def test_auto_runs_torch_on_cpu_and_where_the_kernels_refuse():
     q = torch.randn(1, 2, 5, 16)
-    assert not runs_triton("relu", "auto", q, q, q, "relu")
-    assert activation_refusal(q, q, q, "relu") is None and activation_refusal(q, q, q, "sigmoid") is None
-    assert "relu or sigmoid" in activation_refusal(q, q, q, "gelu")
-    assert "float64" in activation_refusal(q.double(), q.double(), q.double(), "sigmoid")
+    assert choose("relu", "auto", Call(q, q, q, activation="relu")) == "torch"
+    refusal = POLICIES["relu"].backends["triton"]
+    assert refusal(Call(q, q, q, activation="relu")) is None and refusal(Call(q, q, q, activation="sigmoid")) is None
+    assert "relu or sigmoid" in refusal(Call(q, q, q, activation="gelu"))
+    assert "float64" in refusal(Call(q.double(), q.double(), q.double(), activation="sigmoid"))
 
 
 def test_triton_refusals_are_one_line():

@@ -20,7 +20,7 @@ import torch
 
 from simattn.attention import create_attention
 from simattn.attention import reference as R
-from simattn.attention._common import kernels_chosen
+from simattn.attention.backends import Call, choose
 from simattn.attention.agent import agent_attention
 
 from attention_cases import assert_grads_close, error_ratio
@@ -152,7 +152,7 @@ def test_custom_ops_pass_opcheck(kernel_device):
 
 def test_auto_runs_torch_on_cpu_and_refusals_are_one_line():
     q = torch.randn(1, 2, 1 + 16 * 16, 16)
-    assert not kernels_chosen("agent", "auto", q, lambda: None)
+    assert choose("agent", "auto", Call(q, q, q, agents=q[:, :, :4])) == "torch"
     with pytest.raises(ValueError, match=r"^agent: backend 'triton' takes float32, float16 or bfloat16, got "
                                          r"torch.float64, .*; backend 'auto' runs torch there$"):
         agent_attention(q.double(), q.double(), q.double(), backend="triton")

@@ -441,7 +441,7 @@ def test_sima_call_checks_its_inputs_and_chooses_its_path_once(backend, monkeypa
     if backend == "triton":
         dry_run = pytest.importorskip("simattn.kernels.host").dry_run
     counts = {}
-    for name in ("check_qkv", "resolve_sima_backend", "resolve_sima_order"):
+    for name in ("check_qkv", "choose", "resolve_sima_order"):
         real = getattr(sima_mod, name)
         monkeypatch.setattr(sima_mod, name, lambda *a, _real=real, _name=name, **kw: counts.update(
             {_name: counts.get(_name, 0) + 1}) or _real(*a, **kw))
@@ -455,7 +455,7 @@ def test_sima_call_checks_its_inputs_and_chooses_its_path_once(backend, monkeypa
         counts.clear()
         with dry_run(), torch.autocast("cpu", enabled=what.endswith("autocast"), dtype=torch.bfloat16):
             call()
-        assert counts == {"check_qkv": 1, "resolve_sima_backend": 1, "resolve_sima_order": 1}, what
+        assert counts == {"check_qkv": 1, "choose": 1, "resolve_sima_order": 1}, what
 
 
 # ---------------------------------------------------------------- invariances

@@ -142,15 +142,15 @@ def _stand_in(shape, requires_grad=False, dtype=torch.bfloat16):
 
 
 def _lookup(monkeypatch, points, capability="sm_90"):
-    from simattn.attention import sima
+    from simattn.attention import backends
 
-    index = sima.index_points(points)
-    monkeypatch.setattr(sima, "backend_table", lambda: index)
-    monkeypatch.setattr(sima, "gpu_capability", lambda device: capability)
+    index = backends.index_points(points)
+    monkeypatch.setattr(backends, "backend_table", lambda name: index)
 
     def choose(bh, n, requires_grad=False, dtype=torch.bfloat16, d=64):
         q = _stand_in((1, bh, n, d), requires_grad, dtype)
-        return sima.measured_backend(q, q, q)
+        call = backends.Call(q, q, q, device="cuda", grad=requires_grad, autocast=None, capability=capability)
+        return "torch" if backends.measured(call) is False else "triton"
     return choose
 
 
@@ -181,14 +181,15 @@ def test_auto_on_a_gpu_takes_the_faster_backend_at_the_nearest_measured_point(mo
 def test_auto_lookup_compiles_without_graph_breaks_for_static_and_symbolic_sizes(monkeypatch):
     """Under torch.compile(fullgraph=True) the choice is made while tracing (sizes become guards): the compiled
     function takes the branch eager takes on either side of a measured boundary."""
-    from simattn.attention import sima
+    from simattn.attention import backends
 
     points = [dict(capability="sm_90", dtype="float32", head_dim=16, bh=2, tokens=n, triton_ms=t, torch_ms=1.0,
                    **{"pass": "fwd"}) for n, t in ((16, 2.0), (256, 0.5))]
     _lookup(monkeypatch, points)
 
     def f(q):
-        return q * 2 if sima.measured_backend(q, q, q) == "triton" else q * 3
+        call = backends.Call(q, q, q, device="cuda", grad=False, autocast=None, capability="sm_90")
+        return q * 3 if backends.measured(call) is False else q * 2
 
     for dynamic in (False, True):
         torch._dynamo.reset()

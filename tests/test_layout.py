@@ -165,9 +165,9 @@ def test_the_private_name_check_finds_imports_and_uses(tmp_path):
         "simattn.a.b imports simattn.a.c._x", "simattn.a.b uses simattn.a.c._w", "simattn.a.b uses simattn.a.c._z"]
 
 
-#: the files of attention/ that are not kinds: shared checks and helpers, the registry, the module bases, the grid
-#: geometry, the grid-linear skeleton and the oracles
-NOT_KINDS = {"__init__", "_common", "_registry", "base", "grid", "grid_linear", "reference"}
+#: the files of attention/ that are not kinds: shared checks and helpers, the registry, the backend chooser, the
+#: module bases, the grid geometry, the grid-linear skeleton and the oracles
+NOT_KINDS = {"__init__", "_common", "_registry", "backends", "base", "grid", "grid_linear", "reference"}
 #: a kind that calls another kind's op, each with why; an entry that no longer applies is removed
 KIND_IMPORTS = {
     ("linformer", "softmax"): "Linformer is softmax attention over projected keys and values",
@@ -184,6 +184,89 @@ def test_no_kind_imports_another_kind():
              if name.startswith("simattn.attention.") and name.split(".")[-1] in kinds
              for dep in deps if dep.startswith("simattn.attention.") and dep.split(".")[-1] in kinds}
     assert found == set(KIND_IMPORTS)
+
+
+#: the implementations a call can run on, and the names a ``backend`` option takes
+BACKEND_NAMES = {"torch", "triton", "cpp"}
+BACKEND_OPTIONS = BACKEND_NAMES | {"auto"}
+
+
+def _own_nodes(fn: ast.AST):
+    """The nodes of a function's body, without those of the functions it nests (each is judged on its own)."""
+    for child in ast.iter_child_nodes(fn):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield child
+            yield from _own_nodes(child)
+
+
+def _names_backend(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "backend") or \
+        (isinstance(node, ast.Attribute) and node.attr == "backend")
+
+
+def _produced(value: ast.AST):
+    """The literals an expression can evaluate to: itself, a conditional's branches, a tuple's or an ``or``'s items;
+    not the operands of a comparison or a call (``choose(...) == "triton"`` acts on a choice, it makes none)."""
+    if isinstance(value, ast.Constant):
+        yield value.value
+    elif isinstance(value, ast.IfExp):
+        yield from _produced(value.body)
+        yield from _produced(value.orelse)
+    elif isinstance(value, (ast.Tuple, ast.List)):
+        for element in value.elts:
+            yield from _produced(element)
+    elif isinstance(value, ast.BoolOp):
+        for element in value.values:
+            yield from _produced(element)
+
+
+def _decides_a_backend(fn: ast.AST) -> bool:
+    """Whether a function picks among the backends: it returns or assigns an implementation's name as a literal
+    (``return "triton"``, ``path = "cpp"``, a lambda's value), compares a ``backend`` option with a backend's name, or
+    reads the policy table."""
+    for node in _own_nodes(fn):
+        if isinstance(node, (ast.Return, ast.Assign, ast.AnnAssign, ast.Lambda)):
+            value = node.body if isinstance(node, ast.Lambda) else node.value
+            if value is not None and any(c in BACKEND_NAMES for c in _produced(value)):
+                return True
+        if isinstance(node, ast.Compare):
+            sides = (node.left, *node.comparators)
+            if any(_names_backend(s) for s in sides) and \
+                    any(c in BACKEND_OPTIONS for s in sides for c in _string_constants(s)):
+                return True
+        if isinstance(node, ast.Name) and node.id == "POLICIES":
+            return True
+    return False
+
+
+def _deciders(root: Path) -> List[str]:
+    """``module:function`` of every function in attention/ and kernels/ under ``root`` that decides a backend."""
+    return sorted(f"{path.parent.name}/{path.stem}:{name}"
+                  for package in ("attention", "kernels") for path in sorted((root / package).rglob("*.py"))
+                  for name, node in _functions(ast.parse(path.read_text())) if _decides_a_backend(node))
+
+
+def test_one_function_decides_the_backend():
+    """Torch, Triton or the CPU kernel is decided in one place: the chooser, from its policy table. Kinds pass their
+    ``backend`` option to it and act on its answer; nothing else returns a backend's name, compares an option with
+    one or reads the table."""
+    assert _deciders(SRC / "simattn") == ["attention/backends:choose"]
+
+
+def test_the_backend_decider_check_finds_each_way_of_deciding(tmp_path):
+    (tmp_path / "attention").mkdir()
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "attention" / "k.py").write_text(
+        'def a(q):\n    return "triton" if q.is_cuda else "torch"\n'
+        'def b(backend):\n    if backend in ("auto", "triton"):\n        pass\n'
+        'def c(self):\n    return self.backend != "torch"\n'
+        'def d(q):\n    f = lambda: "cpp"\n'
+        'def e(kind):\n    return POLICIES[kind]\n'
+        'def f(path):\n    if path == "triton":\n        return run(path, "torch")\n'
+        'def f2(q):\n    triton = choose("k", q) == "triton"\n    return "kv_first" if triton else order\n')
+    (tmp_path / "kernels" / "h.py").write_text('def g():\n    path = "cpp"\n    def inner():\n        pass\n')
+    assert _deciders(tmp_path) == ["attention/k:a", "attention/k:b", "attention/k:c", "attention/k:d",
+                                   "attention/k:e", "kernels/h:g"]
 
 
 def test_convert_imports_nothing_from_train():

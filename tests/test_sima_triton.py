@@ -15,7 +15,8 @@ import torch
 
 from simattn.attention import SimAAttention, create_attention
 from simattn.attention import reference as R
-from simattn.attention.sima import resolve_sima_backend, sima_attention
+from simattn.attention.backends import Call, choose
+from simattn.attention.sima import sima_attention
 
 from attention_cases import LargestCopy, assert_grads_close, error_ratio, rms
 
@@ -269,22 +270,28 @@ def test_auto_is_the_cpu_kernel_where_built_and_torch_on_other_devices(monkeypat
 
     q = torch.zeros(1, 1, 4, 8)
     monkeypatch.setattr(sima_cpu, "available", lambda: False)
-    assert resolve_sima_backend("auto", q) == "torch"
+    assert choose("sima", "auto", Call(q, q, q)) == "torch"
     monkeypatch.setattr(sima_cpu, "available", lambda: True)
-    assert resolve_sima_backend("auto", q) == "cpp"
-    assert resolve_sima_backend("auto", q.to("meta")) == "torch"  # other devices: torch, not Triton
+    assert choose("sima", "auto", Call(q, q, q)) == "cpp"
+    meta = q.to("meta")
+    assert choose("sima", "auto", Call(meta, meta, meta)) == "torch"  # other devices: torch, not Triton
     assert "backend='auto'" in repr(SimAAttention(16, num_heads=2))
 
 
 def test_auto_falls_back_to_torch_where_triton_refuses():
-    from simattn.attention import sima
+    from simattn.attention.backends import POLICIES
 
+    refusal = POLICIES["sima"].backends["triton"]
     q = torch.zeros(1, 1, 8, 16)
-    assert sima.triton_refusal(q, q, q, "kv_first") is None
-    assert "q̂(k̂ᵀv)" in sima.triton_refusal(q, q, q, "qk_first")
-    assert "float64" in sima.triton_refusal(q.double(), q.double(), q.double(), "kv_first")
+    assert refusal(Call(q, q, q)) is None
+    assert "q̂(k̂ᵀv)" in refusal(Call(q, q, q, order="qk_first"))
+    assert "float64" in refusal(Call(q.double(), q.double(), q.double()))
     wide = torch.zeros(1, 1, 8, 256)
-    assert "head dims up to 128" in sima.triton_refusal(wide, wide, wide, "kv_first")
+    assert "head dims up to 128" in refusal(Call(wide, wide, wide))
+    on_gpu = dict(device="cuda", grad=False, graph=None, autocast=None, capability=None)
+    assert choose("sima", "auto", Call(q, q, q, **on_gpu)) == "triton"
+    assert choose("sima", "auto", Call(q, q, q, resolved="qk_first", **on_gpu)) == "torch"
+    assert choose("sima", "auto", Call(wide, wide, wide, **on_gpu)) == "torch"
 
 
 def test_module_refuses_an_empty_token_axis_as_the_op_does():

@@ -1,10 +1,9 @@
 """Pieces every attention kind shares: input checks, token masks, fp32 helpers and the hook point."""
 from __future__ import annotations
 
-import importlib.util
 import math
 from contextlib import nullcontext
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -193,105 +192,6 @@ def resolve_masks(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor]
         q_mask = mask
     q_mask = check_token_mask(q_mask, q.shape[0], q.shape[-2], name, q.device)
     return mask, q_mask
-
-
-#: the largest head dimension (of q/k and of v) the fused Triton kernels of the linear kinds take: their d×dv fp32
-#: state lives in registers
-TRITON_MAX_HEAD_DIM = 128
-#: the dtypes of q, k and v those kernels take
-TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # asked once: auto asks on every call
-
-
-def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
-    """Why the fused Triton kernels of the linear kinds (:mod:`simattn.kernels.linear.launch`) cannot take q, k, v
-    (None where they can): :data:`TRITON_DTYPES`, head dims up to :data:`TRITON_MAX_HEAD_DIM`, and the triton
-    package."""
-    if not (q.dtype in TRITON_DTYPES and k.dtype in TRITON_DTYPES and v.dtype in TRITON_DTYPES):
-        return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
-    d, dv = q.shape[-1], v.shape[-1]
-    if d > TRITON_MAX_HEAD_DIM or dv > TRITON_MAX_HEAD_DIM:
-        return f"takes head dims up to {TRITON_MAX_HEAD_DIM}, got d={d}, dv={dv}"
-    if not _TRITON_INSTALLED:
-        return "needs the triton package"
-    return None
-
-
-def kernels_may_run() -> bool:
-    """Whether an implicit choice (``auto``) may take the fused Triton kernels: eagerly or under ``torch.compile``,
-    which sees their custom ops, but not into graphs made for other runtimes (``torch.export``, TorchScript, fx),
-    which could not run them."""
-    return not (torch.jit.is_scripting() or torch.jit.is_tracing() or fx_tracing()
-                or torch.compiler.is_exporting())
-
-
-def triton_forward_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *params: Any) -> bool:
-    """Whether a forward-only fused kernel serves this call: CUDA tensors the kernels take, with nothing (q, k, v or
-    a tensor in ``params``) that needs a gradient, outside graphs made for other runtimes (:func:`kernels_may_run`)."""
-    if q.device.type != "cuda" or not kernels_may_run() or triton_refusal(q, k, v) is not None:
-        return False
-    tensors = (q, k, v) + tuple(p for p in params if torch.is_tensor(p))
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
-def kernels_chosen(owner: str, backend: str, q: torch.Tensor, refusal: Callable[[], Optional[str]]) -> bool:
-    """Whether a call of checked inputs runs a kind's own Triton kernels, for kinds whose ``'auto'`` takes them
-    forward and backward: ``'triton'`` runs them or raises a one-line ValueError with ``refusal()`` (why they
-    cannot take the call; the device is checked where they launch); ``'auto'`` runs them on CUDA where they take
-    the call, outside graphs made for other runtimes (:func:`kernels_may_run`); ``'torch'`` and empty batches never."""
-    if backend == "torch" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
-        return False
-    if backend == "auto" and (q.device.type != "cuda" or not kernels_may_run()):
-        return False
-    why = refusal()
-    if why is not None and backend == "triton":
-        raise ValueError(f"{owner}: backend 'triton' {why}; backend 'auto' runs torch there")
-    return why is None
-
-
-#: the ``backend`` choices of the kinds with Triton kernels
-BACKENDS = ("auto", "torch", "triton")
-
-
-def check_backend(owner: str, backend: str) -> str:
-    """``backend`` if it is one of :data:`BACKENDS`, else a one-line ValueError naming ``owner``."""
-    if backend not in BACKENDS:
-        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(BACKENDS)}")
-    return backend
-
-
-def linear_triton_chosen(name: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         *params: Any) -> bool:
-    """Whether a linear kind's call runs the fused kernels: ``'triton'`` always, forward and backward (else a
-    one-line ValueError saying why it cannot), ``'torch'`` never, ``'auto'`` where a forward-only kernel serves it
-    (:func:`triton_forward_applies`)."""
-    check_backend(name, backend)
-    if backend == "triton":
-        refusal = triton_refusal(q, k, v)
-        if refusal is not None:
-            raise ValueError(f"{name}: backend 'triton' {refusal}; backend 'torch' runs it")
-        return True
-    return backend == "auto" and triton_forward_applies(q, k, v, *params)
-
-
-#: the h the point-wise kernels compute (:data:`simattn.kernels.pointwise.launch.TRITON_H`), for ``sigmoid`` and
-#: ``relu``; asked here without importing Triton, so CPU calls never load it
-TRITON_ACTIVATIONS = ("relu", "sigmoid")
-
-
-def activation_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, activation: str) -> Optional[str]:
-    """Why the point-wise kernels cannot take this call (None where they can): h, then :func:`triton_refusal`."""
-    if activation not in TRITON_ACTIVATIONS:
-        return f"computes h = {' or '.join(TRITON_ACTIVATIONS)}, got activation={activation!r}"
-    return triton_refusal(q, k, v)
-
-
-def runs_triton(owner: str, backend: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                activation: str) -> bool:
-    """Whether the point-wise kernels run this call of a point-wise kind (``sigmoid``, ``relu``) on checked q, k, v
-    (:func:`kernels_chosen`)."""
-    check_backend(owner, backend)
-    return kernels_chosen(owner, backend, q, lambda: activation_refusal(q, k, v, activation))
 
 
 def matmul_dtype(t: torch.Tensor) -> torch.dtype:

@@ -32,18 +32,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (check_backend, check_count, check_qkv, kernels_chosen, matmul_dtype, no_autocast,
-                      triton_refusal)
+from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import TRITON_MAX_AGENTS, Call, check_backend, choose
 from .base import TokenAttention
 from .reference import agent_reference as agent_attention_reference
 from .grid import add_heads_image, heads_image, infer_grid, token_grid
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
-
-#: the most agents the Triton kernels hold (one tile)
-TRITON_MAX_AGENTS = 128
-
 
 def _pool_side(name: str, agent_num: int) -> int:
     side = math.isqrt(agent_num) if isinstance(agent_num, int) and agent_num > 0 else 0
@@ -80,13 +76,6 @@ def _agent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, agents: torch.Tens
     return read.softmax(dim=-1) @ agent_v
 
 
-def _kernel_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor) -> Optional[str]:
-    """Why the kernels cannot take a call (None where they can)."""
-    if agents.shape[-2] > TRITON_MAX_AGENTS:
-        return f"takes up to {TRITON_MAX_AGENTS} agents, got {agents.shape[-2]}"
-    return triton_refusal(q, k, v) or triton_refusal(agents, k, v)
-
-
 def _check_bias(name: str, bias: Optional[torch.Tensor], rows: int, cols: int, q: torch.Tensor) -> None:
     if bias is None:
         return
@@ -121,10 +110,9 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          f"{q.shape[-1]}), got {tuple(agents.shape)}")
     _check_bias("agent_bias", agent_bias, agents.shape[-2], k.shape[-2], q)
     _check_bias("query_bias", query_bias, q.shape[-2], agents.shape[-2], q)
-    check_backend("agent", backend)
     dt = matmul_dtype(v)
     with no_autocast(q):
-        if kernels_chosen("agent", backend, q, lambda: _kernel_refusal(q, k, v, agents)):
+        if choose("agent", backend, Call(q, k, v, agents=agents)) == "triton":
             from ..kernels.agent.launch import agent_broadcast_triton, agent_gather_triton
             agent_v = agent_gather_triton(agents, k, v, agent_bias)
             return agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
@@ -176,7 +164,7 @@ class AgentAttention(TokenAttention):
         if num_prefix_tokens is not None:
             check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
         self.num_prefix_tokens = num_prefix_tokens
-        self.backend = check_backend(name, backend)
+        self.backend = check_backend(name, "agent", backend)
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         h, n, b = num_heads, agent_num, block_bias_size
 

@@ -6,9 +6,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast,
-                      triton_forward_applies)
+from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import Call, check_backend, choose
 from .base import TokenAttention
 from .reference import elu_reference as elu_attention_reference
 
@@ -21,18 +21,20 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 
 def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Optional[torch.Tensor] = None,
-                  eps: float = 1e-6) -> torch.Tensor:
+                  eps: float = 1e-6, backend: str = "auto") -> torch.Tensor:
     """Linear-cost ELU attention on q (B, H, Nq, d), k, v (B, H, Nk, ·). ``mask`` (B, Nk) removes keys.
 
-    The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32. On CUDA, where nothing needs a
-    gradient, one fused Triton kernel computes it (SimA's skeleton with φ as prologue and the normalizer as
-    epilogue, :func:`simattn.kernels.linear.launch.linear_triton`); training runs the torch ops.
+    The d×dv summary φ(k)ᵀv and the normalizer φ(q)·Σφ(k) are computed in fp32. ``backend``: ``'triton'`` runs it
+    forward and backward as fused kernels (SimA's skeleton with φ as prologue and the normalizer as epilogue,
+    :func:`simattn.kernels.linear.launch.linear_triton`; CUDA, or CPU under ``TRITON_INTERPRET=1``), ``'torch'``
+    as torch ops, ``'auto'`` the kernels on CUDA where they take the call, training included, else torch
+    (:mod:`simattn.attention.backends`).
     """
     check_qkv(q, k, v, "elu")
     check_positive("elu", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
     dt = matmul_dtype(q)
-    if triton_forward_applies(q, k, v):
+    if choose("elu", backend, Call(q, k, v)) == "triton":
         from ..kernels.linear.launch import linear_triton
         return linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
     with no_autocast(q):
@@ -51,18 +53,21 @@ def _elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch
 
 @register_attention("elu")
 class ELUAttention(TokenAttention):
-    """ELU linear attention module with timm's ``Attention`` signature; extra option ``eps``.
+    """ELU linear attention module with timm's ``Attention`` signature; extra options ``eps`` and ``backend``
+    ('auto' | 'torch' | 'triton', :func:`elu_attention`).
 
     No weight matrix is formed (φ(q)(φ(k)ᵀv)), so ``attn_drop > 0`` is rejected."""
 
     exp_complexity = "ND"
 
-    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, backend: str = "auto",
+                 **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         self.eps = check_positive(type(self).__name__, "eps", eps)
+        self.backend = check_backend(type(self).__name__, "elu", backend)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():  # autocast handling is Python
             return _elu(q, k, v, mask, self.eps).to(q.dtype)
         else:
-            return elu_attention(q, k, v, mask=mask, eps=self.eps)
+            return elu_attention(q, k, v, mask=mask, eps=self.eps, backend=self.backend)

@@ -29,8 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import acc_dtype, check_positive, check_qkv, linear_triton_chosen, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import Call, choose
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import flatten_reference as flatten_attention_reference
 
@@ -66,14 +67,14 @@ def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focu
     module's softplus of its (1, 1, H·d) scale). Computed in fp32 under autocast. ``backend``: ``'triton'`` makes
     the features in torch (their norms span every head of a token) and runs the rest forward and backward as
     fused kernels (:func:`simattn.kernels.linear.launch.linear_triton`; CUDA, or CPU under
-    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops throughout, ``'auto'`` the kernels on CUDA where nothing needs a
-    gradient, else torch."""
+    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops throughout, ``'auto'`` the kernels on CUDA where they take the
+    call, training included, else torch (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "flatten")
     check_positive("flatten", "focusing_factor", focusing_factor)
     check_positive("flatten", "eps", eps)
     scale = per_channel("flatten", "scale", scale, q)
     dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = linear_triton_chosen("flatten", backend, q, k, v, scale)
+    triton = choose("flatten", backend, Call(q, k, v, params=(scale,))) == "triton"
     with no_autocast(q):
         scale = scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
         if triton:
@@ -106,7 +107,8 @@ class FLattenAttention(GridLinearAttention):
         return F.softplus(self.feature_scale).reshape(1, self.num_heads, 1, self.head_dim)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return flatten_attention(q, k, v, focusing_factor=self.focusing_factor, scale=self._scale(), eps=self.eps)
+        return flatten_attention(q, k, v, focusing_factor=self.focusing_factor, scale=self._scale(), eps=self.eps,
+                                 backend=self.backend)
 
     def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return _flatten(q, k, v, self.focusing_factor, self._scale().to(q.dtype), self.eps)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._common import check_count, check_positive
+from .backends import check_backend
 from .base import TokenAttention
 from .grid import infer_grid, scripted_grid
 
@@ -72,7 +73,8 @@ def key_position(k: torch.Tensor, encoding: torch.Tensor, pos_grid: Tuple[int, i
 class GridLinearAttention(TokenAttention):
     """A linear kind with the grid pieces above. Options: ``dwc_kernel`` (the depthwise conv on V; 0 = none),
     ``pos_grid`` ((H, W) of the key position encoding; None = none) and ``num_prefix_tokens`` (None = infer 0 or
-    1). ``forward(x, grid_size=(H, W))`` for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is
+    1) and ``backend`` ('auto' | 'torch' | 'triton', the kind's functional op's). ``forward(x, grid_size=(H, W))``
+    for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is
     rejected; no token masks, no keys of another length.
 
     A kind supplies its core twice: :meth:`core`, its functional op (autocast, backends), and :meth:`core_plain`,
@@ -88,9 +90,10 @@ class GridLinearAttention(TokenAttention):
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwc_kernel: int = 5,
                  pos_grid: Optional[Sequence[int]] = None, num_prefix_tokens: Optional[int] = None,
-                 **kwargs) -> None:
+                 backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
+        self.backend = check_backend(name, self.attn_name, backend)
         check_count(name, "dwc_kernel", dwc_kernel, low=0)
         if dwc_kernel % 2 == 0 and dwc_kernel:
             raise ValueError(f"{name}: dwc_kernel={dwc_kernel}; allowed: 0 (none) or an odd kernel size")

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, linear_triton_chosen,
-                      matmul_dtype, no_autocast)
+from ._common import acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import Call, choose
 from .grid_linear import GridLinearAttention
 from .reference import inline_reference as inline_attention_reference
 
@@ -56,11 +56,11 @@ def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     d^-½). The means and the d×dv matrix run in fp32 under autocast. ``backend``: ``'triton'`` runs q(kᵀv) on the
     centered keys forward and backward as fused kernels (SimA's skeleton with no feature map or normalizer, the
     means in torch; CUDA, or CPU under ``TRITON_INTERPRET=1``), ``'torch'`` torch ops, ``'auto'`` the kernels on
-    CUDA where nothing needs a gradient, else torch."""
+    CUDA where they take the call, training included, else torch (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "inline")
     s = q.shape[-1] ** -0.5 if scale is None else check_positive("inline", "scale", scale)
     dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = linear_triton_chosen("inline", backend, q, k, v)
+    triton = choose("inline", backend, Call(q, k, v)) == "triton"
     with no_autocast(q):
         if triton:
             return _inline_triton(q.to(acc), k.to(acc), v.to(acc), s).to(dt)
@@ -126,7 +126,7 @@ class InLineAttention(GridLinearAttention):
         return self._output(out, x)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return inline_attention(q, k, v, scale=self.feature_scale)
+        return inline_attention(q, k, v, scale=self.feature_scale, backend=self.backend)
 
     def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return _inline(q, k, v, self.feature_scale)

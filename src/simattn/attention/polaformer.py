@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import (TRITON_MAX_HEAD_DIM, acc_dtype, check_finite, check_positive, check_qkv, linear_triton_chosen,
-                      matmul_dtype, no_autocast)
+from ._common import acc_dtype, check_finite, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import Call, choose
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import polaformer_reference as polaformer_attention_reference
 
@@ -82,8 +82,8 @@ def polaformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p
     Computed in fp32 under autocast. ``backend``: ``'triton'`` makes the polar features in torch and runs each
     half of v forward and backward as fused kernels (a normalized feature kind on 2d channels, d ≤ 64; the
     features are not rescaled by their peaks, as the reference's are not; CUDA, or CPU under
-    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops, ``'auto'`` the kernels on CUDA where nothing needs a gradient
-    and d ≤ 64, else torch."""
+    ``TRITON_INTERPRET=1``), ``'torch'`` torch ops, ``'auto'`` the kernels on CUDA where they take the call (d ≤ 64),
+    training included, else torch (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "polaformer")
     check_positive("polaformer", "eps", eps)
     if v.shape[-1] % 2:
@@ -92,12 +92,7 @@ def polaformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p
     power = per_channel("polaformer", "power", power, q)
     scale = per_channel("polaformer", "scale", scale, q)
     dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = linear_triton_chosen("polaformer", backend, q, k, v, power, scale)
-    if triton and 2 * q.shape[-1] > TRITON_MAX_HEAD_DIM:
-        if backend == "triton":
-            raise ValueError(f"polaformer: backend 'triton' takes head dims up to {TRITON_MAX_HEAD_DIM // 2} (its "
-                             f"polar features double them), got d={q.shape[-1]}; backend 'torch' runs it")
-        triton = False
+    triton = choose("polaformer", backend, Call(q, k, v, params=(power, scale))) == "triton"
     with no_autocast(q):
         power, scale = (t.to(acc) if torch.is_tensor(t) else torch.full((), t, dtype=acc, device=q.device)
                         for t in (power, scale))
@@ -137,7 +132,7 @@ class PolaFormerAttention(GridLinearAttention):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         power, scale = self._power_and_scale()
-        return polaformer_attention(q, k, v, power=power, scale=scale, eps=self.eps)
+        return polaformer_attention(q, k, v, power=power, scale=scale, eps=self.eps, backend=self.backend)
 
     def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         power, scale = self._power_and_scale()

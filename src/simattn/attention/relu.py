@@ -6,9 +6,10 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from ._common import (HookPoint, acc_dtype, apply_token_mask, check_backend, check_finite, check_qkv,
-                      check_token_mask, no_autocast, range_safe_dtype, runs_triton)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv,
+                      check_token_mask, no_autocast, range_safe_dtype)
 from ._registry import register_attention
+from .backends import Call, check_backend, choose
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
 
@@ -103,7 +104,7 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu", k.device)
     degree = _HOMOGENEOUS_DEGREE.get(activation)
     out_dtype = _out_dtype(q)
-    if runs_triton("relu", backend, q, k, v, activation):
+    if choose("relu", backend, Call(q, k, v, activation=activation)) == "triton":
         from ..kernels.pointwise.launch import activation_triton
         return activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
                                  out_dtype=out_dtype)
@@ -149,7 +150,7 @@ class ReLUAttention(TokenAttention):
         check_finite(type(self).__name__, "alpha", alpha)
         self.activation = activation
         self.alpha = alpha
-        self.backend = check_backend(type(self).__name__, backend)
+        self.backend = check_backend(type(self).__name__, "relu", backend)
         if activation in _EXP_LIKE_H:
             self.exp_complexity = "HN²"
         self.attn_weights = HookPoint()

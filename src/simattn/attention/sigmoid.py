@@ -25,8 +25,8 @@ from typing import Optional
 
 import torch
 
-from ._common import (HookPoint, acc_dtype, check_backend, check_finite, check_qkv, check_token_mask, no_autocast,
-                      range_safe_dtype, runs_triton)
+from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_token_mask, no_autocast, range_safe_dtype
+from .backends import Call, check_backend, choose
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sigmoid_reference as sigmoid_attention_reference
@@ -72,11 +72,11 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
     """Sigmoid attention on q (B, H, Nq, d), k, v (B, H, Nk, ·): σ(q kᵀ/√d + b) v with b = −log n (n the kept
     keys) unless ``bias``; ``mask`` (B, Nk) removes keys. Under autocast the output is autocast's dtype, fp16 lifted
     to fp32 (it is unnormalized). ``backend``: 'auto' (the Triton kernels on CUDA where they take the call, torch
-    elsewhere and in exported graphs), 'torch' or 'triton' (:func:`~simattn.attention._common.runs_triton`)."""
+    elsewhere and in exported graphs), 'torch' or 'triton' (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "sigmoid")
     mask = _check(q, k, bias, mask)
     out_dtype = range_safe_dtype(q) if torch.is_autocast_enabled(q.device.type) else v.dtype
-    if runs_triton("sigmoid", backend, q, k, v, "sigmoid"):
+    if choose("sigmoid", backend, Call(q, k, v, activation="sigmoid")) == "triton":
         from ..kernels.pointwise.launch import activation_triton
         return activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask, out_dtype=out_dtype)
     with no_autocast(q):
@@ -102,7 +102,7 @@ class SigmoidAttention(TokenAttention):
         if bias is not None:
             check_finite(type(self).__name__, "bias", bias)
         self.bias = None if bias is None else float(bias)
-        self.backend = check_backend(type(self).__name__, backend)
+        self.backend = check_backend(type(self).__name__, "sigmoid", backend)
         self.attn_weights = HookPoint()
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:

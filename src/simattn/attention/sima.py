@@ -13,12 +13,13 @@ run this graph as written.
 CPU under ``TRITON_INTERPRET=1``. ``backend='cpp'`` runs it as one compiled CPU call for eager fp32 inference
 (:mod:`simattn.kernels.cpu.sima`). ``'auto'`` takes the CPU kernel wherever it is built and applies, and on a GPU
 the Triton kernels wherever they apply, unless ``sima_gpu_table.json`` holds a measurement for this GPU's compute
-capability, dtype, head dim and pass in which torch was faster at the nearest measured (B·H, N)
-(:func:`measured_backend`).
+capability, dtype, head dim and pass in which torch was faster at the nearest measured (B·H, N): the backend
+chooser's policy for SimA (:mod:`simattn.attention.backends`).
 
 This file holds the op side by side: the reference (:func:`sima_attention_reference`, imported), the torch path
 (:func:`sima_torch`), the TorchScript formula (:func:`sima_scripted`), the bindings of the CPU kernel and the Triton
-kernels, and the one dispatcher (:func:`sima_path`) that the functional op and the module's fused path both ask.
+kernels, and the one dispatcher (:func:`sima_path`, which asks the backend chooser) that the functional op and the
+module's fused path both ask.
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -33,30 +34,24 @@ with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
-import functools
-import json
-from importlib import resources
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.cpu import sima as sima_cpu
-from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager,
-                      kernels_may_run, matmul_dtype, no_autocast, range_safe_dtype, resolve_masks,
-                      triton_refusal as linear_triton_refusal)
+from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
+                      range_safe_dtype, resolve_masks)
 from ._registry import register_attention
+from .backends import Call, check_backend, choose
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
 __all__ = ["sima_attention", "sima_attention_reference", "sima_torch", "sima_scripted", "sima_normalize",
-           "sima_path", "resolve_sima_order", "resolve_sima_backend", "cpp_refusal", "triton_refusal",
-           "measured_backend", "gpu_table", "backend_table", "index_points", "gpu_points", "gpu_capability",
-           "SimAAttention"]
+           "sima_path", "resolve_sima_order", "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
-_BACKENDS = ("auto", "torch", "triton", "cpp")
 
 
 # ------------------------------------------------------------------------------------------------ the dispatcher
@@ -73,175 +68,20 @@ def resolve_sima_order(order: str, n_q: int, n_k: int, head_dim: int) -> str:
     return "qk_first" if 2 * n_q * n_k < (n_q + n_k) * head_dim else "kv_first"
 
 
-def resolve_sima_backend(backend: str, q: torch.Tensor) -> str:
-    """The implementation SimA tries first on ``q``'s device: ``'torch'``, ``'triton'`` or ``'cpp'``.
-
-    ``'auto'`` is the compiled CPU kernel for CPU tensors where it is built, the Triton kernels on CUDA (not in
-    graphs exported for other runtimes, which could not run them) and torch on other devices; :func:`sima_path`
-    then says whether the one tried first runs the call.
-    """
-    if backend not in _BACKENDS:
-        raise ValueError(f"sima: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
-    if backend != "auto":
-        return backend
-    if q.device.type == "cuda":
-        return "triton" if kernels_may_run() else "torch"
-    return "cpp" if q.device.type == "cpu" and sima_cpu.available() else "torch"
-
-
 def sima_path(backend: str, order: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               masked: bool) -> Tuple[str, str]:
-    """(implementation, matmul order) that run one call on checked q, k, v: the one place SimA's backend and order
-    are chosen, for :func:`sima_attention` and the module's fused path alike.
-
-    An explicit backend runs or raises a one-line ValueError saying why it cannot (the Triton kernels' dtypes and
-    head dims are checked here, once; the device where they launch); ``'auto'`` falls back to torch wherever the
-    implementation it tries first (:func:`resolve_sima_backend`) cannot run the call or, on a GPU, was measured
-    slower (:func:`measured_backend`). The Triton kernels compute q̂(k̂ᵀv), so their order is always ``kv_first``.
-    """
-    chosen = resolve_sima_backend(backend, q)
+    """(implementation, matmul order) that run one call on checked q, k, v, for :func:`sima_attention` and the
+    module's fused path alike: the implementation is the backend chooser's (:func:`simattn.attention.backends.choose`:
+    the CPU kernel, the Triton kernels where the measured table does not find torch faster, or torch), the order
+    :func:`resolve_sima_order`'s. The Triton kernels compute q̂(k̂ᵀv), so their order is always ``kv_first``."""
     resolved = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    if chosen == "cpp":
-        refusal = cpp_refusal(q, k, v, resolved, masked)
-        if refusal is None:
-            return "cpp", resolved
-        if backend == "cpp":
-            raise ValueError(f"sima: backend 'cpp' {refusal}; backend 'auto' runs torch there")
-        return "torch", resolved
-    if chosen != "triton" or q.shape[0] * q.shape[1] == 0:  # (empty batches: nothing to launch)
-        return "torch", resolved
-    if backend == "triton":
-        if order not in ("auto", "kv_first"):
-            raise ValueError(f"sima: backend 'triton' computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order "
-                             f"{order!r}; use backend='torch' for it")
-        refusal = linear_triton_refusal(q, k, v)
-        if refusal is not None:
-            raise ValueError(f"sima: backend 'triton' {refusal}")
-        return "triton", "kv_first"
-    if triton_refusal(q, k, v, resolved) is None and measured_backend(q, k, v) == "triton":
-        return "triton", resolved
-    return "torch", resolved
-
-
-# ------------------------------------------------------------------------------------------------ auto on a GPU
-_GPU_TABLE = "sima_gpu_table.json"
-_PASSES = ("fwd", "fwd+bwd")
-#: a table's measured points per compute capability, then per (dtype, head dim, pass): ((B·H, ((N, whether
-#: Triton was at least as fast as torch), ...)), ...), both levels sorted
-Grid = Tuple[Tuple[int, Tuple[Tuple[int, bool], ...]], ...]
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-@functools.lru_cache(maxsize=None)
-def gpu_table() -> dict:
-    """The checked-in table (package data): ``{"points": [{"capability": "sm_90", "dtype": "bfloat16", "head_dim":
-    64, "pass": "fwd" or "fwd+bwd", "bh": B·H, "tokens": N, "triton_ms": ..., "torch_ms": ..., ...}, ...]}``, GPU
-    times measured by ``simattn bench attention --device cuda --write-table PATH``."""
-    return json.loads(resources.files(__package__).joinpath(_GPU_TABLE).read_text())
-
-
-def index_points(points: Sequence[dict]) -> Dict[str, Dict[Tuple[str, int, str], Grid]]:
-    """Measured points → per capability and (dtype, head dim, pass), the grid :func:`measured_backend` searches.
-    A point measured twice keeps its last measurement; points are never merged into thresholds."""
-    cells: Dict[str, Dict[tuple, Dict[int, Dict[int, bool]]]] = {}
-    for p in points:
-        key = (p["dtype"], int(p["head_dim"]), p["pass"])
-        row = cells.setdefault(p["capability"], {}).setdefault(key, {}).setdefault(int(p["bh"]), {})
-        row[int(p["tokens"])] = p["triton_ms"] <= p["torch_ms"]
-    return {cap: {key: tuple((bh, tuple(sorted(row[bh].items()))) for bh in sorted(row))
-                  for key, row in keys.items()} for cap, keys in cells.items()}
-
-
-@functools.lru_cache(maxsize=None)
-def backend_table() -> Dict[str, Dict[Tuple[str, int, str], Grid]]:
-    """The package's table, indexed (:func:`index_points`)."""
-    return index_points(gpu_table()["points"])
-
-
-@torch.compiler.assume_constant_result
-def gpu_points(capability: str) -> Optional[Dict[Tuple[str, int, str], Grid]]:
-    """The measured grids of one compute capability (None: not measured), a constant under ``torch.compile``."""
-    return backend_table().get(capability)
-
-
-@torch.compiler.assume_constant_result
-def gpu_capability(device: torch.device) -> str:
-    """``'sm_90'`` for a compute capability 9.0 device."""
-    return _capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> str:
-    major, minor = torch.cuda.get_device_capability(index)
-    return f"sm_{major}{minor}"
-
-
-def _nearest(entries: Sequence[tuple], x) -> tuple:
-    """The entry whose first value is nearest ``x`` on a log scale (entries sorted by it): past the geometric mean
-    of two neighbours, the larger. Integer comparisons only, so symbolic sizes under ``torch.compile`` give guards."""
-    i = 0
-    while i + 1 < len(entries) and x * x >= entries[i][0] * entries[i + 1][0]:
-        i += 1
-    return entries[i]
-
-
-def measured_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str:
-    """``'triton'`` or ``'torch'`` for CUDA tensors the kernels take: the faster at the measured point nearest this
-    call (on a log scale in B·H, then in N = the longer token axis) among those of this GPU's compute capability,
-    dtype (autocast's where it is on), head dim and pass (``fwd+bwd`` where autograd records the call); Triton where
-    the table has no such point."""
-    grids = gpu_points(gpu_capability(q.device))
-    if grids is None:
-        return "triton"
-    pass_ = "fwd+bwd" if _needs_grad(q, k, v) else "fwd"
-    grid = grids.get((_DTYPE_NAMES.get(matmul_dtype(q), ""), q.shape[-1], pass_))
-    if grid is None:
-        return "triton"
-    _, row = _nearest(grid, q.shape[0] * q.shape[1])
-    _, faster = _nearest(row, max(q.shape[-2], k.shape[-2]))
-    return "triton" if faster else "torch"
-
-
-# ------------------------------------------------------------------------------------------------ where each runs
-
-
-def triton_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> Optional[str]:
-    """Why the Triton kernels cannot run this call (None where they can): they compute q̂(k̂ᵀv) for fp32, fp16 and
-    bf16 with head dims up to 128, and need the triton package."""
-    if order == "qk_first":
-        return "computes q̂(k̂ᵀv) (order 'auto' or 'kv_first')"
-    return linear_triton_refusal(q, k, v)
+    path = choose("sima", backend, Call(q, k, v, order=order, resolved=resolved, masked=masked))
+    return path, "kv_first" if path == "triton" else resolved
 
 
 def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether autograd records this call (the CPU kernel and the per-item path have no backward)."""
+    """Whether autograd records this call (the per-item path has no backward)."""
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-
-
-def cpp_refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, masked: bool) -> Optional[str]:
-    """Why the compiled CPU kernel cannot run this call (None where it can): it computes q̂(k̂ᵀv) in fp32 on CPU
-    tensors with unit stride along d, eagerly, without a mask, autocast or anything that needs gradients."""
-    if not sima_cpu.available():
-        return f"is not built: {sima_cpu.unavailable_reason()}"
-    if not (q.device.type == k.device.type == v.device.type == "cpu"):
-        return "runs on CPU tensors only"
-    if not (q.dtype == k.dtype == v.dtype == torch.float32):
-        return f"takes float32 q, k and v, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if order != "kv_first":
-        return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {order!r}"
-    if masked:
-        return "takes no mask"
-    if _needs_grad(q, k, v):
-        return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
-    if torch.is_autocast_enabled("cpu"):
-        return "runs without autocast"
-    if q.shape != k.shape or 0 in q.shape or 0 in v.shape:
-        return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-    if any(t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] for t in (q, k, v)):
-        return "needs unit stride along the last dim and token rows that do not overlap"
-    if not eager():
-        return "runs eagerly only (not traced, scripted, compiled or exported)"
-    return None
 
 
 # ------------------------------------------------------------------------------------------------ the op
@@ -260,8 +100,8 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
         q_mask: explicit keep-mask (B, Nq) over queries (cross-attention).
         eps: lower bound of the l1 norms (``F.normalize`` semantics).
         backend: ``'torch'``, ``'triton'`` (fused kernels for the q̂(k̂ᵀv) order, any length: CUDA tensors, or CPU
-            ones under ``TRITON_INTERPRET=1``), ``'cpp'`` (the compiled CPU kernel, see :func:`cpp_refusal` for
-            where it applies) or ``'auto'`` (:func:`sima_path`).
+            ones under ``TRITON_INTERPRET=1``), ``'cpp'`` (the compiled CPU kernel: eager fp32 inference without a
+            mask) or ``'auto'`` (:func:`sima_path`).
 
     Norms and the folded d×d matrix are computed in fp32 under autocast; fp16 work is lifted to fp32.
     """
@@ -408,8 +248,7 @@ class SimAAttention(TokenAttention):
         super().__init__(dim, num_heads, **kwargs)
         resolve_sima_order(order, 1, 1, 1)  # validate early
         check_positive("SimAAttention", "eps", eps)
-        if backend not in _BACKENDS:
-            raise ValueError(f"SimAAttention: unknown backend {backend!r}; expected one of {', '.join(_BACKENDS)}")
+        check_backend("SimAAttention", "sima", backend)
         self.order = order
         self.eps = eps
         self.backend = backend

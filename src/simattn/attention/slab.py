@@ -19,8 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import acc_dtype, check_positive, check_qkv, linear_triton_chosen, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
+from .backends import Call, choose
 from .grid_linear import GridLinearAttention
 from .reference import slab_reference as slab_attention_reference
 
@@ -40,11 +41,12 @@ def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: fl
 
     ``backend``: ``'triton'`` runs it forward and backward as fused kernels (relu as the prologue of SimA's
     skeleton, :func:`simattn.kernels.linear.launch.linear_triton`; CUDA, or CPU under ``TRITON_INTERPRET=1``),
-    ``'torch'`` as torch ops, ``'auto'`` the kernels on CUDA where nothing needs a gradient, else torch."""
+    ``'torch'`` as torch ops, ``'auto'`` the kernels on CUDA where they take the call, training included, else torch
+    (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "slab")
     check_positive("slab", "eps", eps)
     dt, acc = matmul_dtype(q), acc_dtype(q)
-    if linear_triton_chosen("slab", backend, q, k, v):
+    if choose("slab", backend, Call(q, k, v)) == "triton":
         from ..kernels.linear.launch import linear_triton
         return linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
     with no_autocast(q):
@@ -62,7 +64,7 @@ class SLABAttention(GridLinearAttention):
         self.eps = check_positive(type(self).__name__, "eps", eps)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return slab_attention(q, k, v, eps=self.eps)
+        return slab_attention(q, k, v, eps=self.eps, backend=self.backend)
 
     def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return _slab(q, k, v, self.eps)

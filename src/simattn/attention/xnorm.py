@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from ._common import (acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, check_token_mask,
-                      matmul_dtype, no_autocast, triton_forward_applies)
+                      matmul_dtype, no_autocast)
 from ._registry import register_attention
+from .backends import Call, check_backend, choose
 from .base import TokenAttention
 from .reference import xnorm_reference as xnorm_attention_reference
 
@@ -29,14 +30,16 @@ def xnorm(a: torch.Tensor, dim: int, gamma: Gamma = 1.0, eps: float = 1e-6) -> t
 
 
 def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_q: Gamma = 1.0,
-                    gamma_kv: Gamma = 1.0, mask: Optional[torch.Tensor] = None, eps: float = 1e-6) -> torch.Tensor:
+                    gamma_kv: Gamma = 1.0, mask: Optional[torch.Tensor] = None, eps: float = 1e-6,
+                    backend: str = "auto") -> torch.Tensor:
     """XNorm attention on q (B, H, Nq, d), k, v (B, H, Nk, ·); ``mask`` (B, Nk) removes keys.
 
     Fast path: KᵀV and its column norms in fp32; the per-token query norm is applied to the output rows, so the
     normalized query is never materialized. γ may be floats or per-head tensors: shape (H,), (H, 1, 1),
-    (1, H, 1, 1) or (B, H, 1, 1). On CUDA, where nothing needs a gradient (γ included), one fused Triton kernel
-    computes it (SimA's skeleton with the column and row norms as epilogue,
-    :func:`simattn.kernels.linear.launch.linear_triton`); training runs the torch ops.
+    (1, H, 1, 1) or (B, H, 1, 1). ``backend``: ``'triton'`` runs one fused forward kernel (SimA's skeleton with the
+    column and row norms as epilogue, :func:`simattn.kernels.linear.launch.linear_triton`; it has no backward, so
+    it refuses a call where q, k, v or γ needs a gradient), ``'torch'`` torch ops, ``'auto'`` the kernel on CUDA
+    where it takes the call, else torch (:mod:`simattn.attention.backends`).
     """
     check_qkv(q, k, v, "xnorm")
     gamma_q = check_per_head("xnorm", "gamma_q", gamma_q, q)
@@ -44,7 +47,7 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     check_positive("xnorm", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
     dt = matmul_dtype(q)
-    if triton_forward_applies(q, k, v, gamma_q, gamma_kv):
+    if choose("xnorm", backend, Call(q, k, v, params=(gamma_q, gamma_kv))) == "triton":
         from ..kernels.linear.launch import linear_triton
         B, H = q.shape[:2]
         gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
@@ -68,15 +71,18 @@ def _query_xnorm_product(q: torch.Tensor, kv: torch.Tensor, eps: float) -> torch
 class XNormAttention(TokenAttention):
     """UFO-ViT multi-head XNorm attention with timm's ``Attention`` signature.
 
-    Parameters ``gamma_q`` and ``gamma_kv`` (per head, init 1) are the two XN scales; extra option ``eps``.
+    Parameters ``gamma_q`` and ``gamma_kv`` (per head, init 1) are the two XN scales; extra options ``eps`` and
+    ``backend`` ('auto' | 'torch' | 'triton', :func:`xnorm_attention`).
     No token-token weight matrix is formed, so ``attn_drop > 0`` is rejected. At a query that is exactly zero the
     gradient of XN is γ/eps (1e6 with the default eps), beyond fp16's range: the normalization's, not round-off.
     """
 
     exp_complexity = "0"
 
-    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, eps: float = 1e-6, backend: str = "auto",
+                 **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
+        self.backend = check_backend(type(self).__name__, "xnorm", backend)
         self.gamma_q = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.gamma_kv = nn.Parameter(torch.ones(num_heads, 1, 1))
         self.eps = check_positive(type(self).__name__, "eps", eps)
@@ -88,7 +94,8 @@ class XNormAttention(TokenAttention):
             kv = self.gamma_kv * kv / (torch.linalg.vector_norm(kv, 2, dim=-2, keepdim=True) + self.eps) * self.gamma_q
             return _query_xnorm_product(q, kv, self.eps).to(q.dtype)
         else:
-            return xnorm_attention(q, k, v, gamma_q=self.gamma_q, gamma_kv=self.gamma_kv, mask=mask, eps=self.eps)
+            return xnorm_attention(q, k, v, gamma_q=self.gamma_q, gamma_kv=self.gamma_kv, mask=mask, eps=self.eps,
+                                   backend=self.backend)
 
     def no_weight_decay(self):
         return {"gamma_q", "gamma_kv"}

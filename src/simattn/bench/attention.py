@@ -31,9 +31,9 @@ bandwidth achieved on the bytes the op must move at least (forward: read q, k, v
 q, k, v and the output gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM
 bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that
 peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
-``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.sima.gpu_table`) with this sweep's points
-(:func:`table_points`): per pass and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``. Without a CUDA
-device it stops at once with a one-line error (exit code 2).
+``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.backends.gpu_table`) with this
+sweep's points (:func:`table_points`): per pass and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``.
+Without a CUDA device it stops at once with a one-line error (exit code 2).
 
 ``--host-cost`` measures the host's work per SimA Triton call instead, on CPU (:mod:`simattn.bench.host_cost`).
 """
@@ -435,10 +435,10 @@ def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
 
 
 def table_points(rows: List[dict], capability: str, measured: dict) -> List[dict]:
-    """SimA's backend table's points from a sweep (:func:`simattn.attention.sima.gpu_table`): per pass and N where
-    both ``sima_triton`` and ``sima`` (torch) ran, their GPU times (the graph's, the eager one where a call was too
-    long to replay), keyed by the compute ``capability``, dtype, head dim, B·H and N; ``measured`` (the GPU's name,
-    torch and Triton) is kept with each."""
+    """SimA's backend table's points from a sweep (:func:`simattn.attention.backends.gpu_table`): per pass and N
+    where both ``sima_triton`` and ``sima`` (torch) ran, their GPU times (the graph's, the eager one where a call was
+    too long to replay), keyed by the compute ``capability``, dtype, head dim, B·H and N; ``measured`` (the GPU's
+    name, torch and Triton) is kept with each."""
     time = {(r["kind"], r["pass"], r["tokens"]): r for r in rows if "error" not in r}
     points = []
     for (kind, pass_, n), triton in sorted(time.items(), key=lambda item: (item[0][1], item[0][2])):
@@ -461,7 +461,7 @@ def write_backend_table(points: List[dict], path: str) -> dict:
     import json
     from pathlib import Path
 
-    from ..attention.sima import gpu_table
+    from ..attention.backends import gpu_table
 
     table = json.loads(Path(path).read_text()) if Path(path).exists() else dict(gpu_table())
     new = {tuple(p[k] for k in _POINT_KEY) for p in points}
@@ -529,7 +529,7 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     }, args.output)
     print(f"wrote {args.output}")
     if args.write_table:
-        from ..attention.sima import gpu_capability
+        from ..attention.backends import gpu_capability
 
         capability = gpu_capability(device)
         points = table_points(rows, capability, {"gpu": torch.cuda.get_device_name(device), **versions})

@@ -450,7 +450,7 @@ def sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Opti
     ``compute_dtype``: bf16 multiplies q and W in bf16, anything else with fp32 operands (the torch path's
     ``range_safe_dtype``). ``out_dtype``: the output's dtype (default q's). Called by
     :func:`simattn.attention.sima.sima_attention`, which has checked the inputs (shapes, devices,
-    :func:`~simattn.attention._common.triton_refusal`); a device the kernels cannot run on is refused here.
+    the backend chooser, :mod:`simattn.attention.backends`); a device the kernels cannot run on is refused here.
     """
     bf16 = compute_dtype == torch.bfloat16
     out_dtype = out_dtype or q.dtype

@@ -200,7 +200,7 @@ def activation_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, acti
     ``activation`` h (a key of :data:`TRITON_H`), b = ``bias`` or, when None, −log n, and s = n^(-``alpha``) or,
     when None, 1; n is the number of keys the (B, Nk) keep-``mask`` keeps. Differentiable in q, k and v. Called by
     :func:`simattn.attention.sigmoid.sigmoid_attention` and :func:`simattn.attention.relu.relu_attention`, which
-    have checked the inputs and :func:`~simattn.attention._common.triton_refusal`; a device the kernels cannot run
+    have checked the inputs and the backend chooser, :mod:`simattn.attention.backends`; a device the kernels cannot run
     on is refused here."""
     out_dtype = out_dtype or v.dtype
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
