@@ -113,6 +113,27 @@ def _sima_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable
     return fn
 
 
+def token_kinds() -> List[str]:
+    """The registered attention kinds the CPU sweep runs through their module's ``attend`` beside :data:`KINDS`:
+    those that need no token grid (a kind added to the registry is measured without an entry here)."""
+    from ..attention import get_attention_class, list_attentions
+    return [name for name in list_attentions() if name not in KINDS
+            and not (get_attention_class(name).uses_grid or get_attention_class(name).attend_uses_grid)]
+
+
+def _module_attend(kind: str, heads: int, head_dim: int, device: str, dtype: torch.dtype) -> Callable:
+    """``attend`` of a ``kind`` module (its default options) on (B, H, N, d) q, k, v, no mask."""
+    from ..attention import create_attention
+    module = create_attention(kind, heads * head_dim, num_heads=heads).to(device, dtype).eval()
+    return lambda q, k, v: module.attend(q, k, v, None)
+
+
+def _cpu_kinds(values: List[str]) -> Optional[str]:
+    allowed = list(KINDS) + [k for k in GPU_KINDS if k not in KINDS] + token_kinds()
+    bad = [v for v in values if v not in allowed]
+    return f"{', '.join(map(repr, bad))} not allowed; allowed: some of {', '.join(allowed)}" if bad else None
+
+
 def make_qkv(b: int, heads: int, n: int, head_dim: int, layout: str, gen: torch.Generator, device: str,
              dtype: torch.dtype) -> List[torch.Tensor]:
     """q, k, v of shape (B, H, N, d): views of one fused (B, N, 3, H, d) projection, or three contiguous tensors."""
@@ -135,7 +156,8 @@ def run(tokens: List[int], kinds: List[str], heads: int, head_dim: int, threads:
     for i, n in enumerate(tokens):
         b = batch_for(n)
         q, k, v = make_qkv(b, heads, n, head_dim, layout, torch.Generator().manual_seed(n), device, dtype)
-        fns = {kind: _soft(n) if kind == "soft" else _sima_matmuls(q, k, v) if kind == "sima_matmuls" else KINDS[kind]
+        fns = {kind: _soft(n) if kind == "soft" else _sima_matmuls(q, k, v) if kind == "sima_matmuls" else
+               KINDS[kind] if kind in KINDS else _module_attend(kind, heads, head_dim, device, dtype)
                for kind in kinds}
         if i == 0:  # one untimed pass of every kind first: thread pools and lazy initialization
             with torch.inference_mode():
@@ -577,8 +599,9 @@ def _options():
     return {
         "tokens": Opt(None, f"token counts N (default: {' '.join(map(str, DEFAULT_TOKENS))} on CPU, "
                             f"{' '.join(map(str, GPU_TOKENS))} with --device cuda)", type=maybe(List[int]), low=1),
-        "kinds": Opt(None, f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)})",
-                     type=maybe(List[str]), check=some_of(list(KINDS) + [k for k in GPU_KINDS if k not in KINDS])),
+        "kinds": Opt(None, f"attention kinds (default: all; with --device cuda: {', '.join(GPU_KINDS)}; on CPU also "
+                           "any registered kind that needs no token grid, through its module)",
+                     type=maybe(List[str]), check=_cpu_kinds),
         "heads": Opt(None, "heads H (default 6 on CPU, 16 with --device cuda)", **counts),
         "head_dim": Opt(64, "head dim d", low=1),
         "batch": shared("batch", help="batch B with --device cuda (default 8; the CPU sweep uses 8 at N = 197, 1 "
@@ -656,10 +679,10 @@ def main(argv: List[str]) -> int:
     args.dtype = args.dtype or ("bfloat16" if gpu else "float32")
     if gpu:
         return main_gpu(args, p)
-    bad = [kind for kind in args.kinds if kind not in KINDS]
+    bad = [kind for kind in args.kinds if kind not in KINDS and kind not in token_kinds()]
     if bad:
         raise ValueError(f"--kinds {' '.join(bad)}: GPU kinds, for --device cuda; on CPU choose from "
-                         f"{', '.join(KINDS)}")
+                         f"{', '.join(list(KINDS) + token_kinds())}")
     for required in reversed(REQUIRED):
         if required not in args.kinds:
             args.kinds.insert(0, required)  # the ratios are against these
