@@ -63,7 +63,7 @@ def main(argv: List[str]) -> int:
     from ..utils.runs import results_folder
     name = recipe_name(args.config) or "detect"
     from ..models.sources import resolve_source
-    source = resolve_source(args.weights) if args.weights else None  # once, for every step below
+    source = resolve_source(args.weights, "weights") if args.weights else None  # once, for every step below
     beside = str(source.path) if source is not None and source.tag is None else None  # not in a download cache
     out = results_folder(cfg.output, beside, f"{name}_eval", "detect_eval")
     results = evaluate_checkpoint(cfg, source)

@@ -58,7 +58,7 @@ def _evaluate(cfg: SslConfig, args, name: str) -> int:
     from .evaluate import evaluate_backbone
     device = init_distributed(cfg.device, cfg.dist_timeout).device
     backbone = build_backbone(dataclasses.asdict(cfg.model)).to(device)
-    source = resolve_source(args.weights) if args.weights else None  # once, for every step below
+    source = resolve_source(args.weights, "weights") if args.weights else None  # once, for every step below
     if source is not None:
         # any file the project opens: a DINO checkpoint or backbone, a classifier (its head is dropped), timm weights
         report = load_initial_weights(backbone, source, model_name=cfg.model.name, use_ema=args.ema,
