@@ -79,7 +79,7 @@ def _build(name: str, **overrides) -> Tuple[torch.nn.Module, torch.Tensor]:
 
 
 def test_every_family_has_a_small_configuration():
-    assert len(MODELS) == 41 + 4 + 8 + 2 + 17 + 17  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
+    assert len(MODELS) == 41 + 4 + 8 + 2 + 21 + 17  # + agent_deit_{tiny,small}, sigmoid_deit_{tiny,small}
     # + {flatten,inline,slab,polaformer}_deit_{tiny,small}, prepbn_deit_{tiny,small}, the PVT and Swin families
     for name in MODELS:
         _small(name)
