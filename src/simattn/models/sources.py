@@ -134,7 +134,10 @@ def _tags_of(name: str) -> List[str]:
 
 def tag_cache_path(tag: str) -> Optional[Path]:
     """Where timm keeps a url tag's file (None for a tag on the Hugging Face Hub or a local file)."""
-    cfg = _pretrained_cfg(tag) or {}
+    return _cache_path(_pretrained_cfg(tag) or {})
+
+
+def _cache_path(cfg: Dict[str, Any]) -> Optional[Path]:
     if cfg.get("file") or cfg.get("hf_hub_id") or not cfg.get("url"):
         return None
     from timm.models._hub import get_cache_dir
@@ -148,7 +151,7 @@ def _tag_file(tag: str) -> Path:
     if cfg.get("hf_hub_id"):
         from .hub import download_file
         return download_file(cfg["hf_hub_id"], cfg.get("hf_hub_filename") or "model.safetensors", name=tag)
-    url, cached = cfg["url"], tag_cache_path(tag)
+    url, cached = cfg["url"], _cache_path(cfg)
     if cached.is_file():
         return cached
     host = urlparse(url).hostname or url
