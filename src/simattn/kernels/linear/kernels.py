@@ -63,7 +63,7 @@ TUNE_KEYS = {"stats": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE
                      "BF16_OUT"],
              "bwd": ["n_bucket", "p_bucket", "d", "e", "SPLIT", "BF16_DQ"],
              "feature_bwd": ["n_bucket", "p_bucket", "d", "e", "FEATURE_ELU", "FEATURE_RELU", "NORM_DOT",
-                             "STAGE"]}
+                             "QUERY_SIDE", "KEY_SIDE"]}
 
 
 def _loop_tuned(name):
@@ -487,20 +487,22 @@ def _feature_key_grads(k_base, v_base, km_ptr, dk_base, dv_base, ds, dz, b, star
 def feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_ptr, pz_ptr, dq_ptr, dk_ptr, dv_ptr,
                         H, n_q, n_k, d, e, n_split, chunk, eps, n_bucket, p_bucket,
                         sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, sve, sgb, sgh, sgn, sge, skmb, skmn,
-                        HAS_KM: tl.constexpr, STAGE: tl.constexpr, FEATURE_ELU: tl.constexpr,
+                        HAS_KM: tl.constexpr, QUERY_SIDE: tl.constexpr, KEY_SIDE: tl.constexpr,
+                        FEATURE_ELU: tl.constexpr,
                         FEATURE_RELU: tl.constexpr, NORM_DOT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                         BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
     """The gradients of a feature kind, with the per-row normalizer (NORM_DOT) or without (``launch``'s
     docstring), for (batch, head)
-    ``program_id(0)``, from the forward's S = φ(k)ᵀv and z = Σφ(k). STAGE 0: one program per head, queries then
-    keys. A split token axis takes two launches over chunk ``program_id(1)``: STAGE 1 writes the queries' dq and
-    partial dS, dz; STAGE 2 adds the partials in a fixed order and writes the keys' dk, dv."""
+    ``program_id(0)``, from the forward's S = φ(k)ᵀv and z = Σφ(k). Whole, one program per head does the queries'
+    side (dq, and dS, dz) then the keys' (dk, dv). A split token axis takes two launches over chunk
+    ``program_id(1)``: QUERY_SIDE alone writes the queries' dq and partial dS, dz; KEY_SIDE alone adds the partials
+    in a fixed order and writes the keys' dk, dv."""
     b, h, bh64 = _head(H)
     split = tl.program_id(1)
     offs_d, offs_e, d_ok, e_ok = _channels(d, e, BLOCK_D, BLOCK_E)
     de_ok = d_ok[:, None] & e_ok[None, :]
     start = split * chunk
-    if STAGE == 2:
+    if not QUERY_SIDE:
         ds, dz, _ = _sum_parts(part_ptr, pz_ptr, pz_ptr, bh64, n_split, d, e, offs_d, offs_e, d_ok, e_ok,
                                True, False, BLOCK_D, BLOCK_E)
     else:
@@ -510,7 +512,7 @@ def feature_bwd_kernel(q_ptr, k_ptr, v_ptr, g_ptr, km_ptr, s_ptr, z_ptr, part_pt
                                       s, z, start, tl.minimum(n_q, start + chunk), d, eps, sqn, sqd, sgn, sge,
                                       offs_d, offs_e, d_ok, e_ok, FEATURE_ELU, FEATURE_RELU, NORM_DOT, UPCAST, PREC,
                                       BLOCK, BLOCK_D, BLOCK_E)
-    if STAGE == 1:
+    if not KEY_SIDE:
         part = bh64 * n_split + split
         tl.store(part_ptr + part * d * e + offs_d[:, None] * e + offs_e[None, :], ds, mask=de_ok)
         tl.store(pz_ptr + part * d + offs_d, dz, mask=d_ok)

@@ -270,9 +270,10 @@ class _FeatureBackwardCall:
         consts = dict(HAS_KM=mask is not None, **_features(KINDS[kind].flags),
                       NORM_DOT=KINDS[kind].flags["NORM_DOT"], UPCAST=mode.interpret,
                       PREC=host.precision(q), BLOCK_D=host.block(d), BLOCK_E=host.block(e))
-        stages = (1, 2) if splits > 1 else (0,)
-        self.launches = [host.Launch(K.feature_bwd_kernel, (bh, splits), dict(consts, STAGE=stage), mode)
-                         for stage in stages]
+        sides = (dict(QUERY_SIDE=True, KEY_SIDE=False), dict(QUERY_SIDE=False, KEY_SIDE=True)) if splits > 1 \
+            else (dict(QUERY_SIDE=True, KEY_SIDE=True),)
+        self.launches = [host.Launch(K.feature_bwd_kernel, (bh, splits), dict(consts, **side), mode)
+                         for side in sides]
 
     def __call__(self, g, q, k, v, mask, s, z):
         dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
