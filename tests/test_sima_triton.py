@@ -406,6 +406,10 @@ def _compiled_kernels(monkeypatch):
         spec.loader.exec_module(module)
         return module
 
+    # Triton's compiler imports gluon, whose import checks that triton's standard functions are JIT functions
+    # unless interpreting: they were made interpreted here, so gluon is imported while that still reads as true
+    import triton.experimental.gluon  # noqa: F401
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(host, "INTERPRETER", False)
     monkeypatch.setitem(sys.modules, "simattn.kernels.tiles", load("simattn.kernels.tiles", tiles.__file__))

@@ -167,17 +167,20 @@ def _chunk_agents(a_ptr, sab, sah, san, sad, n_a, d, e, n_k, chunk,
 
 
 @triton.jit
-def _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok,
+def _key_logits(agents, k_head, v_head, bias_head, start, end, offs_a, offs_d, offs_e, a_ok, d_ok, e_ok,
                 skn, skd, svn, sve, sba, sbn, c, HAS_BIAS: tl.constexpr, AK_NATIVE: tl.constexpr,
                 UPCAST: tl.constexpr, PREC: tl.constexpr, BLOCK_A: tl.constexpr, BLOCK: tl.constexpr):
-    """A tile of keys and values (``cols`` of them real) and the agents' logits over it, c A kᵀ + B₁ (fp32)."""
+    """The tile of keys and values from ``start`` (``cols``: those before ``end``, the others read as zero rows) and
+    the agents' logits over it, c A kᵀ + B₁ (fp32): (offs_n, cols, k, v, x)."""
+    offs_n = start + tl.arange(0, BLOCK)
+    cols = offs_n < end
     k = tile(k_head, offs_n, offs_d, skn, skd, cols, d_ok)
     v = tile(v_head, offs_n, offs_e, svn, sve, cols, e_ok)
     x = mm(agents, tl.trans(k), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), AK_NATIVE, UPCAST, PREC) * c
     if HAS_BIAS:
         x += tl.load(bias_head + offs_a[:, None] * sba + offs_n.to(tl.int64)[None, :] * sbn,
                      mask=a_ok[:, None] & cols[None, :], other=0.0).to(tl.float32)
-    return k, v, x
+    return offs_n, cols, k, v, x
 
 
 @_tuned(CHUNK_CONFIGS)
@@ -195,10 +198,9 @@ def gather_fwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, o_ptr, lse_ptr, H, n_k, n_a
     total = tl.zeros([BLOCK_A], dtype=tl.float32)
     acc = tl.zeros([BLOCK_A, BLOCK_E], dtype=tl.float32)
     for start in range(first, end, BLOCK):
-        offs_n = start + tl.arange(0, BLOCK)
-        cols = offs_n < end
-        k, v, x = _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok,
-                              e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST, PREC, BLOCK_A, BLOCK)
+        offs_n, cols, k, v, x = _key_logits(agents, k_head, v_head, bias_head, start, end, offs_a, offs_d, offs_e, a_ok,
+                                            d_ok, e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST,
+                                            PREC, BLOCK_A, BLOCK)
         x = tl.where(cols[None, :], x, float("-inf"))
         new_top = tl.maximum(top, tl.reduce(x, 1, _MAX))
         p = tl.exp(x - new_top[:, None])
@@ -232,10 +234,9 @@ def gather_bwd_kernel(a_ptr, k_ptr, v_ptr, bias_ptr, lse_ptr, gw_ptr, dd_ptr, dk
     k_head, v_head, bias_head = k_ptr + b * skb + h * skh, v_ptr + b * svb + h * svh, bias_ptr + b * sbb + h * sbh
     da = tl.zeros([BLOCK_A, BLOCK_D], dtype=tl.float32)
     for start in range(first, end, BLOCK):
-        offs_n = start + tl.arange(0, BLOCK)
-        cols = offs_n < end
-        k, v, x = _key_logits(agents, k_head, v_head, bias_head, offs_n, cols, offs_a, offs_d, offs_e, a_ok, d_ok,
-                              e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST, PREC, BLOCK_A, BLOCK)
+        offs_n, cols, k, v, x = _key_logits(agents, k_head, v_head, bias_head, start, end, offs_a, offs_d, offs_e, a_ok,
+                                            d_ok, e_ok, skn, skd, svn, sve, sba, sbn, c, HAS_BIAS, AK_NATIVE, UPCAST,
+                                            PREC, BLOCK_A, BLOCK)
         p = tl.where(a_ok[:, None] & cols[None, :], tl.exp(x - lse[:, None]), 0.0)
         dv = mm(tl.trans(p), gw, tl.zeros([BLOCK, BLOCK_E], dtype=tl.float32), False, UPCAST, PREC)
         dx = p * (mm(gw, tl.trans(v), tl.zeros([BLOCK_A, BLOCK], dtype=tl.float32), False, UPCAST, PREC)

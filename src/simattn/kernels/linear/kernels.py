@@ -147,13 +147,27 @@ def _cols_l2_fold(kv, gamma, eps):
 
 
 @triton.jit
-def _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1: tl.constexpr, FOLD_COLS_L2: tl.constexpr):
-    """The state made into W, by the kind's fold flag; kᵀv itself without one (ELU: its normalizer is per row)."""
+def _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1: tl.constexpr, FOLD_COLS_L2: tl.constexpr,
+          BF16_OUT: tl.constexpr):
+    """The state made into W, by the kind's fold flag; kᵀv itself without one (ELU: its normalizer is per row). In
+    bf16 with BF16_OUT, as :func:`_apply` takes it."""
     if FOLD_L1:
-        return _l1_fold(kv, s_k, s_q, eps)
-    if FOLD_COLS_L2:
-        return _cols_l2_fold(kv, tl.load(gamma_ptr + bh64), eps)
-    return kv
+        w = _l1_fold(kv, s_k, s_q, eps)
+    else:
+        if FOLD_COLS_L2:
+            w = _cols_l2_fold(kv, tl.load(gamma_ptr + bh64), eps)
+        else:
+            w = kv
+    if BF16_OUT:
+        w = w.to(tl.bfloat16)
+    return w
+
+
+@triton.jit
+def _store_out(o_ptr, out, bh64, n_q, e, offs, offs_e, e_ok):
+    """One query tile's output rows ``offs`` of head ``bh64`` (contiguous (B, H, n_q, e)), in the output's dtype."""
+    tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
 
 
 @triton.jit
@@ -176,13 +190,7 @@ def _apply(q, rows, w, z, eps, FEATURE_ELU: tl.constexpr, FEATURE_RELU: tl.const
            BLOCK_E: tl.constexpr):
     """One query tile: φ(q) W (bf16 operands with BF16_OUT, W given in bf16), then the kind's row normalizer."""
     zero = tl.full((BLOCK, BLOCK_E), 0.0, tl.float32)
-    # the prologue's branch written out: each call of a helper costs the interpreter about a millisecond
-    if FEATURE_ELU:
-        x = _elu_features(q, rows)
-    elif FEATURE_RELU:
-        x = _relu_features(q, rows)
-    else:
-        x = q
+    x = _prologue(q, rows, FEATURE_ELU, FEATURE_RELU)
     if BF16_OUT:
         out = mm(x.to(tl.bfloat16), w, zero, True, UPCAST, PREC)
     else:
@@ -310,9 +318,7 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_ptr
         if split == 0:
             _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps,
                         FOLD_L1)
-    w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2)
-    if BF16_OUT:
-        w = w.to(tl.bfloat16)
+    w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2, BF16_OUT)
     start = split * chunk
     for n0 in range(start, tl.minimum(n_q, start + chunk), BLOCK):
         offs = n0 + tl.arange(0, BLOCK)
@@ -320,8 +326,7 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, part_ptr, psk_ptr
         q = tile(q_base, offs, offs_d, sqn, sqd, rows, d_ok)
         out = _apply(q, rows, w, s_k, eps, FEATURE_ELU, FEATURE_RELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC,
                      BLOCK, BLOCK_E)
-        tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
+        _store_out(o_ptr, out, bh64, n_q, e, offs, offs_e, e_ok)
 
 
 @_warps_tuned("one")
@@ -352,13 +357,10 @@ def fwd_one_tile_kernel(q_ptr, k_ptr, v_ptr, qm_ptr, km_ptr, gamma_ptr, o_ptr, k
     s_q = tl.reduce(tl.abs(q.to(tl.float32)), 0, SUM)
     if SAVE:
         _save_state(kv_ptr, sq_ptr, sk_ptr, kv, s_k, s_q, bh64, d, e, offs_d, offs_e, d_ok, e_ok, eps, FOLD_L1)
-    w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2)
-    if BF16_OUT:
-        w = w.to(tl.bfloat16)
+    w = _fold(kv, s_k, s_q, gamma_ptr, bh64, eps, FOLD_L1, FOLD_COLS_L2, BF16_OUT)
     out = _apply(q, q_rows, w, s_k, eps, FEATURE_ELU, FEATURE_RELU, NORM_DOT, NORM_ROWS_L2, BF16_OUT, UPCAST, PREC,
                  BLOCK, BLOCK_E)
-    tl.store(o_ptr + bh64 * n_q * e + offs.to(tl.int64)[:, None] * e + offs_e[None, :],
-             out.to(o_ptr.dtype.element_ty), mask=(offs < n_q)[:, None] & e_ok[None, :])
+    _store_out(o_ptr, out, bh64, n_q, e, offs, offs_e, e_ok)
 
 
 @_loop_tuned("bwd")

@@ -94,6 +94,46 @@ def _head_offsets(sb, sh):
     return b, b * sb + tl.program_id(2).to(tl.int64) * sh
 
 
+@triton.jit
+def _rows_and_channels(d, e, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr):
+    """The BLOCK_M rows of tile ``program_id(0)`` and the channel offsets with their in-range masks."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
+    return offs_m, offs_d, offs_e, offs_d < d, offs_e < e
+
+
+@triton.jit
+def _query_tile(q_ptr, m_ptr, sqb, sqh, sqn, sqd, skb, skh, svb, svh, smb, smn, n_q, n_k, n_keys, d, e, bias,
+                alpha, HAS_KM: tl.constexpr, LOG_N_BIAS: tl.constexpr, LENGTH_SCALE: tl.constexpr, BLOCK_M: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK: tl.constexpr):
+    """What a program that holds a query tile and streams the keys starts from: its batch b, the offsets of its
+    head in k and v, rows and channels with their masks, the tile of q, and the example's (bias, scale)."""
+    b, q_base = _head_offsets(sqb, sqh)
+    _, k_base = _head_offsets(skb, skh)
+    _, v_base = _head_offsets(svb, svh)
+    offs_m, offs_d, offs_e, d_ok, e_ok = _rows_and_channels(d, e, BLOCK_M, BLOCK_D, BLOCK_E)
+    rows_q = offs_m < n_q
+    q = tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
+    bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
+                                LENGTH_SCALE)
+    return b, k_base, v_base, offs_m, offs_d, offs_e, d_ok, e_ok, rows_q, q, bias_b, scale
+
+
+@triton.jit
+def _key_tile(q, k_head, v_head, m_ptr, b, smb, smn, start, n_k, offs_d, offs_e, d_ok, e_ok, skn, skd, svn, sve, c,
+              bias_b, SIGMOID: tl.constexpr, HAS_KM: tl.constexpr, QK_NATIVE: tl.constexpr, UPCAST: tl.constexpr,
+              PREC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
+    """The key tile at ``start`` of a query tile's stream: k, v (removed and out-of-range keys read as zero rows, so
+    they add nothing through v nor, in dq, through G vᵀ) and h(x), h'(x) of its scores x = c q kᵀ + b."""
+    offs_n = start + tl.arange(0, BLOCK)
+    rows_k = keep_rows(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
+    k = tile(k_head, offs_n, offs_d, skn, skd, rows_k, d_ok)
+    v = tile(v_head, offs_n, offs_e, svn, sve, rows_k, e_ok)
+    s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
+    w, dw = _activation(s * c + bias_b, SIGMOID)
+    return k, v, w, dw
+
+
 @_tuned
 @triton.jit
 def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, bias, alpha,
@@ -102,25 +142,15 @@ def fwd_kernel(q_ptr, k_ptr, v_ptr, m_ptr, o_ptr, H, n_q, n_k, n_keys, d, e, c, 
                 QK_NATIVE: tl.constexpr, PV_NATIVE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of BLOCK_M queries of one (batch, head): out = s Σ over key tiles h(c q kᵀ + b) v."""
-    b, q_base = _head_offsets(sqb, sqh)
-    _, k_base = _head_offsets(skb, skh)
-    _, v_base = _head_offsets(svb, svh)
+    b, k_base, v_base, offs_m, offs_d, offs_e, d_ok, e_ok, rows_q, q, bias_b, scale = _query_tile(
+        q_ptr, m_ptr, sqb, sqh, sqn, sqd, skb, skh, svb, svh, smb, smn, n_q, n_k, n_keys, d, e, bias, alpha, HAS_KM,
+        LOG_N_BIAS, LENGTH_SCALE, BLOCK_M, BLOCK_D, BLOCK_E, BLOCK)
     _, o_base = _head_offsets(sob, soh)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-    d_ok, e_ok = offs_d < d, offs_e < e
-    rows_q = offs_m < n_q
-    q = tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
-    bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
-                                LENGTH_SCALE)
     acc = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
     for start in range(0, n_k, BLOCK):
-        offs_n = start + tl.arange(0, BLOCK)
-        rows_k = keep_rows(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
-        k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
-        v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: zero rows, no weight
-        s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        w, _unused = _activation(s * c + bias_b, SIGMOID)
+        _k, v, w, _dw = _key_tile(q, k_ptr + k_base, v_ptr + v_base, m_ptr, b, smb, smn, start, n_k, offs_d, offs_e,
+                                  d_ok, e_ok, skn, skd, svn, sve, c, bias_b, SIGMOID, HAS_KM, QK_NATIVE, UPCAST, PREC,
+                                  BLOCK_M, BLOCK)
         if PV_NATIVE:
             acc = mm(w.to(v.dtype), v, acc, True, UPCAST, PREC)
         else:
@@ -145,9 +175,7 @@ def dkdv_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dk_ptr, dv_ptr, H, n_q, n_k, 
     _, v_base = _head_offsets(svb, svh)
     _, g_base = _head_offsets(sgb, sgh)
     bh = tl.program_id(1).to(tl.int64) * H + tl.program_id(2)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-    d_ok, e_ok = offs_d < d, offs_e < e
+    offs_m, offs_d, offs_e, d_ok, e_ok = _rows_and_channels(d, e, BLOCK_M, BLOCK_D, BLOCK_E)
     rows_k = keep_rows(m_ptr, b, smb, smn, offs_m, n_k, HAS_KM)
     k = tile(k_ptr + k_base, offs_m, offs_d, skn, skd, rows_k, d_ok)
     v = tile(v_ptr + v_base, offs_m, offs_e, svn, sve, rows_k, e_ok)
@@ -189,27 +217,17 @@ def dq_kernel(q_ptr, k_ptr, v_ptr, g_ptr, m_ptr, dq_ptr, H, n_q, n_k, n_keys, d,
                PREC: tl.constexpr,
                BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr):
     """One tile of BLOCK_M queries of one (batch, head): dq = dS k over key tiles (contiguous output)."""
-    b, q_base = _head_offsets(sqb, sqh)
-    _, k_base = _head_offsets(skb, skh)
-    _, v_base = _head_offsets(svb, svh)
+    b, k_base, v_base, offs_m, offs_d, offs_e, d_ok, e_ok, rows_q, q, bias_b, scale = _query_tile(
+        q_ptr, m_ptr, sqb, sqh, sqn, sqd, skb, skh, svb, svh, smb, smn, n_q, n_k, n_keys, d, e, bias, alpha, HAS_KM,
+        LOG_N_BIAS, LENGTH_SCALE, BLOCK_M, BLOCK_D, BLOCK_E, BLOCK)
     _, g_base = _head_offsets(sgb, sgh)
     bh = tl.program_id(1).to(tl.int64) * H + tl.program_id(2)
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d, offs_e = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_E)
-    d_ok, e_ok = offs_d < d, offs_e < e
-    rows_q = offs_m < n_q
-    q = tile(q_ptr + q_base, offs_m, offs_d, sqn, sqd, rows_q, d_ok)
     g = tile(g_ptr + g_base, offs_m, offs_e, sgn, sge, rows_q, e_ok)
-    bias_b, scale = _bias_scale(_kept_keys(m_ptr, b, smb, smn, n_k, n_keys, HAS_KM, BLOCK), bias, alpha, LOG_N_BIAS,
-                                LENGTH_SCALE)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(0, n_k, BLOCK):
-        offs_n = start + tl.arange(0, BLOCK)
-        rows_k = keep_rows(m_ptr, b, smb, smn, offs_n, n_k, HAS_KM)
-        k = tile(k_ptr + k_base, offs_n, offs_d, skn, skd, rows_k, d_ok)
-        v = tile(v_ptr + v_base, offs_n, offs_e, svn, sve, rows_k, e_ok)  # removed keys: G vᵀ = 0 there
-        s = mm(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), QK_NATIVE, UPCAST, PREC)
-        _unused, dw = _activation(s * c + bias_b, SIGMOID)
+        k, v, _w, dw = _key_tile(q, k_ptr + k_base, v_ptr + v_base, m_ptr, b, smb, smn, start, n_k, offs_d, offs_e,
+                                 d_ok, e_ok, skn, skd, svn, sve, c, bias_b, SIGMOID, HAS_KM, QK_NATIVE, UPCAST, PREC,
+                                 BLOCK_M, BLOCK)
         dp = mm(g, tl.trans(v), tl.zeros([BLOCK_M, BLOCK], dtype=tl.float32), VG_NATIVE, UPCAST, PREC)
         if QK_NATIVE and BF16_DS:
             dq = mm((dp * dw).to(k.dtype), k, dq, True, UPCAST, PREC)
