@@ -92,8 +92,8 @@ def test_host_cost_rows_ratios_and_summary_from_stand_in_figures():
                                 + [{"kind": "sima_launch", "pass": "fwd+bwd", "error": "RuntimeError: no ptxas"}])
     assert [r["x_sdpa"] for r in rows] == [1.2, 1.5, 2.0, 1.0, 1.0, None]
     assert host_cost.summary(rows, "CPU X, 1 thread(s)") == (
-        "SimA Triton host cost per call, simattn's path: fwd 12.0 µs (1.20x SDPA's), fwd+bwd 45.0 µs (1.50x "
-        "SDPA's); with Triton's launch path: fwd 20.0 µs (2.00x SDPA's); on CPU X, 1 thread(s)")
+        "Triton host cost per call, sima simattn's path: fwd 12.0 µs (1.20x SDPA's), fwd+bwd 45.0 µs (1.50x "
+        "SDPA's); sima with Triton's launch path: fwd 20.0 µs (2.00x SDPA's); on CPU X, 1 thread(s)")
     table = host_cost.format_rows(rows).splitlines()
     assert table[3].split() == ["sima", "fwd+bwd", "45.0", "45.0", "45.0", "1.50"]
     assert " ".join(table[7].split()) == "sima_launch fwd+bwd not measured: RuntimeError: no ptxas"
@@ -127,7 +127,7 @@ def test_host_cost_runs_the_public_triton_path_without_a_gpu(tmp_path, monkeypat
     assert rows[("sdpa", "fwd")]["x_sdpa"] == 1.0
     assert set(seen) == {"triton"} and data["config"]["threads"] == 1
     printed = capsys.readouterr().out
-    assert "host µs" in printed and "SimA Triton host cost per call, simattn's path: fwd " in printed
+    assert "host µs" in printed and "Triton host cost per call, sima simattn's path: fwd " in printed
 
 
 @pytest.mark.parametrize("argv, says", [

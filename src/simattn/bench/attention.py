@@ -35,7 +35,8 @@ peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, t
 sweep's points (:func:`table_points`): per pass and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``.
 Without a CUDA device it stops at once with a one-line error (exit code 2).
 
-``--host-cost`` measures the host's work per SimA Triton call instead, on CPU (:mod:`simattn.bench.host_cost`).
+``--host-cost`` measures the host's work per Triton call of one kind per kernel family instead, on CPU
+(:mod:`simattn.bench.host_cost`).
 """
 from __future__ import annotations
 
@@ -563,19 +564,19 @@ def main_gpu(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
 
 
 def main_host_cost(args: argparse.Namespace) -> int:
-    """``--host-cost``: the host's work per SimA Triton call against SDPA's (:mod:`simattn.bench.host_cost`)."""
+    """``--host-cost``: the host's work per Triton call against SDPA's (:mod:`simattn.bench.host_cost`)."""
     from . import host_cost
 
     try:
         import simattn.kernels.linear.launch  # noqa: F401 - the path measured
     except ImportError as e:
-        raise ValueError(f"--host-cost times SimA's Triton path and needs the triton package ({e})") from None
+        raise ValueError(f"--host-cost times the Triton paths and needs the triton package ({e})") from None
     threads = set_threads(args.threads or 1)
     cpu = cpu_info()
     machine = (f"{cpu.get('cpu_name') or platform.processor() or 'CPU name unknown'}, {threads} thread(s), "
                f"torch {torch.__version__}, Triton {triton_version()}")
-    print(f"simattn bench attention --host-cost: SimA (backend 'triton'; sima: launches skipped, sima_launch: "
-          f"through Triton's launch path to a stubbed launcher) and SDPA on "
+    print(f"simattn bench attention --host-cost: {', '.join(host_cost.TRITON_KINDS)} (backend 'triton'; <kind>: "
+          f"launches skipped, <kind>_launch: through Triton's launch path to a stubbed launcher) and SDPA on "
           f"{'x'.join(map(str, host_cost.SHAPE))} fp32 CPU tensors; {machine}", flush=True)
     rows = host_cost.measure(args.repeats, args.rounds)
     print(host_cost.format_rows(rows))
@@ -631,8 +632,8 @@ def _options():
                                  "here, with this sweep's points (GPU times of kinds sima and sima_triton, both "
                                  "needed); an existing table is updated",
                            type=maybe(str), check=check_path),
-        "host_cost": Opt(False, "instead of a sweep: the microseconds of host work per SimA Triton forward and "
-                                "forward+backward (on CPU, no GPU needed: launches skipped, and through Triton's "
+        "host_cost": Opt(False, "instead of a sweep: the microseconds of host work per Triton forward and "
+                                "forward+backward of SimA, FLatten, sigmoid and Agent (on CPU, no GPU needed: launches skipped, and through Triton's "
                                 "launch path to a stubbed launcher) beside SDPA's"),
     }
 

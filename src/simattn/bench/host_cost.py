@@ -1,11 +1,12 @@
-"""``simattn bench attention --host-cost``: the microseconds of Python work per SimA Triton call, without a GPU.
+"""``simattn bench attention --host-cost``: the microseconds of Python work per Triton call, without a GPU.
 
-SimA's public path, ``sima_attention(q, k, v, backend="triton")`` and its backward through autograd, runs on tiny
-CPU tensors two ways:
+The public op of one kind of each kernel family, with ``backend="triton"``, and its backward through autograd, runs
+on tiny CPU tensors: SimA (``sima_attention``) and FLatten (``flatten_attention``, a feature kind of the same linear
+family), sigmoid attention (the point-wise family) and Agent attention (its own two-step family). Each two ways:
 
-* ``sima``: inside :func:`simattn.kernels.host.dry_run`, which runs simattn's whole host path (checks,
+* ``<kind>``: inside :func:`simattn.kernels.host.dry_run`, which runs simattn's whole host path (checks,
   the choice of backend and order, the launch plan, autograd, allocating the outputs) and skips the kernel launches;
-* ``sima_launch``: inside :func:`simattn.kernels.host.hopper_stand_in`, where the kernels are compiled
+* ``<kind>_launch``: inside :func:`simattn.kernels.host.hopper_stand_in`, where the kernels are compiled
   for an H100/H200 and every launch goes through Triton's launch path as on the GPU, up to Triton's CUDA launcher,
   which is replaced by a no-op: simattn's host path plus Triton's. Left out: the launcher's C code and
   ``cuLaunchKernel`` itself. Not measured (its row says why) where the kernels cannot be compiled here.
@@ -31,23 +32,38 @@ from .report import relative_spread
 
 __all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows"]
 
-KINDS = ("sima", "sima_launch", "sdpa")
+#: the kinds timed through their Triton kernels, one per kernel family (FLatten for the linear family's features)
+TRITON_KINDS = ("sima", "flatten", "sigmoid", "agent")
+KINDS = tuple(k for kind in TRITON_KINDS for k in (kind, f"{kind}_launch")) + ("sdpa",)
 PASSES = ("fwd", "fwd+bwd")
-#: (B, H, N, d) of the tiny tensors: the host path does not depend on the size
+#: (B, H, N, d) of the tiny tensors: the host path does not depend on the size (N = 16: a 4×4 grid for Agent)
 SHAPE = (2, 2, 16, 16)
+
+
+def _triton_ops() -> Dict[str, Callable[..., torch.Tensor]]:
+    """Each kind's public op with ``backend='triton'`` and its defaults (Agent: 2×2 agents pooled from q)."""
+    from ..attention.agent import agent_attention
+    from ..attention.flatten import flatten_attention
+    from ..attention.sigmoid import sigmoid_attention
+    from ..attention.sima import sima_attention
+
+    return {"sima": lambda *qkv: sima_attention(*qkv, backend="triton"),
+            "flatten": lambda *qkv: flatten_attention(*qkv, backend="triton"),
+            "sigmoid": lambda *qkv: sigmoid_attention(*qkv, backend="triton"),
+            "agent": lambda *qkv: agent_attention(*qkv, agent_num=4, backend="triton")}
 
 
 def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
     """One call of each (kind, pass) on tiny fp32 CPU tensors: the forward on tensors that need no gradient, the
     forward and backward (``torch.autograd.grad``) on leaves that do."""
-    from ..attention.sima import sima_attention
-
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(*SHAPE, generator=gen) for _ in range(3))
     leaves = tuple(t.clone().requires_grad_() for t in (q, k, v))
     grad = torch.randn(*SHAPE, generator=gen)
-    sima = lambda *qkv: sima_attention(*qkv, backend="triton")  # noqa: E731
-    ops = {"sima": sima, "sima_launch": sima, "sdpa": lambda *qkv: F.scaled_dot_product_attention(*qkv)}
+    ops = {"sdpa": lambda *qkv: F.scaled_dot_product_attention(*qkv)}
+    for kind, op in _triton_ops().items():
+        ops[kind] = ops[f"{kind}_launch"] = op
+    ops = {kind: ops[kind] for kind in KINDS}
     fns = {}
     for kind, op in ops.items():
         fns[(kind, "fwd")] = lambda op=op: op(q, k, v)
@@ -58,7 +74,8 @@ def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
 def _contexts() -> Dict[str, Callable[[], ContextManager]]:
     """The setting each kind's calls run in."""
     from ..kernels.host import dry_run, hopper_stand_in
-    return {"sima": dry_run, "sima_launch": hopper_stand_in, "sdpa": contextlib.nullcontext}
+    return {kind: contextlib.nullcontext if kind == "sdpa" else hopper_stand_in if kind.endswith("_launch")
+            else dry_run for kind in KINDS}
 
 
 def _per_call_us(fn: Callable[[], object], calls: int) -> float:
@@ -114,28 +131,29 @@ def add_ratios(rows: List[dict]) -> List[dict]:
 
 
 def format_rows(rows: List[dict]) -> str:
-    head = f"{'kind':<11} {'pass':<8} {'host µs':>9} {'p10 µs':>8} {'p90 µs':>8} {'x SDPA':>7}"
+    head = f"{'kind':<14} {'pass':<8} {'host µs':>9} {'p10 µs':>8} {'p90 µs':>8} {'x SDPA':>7}"
     lines = [head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['kind']:<11} {r['pass']:<8} not measured: {r['error']}")
+            lines.append(f"{r['kind']:<14} {r['pass']:<8} not measured: {r['error']}")
             continue
         ratio = f"{r['x_sdpa']:.2f}" if r["x_sdpa"] is not None else "-"
-        lines.append(f"{r['kind']:<11} {r['pass']:<8} {r['host_us']:>9.1f} {r['host_us_p10']:>8.1f} "
+        lines.append(f"{r['kind']:<14} {r['pass']:<8} {r['host_us']:>9.1f} {r['host_us_p10']:>8.1f} "
                      f"{r['host_us_p90']:>8.1f} {ratio:>7}")
     return "\n".join(lines)
 
 
 def summary(rows: List[dict], machine: str) -> str:
-    """One line: SimA's host cost per forward and per forward+backward, in µs and as a multiple of SDPA's, without
-    and with Triton's launch path, and the machine."""
+    """One line: each kind's host cost per forward and per forward+backward, in µs and as a multiple of SDPA's,
+    without and with Triton's launch path, and the machine."""
     parts = []
-    for kind, what in (("sima", "simattn's path"), ("sima_launch", "with Triton's launch path")):
-        timed = {r["pass"]: r for r in rows if r["kind"] == kind and r.get("x_sdpa") is not None}
-        if timed:
-            parts.append(f"{what}: " + ", ".join(f"{p} {timed[p]['host_us']:.1f} µs ({timed[p]['x_sdpa']:.2f}x "
-                                                  f"SDPA's)" for p in PASSES if p in timed))
-    return f"SimA Triton host cost per call, {'; '.join(parts)}; on {machine}"
+    for kind in TRITON_KINDS:
+        for key, what in ((kind, "simattn's path"), (f"{kind}_launch", "with Triton's launch path")):
+            timed = {r["pass"]: r for r in rows if r["kind"] == key and r.get("x_sdpa") is not None}
+            if timed:
+                parts.append(f"{kind} {what}: " + ", ".join(
+                    f"{p} {timed[p]['host_us']:.1f} µs ({timed[p]['x_sdpa']:.2f}x SDPA's)" for p in PASSES if p in timed))
+    return f"Triton host cost per call, {'; '.join(parts)}; on {machine}"
 
 
 def spread_rows(rows: List[dict]) -> Dict[str, float]:
