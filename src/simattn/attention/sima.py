@@ -16,10 +16,12 @@ the Triton kernels wherever they apply, unless ``sima_gpu_table.json`` holds a m
 capability, dtype, head dim and pass in which torch was faster at the nearest measured (B·H, N): the backend
 chooser's policy for SimA (:mod:`simattn.attention.backends`).
 
-This file holds the op side by side: the reference (:func:`sima_attention_reference`, imported), the torch path
-(:func:`sima_torch`), the TorchScript formula (:func:`sima_scripted`), the bindings of the CPU kernel and the Triton
-kernels, and the one dispatcher (:func:`sima_path`, which asks the backend chooser) that the functional op and the
-module's fused path both ask.
+This file holds SimA's three paths side by side: the reference (:func:`sima_attention_reference`, imported), the
+one torch path (:func:`_sima_torch`: batched products, or eagerly on a CPU one batch item at a time on the views of a
+fused projection, and under TorchScript the same batched products in fp32) and the bindings of the kernels (the CPU
+kernel and the Triton kernels), with the one dispatcher (:func:`sima_path`, which asks the backend chooser) that the
+functional op and the module's fused path both ask. The l1 norms are :func:`sima_l1_norms` wherever SimA takes them
+(the torch path, the module's fused path, :func:`sima_normalize` and XCiT-SimA's class attention).
 
 Output bound. Every channel c of q̂ and of k̂ has Σ_n |q̂_nc| ≤ 1 and Σ_j |k̂_jc| ≤ 1 (so |q̂_nc| ≤ 1), and
 out[n, e] = Σ_c q̂_nc Σ_j k̂_jc v_je with |Σ_j k̂_jc v_je| ≤ max_j |v_je|. Hence
@@ -37,7 +39,6 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels.cpu import sima as sima_cpu
@@ -48,8 +49,9 @@ from .backends import Call, check_backend, choose
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
-__all__ = ["sima_attention", "sima_attention_reference", "sima_torch", "sima_scripted", "sima_normalize",
-           "sima_path", "resolve_sima_order", "SimAAttention"]
+# What a user calls. The other public names serve the package: sima_l1_norms (XCiT-SimA's class attention),
+# resolve_sima_order (the attention benchmark sizes its inputs by it) and sima_path (the dispatcher).
+__all__ = ["sima_attention", "sima_attention_reference", "sima_normalize", "SimAAttention"]
 
 _ORDERS = ("auto", "kv_first", "qk_first")
 
@@ -80,7 +82,7 @@ def sima_path(backend: str, order: str, q: torch.Tensor, k: torch.Tensor, v: tor
 
 
 def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether autograd records this call (the per-item path has no backward)."""
+    """Whether autograd records this call (the per-item branch has no backward)."""
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
@@ -109,17 +111,19 @@ def sima_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, order: 
     check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, q_mask, "sima")
     path, resolved = sima_path(backend, order, q, k, v, mask is not None or q_mask is not None)
+    out = _kernels(path, q, k, v, mask, q_mask, eps)
+    return _sima_torch(q, k, v, resolved, mask, q_mask, eps) if out is None else out
+
+
+def _kernels(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+             q_mask: Optional[torch.Tensor], eps: float) -> Optional[torch.Tensor]:
+    """The kernels' bindings: the CPU kernel's or the Triton kernels' output where ``path`` names one of them, None
+    for torch. The Triton kernels take the torch path's dtypes (bf16 products under bf16, fp32 otherwise; under
+    autocast the output in that compute dtype)."""
     if path == "cpp":
         return sima_cpu.sima_kv_first(q, k, v, eps)
-    if path == "triton":
-        return _sima_triton(q, k, v, mask, q_mask, eps)
-    return sima_torch(q, k, v, resolved, mask, q_mask, eps)
-
-
-def _sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                 q_mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
-    """The Triton kernels' binding: the torch path's dtypes (bf16 products under bf16, fp32 otherwise; under
-    autocast the output in that compute dtype)."""
+    if path != "triton":
+        return None
     try:
         from ..kernels.linear.launch import sima_triton
     except ImportError as e:
@@ -129,28 +133,49 @@ def _sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Option
     return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt, out_dtype=out_dtype)
 
 
-def sima_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor] = None,
-               q_mask: Optional[torch.Tensor] = None, eps: float = 1e-12) -> torch.Tensor:
-    """The torch path on checked inputs: ``order`` resolved (``'kv_first'`` or ``'qk_first'``), masks resolved."""
-    autocast = torch.is_autocast_enabled(q.device.type)
-    dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
-    out_dtype = q.dtype
-    acc = torch.promote_types(q.dtype, torch.float32)  # norms and the d×d matrix: fp32 or better
-    with no_autocast(q):
-        q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
-        # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
-        s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
-        s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-        if not autocast and _runs_per_item(q, k, v, order):
-            return _kv_first_per_item(q, k, v, s_q, s_k)
-        out = _normalized_product(q, k, v, s_q, s_k, order, dt, acc)
-    return out if autocast else cast(out, out_dtype)
+# ------------------------------------------------------------------------------------------------ the torch path
+
+
+def sima_l1_norms(x: torch.Tensor, eps: float, dim: int = -2) -> torch.Tensor:
+    """SimA's per-channel l1 norms of x over its token axis ``dim``, floored at ``eps``, in fp32 (fp64 for fp64
+    inputs) whatever x's dtype: x (B, H, N, d) → (B, H, d). Masked tokens are zero in x (``apply_token_mask``), so
+    they leave the sums, and a channel with no kept token takes the floor (its q̂ or k̂ is then 0)."""
+    # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
+    return x.abs().sum(dim, dtype=torch.promote_types(x.dtype, torch.float32)).clamp_min(eps)
+
+
+def _sima_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor],
+                q_mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    """The torch path on checked inputs: ``order`` resolved (``'kv_first'`` or ``'qk_first'``), masks resolved.
+    Products in bf16 under bf16 autocast and fp32 otherwise (fp16 lifted), the output in autocast's dtype or the
+    inputs'. TorchScript compiles the first branch alone: the products in fp32 (fp64 for fp64 inputs), as autocast
+    and the eager layout choices are Python."""
+    if torch.jit.is_scripting():
+        return cast(_masked_product(q, k, v, order, mask, q_mask, eps, acc_dtype(q)), q.dtype)
+    else:
+        autocast = torch.is_autocast_enabled(q.device.type)
+        dt = range_safe_dtype(q)  # fp16 has too little range for the folded scale
+        out_dtype = q.dtype
+        with no_autocast(q):
+            out = _masked_product(q, k, v, order, mask, q_mask, eps, dt)
+        return out if autocast else cast(out, out_dtype)
+
+
+def _masked_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor],
+                    q_mask: Optional[torch.Tensor], eps: float, dt: torch.dtype) -> torch.Tensor:
+    q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
+    return _normalized_product(q, k, v, sima_l1_norms(q, eps), sima_l1_norms(k, eps), order, dt)
 
 
 def _normalized_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor,
-                        order: str, dt: torch.dtype, acc: torch.dtype) -> torch.Tensor:
+                        order: str, dt: torch.dtype) -> torch.Tensor:
     """q̂(k̂ᵀv) or (q̂k̂ᵀ)v from q, k, v (B, H, N, d) and their l1 norms s_q, s_k (B, H, d), which divide the d×d
-    matrix (or the shorter operand) instead of q and k; products in ``dt``, the d×d matrix in ``acc``."""
+    matrix (or the shorter operand) instead of q and k; products in ``dt``, norms and the d×d matrix in fp32 or
+    wider. Eagerly on a CPU, large items with B > 1 run one batch item at a time (:func:`_runs_per_item`)."""
+    if not torch.jit.is_scripting():
+        if _runs_per_item(q, k, v, order, dt):
+            return _kv_first_per_item(q, k, v, s_q, s_k)
+    acc = acc_dtype(q)
     B, H, n_q, d = q.shape
     n_k, d_v = k.shape[-2], v.shape[-1]
     # bmm on (B·H, N, d): a view for contiguous inputs and for B = 1. Views of a fused qkv projection with B > 1
@@ -180,13 +205,14 @@ _WIDE = (torch.float32, torch.float64)
 _PER_ITEM_ELEMENTS = 2 ** 14
 
 
-def _runs_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str) -> bool:
-    """Whether :func:`_kv_first_per_item` runs (autocast off): eager q̂(k̂ᵀv) in fp32/fp64 without autograd, on a
-    CPU (a GPU copies faster than it launches), B > 1, large items, and views that (B·H, N, d) would copy."""
+def _runs_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, dt: torch.dtype) -> bool:
+    """Whether :func:`_kv_first_per_item` runs: eager q̂(k̂ᵀv) in fp32/fp64 with the products in the inputs' dtype
+    (not under bf16 autocast), without autograd, on a CPU (a GPU copies faster than it launches), B > 1, large
+    items, and views that (B·H, N, d) would copy."""
     B, H = q.shape[:2]
     if B == 1 or order != "kv_first" or q.device.type != "cpu":
         return False
-    if not (q.dtype in _WIDE and q.dtype == k.dtype == v.dtype) or _needs_grad(q, k, v):
+    if not (q.dtype in _WIDE and dt == q.dtype == k.dtype == v.dtype) or _needs_grad(q, k, v):
         return False
     large = max(q.shape[-2], k.shape[-2]) * H * q.shape[-1] >= _PER_ITEM_ELEMENTS
     return large and not all(t.stride(0) == H * t.stride(1) for t in (q, k, v)) and eager()
@@ -196,7 +222,7 @@ def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: t
                        s_k: torch.Tensor) -> torch.Tensor:
     """q̂(k̂ᵀv) without autograd, one batch item at a time on the strided (H, N, d) views of a fused projection:
     no copy of q, k or v. The output (B, H, N, dv) is laid out token-major, (B, N, H, dv) in memory, so merging
-    the heads after it is a view. The same operations and rounding as :func:`_normalized_product`."""
+    the heads after it is a view. The same operations and rounding as the batched products."""
     B, H, n_q, _ = q.shape
     s_q, s_k = s_q.unsqueeze(-1), s_k.unsqueeze(-1)  # (B, H, d, 1)
     out = q.new_empty(B, n_q, H, v.shape[-1]).transpose(1, 2)
@@ -206,27 +232,14 @@ def _kv_first_per_item(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s_q: t
     return out
 
 
-def sima_scripted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                  eps: float) -> torch.Tensor:
-    """q̂(k̂ᵀv) in fp32 (or fp64) as plain ops that TorchScript compiles: the module's path when scripted, where the
-    other paths' choices (dtypes, order, kernels) are Python. ``mask`` (B, Nk) masks the queries too when the
-    lengths are equal."""
-    acc = torch.promote_types(q.dtype, torch.float32)
-    q_ = apply_token_mask(q, mask if q.shape[-2] == k.shape[-2] else None)
-    k_ = apply_token_mask(k, mask)
-    s_q = q_.abs().sum(-2, dtype=acc).clamp_min(eps).unsqueeze(-1)
-    s_k = k_.abs().sum(-2, dtype=acc).clamp_min(eps).unsqueeze(-1)
-    return (q_.to(acc) @ ((k_.to(acc).transpose(-2, -1) @ v.to(acc)) / s_k / s_q)).to(v.dtype)
-
-
 def sima_normalize(q: torch.Tensor, k: torch.Tensor, mask: Optional[torch.Tensor] = None,
                    eps: float = 1e-12) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Materialize q̂ and k̂ (for visualization and the reference), l1 over tokens in fp32."""
+    """Materialize q̂ and k̂ (for visualization; the module's ``qk_hook`` sees them), l1 over tokens in fp32."""
     check_positive("sima", "eps", eps)
     mask, q_mask = resolve_masks(q, k, mask, None, "sima")
-    q_hat = F.normalize(apply_token_mask(q.to(acc_dtype(q)), q_mask), p=1.0, dim=-2, eps=eps)
-    k_hat = F.normalize(apply_token_mask(k.to(acc_dtype(k)), mask), p=1.0, dim=-2, eps=eps)
-    return q_hat, k_hat
+    q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
+    return (q.to(acc_dtype(q)) / sima_l1_norms(q, eps).unsqueeze(-2),
+            k.to(acc_dtype(k)) / sima_l1_norms(k, eps).unsqueeze(-2))
 
 
 @register_attention("sima")
@@ -269,18 +282,17 @@ class SimAAttention(TokenAttention):
         q, k, v = qkv.view(B, N, 3, H, d).permute(2, 0, 3, 1, 4).unbind(0)
         check_qkv(q, k, v, "sima")  # as sima_attention does (an empty token axis, for one)
         path, order = sima_path(self.backend, self.order, q, k, v, masked=False)
-        if path == "cpp":
-            return sima_cpu.sima_kv_first(q, k, v, self.eps)
-        if path == "triton":
-            return _sima_triton(q, k, v, None, None, self.eps)
-        s_q, s_k = qkv[..., :2 * C].abs().sum(1).clamp_min(self.eps).view(B, 2, H, d).unbind(1)  # (B, H, d) each
-        if _runs_per_item(q, k, v, order):
-            return _kv_first_per_item(q, k, v, s_q, s_k)
-        return _normalized_product(q, k, v, s_q, s_k, order, x.dtype, x.dtype)
+        out = _kernels(path, q, k, v, None, None, self.eps)
+        if out is not None:
+            return out
+        s_q, s_k = sima_l1_norms(qkv[..., :2 * C], self.eps, dim=1).view(B, 2, H, d).unbind(1)  # (B, H, d) each
+        return _normalized_product(q, k, v, s_q, s_k, order, x.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         if torch.jit.is_scripting():
-            return sima_scripted(q, k, v, mask, self.eps)
+            # the torch path's TorchScript branch: the chooser, the kernels and the hook point are Python
+            q_mask = mask if q.shape[-2] == k.shape[-2] else None
+            return _sima_torch(q, k, v, "kv_first", mask, q_mask, self.eps)
         else:
             if self.qk_hook.has_hooks:
                 self.qk_hook(*sima_normalize(q, k, mask, self.eps))

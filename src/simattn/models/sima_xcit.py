@@ -41,6 +41,7 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
 from ._checks import check_model_kwargs, image_batch_error
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
+from ..attention.sima import sima_l1_norms
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead
 from ._kinds import kind_options
@@ -71,11 +72,9 @@ def sima_class_attention_weights(q: torch.Tensor, k: torch.Tensor, eps: float = 
 
 
 def _sima_cls_weights(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:
-    acc = torch.promote_types(q.dtype, torch.float32)  # fp32, or fp64 for fp64 inputs
-    s_q = q.abs().sum(-2, dtype=acc).clamp_min(eps)  # (B, H, d)
-    s_k = k.abs().sum(-2, dtype=acc).clamp_min(eps)
-    q_cls = q[:, :, :1].to(acc) / s_q.unsqueeze(-2) / s_k.unsqueeze(-2)
-    return q_cls @ k.to(acc).transpose(-2, -1)
+    s_q, s_k = sima_l1_norms(q, eps), sima_l1_norms(k, eps)  # (B, H, d), fp32 (fp64 for fp64 inputs)
+    q_cls = q[:, :, :1].to(s_q.dtype) / s_q.unsqueeze(-2) / s_k.unsqueeze(-2)
+    return q_cls @ k.to(s_q.dtype).transpose(-2, -1)
 
 
 @register_notrace_module  # SimA's kind folds norms in fp32 with autocast checks in Python
