@@ -352,6 +352,83 @@ def test_sima_captured_graph_keeps_the_general_path():
     torch.testing.assert_close(ep.module()(x), eager_out)
 
 
+# SimA's torch path against the fp64 oracle on the same (rounded) inputs, per branch: error ratios, forward and
+# gradient. fp32: TOL, gradients 10×. bf16 / fp16: one machine epsilon of the dtype, as in
+# test_attention_precision.py (one rounding of a result carries an rms error near 0.3ε); an fp32 result (the products
+# under fp16 autocast) is held to fp32's bound.
+_EPS16 = {dt: torch.finfo(dt).eps for dt in (torch.bfloat16, torch.float16)}
+SIMA_BRANCH_TOL = {torch.float32: (TOL[torch.float32], 10 * TOL[torch.float32]),
+                   torch.bfloat16: (_EPS16[torch.bfloat16], _EPS16[torch.bfloat16]),
+                   torch.float16: (_EPS16[torch.float16], _EPS16[torch.float16])}
+
+
+def _sima_views(dtype, requires_grad=False):
+    """q, k, v (2, 2, 300, 32): the views of one fused projection, items large enough for the per-item branch."""
+    fused = torch.randn(2, 300, 3, 2, 32, generator=torch.Generator().manual_seed(3)).to(dtype)
+    fused.requires_grad_(requires_grad)
+    return fused, fused.permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def _sima_oracle(fused, g=None):
+    """The fp64 oracle on the values of ``fused`` and, given an upstream gradient g, its gradient for ``fused``."""
+    hi = fused.detach().double().requires_grad_()
+    ref = R.sima_reference(*hi.permute(2, 0, 3, 1, 4).unbind(0), order="kv_first")
+    return ref, (None if g is None else torch.autograd.grad(ref, hi, g)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_sima_torch_batched_branch_matches_the_oracle(dtype):
+    """With autograd the torch path runs its batched products (a contiguous output), in the inputs' dtype or under
+    that dtype's autocast; forward and gradient stay within the dtype's bound of the oracle."""
+    fused, (q, k, v) = _sima_views(dtype, requires_grad=True)
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        out = sima_attention(q, k, v, order="kv_first", backend="torch")
+    assert out.is_contiguous()
+    fwd, grad = SIMA_BRANCH_TOL[torch.float32 if out.dtype == torch.float32 else dtype]
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    ref, ref_grad = _sima_oracle(fused, g)
+    assert_ratio(out, ref, fwd, f"batched {dtype} forward")
+    assert_ratio(torch.autograd.grad(out, fused, g.to(out.dtype))[0], ref_grad, SIMA_BRANCH_TOL[dtype][1],
+                 f"batched {dtype} gradient")
+
+
+@pytest.mark.parametrize("autocast", [None, torch.float16, torch.bfloat16], ids=["off", "fp16", "bf16"])
+def test_sima_torch_per_item_branch_matches_the_oracle(autocast):
+    """Without autograd, fp32 views of a fused projection with B > 1 and large items run one batch item at a time
+    (a token-major output), also under fp16 autocast, where the products stay fp32; under bf16 autocast the products
+    are bf16 and the batched branch runs. Forward only: the per-item branch runs without autograd, whose gradients
+    are the batched branch's."""
+    fused, (q, k, v) = _sima_views(torch.float32)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        out = sima_attention(q, k, v, order="kv_first", backend="torch")
+    per_item = out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    assert per_item == (autocast != torch.bfloat16)
+    assert_ratio(out, _sima_oracle(fused)[0], SIMA_BRANCH_TOL[out.dtype][0], f"per-item, autocast {autocast}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_sima_torchscript_branch_matches_the_oracle(dtype):
+    """Scripted, the module's attention runs the torch path's TorchScript branch (products in fp32, the output in
+    the inputs' dtype): forward and gradient within the dtype's bound of the oracle, and a key mask masks the
+    queries too."""
+    m = create_attention("sima", 64, num_heads=2).to(dtype)
+    fused, (q, k, v) = _sima_views(dtype, requires_grad=True)
+    with torch.jit.optimized_execution(False):  # the plain interpreter: no profiling runs
+        attend = torch.jit.script(m).attend
+        out = attend(q, k, v, None)
+        g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+        grad = torch.autograd.grad(out, fused, g.to(dtype))[0]
+        mask = torch.rand(2, 300, generator=torch.Generator().manual_seed(5)) > 0.3
+        masked = attend(q.detach(), k.detach(), v.detach(), mask)
+    assert out.dtype == dtype
+    ref, ref_grad = _sima_oracle(fused, g)
+    assert_ratio(out, ref, SIMA_BRANCH_TOL[dtype][0], f"TorchScript {dtype} forward")
+    assert_ratio(grad, ref_grad, SIMA_BRANCH_TOL[dtype][1], f"TorchScript {dtype} gradient")
+    hi = [t.detach().double() for t in (q, k, v)]
+    assert_ratio(masked, R.sima_reference(*hi, order="kv_first", mask=mask), SIMA_BRANCH_TOL[dtype][0],
+                 f"TorchScript {dtype} masked")
+
+
 def test_sima_output_bound():
     """|out[n, e]| ≤ d · max_j |v[j, e]| and Σ_n |out[n, e]| ≤ d · max_j |v[j, e]| (the docstring's bound),
     reached at N = 1 with q = k (every q̂, k̂ entry ±1, out = d · v)."""

@@ -141,15 +141,15 @@ def sima_l1_norms(x: torch.Tensor, eps: float, dim: int = -2) -> torch.Tensor:
     inputs) whatever x's dtype: x (B, H, N, d) → (B, H, d). Masked tokens are zero in x (``apply_token_mask``), so
     they leave the sums, and a channel with no kept token takes the floor (its q̂ or k̂ is then 0)."""
     # abs().sum() is several times faster on CPU than vector_norm(ord=1) over a strided axis.
-    return x.abs().sum(dim, dtype=torch.promote_types(x.dtype, torch.float32)).clamp_min(eps)
+    return x.abs().sum(dim, dtype=acc_dtype(x)).clamp_min(eps)
 
 
 def _sima_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor],
                 q_mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
     """The torch path on checked inputs: ``order`` resolved (``'kv_first'`` or ``'qk_first'``), masks resolved.
-    Products in bf16 under bf16 autocast and fp32 otherwise (fp16 lifted), the output in autocast's dtype or the
-    inputs'. TorchScript compiles the first branch alone: the products in fp32 (fp64 for fp64 inputs), as autocast
-    and the eager layout choices are Python."""
+    Products in the matmul dtype (autocast's, else the inputs'), fp16 lifted to fp32; the output in the products'
+    dtype under autocast, else in the inputs'. TorchScript compiles the first branch alone, the products in fp32
+    (fp64 for fp64 inputs): autocast and the eager layout choices are Python."""
     if torch.jit.is_scripting():
         return cast(_masked_product(q, k, v, order, mask, q_mask, eps, acc_dtype(q)), q.dtype)
     else:
@@ -163,6 +163,7 @@ def _sima_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, m
 
 def _masked_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, order: str, mask: Optional[torch.Tensor],
                     q_mask: Optional[torch.Tensor], eps: float, dt: torch.dtype) -> torch.Tensor:
+    """Masked tokens zeroed, their l1 norms, then :func:`_normalized_product` with the products in ``dt``."""
     q, k = apply_token_mask(q, q_mask), apply_token_mask(k, mask)
     return _normalized_product(q, k, v, sima_l1_norms(q, eps), sima_l1_norms(k, eps), order, dt)
 
