@@ -35,9 +35,9 @@ from torch import nn
 from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import TRITON_MAX_AGENTS, Call, check_backend, choose
-from .base import TokenAttention
+from .base import GridAttention
+from .grid import add_heads_image, head_images, head_tokens, heads_image, infer_grid
 from .reference import agent_reference as agent_attention_reference
-from .grid import add_heads_image, heads_image, infer_grid, token_grid
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
 
@@ -51,9 +51,7 @@ def _pool_side(name: str, agent_num: int) -> int:
 
 def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: int, num_prefix_tokens: int = 0) -> torch.Tensor:
     """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² → (B, H, pool_side², d)."""
-    B, H, _, d = q.shape
-    grid = q[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
-    return F.adaptive_avg_pool2d(grid, pool_side).flatten(2).transpose(1, 2).reshape(B, H, -1, d)
+    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), pool_side), q.shape[1])
 
 
 def _aggregate(k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
@@ -130,7 +128,7 @@ def _resize(bias: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
 
 
 @register_attention("agent")
-class AgentAttention(TokenAttention):
+class AgentAttention(GridAttention):
     """Agent attention with timm's ``Attention`` signature: ``qkv`` and ``proj`` as timm's, plus the agent biases
     and the depthwise conv ``dwc``.
 
@@ -145,15 +143,10 @@ class AgentAttention(TokenAttention):
     """
 
     exp_complexity = "HN"
-    supports_mask = False
-    supports_cross_length = False
-    uses_grid = True
-    attend_uses_grid = True
     layout_options = ("num_prefix_tokens",)
 
     def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49, window: int = 14,
-                 block_bias_size: int = 7, dwc_kernel: int = 3, num_prefix_tokens: Optional[int] = None,
-                 backend: str = "auto", **kwargs) -> None:
+                 block_bias_size: int = 7, dwc_kernel: int = 3, backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
         self.pool_side = _pool_side(name, agent_num)
@@ -161,9 +154,6 @@ class AgentAttention(TokenAttention):
         self.window = check_count(name, "window", window)
         check_count(name, "block_bias_size", block_bias_size)
         check_count(name, "dwc_kernel", dwc_kernel, low=0)
-        if num_prefix_tokens is not None:
-            check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
-        self.num_prefix_tokens = num_prefix_tokens
         self.backend = check_backend(name, "agent", backend)
         dd = {"device": kwargs.get("device"), "dtype": kwargs.get("dtype")}
         h, n, b = num_heads, agent_num, block_bias_size
@@ -174,7 +164,7 @@ class AgentAttention(TokenAttention):
         self.agent_block_bias, self.query_block_bias = bias(h, n, b, b), bias(h, n, b, b)
         self.agent_row_bias, self.agent_col_bias = bias(h, n, window), bias(h, n, window)
         self.query_row_bias, self.query_col_bias = bias(h, n, window), bias(h, n, window)
-        with_prefix = num_prefix_tokens is None or num_prefix_tokens > 0
+        with_prefix = self.num_prefix_tokens is None or self.num_prefix_tokens > 0
         self.agent_prefix_bias = bias(h, n, 1) if with_prefix else None
         self.query_prefix_bias = bias(h, n, 1) if with_prefix else None
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim, **dd) if dwc_kernel else None
@@ -197,7 +187,7 @@ class AgentAttention(TokenAttention):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = token_grid(q.shape[-2], grid_size, self.num_prefix_tokens, "agent")
+        grid, prefix = self.token_grid(q.shape[-2], grid_size)
         agent_bias, query_bias = self.biases(grid, prefix)
         agents = pool_agents(q, grid, self.pool_side, prefix)
         if torch.jit.is_scripting():  # autocast handling is Python

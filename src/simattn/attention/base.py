@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from ._common import check_count, check_device, fx_call_whole, fx_tracing
+from .grid import infer_grid, scripted_grid
 
-__all__ = ["TokenAttention", "GridReducedAttention"]
+__all__ = ["TokenAttention", "GridAttention", "GridReducedAttention"]
 
 
 class TokenAttention(nn.Module):
@@ -135,6 +136,12 @@ class TokenAttention(nn.Module):
                 fused = self.attend_fused(x)
                 if fused is not None:
                     return self._output(fused, x)
+        return self._forward(x, attn_mask, is_causal, grid_size)
+
+    def _forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                 grid_size: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """:meth:`forward` past its checks: project, attend, merge the heads; a kind whose attention also reads x
+        itself (InLine's local branch) replaces this step only."""
         q, k, v = self.project(x)
         return self._output(self._attend(q, k, v, attn_mask, is_causal, grid_size), x)
 
@@ -145,11 +152,15 @@ class TokenAttention(nn.Module):
 
     def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The attention output (B, H, N, d) → heads merged, normed, gated and projected (B, N, C)."""
-        B, N, C = x.shape
-        out = self.norm(out.transpose(1, 2).reshape(B, N, C))
+        out = self.norm(self._merge_heads(out, x))
         if self.gate is not None:
             out = out * self.gate(x).sigmoid()
         return self.proj_drop(self.proj(out))
+
+    def _merge_heads(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """(B, H, N, d) → (B, N, C); a kind with a gate of its own before the norm (PolaFormer) replaces this."""
+        B, N, C = x.shape
+        return out.transpose(1, 2).reshape(B, N, C)
 
     def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
         """ValueError for an input or an option this kind cannot take (skipped while FX traces)."""
@@ -175,16 +186,43 @@ class TokenAttention(nn.Module):
         return f"dim={self.dim}, num_heads={self.num_heads}"
 
 
-class GridReducedAttention(TokenAttention):
-    """The kinds that reduce the keys ratio×ratio on the 2-D token grid (SOFT's and Nyströmformer's pooled landmarks,
-    Linformer's key projection): the constructor takes ``ratio``, ``forward`` needs the grid, and no token mask or
-    other key length fits the reduction."""
+class GridAttention(TokenAttention):
+    """The kinds that work on the 2-D grid of the tokens after any prefix tokens (Agent, SOFT, Nyströmformer,
+    Linformer, CosFormer, the grid-linear kinds). ``forward(x, grid_size=(H, W))`` passes the grid to
+    :meth:`attend`; without it the grid is a square after ``num_prefix_tokens`` tokens (a constructor option; None
+    = 0 or 1, whichever fits), found by :meth:`token_grid`, whose error for a token count that fits no grid is one
+    line. The prefix tokens (class, register tokens) take part in the attention but not in what works on the grid
+    (pooling, convolutions, encodings: :mod:`~simattn.attention.grid` splits them off and adds back). A token mask
+    or keys of another length fit no grid; a kind that takes them says so in its flags."""
 
     supports_mask = False
     supports_cross_length = False
     uses_grid = True
     attend_uses_grid = True
+
+    def __init__(self, dim: int, num_heads: int = 8, *, num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        if num_prefix_tokens is not None:
+            check_count(type(self).__name__, "num_prefix_tokens", num_prefix_tokens, low=0)
+        self.num_prefix_tokens = num_prefix_tokens
+
+    def token_grid(self, n: int, grid_size: Optional[Tuple[int, int]]) -> Tuple[Tuple[int, int], int]:
+        """((H, W), number of prefix tokens) of n tokens, ``grid_size`` where given."""
+        if torch.jit.is_scripting():  # the kind's name, for the eager path's errors, is not a TorchScript attribute
+            return scripted_grid(n, grid_size, self.num_prefix_tokens)
+        else:
+            return infer_grid(n, grid_size, self.num_prefix_tokens, name=self.attn_name)
+
+
+class GridReducedAttention(GridAttention):
+    """The kinds that reduce the keys ratio×ratio on the 2-D token grid (SOFT's and Nyströmformer's pooled landmarks,
+    Linformer's key projection): the constructor takes ``ratio`` (2 by default)."""
+
     takes_reduction_ratio = True
     # N/ratio² reduced keys at a fixed ratio (as the SOFT pyramid's stages have) make N·N/ratio² exps: they grow as
     # N². SimA's Table 2 lists Linformer and Nyströmformer as HN, which holds for a fixed reduced length instead.
     exp_complexity = "HN²"
+
+    def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.ratio = check_count(type(self).__name__, "ratio", ratio)

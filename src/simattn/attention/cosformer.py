@@ -26,12 +26,12 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ._common import (acc_dtype, apply_token_mask, check_count, check_positive, check_qkv, check_token_mask,
-                      matmul_dtype, no_autocast)
+from ._common import (acc_dtype, apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype,
+                      no_autocast)
 from ._registry import register_attention
-from .base import TokenAttention
+from .base import GridAttention
 from .reference import cosformer_reference as cosformer_attention_reference
-from .grid import infer_grid, scripted_grid
+from .grid import infer_grid
 
 __all__ = ["cosformer_attention", "cosformer_attention_reference", "cosformer_weights", "CosFormerAttention"]
 
@@ -87,34 +87,33 @@ def cosformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, re
 
 
 @register_attention("cosformer")
-class CosFormerAttention(TokenAttention):
+class CosFormerAttention(GridAttention):
     """CosFormer with timm's ``Attention`` signature; options ``reweight`` (the 2-D cosine re-weighting, off by
-    default as in SimA's Table 2), ``eps`` and ``num_prefix_tokens`` (None = infer 0 or 1; re-weighting only).
+    default as in SimA's Table 2), ``eps`` and ``num_prefix_tokens`` (None = infer 0 or 1; re-weighting only;
+    :class:`~simattn.attention.base.GridAttention`).
 
     ``forward(x, grid_size=(H, W))`` for non-square grids when re-weighting. No weight matrix is formed, so
     ``attn_drop > 0`` is rejected; masks remove keys."""
 
     exp_complexity = "0"
-    uses_grid = True
-    attend_uses_grid = True
+    # only the re-weighting works on the grid: masks and keys of another length fit the rest
+    supports_mask = True
+    supports_cross_length = True
 
     def __init__(self, dim: int, num_heads: int = 8, *, reweight: bool = False, eps: float = 1e-6,
-                 num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
+                 **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         if not isinstance(reweight, bool):
             raise ValueError(f"CosFormerAttention: reweight={reweight!r}; allowed: True or False")
         self.eps = check_positive(type(self).__name__, "eps", eps)
         self.reweight = reweight
-        self.num_prefix_tokens = num_prefix_tokens
-        if num_prefix_tokens is not None:
-            check_count(type(self).__name__, "num_prefix_tokens", num_prefix_tokens, low=0)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         if torch.jit.is_scripting():  # autocast handling is Python
             weights: Optional[torch.Tensor] = None
             if self.reweight:
-                grid, prefix = scripted_grid(k.shape[-2], grid_size, self.num_prefix_tokens)
+                grid, prefix = self.token_grid(k.shape[-2], grid_size)
                 weights = cosformer_weights(grid, prefix, torch.promote_types(q.dtype, torch.float32), q.device)
             return _cosformer(q, k, v, mask, weights, self.eps).to(q.dtype)
         else:

@@ -1,7 +1,13 @@
 """The 2-D token grid of the kinds that work on it (``uses_grid``: SOFT, Agent, Nyströmformer, Linformer, CosFormer
-and the grid-linear kinds): its geometry from the token count (:func:`infer_grid`, :func:`scripted_grid` for
-TorchScript, :func:`token_grid` either way), the grid tokens as one image of every head's channels and back
-(:func:`heads_image`, :func:`add_heads_image`), and landmarks pooled over it (:func:`pool_landmarks`)."""
+and the grid-linear kinds; their module base is :class:`~simattn.attention.base.GridAttention`).
+
+Geometry from the token count: :func:`infer_grid`, :func:`scripted_grid` for TorchScript, :func:`token_grid` either
+way. Every token↔image layout of the kinds, each with its way back: one image per head (:func:`head_images`,
+:func:`head_tokens`), one image of every head's channels (:func:`heads_image`, :func:`heads_tokens`,
+:func:`add_heads_image`) and channels-last tokens of one image (:func:`tokens_image`, :func:`image_tokens`). The
+images hold the grid tokens only; :func:`add_to_grid` adds tokens back behind the prefix tokens, which it leaves
+unchanged. Landmarks pooled over the grid: :func:`pool_landmarks`.
+"""
 from __future__ import annotations
 
 import math
@@ -10,7 +16,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["infer_grid", "scripted_grid", "token_grid", "heads_image", "add_heads_image", "pool_landmarks"]
+__all__ = ["infer_grid", "scripted_grid", "token_grid", "head_images", "head_tokens", "heads_image", "heads_tokens",
+           "tokens_image", "image_tokens", "add_to_grid", "add_heads_image", "pool_landmarks"]
 
 
 def _is_count(value, low: int) -> bool:
@@ -64,6 +71,19 @@ def token_grid(n: int, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: 
         return infer_grid(n, grid_size, num_prefix_tokens, name=name)
 
 
+def head_images(x: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+    """The grid tokens of x (B, H, N, d) as one image per head (B·H, d, gh, gw), for filters shared by the heads
+    (pooling, a conv of the head dim)."""
+    B, H, _, d = x.shape
+    return x[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
+
+
+def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
+    """:func:`head_images`' layout back as tokens: (B·H, d, h, w) → (B, H, h·w, d)."""
+    BH, d = images.shape[0], images.shape[1]
+    return images.flatten(2).transpose(1, 2).reshape(BH // heads, heads, -1, d)
+
+
 def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
     conv over all of them."""
@@ -71,17 +91,33 @@ def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: 
     return v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
 
 
+def heads_tokens(image: torch.Tensor, heads: int) -> torch.Tensor:
+    """:func:`heads_image`' layout back as tokens: (B, H·d, h, w) (or (B, H·d, h·w)) → (B, H, h·w, d)."""
+    B, C = image.shape[0], image.shape[1]
+    return image.reshape(B, heads, C // heads, -1).transpose(-2, -1)
+
+
+def tokens_image(x: torch.Tensor, grid_size: Tuple[int, int]) -> torch.Tensor:
+    """Grid tokens x (B, gh·gw, C), channels last, as an image (B, C, gh, gw)."""
+    return x.reshape(x.shape[0], grid_size[0], grid_size[1], -1).permute(0, 3, 1, 2)
+
+
+def image_tokens(image: torch.Tensor) -> torch.Tensor:
+    """:func:`tokens_image`' layout back as tokens: (B, C, h, w) → (B, h·w, C)."""
+    return image.flatten(2).transpose(1, 2)
+
+
+def add_to_grid(x: torch.Tensor, tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """x (B, H, P + n, d) with ``tokens`` (…, n, d) added to its n grid tokens, the P prefix tokens unchanged."""
+    return x + F.pad(tokens, [0, 0, num_prefix_tokens, 0])
+
+
 def add_heads_image(out: torch.Tensor, image: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """out (B, H, N, d) with image (B, H·d, gh, gw) added to its grid tokens, the prefix tokens unchanged."""
-    B, H, _, d = out.shape
-    tokens = image.reshape(B, H, d, -1).transpose(-2, -1)
-    return out + F.pad(tokens.to(out.dtype), [0, 0, num_prefix_tokens, 0])
+    return add_to_grid(out, heads_tokens(image, out.shape[1]).to(out.dtype), num_prefix_tokens)
 
 
 def pool_landmarks(x: torch.Tensor, grid_size: Tuple[int, int], ratio: int, num_prefix_tokens: int = 0) -> torch.Tensor:
     """Landmarks by ratio×ratio stride-ratio average pooling of the grid tokens of x (B, H, N, d) → (B, H, m, d)."""
-    B, H, N, d = x.shape
-    gh, gw = grid_size
-    grid = x[:, :, num_prefix_tokens:].reshape(B * H, gh, gw, d).permute(0, 3, 1, 2)
-    pooled = F.avg_pool2d(grid, ratio, ratio, ceil_mode=True) if ratio > 1 else grid
-    return pooled.flatten(2).transpose(1, 2).reshape(B, H, -1, d)
+    grid = head_images(x, grid_size, num_prefix_tokens)
+    return head_tokens(F.avg_pool2d(grid, ratio, ratio, ceil_mode=True) if ratio > 1 else grid, x.shape[1])

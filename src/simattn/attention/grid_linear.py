@@ -22,10 +22,10 @@ from torch import nn
 
 from ._common import check_count, check_positive
 from .backends import check_backend
-from .base import TokenAttention
-from .grid import infer_grid, scripted_grid
+from .base import GridAttention
+from .grid import add_to_grid, head_images, head_tokens, image_tokens, tokens_image
 
-__all__ = ["GridLinearAttention", "grid_image", "grid_tokens", "key_position", "per_channel"]
+__all__ = ["GridLinearAttention", "key_position", "per_channel"]
 
 
 def per_channel(owner: str, name: str, value, q: torch.Tensor):
@@ -44,33 +44,18 @@ def per_channel(owner: str, name: str, value, q: torch.Tensor):
     return value.reshape(1, H, 1, d)
 
 
-def grid_image(x: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
-    """The grid tokens of x (B, H, N, d) as (B·H, d, H, W) images, each head's channels one image."""
-    B, Hh, N, d = x.shape
-    return x[:, :, prefix:].reshape(B * Hh, grid[0], grid[1], d).permute(0, 3, 1, 2)
-
-
-def grid_tokens(img: torch.Tensor, heads: int, prefix: int) -> torch.Tensor:
-    """(B·H, d, H, W) images back as (B, H, P + H·W, d) tokens, zeros for the ``prefix`` leading tokens."""
-    BH, d = img.shape[0], img.shape[1]
-    out = img.flatten(2).transpose(1, 2).reshape(BH // heads, heads, -1, d)
-    return F.pad(out, [0, 0, prefix, 0])
-
-
 def key_position(k: torch.Tensor, encoding: torch.Tensor, pos_grid: Tuple[int, int], grid: Tuple[int, int],
                  prefix: int) -> torch.Tensor:
     """k (B, H, N, d) with the learned (1, Hp·Wp, C) ``encoding`` of grid ``pos_grid`` added to its grid tokens
     (resampled bicubically where the grid differs)."""
-    B, Hh, N, d = k.shape
     if grid[0] != pos_grid[0] or grid[1] != pos_grid[1]:
-        img = encoding.reshape(1, pos_grid[0], pos_grid[1], -1).permute(0, 3, 1, 2)
-        img = F.interpolate(img, size=(grid[0], grid[1]), mode="bicubic", align_corners=False, antialias=True)
-        encoding = img.flatten(2).transpose(1, 2)
-    enc = encoding.reshape(1, grid[0] * grid[1], Hh, d).transpose(1, 2)
-    return k + F.pad(enc, [0, 0, prefix, 0])
+        img = F.interpolate(tokens_image(encoding, pos_grid), size=(grid[0], grid[1]), mode="bicubic",
+                            align_corners=False, antialias=True)
+        encoding = image_tokens(img)
+    return add_to_grid(k, encoding.reshape(1, grid[0] * grid[1], k.shape[1], k.shape[-1]).transpose(1, 2), prefix)
 
 
-class GridLinearAttention(TokenAttention):
+class GridLinearAttention(GridAttention):
     """A linear kind with the grid pieces above. Options: ``dwc_kernel`` (the depthwise conv on V; 0 = none),
     ``pos_grid`` ((H, W) of the key position encoding; None = none) and ``num_prefix_tokens`` (None = infer 0 or
     1) and ``backend`` ('auto' | 'torch' | 'triton', the kind's functional op's). ``forward(x, grid_size=(H, W))``
@@ -81,27 +66,19 @@ class GridLinearAttention(TokenAttention):
     the same math on inputs already in the accumulation dtype, for TorchScript (whose autocast handling is
     Python's); :meth:`attend` puts either between the key position and the value conv."""
 
-    supports_mask = False
-    supports_cross_length = False
-    uses_grid = True
-    attend_uses_grid = True
     exp_complexity = "0"
     layout_options = ("num_prefix_tokens", "pos_grid")
 
     def __init__(self, dim: int, num_heads: int = 8, *, dwc_kernel: int = 5,
-                 pos_grid: Optional[Sequence[int]] = None, num_prefix_tokens: Optional[int] = None,
-                 backend: str = "auto", **kwargs) -> None:
+                 pos_grid: Optional[Sequence[int]] = None, backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
         self.backend = check_backend(name, self.attn_name, backend)
         check_count(name, "dwc_kernel", dwc_kernel, low=0)
         if dwc_kernel % 2 == 0 and dwc_kernel:
             raise ValueError(f"{name}: dwc_kernel={dwc_kernel}; allowed: 0 (none) or an odd kernel size")
-        if num_prefix_tokens is not None:
-            check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
         if pos_grid is not None and (not isinstance(pos_grid, (tuple, list)) or len(pos_grid) != 2):
             raise ValueError(f"{name}: pos_grid={pos_grid!r}; allowed: None or (H, W), two integers >= 1")
-        self.num_prefix_tokens = num_prefix_tokens
         self.dwc_kernel = dwc_kernel
         d = self.head_dim
         self.dwc = nn.Conv2d(d, d, dwc_kernel, padding=dwc_kernel // 2, groups=d) if dwc_kernel else None
@@ -113,13 +90,6 @@ class GridLinearAttention(TokenAttention):
         else:
             self.register_parameter("positional_encoding", None)
 
-    def token_grid(self, n: int, grid_size: Optional[Tuple[int, int]]) -> Tuple[Tuple[int, int], int]:
-        """((H, W), number of prefix tokens) of n tokens."""
-        if torch.jit.is_scripting():  # the kind's name, for the eager path's errors, is not a TorchScript attribute
-            return scripted_grid(n, grid_size, self.num_prefix_tokens)
-        else:
-            return infer_grid(n, grid_size, self.num_prefix_tokens, name=self.attn_name)
-
     def add_key_position(self, k: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
         encoding = self.positional_encoding
         if encoding is None:
@@ -130,7 +100,7 @@ class GridLinearAttention(TokenAttention):
         dwc = self.dwc
         if dwc is None:
             return out
-        return out + grid_tokens(dwc(grid_image(v, grid, prefix)), self.num_heads, prefix).to(out.dtype)
+        return add_to_grid(out, head_tokens(dwc(head_images(v, grid, prefix)), self.num_heads).to(out.dtype), prefix)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         """The kind's attention on q, k, v (B, H, N, d) through its functional op."""

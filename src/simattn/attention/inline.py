@@ -27,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._common import acc_dtype, check_count, check_positive, check_qkv, fx_call_whole, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_count, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, choose
+from .grid import heads_image, heads_tokens
 from .grid_linear import GridLinearAttention
 from .reference import inline_reference as inline_attention_reference
 
@@ -72,15 +73,14 @@ def local_conv(v: torch.Tensor, weights: torch.Tensor, grid: Tuple[int, int], pr
     """InLine's local branch: the grid tokens of v (B, H, N, d), each image's channels convolved with their own
     k×k kernel ``weights`` (B, H·d, k, k) (cross-correlation, zero padding), as (B, H, N, d) with zeros for the
     ``prefix`` leading tokens."""
-    B, Hh, N, d = v.shape
     gh, gw = grid
     size = weights.shape[-1]
-    img = F.pad(v[:, :, prefix:].transpose(-2, -1).reshape(B, Hh * d, gh, gw), [size // 2] * 4)
+    img = F.pad(heads_image(v, grid, prefix), [size // 2] * 4)
     out = torch.zeros_like(img[:, :, :gh, :gw])
     for a in range(size):
         for b in range(size):
             out = out + weights[:, :, a, b, None, None] * img[:, :, a:a + gh, b:b + gw]
-    return F.pad(out.reshape(B, Hh, d, gh * gw).transpose(-2, -1), [0, 0, prefix, 0])
+    return F.pad(heads_tokens(out, v.shape[1]), [0, 0, prefix, 0])
 
 
 @register_attention("inline")
@@ -107,14 +107,9 @@ class InLineAttention(GridLinearAttention):
                 nn.Conv1d(dim, dim, 1, groups=num_heads), nn.GELU(),
                 nn.Conv1d(dim, dim * local_kernel * local_kernel, 1, groups=num_heads))
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        """x (B, N, C) → (B, N, C): the base class's forward with the local branch, which needs x itself."""
-        if not torch.jit.is_scripting():
-            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
-            if traced is not None:
-                return traced
-            self._check_call(x, attn_mask, is_causal)
+    def _forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                 grid_size: Optional[Tuple[int, int]]) -> torch.Tensor:
+        """The base class's step with the local branch, which reads x itself."""
         grid, prefix = self.token_grid(x.shape[1], grid_size)
         q, k, v = self.project(x)
         out = self.attend(q, k, v, attn_mask, grid_size=grid)

@@ -36,7 +36,7 @@ from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocas
 from ._registry import register_attention
 from .base import GridReducedAttention
 from .reference import linformer_reference as linformer_attention_reference
-from .grid import infer_grid, scripted_grid
+from .grid import head_images, heads_tokens
 from .softmax import softmax_attention
 
 __all__ = ["linformer_attention", "linformer_attention_reference", "window_projection", "LinformerAttention"]
@@ -85,10 +85,11 @@ def window_projection(x: torch.Tensor, grid_size: Tuple[int, int], weights: torc
     B, H, _, d = x.shape
     gh, gw = grid_size
     ratio = weights.shape[-1]
-    grid = x[:, :, num_prefix_tokens:].reshape(B * H, gh, gw, d).permute(0, 3, 1, 2).reshape(B * H * d, 1, gh, gw)
+    # one image per channel of each head, for the one filter all of them share
+    grid = head_images(x, grid_size, num_prefix_tokens).reshape(B * H * d, 1, gh, gw)
     grid = F.pad(grid, [0, (ratio - gw % ratio) % ratio, 0, (ratio - gh % ratio) % ratio])
     reduced = F.conv2d(grid, weights.to(grid.dtype).reshape(1, 1, ratio, ratio), stride=ratio)
-    reduced = reduced.reshape(B, H, d, -1).transpose(-2, -1)
+    reduced = heads_tokens(reduced.reshape(B, H * d, -1), H)
     return torch.cat([x[:, :, :num_prefix_tokens], reduced.to(x.dtype)], dim=2)
 
 
@@ -98,21 +99,16 @@ class LinformerAttention(GridReducedAttention):
 
     Options: ``ratio`` (window side of the grid form; the SOFT pyramid sets SOFT's per stage), ``seq_len`` and
     ``proj_len`` (the dense form: N tokens projected to ``proj_len``, default N // ratio²), ``share_kv`` (F = E),
-    ``num_prefix_tokens`` (grid form; None = infer 0 or 1). Parameters ``proj_k`` (and ``proj_v`` unless shared):
-    (ratio, ratio) window weights, or (proj_len, seq_len) matrices. The softmax runs as the ``softmax`` kind's
-    (fused SDPA); ``attn_drop`` is not supported."""
+    ``num_prefix_tokens`` (grid form; None = infer 0 or 1; :class:`~simattn.attention.base.GridAttention`).
+    Parameters ``proj_k`` (and ``proj_v`` unless shared): (ratio, ratio) window weights, or (proj_len, seq_len)
+    matrices. The softmax runs as the ``softmax`` kind's (fused SDPA); ``attn_drop`` is not supported."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, seq_len: Optional[int] = None,
-                 proj_len: Optional[int] = None, share_kv: bool = False, num_prefix_tokens: Optional[int] = None,
-                 **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, seq_len: Optional[int] = None,
+                 proj_len: Optional[int] = None, share_kv: bool = False, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
-        name = type(self).__name__
-        self.ratio = check_count(name, "ratio", ratio)
-        if num_prefix_tokens is not None:
-            check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
+        name, ratio = type(self).__name__, self.ratio
         if not isinstance(share_kv, bool):
             raise ValueError(f"{name}: share_kv={share_kv!r}; allowed: True or False")
-        self.num_prefix_tokens = num_prefix_tokens
         self.dense = seq_len is not None
         if self.dense:
             self.seq_len = check_count(name, "seq_len", seq_len)
@@ -141,7 +137,7 @@ class LinformerAttention(GridReducedAttention):
             if self.dense:
                 k, v = torch.matmul(self.proj_k.to(k.dtype), k), torch.matmul(proj_v.to(v.dtype), v)
             else:
-                grid, prefix = scripted_grid(k.shape[-2], grid_size, self.num_prefix_tokens)
+                grid, prefix = self.token_grid(k.shape[-2], grid_size)
                 k, v = window_projection(k, grid, self.proj_k, prefix), window_projection(v, grid, proj_v, prefix)
             return F.scaled_dot_product_attention(q, k, v, scale=self.scale)
         else:
@@ -154,7 +150,7 @@ class LinformerAttention(GridReducedAttention):
                                  f"projection), got {k.shape[-2]}; allowed: exactly {self.seq_len}")
             return linformer_attention(q, k, v, proj_k=self.proj_k, proj_v=proj_v, scale=self.scale)
         check_qkv(q, k, v, "linformer", same_length=True)
-        grid, prefix = infer_grid(k.shape[-2], grid_size, self.num_prefix_tokens, name="linformer")
+        grid, prefix = self.token_grid(k.shape[-2], grid_size)
         k = window_projection(k, grid, self.proj_k, prefix)
         v = window_projection(v, grid, proj_v, prefix)
         return softmax_attention(q, k, v, scale=self.scale)

@@ -33,7 +33,7 @@ from ._common import acc_dtype, check_count, check_qkv, matmul_dtype, no_autocas
 from ._registry import register_attention
 from .base import GridReducedAttention
 from .reference import nystrom_reference as nystrom_attention_reference
-from .grid import infer_grid, pool_landmarks, scripted_grid
+from .grid import infer_grid, pool_landmarks
 
 __all__ = ["nystrom_attention", "nystrom_attention_reference", "iterative_pinv", "NystromAttention"]
 
@@ -82,27 +82,21 @@ def nystrom_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 class NystromAttention(GridReducedAttention):
     """Nyströmformer with timm's ``Attention`` signature; options ``ratio`` (landmark window and stride; the SOFT
     pyramid sets SOFT's per stage), ``num_iters`` (pseudo-inverse steps, 6) and ``num_prefix_tokens`` (None =
-    infer 0 or 1). ``forward(x, grid_size=(H, W))`` for non-square grids. No masks; ``attn_drop > 0`` is rejected
-    (no token-token weight matrix is formed)."""
+    infer 0 or 1; :class:`~simattn.attention.base.GridAttention`). ``forward(x, grid_size=(H, W))`` for non-square
+    grids. No masks; ``attn_drop > 0`` is rejected (no token-token weight matrix is formed)."""
 
-    def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, num_iters: int = 6,
-                 num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, num_iters: int = 6, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
-        name = type(self).__name__
-        self.ratio = check_count(name, "ratio", ratio)
-        self.num_iters = check_count(name, "num_iters", num_iters, low=0)
-        if num_prefix_tokens is not None:
-            check_count(name, "num_prefix_tokens", num_prefix_tokens, low=0)
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_iters = check_count(type(self).__name__, "num_iters", num_iters, low=0)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
+        grid, prefix = self.token_grid(q.shape[-2], grid_size)
         if torch.jit.is_scripting():  # autocast handling is Python
-            grid, prefix = scripted_grid(q.shape[-2], grid_size, self.num_prefix_tokens)
             return _nystrom(q, k, v, grid, prefix, self.ratio, self.num_iters).to(v.dtype)
         else:
-            return nystrom_attention(q, k, v, grid_size=grid_size, ratio=self.ratio,
-                                     num_prefix_tokens=self.num_prefix_tokens, num_iters=self.num_iters)
+            return nystrom_attention(q, k, v, grid_size=grid, ratio=self.ratio, num_prefix_tokens=prefix,
+                                     num_iters=self.num_iters)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, ratio={self.ratio}, num_iters={self.num_iters}"

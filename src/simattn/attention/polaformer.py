@@ -138,13 +138,10 @@ class PolaFormerAttention(GridLinearAttention):
         power, scale = self._power_and_scale()
         return _pola(q, k, v, power.to(q.dtype), scale.to(q.dtype), self.eps)
 
-    def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The base class's output steps with the gate g = xW_g first (written out: TorchScript has no super())."""
+    def _merge_heads(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads merged times the gate g = xW_g (written out: TorchScript has no super())."""
         B, N, C = x.shape
-        out = self.norm(out.transpose(1, 2).reshape(B, N, C) * self.g(x))
-        if self.gate is not None:
-            out = out * self.gate(x).sigmoid()
-        return self.proj_drop(self.proj(out))
+        return out.transpose(1, 2).reshape(B, N, C) * self.g(x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, alpha={self.alpha}"

@@ -31,7 +31,7 @@ from torch import nn
 from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .base import GridReducedAttention
-from .grid import add_heads_image, heads_image, infer_grid, pool_landmarks, token_grid
+from .grid import add_heads_image, head_images, head_tokens, heads_image, infer_grid, pool_landmarks
 
 __all__ = ["soft_attention", "gaussian_kernel", "newton_pinv", "pinv_residual", "pool_landmarks", "SoftAttention"]
 
@@ -215,29 +215,26 @@ class SoftAttention(GridReducedAttention):
     shared by all heads, then ``LayerNorm(d_h)`` and GELU, applied to q / d^¼), ``num_iters``, ``backward``
     ('exact' | 'iterative'), ``newton_init`` ('released' | 'paper', see the module docstring), ``v_conv_kernel``
     (depthwise conv on V over the grid, added to the output; 0 = off), ``num_prefix_tokens`` (None = infer 0 or
-    1). ``forward(x, grid_size=(H, W))`` for non-square grids. With ``ratio=1`` the landmarks are the tokens
-    themselves (exact kernel, no conv). There is no token-token weight matrix, so ``attn_drop > 0`` is rejected.
+    1; :class:`~simattn.attention.base.GridAttention`). ``forward(x, grid_size=(H, W))`` for non-square grids. With
+    ``ratio=1`` the landmarks are the tokens themselves (exact kernel, no conv). There is no token-token weight
+    matrix, so ``attn_drop > 0`` is rejected.
     """
 
     # q = k; the 2·N·m + m² kernel exps per head (m = N/ratio² landmarks) are the base's HN², as SimA's Table 2 has
     separate_qk = False
 
-    def __init__(self, dim: int, num_heads: int = 8, *, ratio: int = 2, landmarks: str = "pool",
-                 num_iters: int = 20, backward: str = "exact", newton_init: str = "released",
-                 v_conv_kernel: int = 0, num_prefix_tokens: Optional[int] = None, **kwargs) -> None:
+    def __init__(self, dim: int, num_heads: int = 8, *, landmarks: str = "pool", num_iters: int = 20,
+                 backward: str = "exact", newton_init: str = "released", v_conv_kernel: int = 0, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         if landmarks not in ("pool", "conv"):
             raise ValueError(f"soft: unknown landmarks {landmarks!r}; expected 'pool' or 'conv'")
         if backward not in _BACKWARDS:
             raise ValueError(f"soft: unknown backward {backward!r}; expected one of {', '.join(_BACKWARDS)}")
         _check_newton_init(newton_init)
-        check_count("SoftAttention", "ratio", ratio)
         check_count("SoftAttention", "num_iters", num_iters, low=0)
         check_count("SoftAttention", "v_conv_kernel", v_conv_kernel, low=0)
-        if num_prefix_tokens is not None:
-            check_count("SoftAttention", "num_prefix_tokens", num_prefix_tokens, low=0)
-        self.ratio, self.num_iters, self.backward, self.newton_init = ratio, num_iters, backward, newton_init
-        self.num_prefix_tokens = num_prefix_tokens
+        self.num_iters, self.backward, self.newton_init = num_iters, backward, newton_init
+        ratio = self.ratio
         self.landmarks = landmarks
         self.landmark_conv: Optional[nn.Module] = None
         self.landmark_norm: Optional[nn.Module] = None
@@ -250,15 +247,13 @@ class SoftAttention(GridReducedAttention):
     def conv_landmarks(self, q: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
         """The released code's learned landmarks of q (B, H, N, d) → (B, H, m, d), in q's (unscaled) space."""
         assert self.landmark_conv is not None and self.landmark_norm is not None, "built with landmarks='conv'"
-        B, Hh, N, d = q.shape
-        scale = d ** 0.25  # the released code works on q / d^¼, where the kernel is exp(-dist / 2)
-        img = (q[:, :, prefix:] / scale).reshape(B * Hh, grid[0], grid[1], d).permute(0, 3, 1, 2)  # heads share
-        lm = self.landmark_conv(img).flatten(2).transpose(1, 2).reshape(B, Hh, -1, d)
+        scale = q.shape[-1] ** 0.25  # the released code works on q / d^¼, where the kernel is exp(-dist / 2)
+        lm = head_tokens(self.landmark_conv(head_images(q / scale, grid, prefix)), q.shape[1])  # heads share it
         return F.gelu(self.landmark_norm(lm)) * scale
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        grid, prefix = token_grid(q.shape[-2], grid_size, self.num_prefix_tokens, "soft")
+        grid, prefix = self.token_grid(q.shape[-2], grid_size)
         landmarks: Optional[torch.Tensor] = None
         if self.landmark_conv is not None:
             landmarks = self.conv_landmarks(q, grid, prefix)
