@@ -166,7 +166,7 @@ def test_the_private_name_check_finds_imports_and_uses(tmp_path):
 
 
 #: the files of attention/ that are not kinds: shared checks and helpers, the registry, the backend chooser, the
-#: module bases, the grid geometry, the grid-linear skeleton and the oracles
+#: module bases, the grid geometry and token↔image layouts, the grid-linear skeleton and the oracles
 NOT_KINDS = {"__init__", "_common", "_registry", "backends", "base", "grid", "grid_linear", "reference"}
 #: a kind that calls another kind's op, each with why; an entry that no longer applies is removed
 KIND_IMPORTS = {

@@ -9,8 +9,9 @@ a class token, take part in the attention but not in the grid's convolutions and
 - ``positional_encoding``: a learned (1, H·W, C) encoding added to k (zero at initialization). Built for the grid
   ``pos_grid``; other grids get it resampled bicubically (antialiased), as timm resamples position embeddings.
 
-The grid comes as ``grid_size`` or is inferred as SOFT's (a square grid after 0 or 1 prefix tokens). Neither piece
-fits a token mask or keys of another length, so the kinds take neither.
+The grid, the prefix tokens and the flags (neither piece fits a token mask or keys of another length) are
+:class:`~simattn.attention.base.GridAttention`'s, the layouts :mod:`~simattn.attention.grid`'s; a kind adds its
+feature maps and product (:meth:`GridLinearAttention.core`) and its own options.
 """
 from __future__ import annotations
 
@@ -57,10 +58,9 @@ def key_position(k: torch.Tensor, encoding: torch.Tensor, pos_grid: Tuple[int, i
 
 class GridLinearAttention(GridAttention):
     """A linear kind with the grid pieces above. Options: ``dwc_kernel`` (the depthwise conv on V; 0 = none),
-    ``pos_grid`` ((H, W) of the key position encoding; None = none) and ``num_prefix_tokens`` (None = infer 0 or
-    1) and ``backend`` ('auto' | 'torch' | 'triton', the kind's functional op's). ``forward(x, grid_size=(H, W))``
-    for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is
-    rejected; no token masks, no keys of another length.
+    ``pos_grid`` ((H, W) of the key position encoding; None = none), ``backend`` ('auto' | 'torch' | 'triton', the
+    kind's functional op's) and the base's ``num_prefix_tokens`` (None = infer 0 or 1). ``forward(x, grid_size=(H,
+    W))`` for non-square grids. No weight matrix is formed, so ``attn_drop > 0`` is rejected.
 
     A kind supplies its core twice: :meth:`core`, its functional op (autocast, backends), and :meth:`core_plain`,
     the same math on inputs already in the accumulation dtype, for TorchScript (whose autocast handling is
