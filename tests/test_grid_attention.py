@@ -5,9 +5,9 @@ unchanged."""
 import pytest
 import torch
 
-from simattn.attention import create_attention, get_attention_class, list_attentions
+from simattn.attention import GridAttention, create_attention, get_attention_class, list_attentions
 from simattn.attention._registry import constructor_options
-from simattn.attention.base import GridAttention, GridReducedAttention
+from simattn.attention.base import GridReducedAttention
 from simattn.attention.grid import (add_heads_image, add_to_grid, head_images, head_tokens, heads_image,
                                     heads_tokens, image_tokens, tokens_image)
 

@@ -5,7 +5,7 @@
 """
 from ._common import HookPoint
 from ._registry import attention_class, create_attention, get_attention_class, list_attentions, register_attention
-from .base import TokenAttention
+from .base import GridAttention, TokenAttention
 from .agent import AgentAttention, agent_attention, agent_attention_reference
 from .cosformer import CosFormerAttention, cosformer_attention, cosformer_attention_reference
 from .efficient import EfficientAttention, efficient_attention, efficient_attention_reference
@@ -27,7 +27,8 @@ from .xca import XCAttention, xca_attention, xca_attention_reference
 from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
 
 __all__ = [
-    "HookPoint", "TokenAttention", "attention_class", "create_attention", "get_attention_class", "list_attentions", "register_attention",
+    "HookPoint", "TokenAttention", "GridAttention", "attention_class", "create_attention", "get_attention_class",
+    "list_attentions", "register_attention",
     "SimAAttention", "sima_attention", "sima_attention_reference", "sima_normalize",
     "SoftmaxAttention", "softmax_attention", "softmax_attention_reference",
     "XCAttention", "xca_attention", "xca_attention_reference",
