@@ -2,7 +2,8 @@
 
 Parameter names (``qkv``, ``q_norm``, ``k_norm``, ``norm``, ``gate``, ``proj``) and the constructor signature follow
 ``timm.models.vision_transformer.Attention``, so ``VisionTransformer(attn_layer=SomeKind)`` builds and timm
-checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tensors.
+checkpoints map across. Subclasses implement :meth:`attend` on (B, H, N, d) tensors; the kinds on the 2-D token
+grid subclass :class:`GridAttention`, which holds their flags, their ``num_prefix_tokens`` and finding their grid.
 
 Graph capture: ``torch.compile`` and ``torch.export`` trace every kind's fast path. Under TorchScript each kind's
 :meth:`attend` takes a plain path (its formula in fp32, no hook points), since the fast paths pick dtypes, autocast
