@@ -76,7 +76,8 @@ from .prepbn import PRepBN
 from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
-from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
+from ._pyramid import (Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates,
+                       tokens_to_nchw)
 
 __all__ = ["PatchEmbed", "SpatialReduction", "sr_attention_class", "PyramidVisionTransformer", "checkpoint_filter_fn"]
 
@@ -137,7 +138,7 @@ class SpatialReduction(TokenAttention):
         B, N, C = x.shape
         H, W = grid_size
         prefix = N - H * W
-        reduced = self.sr(x[:, prefix:].transpose(1, 2).reshape(B, C, H, W)).flatten(2).transpose(1, 2)
+        reduced = self.sr(tokens_to_nchw(x, (H, W), prefix)).flatten(2).transpose(1, 2)
         reduced = self.sr_norm(reduced)
         if prefix > 0:
             reduced = torch.cat([x[:, :prefix], reduced], dim=1)
