@@ -162,9 +162,16 @@ def test_static_int8_quantizes_only_matmul_type_layers(weights, tmp_path, capsys
         return lower(program, record)
 
     monkeypatch.setattr(executorch, "lower_executorch", lower_and_read)
+    captures = []
+    capture = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *a, **kw: captures.append(type(a[0])) or capture(*a, **kw))
     pte8 = tmp_path / "m8.pte"
     assert export_main(["--weights", str(weights), "--format", "executorch", "--quantize", "static",
                         "--calib-images", "32", "-o", str(pte8)]) == 0
+    # the network is captured twice: the float model (audited, then quantized from that same capture) and the int8
+    # model (the others are the quantizer and XNNPACK's lowering capturing their own small patterns)
+    assert [c.__name__ for c in captures if not c.__module__.startswith(("executorch", "torchao"))] == [
+        "SoftmaxFreeViT", "GraphModule"], captures
     # the residual stream and SimA's norms (sum, reciprocal, mul, bmm) are never rounded to int8
     assert "linear" in quantized_from and not quantized_from & {"add", "mul", "sum", "reciprocal", "bmm", "abs"}
     report = json.loads((tmp_path / "m8.pte.json").read_text())

@@ -227,18 +227,20 @@ def _quantizer(dynamic: bool):
 
 
 def quantize_pt2e(model: nn.Module, input_size: Iterable[int], mode: str,
-                  calibration: Optional[Iterable[torch.Tensor]] = None) -> nn.Module:
+                  calibration: Optional[Iterable[torch.Tensor]] = None, program=None) -> nn.Module:
     """int8 linear and conv layers through PT2E with the XNNPACK quantizer (per-channel symmetric weights).
 
     ``mode='static'`` calibrates activation scales on ``calibration`` (batches of 1 image, preprocessed as the model
-    expects); ``'dynamic'`` quantizes activations at run time. Returns the converted module, ready to capture."""
+    expects); ``'dynamic'`` quantizes activations at run time. ``program``: the model already captured at batch 1
+    and ``input_size`` (:func:`~simattn.deploy.base.capture`), which is then not captured again. Returns the
+    converted module, ready to capture."""
     _load_edge_packages()
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     if mode not in ("static", "dynamic"):
         raise ValueError(f"quantization mode {mode!r}: expected static or dynamic")
     input_size = tuple(input_size)
-    graph = capture(model.eval(), input_size).module()
+    graph = (program if program is not None else capture(model.eval(), input_size)).module()
     prepared = prepare_pt2e(graph, _quantizer(mode == "dynamic"))
     with torch.no_grad():
         if mode == "static":
@@ -463,7 +465,8 @@ class ExecuTorchFormat(Format):
             on_ops(audit)
         if quantize:
             images = list(calibration.split(1)) if calibration is not None else None
-            program = capture(self.quantize(model, images, quantize, input_size=input_size), input_size)
+            program = capture(self.quantize(model, images, quantize, input_size=input_size, program=program),
+                              input_size)
         edge = lower_executorch(program, record)
         summary = delegation_summary(edge)  # export prints its line once the file passed its checks
         buffer = edge.to_executorch().buffer
@@ -481,9 +484,11 @@ class ExecuTorchFormat(Format):
         lowered where, so only the export that wrote it can tell)."""
         return exported.info.get("delegation") if exported is not None else None
 
-    def quantize(self, source: nn.Module, calibration, mode: str, *, input_size=None, **unused: Any) -> nn.Module:
-        """PT2E int8 of the model ``source`` (:func:`quantize_pt2e`); ``calibration``: batches of one image."""
-        return quantize_pt2e(source, input_size, mode, calibration)
+    def quantize(self, source: nn.Module, calibration, mode: str, *, input_size=None, program=None,
+                 **unused: Any) -> nn.Module:
+        """PT2E int8 of the model ``source`` (:func:`quantize_pt2e`, from its capture ``program`` where given);
+        ``calibration``: batches of one image."""
+        return quantize_pt2e(source, input_size, mode, calibration, program)
 
     def open(self, path, threads: Optional[int] = None) -> Program:
         shape = pte_input_shape(path)
