@@ -145,7 +145,7 @@ def test_backend_choice_and_refusals(monkeypatch):
         flatten_attention(q, k, v, backend=backend)
     assert not host.PLANS
     slab_attention(q, k, v, backend="triton")
-    assert [key[0] for key in host.PLANS] == ["slab"]
+    assert [key[0][0] for key in host.PLANS] == ["slab"]
     with pytest.raises(ValueError, match="slab: unknown backend 'cuda'"):
         slab_attention(q, k, v, backend="cuda")
     with pytest.raises(ValueError, match="flatten: backend 'triton' takes float32, float16 or bfloat16"):

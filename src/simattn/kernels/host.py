@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Callable, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 import triton
@@ -34,7 +34,7 @@ from triton.compiler.compiler import CompiledKernel
 
 __all__ = ["INTERPRETER", "INTERPRETER_BLOCK", "SPLIT_MIN_TOKENS", "PLANS", "Launch", "Mode", "as_op", "block",
            "dry_multiprocessors", "dry_run", "hopper_stand_in", "interpreting", "mask_bytes", "mask_strides",
-           "native", "planned", "precision", "run", "signature", "tf32", "tuned", "tuning"]
+           "native", "plan", "planned", "precision", "run", "tf32", "tuned", "tuning"]
 
 #: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET`` when this module was first imported; every
 #: family's kernels are decorated in that mode, as they import it)
@@ -258,11 +258,15 @@ def mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
     return (0, 0) if mask is None else mask.stride()
 
 
-def signature(q, k, v, mask, q_mask) -> tuple:
-    """What a call's plan depends on in its inputs: shapes, strides, dtypes, device (the masks' shapes, dtype and
-    device follow from q's and k's, checked by the caller)."""
-    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype, q.device,
-            None if mask is None else mask.stride(), None if q_mask is None else q_mask.stride())
+def plan(name: str, what: tuple, tensors: Sequence[Optional[torch.Tensor]], build: Callable[[Mode], Any]):
+    """A family's call planned for ``tensors`` and ``what`` (the call and the options its plan depends on): one plan
+    per signature, each tensor's shape, strides and dtype (None for none) with the device, the dry run's
+    multiprocessors and TF32; made by ``build(mode)`` the first time (``name`` heads a refusal of the device)."""
+    first = tensors[0]
+    dry = _dry_sms
+    key = (what, tuple([None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors]), first.device, dry,
+           first.dtype == torch.float32 and tf32())
+    return planned(key, lambda: build(Mode(name, first.device, dry, tuning())))
 
 
 def planned(key: tuple, build):

@@ -167,19 +167,9 @@ class _BroadcastBackward:
         return dq, _sum_parts(da, self.splits).to(agents.dtype), _sum_parts(dw, self.splits).to(w.dtype), db
 
 
-def _signature(*tensors) -> tuple:
-    """What a call's plan depends on: each tensor's shape, strides and dtype (None for none), the device, the dry
-    run's multiprocessors and TF32."""
-    described = tuple(None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors)
-    return (*described, tensors[0].device, host.dry_multiprocessors(),
-            tensors[0].dtype == torch.float32 and host.tf32())
-
-
 def _planned(what: str, build, *tensors, extra=()):
     """The call planned for these tensors (built by ``build(mode)`` at a new signature)."""
-    dry = host.dry_multiprocessors()
-    return host.planned((what, *_signature(*tensors), *extra),
-                        lambda: build(host.Mode("agent attention", tensors[0].device, dry, host.tuning())))
+    return host.plan("agent attention", (what, *extra), tensors, build)
 
 
 def _gather_forward(agents, k, v, bias):

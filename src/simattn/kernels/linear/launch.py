@@ -291,31 +291,22 @@ class _FeatureBackwardCall:
 
 def _forward(kind: str, q, k, v, mask, q_mask, gamma, eps: float, bf16: bool, out_dtype: torch.dtype, save: bool):
     """The forward's outputs (:class:`_ForwardCall`), planned once per signature."""
-    dry = host.dry_multiprocessors()
-    key = (kind, host.signature(q, k, v, mask, q_mask), gamma is not None, eps, bf16, out_dtype, save, dry,
-           q.dtype == torch.float32 and host.tf32())
-    call = host.planned(key, lambda: _ForwardCall(kind, q, k, v, mask, q_mask, eps, bf16, out_dtype, save,
-                                                  host.Mode(kind, q.device, dry, host.tuning())))
+    call = host.plan(kind, (kind, eps, bf16, out_dtype, save), (q, k, v, mask, q_mask, gamma),
+                     lambda mode: _ForwardCall(kind, q, k, v, mask, q_mask, eps, bf16, out_dtype, save, mode))
     return call(q, k, v, mask, q_mask, gamma)
 
 
 def _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps: float, bf16: bool):
     """SimA's gradients (:class:`_BackwardCall`), planned once per signature."""
-    dry = host.dry_multiprocessors()
-    key = ("sima backward", host.signature(q, k, v, mask, q_mask), g.shape, g.stride(), g.dtype, eps, bf16, dry,
-           q.dtype == torch.float32 and host.tf32())
-    call = host.planned(key, lambda: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16,
-                                                   host.Mode("sima", q.device, dry, host.tuning())))
+    call = host.plan("sima", ("sima backward", eps, bf16), (q, k, v, mask, q_mask, g),
+                     lambda mode: _BackwardCall(g, q, k, v, mask, q_mask, eps, bf16, mode))
     return call(g, q, k, v, mask, q_mask, kvn, s_q, s_k)
 
 
 def _feature_backward(kind: str, g, q, k, v, mask, s, z, eps: float):
     """A feature kind's gradients (:class:`_FeatureBackwardCall`), planned once per signature."""
-    dry = host.dry_multiprocessors()
-    key = (kind, "backward", host.signature(q, k, v, mask, None), g.shape, g.stride(), g.dtype, eps, dry,
-           q.dtype == torch.float32 and host.tf32())
-    call = host.planned(key, lambda: _FeatureBackwardCall(kind, g, q, k, v, mask, eps,
-                                                          host.Mode(kind, q.device, dry, host.tuning())))
+    call = host.plan(kind, (kind, "backward", eps), (q, k, v, mask, g),
+                     lambda mode: _FeatureBackwardCall(kind, g, q, k, v, mask, eps, mode))
     return call(g, q, k, v, mask, s, z)
 
 

@@ -103,32 +103,20 @@ class _BackwardCall:
         return dq, dk, dv
 
 
-def _key(what: str, activation, bias, alpha, q, k, v, mask) -> tuple:
-    return (what, activation, bias is None, alpha is None, host.signature(q, k, v, mask, None),
-            host.dry_multiprocessors(), q.dtype == torch.float32 and host.tf32())
-
-
-def _mode(activation: str, q: torch.Tensor, dry: Optional[int]):
-    """How the call's kernels run (:class:`~simattn.kernels.host.Mode`); a device they cannot run on is refused here."""
-    return host.Mode(f"attention with h={activation}", q.device, dry, host.tuning())
-
-
 def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float],
              out_dtype: torch.dtype) -> torch.Tensor:
     """The output (:class:`_ForwardCall`), planned once per signature."""
-    dry = host.dry_multiprocessors()
-    key = (*_key("activation forward", activation, bias, alpha, q, k, v, mask), out_dtype)
-    call = host.planned(key, lambda: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype,
-                                                    _mode(activation, q, dry)))
+    call = host.plan(f"attention with h={activation}", ("activation forward", activation, bias is None,
+                                                        alpha is None, out_dtype), (q, k, v, mask),
+                     lambda mode: _ForwardCall(_flags(activation, bias, alpha), q, k, v, mask, out_dtype, mode))
     return call(q, k, v, mask, _scalars(q, bias, alpha))
 
 
 def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float]):
     """dq, dk, dv (:class:`_BackwardCall`), planned once per signature."""
-    dry = host.dry_multiprocessors()
-    key = (*_key("activation backward", activation, bias, alpha, q, k, v, mask), g.shape, g.stride(), g.dtype)
-    call = host.planned(key, lambda: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask,
-                                                     _mode(activation, q, dry)))
+    call = host.plan(f"attention with h={activation}", ("activation backward", activation, bias is None,
+                                                        alpha is None), (q, k, v, mask, g),
+                     lambda mode: _BackwardCall(_flags(activation, bias, alpha), g, q, k, v, mask, mode))
     return call(g, q, k, v, mask, _scalars(q, bias, alpha))
 
 
