@@ -1,7 +1,7 @@
 """Kernel launches without a GPU (``hopper_stand_in``: the kernels compiled for sm_90, Triton's CUDA launcher
 replaced): after a signature's first launch through Triton, the compiled kernel is launched directly with the same
-arguments Triton's path gives its launcher, and a call whose tensors Triton would specialize otherwise (16-byte
-alignment) goes through Triton again; Agent attention's kernels launch the same way. Runs in a subprocess: the
+arguments Triton's path gives its launcher (the launch metadata only where a launch hook reads it), and a call whose
+tensors Triton would specialize otherwise (16-byte alignment) goes through Triton again; Agent attention's kernels launch the same way. Runs in a subprocess: the
 suite's kernels are imported for the interpreter."""
 import json
 import os
@@ -32,14 +32,25 @@ def shown(a):  # a launcher argument, comparable across calls (tensors by what T
 g = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(2, 2, 16, 16, generator=g) for _ in range(3))
 out = {}
+def launcher(*args):  # records its arguments, and calls the enter hook with the launch metadata, as Triton's does
+    launched.append([shown(a) for a in args])
+    if args[7] is not None:
+        args[7](args[6])
+
 try:
-    with LT.hopper_stand_in(launch=lambda *args: launched.append([shown(a) for a in args])):
+    with LT.hopper_stand_in(launch=launcher):
         for name in ("first", "again"):
             sima_attention(q, k, v, backend="triton")
             out[name] = {"launch": launched[-1], "triton_calls": len(through_triton)}
         odd = torch.randn(2 * 2 * 16 * 16 + 1, generator=g)[1:].view(2, 2, 16, 16)  # 4 bytes past an aligned start
         sima_attention(odd, k, v, backend="triton")
         out["misaligned"] = {"launch": launched[-1], "triton_calls": len(through_triton)}
+        # a profiler's launch hook gets what Triton's path gives it (the launch metadata) on direct launches too
+        hooked = []
+        triton.knobs.runtime.launch_enter_hook.add(lambda metadata: hooked.append(metadata.get()["name"]))
+        sima_attention(q, k, v, backend="triton")
+        out["hooked"] = {"launch": launched[-1], "triton_calls": len(through_triton), "names": hooked}
+        triton.knobs.runtime.launch_enter_hook.calls.clear()
         # Agent attention's kernels (the aggregation and the broadcast) take the same launches
         from simattn.attention.agent import agent_attention
         for name in ("agent_first", "agent_again"):
@@ -64,10 +75,17 @@ def test_direct_launch_hands_the_launcher_what_tritons_path_does():
     first, again, odd = got["first"], got["again"], got["misaligned"]
     assert first["triton_calls"] == 1  # one launch (the one-tile forward), through Triton
     assert again["triton_calls"] == 1  # the repeat: launched directly
-    assert again["launch"] == first["launch"]  # grid, stream, function, metadata, hooks, every kernel argument
+    # grid, stream, function, kernel metadata, hooks, every kernel argument; the launch metadata, which only launch
+    # hooks read, is left out while none is set
+    assert first["launch"][6] == "LazyDict" and again["launch"][6] is None
+    assert again["launch"][:6] + again["launch"][7:] == first["launch"][:6] + first["launch"][7:]
     assert len(first["launch"]) > 40
+    hooked = got["hooked"]
+    assert hooked["triton_calls"] == 2 and hooked["launch"] == first["launch"]  # the plan's, launched as Triton does
+    assert hooked["names"] == ["fwd_one_tile_kernel"]
     # a q Triton specializes otherwise (not 16-byte aligned): Triton's path again, its own specialization
     assert odd["triton_calls"] == 2 and odd["launch"][9][3] is False
     agent_first, agent_again = got["agent_first"], got["agent_again"]
     assert agent_first["triton_calls"] == 4 and agent_again["triton_calls"] == 4  # two kernels, once each
-    assert agent_again["launch"] == agent_first["launch"] and agent_first["launch"][0] != agent_first["launch"][1]
+    assert [a[:6] + a[7:] for a in agent_again["launch"]] == [a[:6] + a[7:] for a in agent_first["launch"]]
+    assert agent_first["launch"][0] != agent_first["launch"][1]

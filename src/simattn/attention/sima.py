@@ -36,7 +36,8 @@ with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import functools
+from typing import Callable, Optional, Tuple
 
 import torch
 from torch import nn
@@ -124,13 +125,20 @@ def _kernels(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
         return sima_cpu.sima_kv_first(q, k, v, eps)
     if path != "triton":
         return None
+    dt = range_safe_dtype(q)
+    out_dtype = dt if torch.is_autocast_enabled(q.device.type) else q.dtype
+    return _sima_triton()(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt, out_dtype=out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _sima_triton() -> Callable[..., torch.Tensor]:
+    """The Triton kernels' entry point, imported at the first call that asks for it (an import statement costs the
+    host a microsecond or so per call)."""
     try:
         from ..kernels.linear.launch import sima_triton
     except ImportError as e:
         raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
-    dt = range_safe_dtype(q)
-    out_dtype = dt if torch.is_autocast_enabled(q.device.type) else q.dtype
-    return sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt, out_dtype=out_dtype)
+    return sima_triton
 
 
 # ------------------------------------------------------------------------------------------------ the torch path

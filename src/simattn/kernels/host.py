@@ -30,11 +30,13 @@ from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
 import torch
 import triton
+from triton import knobs
 from triton.compiler.compiler import CompiledKernel
+from triton.runtime import driver
 
 __all__ = ["INTERPRETER", "INTERPRETER_BLOCK", "SPLIT_MIN_TOKENS", "PLANS", "Launch", "Mode", "as_op", "block",
-           "dry_multiprocessors", "dry_run", "hopper_stand_in", "interpreting", "mask_bytes", "mask_strides",
-           "native", "plan", "planned", "precision", "run", "tf32", "tuned", "tuning"]
+           "dry_multiprocessors", "dry_run", "grad_like", "hopper_stand_in", "interpreting", "mask_bytes",
+           "mask_strides", "native", "plan", "planned", "precision", "run", "tf32", "tuned", "tuning"]
 
 #: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET`` when this module was first imported; every
 #: family's kernels are decorated in that mode, as they import it)
@@ -106,7 +108,6 @@ def hopper_stand_in(launch: Optional[Callable[..., None]] = None, multiprocessor
     if INTERPRETER:
         raise RuntimeError("hopper_stand_in: the kernels were imported for Triton's interpreter (TRITON_INTERPRET=1), "
                            "which compiles nothing; run without it")
-    from triton.runtime import driver
 
     original = CompiledKernel._init_handles
     # the driver in use before (None: not made yet; on a machine without a GPU making one fails, so it is not made)
@@ -189,16 +190,16 @@ class Launch:
 
     Compiled launches after the first skip Triton's per-call work (binding and specializing every argument, the cache
     lookup: tens of microseconds for these kernels' 30-odd arguments) and launch the compiled kernel Triton returned
-    (``compiled[grid](*args)``, with the launch hooks profilers set). What Triton specializes on beyond the call's
-    signature, which fixes every integer argument (the other scalars are floats, which Triton does not specialize),
-    is each tensor's dtype and 16-byte alignment: a call where those differ goes through Triton's path, which
-    compiles or finds the kernel for them."""
+    (``compiled[grid](*args)``, with the launch hooks profilers set), checking nothing: what Triton specializes a
+    kernel on is fixed by the plan (:func:`plan`). Its signature fixes every integer argument (the other scalars
+    are floats, which Triton does not specialize) and the dtype and 16-byte alignment of each tensor the call is
+    given; every other tensor argument is one the call allocated (its outputs and scratch) or a forward's output
+    handed to its backward, which torch's allocators align to 64 bytes or more, in dtypes the plan sets."""
 
-    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "tensor_at", "tensors_seen", "constants")
+    __slots__ = ("kernel", "grid", "kwargs", "tuning", "compiled", "constants")
 
     def __init__(self, kernel, grid: Tuple[int, ...], consts: dict, mode: Mode):
-        self.grid, self.tuning, self.compiled, self.tensors_seen, self.constants = grid, False, None, None, ()
-        self.tensor_at: Tuple[int, ...] = ()  # the positions of the tensor arguments (fixed by the call's plan)
+        self.grid, self.tuning, self.compiled, self.constants = grid, False, None, ()
         if mode.dry:
             self.kernel, self.kwargs = None, {}
         elif mode.interpret:  # the kernel as written; the host picks the tile
@@ -211,8 +212,8 @@ class Launch:
     def __call__(self, *args) -> None:
         if self.kernel is None:
             return
-        if self.compiled is not None and _tensor_keys(args, self.tensor_at) == self.tensors_seen:
-            self.compiled[self.grid](*args, *self.constants)
+        if self.compiled is not None:
+            _launch(self.compiled, self.grid, *args, *self.constants)
             return
         compiled = self.kernel.run(*args, grid=self.grid, warmup=False, **self.kwargs)
         if self.tuning:  # from now on the tuned configuration, without the autotuner
@@ -226,16 +227,31 @@ class Launch:
         arguments in each kernel's signature, in its order."""
         names = self.kernel.arg_names[len(args):]
         if all(name in self.kwargs for name in names):
-            self.tensor_at = tuple(i for i, a in enumerate(args) if isinstance(a, torch.Tensor))
-            self.compiled, self.tensors_seen = compiled, _tensor_keys(args, self.tensor_at)
+            self.compiled = compiled
             self.constants = tuple(self.kwargs[name] for name in names)
             self.grid = tuple(self.grid) + (1,) * (3 - len(self.grid))  # a compiled kernel's launch takes three
 
 
-def _tensor_keys(args, at: Tuple[int, ...]) -> tuple:
-    """What Triton specializes a launch on among its tensor arguments (at positions ``at``): dtype and 16-byte
-    alignment of each."""
-    return tuple((args[i].dtype, args[i].data_ptr() % 16 == 0) for i in at)
+def _launch(compiled: CompiledKernel, grid: Tuple[int, int, int], *args) -> None:
+    """``compiled[grid](*args)``: what Triton's runner hands the launcher, without building the launch metadata
+    (a dict per launch that only launch hooks read) while no hook is set, nor the runner itself."""
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    if _hooked(enter) or _hooked(leave):
+        compiled[grid](*args)
+        return
+    device = driver.active.get_current_device()
+    compiled.run(*grid, driver.active.get_current_stream(device), compiled.function, compiled.packed_metadata, None,
+                 enter, leave, *args)
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: a chain of hooks that is not empty (Triton 3.5 on), or one that is not None."""
+    return bool(getattr(hook, "calls", hook is not None))
+
+
+def grad_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized gradient for ``t``: its shape and dtype, contiguous (what the backward kernels write)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 def precision(t: torch.Tensor) -> str:
@@ -259,13 +275,14 @@ def mask_strides(mask: Optional[torch.Tensor]) -> Tuple[int, int]:
 
 
 def plan(name: str, what: tuple, tensors: Sequence[Optional[torch.Tensor]], build: Callable[[Mode], Any]):
-    """A family's call planned for ``tensors`` and ``what`` (the call and the options its plan depends on): one plan
-    per signature, each tensor's shape, strides and dtype (None for none) with the device, the dry run's
-    multiprocessors and TF32; made by ``build(mode)`` the first time (``name`` heads a refusal of the device)."""
+    """A family's call planned for ``tensors`` (every tensor the call is given) and ``what`` (the call and the
+    options its plan depends on): one plan per signature, each tensor's shape, strides, dtype and 16-byte alignment
+    (None for none) with the device, the dry run's multiprocessors and TF32; made by ``build(mode)`` the first time
+    (``name`` heads a refusal of the device)."""
     first = tensors[0]
     dry = _dry_sms
-    key = (what, tuple([None if t is None else (t.shape, t.stride(), t.dtype) for t in tensors]), first.device, dry,
-           first.dtype == torch.float32 and tf32())
+    key = (what, tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.data_ptr() % 16 == 0)
+                        for t in tensors]), first.device, dry, first.dtype == torch.float32 and tf32())
     return planned(key, lambda: build(Mode(name, first.device, dry, tuning())))
 
 
@@ -280,8 +297,14 @@ def planned(key: tuple, build):
     return call
 
 
+#: ``torch.backends.cuda.matmul.allow_tf32``'s getter, without the Python attribute lookup in front of it (a few
+#: microseconds: every call's plan reads it)
+_allow_tf32 = getattr(torch._C, "_get_cublas_allow_tf32", None)
+
+
 def tf32() -> bool:
-    return torch.backends.cuda.matmul.allow_tf32
+    """``torch.backends.cuda.matmul.allow_tf32`` now."""
+    return _allow_tf32() if _allow_tf32 is not None else torch.backends.cuda.matmul.allow_tf32
 
 
 def as_op(q: torch.Tensor) -> bool:

@@ -106,8 +106,8 @@ class _GatherBackward:
         dev = k.device
         gw = gw.to(torch.float32).contiguous()
         dd = (gw * w).sum(-1)  # D = rowsum(dW ∘ W), per agent
-        dk = torch.empty(k.shape, device=dev, dtype=k.dtype)
-        dv = torch.empty(v.shape, device=dev, dtype=v.dtype)
+        dk = host.grad_like(k)
+        dv = host.grad_like(v)
         db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
         da = _parts(self.splits, agents.shape, k)
         with self.mode.device():
@@ -157,7 +157,7 @@ class _BroadcastBackward:
 
     def __call__(self, g, q, agents, w, bias):
         dev = q.device
-        dq = torch.empty(q.shape, device=dev, dtype=q.dtype)
+        dq = host.grad_like(q)
         db = torch.empty(self.bias_shape if self.bias_grad else (0,), device=dev, dtype=torch.float32)
         da, dw = _parts(self.splits, agents.shape, q), _parts(self.splits, w.shape, q)
         with self.mode.device():
@@ -179,7 +179,7 @@ def _gather_forward(agents, k, v, bias):
 
 def _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad: bool):
     call = _planned("agent gather backward", lambda mode: _GatherBackward(agents, k, v, bias, bias_grad, mode),
-                    agents, k, v, bias, extra=(bias_grad,))
+                    agents, k, v, bias, gw, extra=(bias_grad,))
     return call(gw, w, lse, agents, k, v, bias)
 
 

@@ -244,9 +244,9 @@ class _BackwardCall:
             UPCAST=mode.interpret, PREC=prec, BLOCK_D=host.block(d), BLOCK_E=host.block(e)), mode)
 
     def __call__(self, g, q, k, v, mask, q_mask, kvn, s_q, s_k):
-        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
-        dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+        dq = host.grad_like(q)
+        dk = host.grad_like(k)
+        dv = host.grad_like(v)
         with self.mode.device():
             part = kvn
             if self.partials is not None:
@@ -276,9 +276,9 @@ class _FeatureBackwardCall:
                          for side in sides]
 
     def __call__(self, g, q, k, v, mask, s, z):
-        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
-        dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+        dq = host.grad_like(q)
+        dk = host.grad_like(k)
+        dv = host.grad_like(v)
         part = pz = s
         if self.part_shapes is not None:
             part = torch.empty(self.part_shapes[0], device=q.device, dtype=torch.float32)

@@ -93,9 +93,9 @@ class _BackwardCall:
         self.dq = host.Launch(K.dq_kernel, (triton.cdiv(n_q, block_m), B, H), consts, mode)
 
     def __call__(self, g, q, k, v, mask, scalars):
-        dq = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-        dk = torch.empty(k.shape, device=q.device, dtype=k.dtype)
-        dv = torch.empty(v.shape, device=q.device, dtype=v.dtype)
+        dq = host.grad_like(q)
+        dk = host.grad_like(k)
+        dv = host.grad_like(v)
         m = host.mask_bytes(mask, q)
         with self.mode.device():
             self.dkdv(q, k, v, g, m, dk, dv, *self.head, *scalars, *self.strides, self.buckets[0])
