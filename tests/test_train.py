@@ -207,11 +207,43 @@ def test_precision_and_memory_options_run(tmp_path):
     assert not all(torch.equal(v, result.model.state_dict()[k]) for k, v in ema_weights.items())
 
 
-def test_fp16_loss_scaling_runs(tmp_path):
+def test_fp16_loss_scaling_runs(tmp_path, monkeypatch):
+    from simattn.engine import amp
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: True)  # as on a CPU with fp16 arithmetic
     cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="float16", clip_grad=1.0)
     result = train(cfg)
     state = torch.load(result.output / "last.pth", weights_only=True)
     assert state["scaler"] is not None and "scale" in state["scaler"]
+
+
+@pytest.mark.parametrize("has_bf16", [False, True])
+def test_fp16_recipe_on_cpu_without_fp16_runs_fp32_with_a_note(tmp_path, monkeypatch, capsys, has_bf16):
+    # emulated fp16 autocast made an ImageNet recipe's digits epoch take hours on a CPU
+    from simattn.engine import amp
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: has_bf16 and dtype == "bfloat16")
+    autocasts = []
+    real = amp.autocast
+    monkeypatch.setattr(amp, "autocast", lambda device, enabled, dtype="float16": (
+        autocasts.append((enabled, dtype)), real(device, enabled, dtype))[1])
+    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="float16")
+    result = train(cfg)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "without fp16 arithmetic" in line]
+    assert len(notes) == 1 and "running in fp32" in notes[0]
+    assert ("--amp-dtype bfloat16" in notes[0]) == has_bf16
+    assert autocasts and not any(enabled for enabled, _ in autocasts)
+    assert torch.load(result.output / "last.pth", weights_only=True)["scaler"] is None
+
+
+def test_run_precision_keeps_what_the_device_does_natively(monkeypatch):
+    from simattn.engine import amp
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: False)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert amp.run_precision(cuda, True, "float16") == (True, "float16", None)
+    assert amp.run_precision(cpu, True, "bfloat16") == (True, "bfloat16", None)
+    assert amp.run_precision(cpu, False, "float16") == (False, "float16", None)
+    assert amp.run_precision(cpu, True, "float16")[:2] == (False, "float16")
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: dtype == "float16")
+    assert amp.run_precision(cpu, True, "float16") == (True, "float16", None)
 
 
 # ---------------------------------------------------------------- datasets

@@ -184,12 +184,13 @@ class Trainer(Engine):
     def evaluate(self) -> Dict[str, Any]:
         """Validate the model (and EMA); export best.safetensors when top-1 improved."""
         cfg = self.cfg
-        metrics = evaluate(self.model, self.val_loader, self.device, amp=cfg.amp, amp_dtype=cfg.amp_dtype,
-                           channels_last=cfg.channels_last, show_progress=self.show_bars)
+        amp = dict(amp=self.precision.enabled, amp_dtype=self.precision.dtype)
+        metrics = evaluate(self.model, self.val_loader, self.device, **amp, channels_last=cfg.channels_last,
+                           show_progress=self.show_bars)
         record = {f"val_{k}": v for k, v in metrics.items()}
         if self.ema is not None:
-            ema_metrics = evaluate(self.ema.module, self.val_loader, self.device, amp=cfg.amp,
-                                   amp_dtype=cfg.amp_dtype, channels_last=cfg.channels_last)
+            ema_metrics = evaluate(self.ema.module, self.val_loader, self.device, **amp,
+                                   channels_last=cfg.channels_last)
             record.update({f"ema_val_{k}": ema_metrics[k] for k in ("top1", "top5", "loss")})
         record["train_skipped"] = self.train_skipped
         if metrics["top1"] > self.best["top1"] and self.dist.is_main:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ..engine.amp import run_precision
 from ..engine.core import session
 from ..engine.data import build_eval_loader
 from ..engine.dist import barrier
@@ -85,7 +86,8 @@ def _convert(cfg: ConvertConfig, stages: StagedRun, teacher_weights: str, model:
     val_set.transform = build_transform(data_config)
     val_loader = build_eval_loader(val_set, cfg.batch_size, cfg.workers, dist,
                                    cfg.pin_memory and dist.device.type == "cuda")
-    evaluate_kw = dict(amp=cfg.amp, amp_dtype=cfg.amp_dtype)
+    amp, amp_dtype, _ = run_precision(dist.device, cfg.amp, cfg.amp_dtype)  # the training stages print its note
+    evaluate_kw = dict(amp=amp, amp_dtype=amp_dtype)
     teacher.to(dist.device)
     results: Dict[str, Any] = {
         "teacher": {"weights": str(teacher_weights), "model": spec["model"], "attention": spec.get("attn_type"),

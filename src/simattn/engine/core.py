@@ -201,6 +201,8 @@ class Engine:
         self.optimizer, self.lr = self.build_optimizer()
         self.scheduler, self.num_epochs = self.build_scheduler()
         self.precision = MixedPrecision(self.device, self.cfg.amp, self.cfg.amp_dtype)
+        if self.precision.note and self.dist.is_main:
+            print(self.precision.note, flush=True)
         self._start_position()
         keep_records = resume_run(self, self.resume_path, resume_state) if resume_state is not None else None
         self._claim_folder(keep_records)  # only now (the resume checkpoint was valid) may files in the folder change
