@@ -195,8 +195,10 @@ def test_an_existing_run_is_not_overwritten_by_accident(trained):
         train(load_config(None, {**TINY, "output": str(result.output), "epochs": 1}))
 
 
-def test_precision_and_memory_options_run(tmp_path):
+def test_precision_and_memory_options_run(tmp_path, monkeypatch):
     # bf16 autocast, gradient accumulation, gradient checkpointing, channels_last, EMA and mixup in one short run
+    from simattn.engine import amp
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: True)  # bf16 autocast even where the CPU emulates it
     cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="bfloat16", grad_accum_steps=2,
                       grad_checkpointing=True, channels_last=True, model_ema=True, model_ema_decay=0.9,
                       mixup=0.8, cutmix=1.0, clip_grad=1.0)
@@ -216,19 +218,20 @@ def test_fp16_loss_scaling_runs(tmp_path, monkeypatch):
     assert state["scaler"] is not None and "scale" in state["scaler"]
 
 
-@pytest.mark.parametrize("has_bf16", [False, True])
-def test_fp16_recipe_on_cpu_without_fp16_runs_fp32_with_a_note(tmp_path, monkeypatch, capsys, has_bf16):
-    # emulated fp16 autocast made an ImageNet recipe's digits epoch take hours on a CPU
+@pytest.mark.parametrize("dtype, has_bf16", [("float16", False), ("float16", True), ("bfloat16", False)])
+def test_amp_recipe_on_cpu_without_its_arithmetic_runs_fp32_with_a_note(tmp_path, monkeypatch, capsys, dtype,
+                                                                        has_bf16):
+    # emulated fp16 / bf16 autocast made an ImageNet recipe's digits epoch take hours on a CPU
     from simattn.engine import amp
-    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: has_bf16 and dtype == "bfloat16")
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dt: has_bf16 and dt == "bfloat16")
     autocasts = []
     real = amp.autocast
-    monkeypatch.setattr(amp, "autocast", lambda device, enabled, dtype="float16": (
-        autocasts.append((enabled, dtype)), real(device, enabled, dtype))[1])
-    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype="float16")
+    monkeypatch.setattr(amp, "autocast", lambda device, enabled, dt="float16": (
+        autocasts.append((enabled, dt)), real(device, enabled, dt))[1])
+    cfg = tiny_config(tmp_path, epochs=1, steps_per_epoch=2, amp=True, amp_dtype=dtype)
     result = train(cfg)
-    notes = [line for line in capsys.readouterr().out.splitlines() if "without fp16 arithmetic" in line]
-    assert len(notes) == 1 and "running in fp32" in notes[0]
+    notes = [line for line in capsys.readouterr().out.splitlines() if "arithmetic is emulated" in line]
+    assert len(notes) == 1 and f"amp {dtype} on a CPU" in notes[0] and "running in fp32" in notes[0]
     assert ("--amp-dtype bfloat16" in notes[0]) == has_bf16
     assert autocasts and not any(enabled for enabled, _ in autocasts)
     assert torch.load(result.output / "last.pth", weights_only=True)["scaler"] is None
@@ -239,11 +242,15 @@ def test_run_precision_keeps_what_the_device_does_natively(monkeypatch):
     monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: False)
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert amp.run_precision(cuda, True, "float16") == (True, "float16", None)
-    assert amp.run_precision(cpu, True, "bfloat16") == (True, "bfloat16", None)
+    assert amp.run_precision(cuda, True, "bfloat16") == (True, "bfloat16", None)
     assert amp.run_precision(cpu, False, "float16") == (False, "float16", None)
     assert amp.run_precision(cpu, True, "float16")[:2] == (False, "float16")
+    assert amp.run_precision(cpu, True, "bfloat16")[:2] == (False, "bfloat16")
     monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: dtype == "float16")
     assert amp.run_precision(cpu, True, "float16") == (True, "float16", None)
+    assert amp.run_precision(cpu, True, "bfloat16")[:2] == (False, "bfloat16")
+    monkeypatch.setattr(amp, "cpu_has_native", lambda dtype: dtype == "bfloat16")
+    assert amp.run_precision(cpu, True, "bfloat16") == (True, "bfloat16", None)
 
 
 # ---------------------------------------------------------------- datasets
