@@ -1,5 +1,5 @@
 """A segmentation run deployed and scored: ``simattn export`` of segmentation weights to ONNX (dynamic height and
-width) and ExecuTorch (fp32, static int8 calibrated on the recorded dataset), ``simattn validate`` of the weights
+width) and ExecuTorch (static int8 calibrated on the recorded dataset), ``simattn validate`` of the weights
 and of each exported file (mIoU on the dataset the record names), ``--save-predictions`` as indexed PNGs in the
 dataset's own ids, and an independent check of the reported mIoU (torchmetrics over the saved PNGs and the
 dataset's masks on disk). Nothing is trained: the networks are tiny and random."""
@@ -84,13 +84,17 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exported(run):
-    """The run's weights as ONNX and fp32 ExecuTorch files, through ``simattn export`` (the reports too)."""
+    """The run's weights as an ONNX file and a static int8 ExecuTorch file calibrated on the recorded dataset,
+    through ``simattn export`` (the reports too). One ExecuTorch lowering serves every question about a fixed-size
+    program: the int8 file lowers the same float graph (norms, decoder, upsampling) around its int8 layers, and the
+    fp32 XNNPACK lowering is held to PyTorch in test_export_edge.py and test_export_delegation.py."""
     pytest.importorskip("onnxruntime")
     pytest.importorskip("executorch")
     capsys = _NoCapture()
-    reports = {fmt: export(capsys, run / "final.safetensors", run / f"seg{suffix}", "--format", fmt)
-               for fmt, suffix in (("onnx", ".onnx"), ("executorch", ".pte"))}
-    return {"onnx": run / "seg.onnx", "pte": run / "seg.pte", "reports": reports}
+    reports = {"onnx": export(capsys, run / "final.safetensors", run / "seg.onnx", "--format", "onnx"),
+               "executorch": export(capsys, run / "final.safetensors", run / "seg8.pte", "--format", "executorch",
+                                    "--quantize", "static", "--calib-images", "8")}
+    return {"onnx": run / "seg.onnx", "pte": run / "seg8.pte", "reports": reports}
 
 
 class _NoCapture:
@@ -101,12 +105,19 @@ class _NoCapture:
         return SimpleNamespace(out="", err="")
 
 
+#: Random weights leave many pixels with nearly tied logits, where int8 rounding (max |logit diff| about 0.1 on
+#: these inputs) flips the argmax: the int8 file must still predict what fp32 predicts for 90 % of the pixels
+#: (measured: 98.6 % on average, 97.8 % on the worst image) and score within 5 points of pixel accuracy
+INT8_AGREEMENT, INT8_AACC_POINTS = 0.9, 5
+
+
 def test_exported_files_score_the_checkpoints_miou(run, exported, capsys, tmp_path):
     onnx_report, pte_report = exported["reports"]["onnx"], exported["reports"]["executorch"]
     # ONNX keeps height and width dynamic (checked by the exporter at a second size); parity compares logits
     assert onnx_report["export"]["dynamic_spatial"] is True
     assert all(r["ok"] and r["shape"][1:] in ([3, 32, 32], [3, 64, 64]) for r in onnx_report["parity"].values())
-    assert all(r["ok"] and r["argmax_agreement"] > 99 for r in pte_report["parity"].values())
+    # the int8 file calibrated on the training images of the dataset the weights record
+    assert pte_report["calibration"] == {"dataset": "digits", "split": "train", "images": 8}
     # the dataset the weights record rides along, so validate finds the same images
     meta = onnx_report["metadata"]
     assert (meta["task"], meta["dataset"], meta["dataset_kwargs"], meta["img_scale"], meta["label_ids"][:3]) == \
@@ -117,17 +128,19 @@ def test_exported_files_score_the_checkpoints_miou(run, exported, capsys, tmp_pa
     assert (ref["task"], ref["dataset"], ref["split"], ref["images"], ref["runtime"]) == \
         ("semantic_segmentation", "digits", "val", 12, "torch")
     assert ref["pixels"] == 12 * 32 * 32 and set(ref["per_class"]) == {"background", *map(str, range(10))}
-    for path, runtime, size in ((exported["onnx"], "onnxruntime", None), (exported["pte"], "executorch", [32, 32])):
-        got = validate(capsys, "--weights", path)
-        assert (got["runtime"], got["input_size"], got["images"]) == (runtime, size, 12)
-        assert abs(got["miou"] - ref["miou"]) <= 0.5 and abs(got["aacc"] - ref["aacc"]) <= 0.5, (path, got, ref)
+    got = validate(capsys, "--weights", exported["onnx"])
+    assert (got["runtime"], got["input_size"], got["images"]) == ("onnxruntime", None, 12)
+    assert abs(got["miou"] - ref["miou"]) <= 0.5 and abs(got["aacc"] - ref["aacc"]) <= 0.5, got
+    got = validate(capsys, "--weights", exported["pte"])
+    assert (got["runtime"], got["input_size"], got["images"]) == ("executorch", [32, 32], 12)
+    assert abs(got["aacc"] - ref["aacc"]) <= INT8_AACC_POINTS, (got, ref)
 
     # another inference: slide windows at 2x scale; a fixed-size program takes windows of its own size
     slide = ["--mode", "slide", "--crop-size", "32", "32", "--stride", "16", "16", "--scales", "2.0"]
     a = validate(capsys, "--weights", run / "final.safetensors", *slide)
     b = validate(capsys, "--weights", exported["pte"], *slide)
-    assert a["mode"] == b["mode"] == "slide" and a["crop_size"] == [32, 32] and a["scales"] == [2.0]
-    assert abs(a["miou"] - b["miou"]) <= 0.5 and a["miou"] != ref["miou"]
+    assert a["mode"] == b["mode"] == "slide" and a["crop_size"] == b["crop_size"] == [32, 32] and a["scales"] == [2.0]
+    assert abs(a["aacc"] - b["aacc"]) <= INT8_AACC_POINTS and a["miou"] != ref["miou"], (a, b)
 
 
 def _stems(folder: Path):
@@ -137,38 +150,24 @@ def _stems(folder: Path):
 def test_saved_predictions_are_indexed_pngs_in_the_datasets_ids_for_weights_and_files(run, exported, capsys,
                                                                                       tmp_path):
     from simattn.data.segmentation import color_palette
-    ckpt, onnx = tmp_path / "ckpt", tmp_path / "new" / "onnx"
+    ckpt, onnx, int8 = tmp_path / "ckpt", tmp_path / "new" / "onnx", tmp_path / "int8"
     (tmp_path / "ckpt").mkdir()  # an empty folder is taken
     validate(capsys, "--weights", run / "final.safetensors", "--save-predictions", ckpt)
     got = validate(capsys, "--weights", exported["onnx"], "--save-predictions", onnx)
     assert got["predictions"] == str(onnx)
+    validate(capsys, "--weights", exported["pte"], "--save-predictions", int8)
     stems = [f"val_{i:05d}" for i in range(12)]
-    assert _stems(ckpt) == _stems(onnx) == stems
+    assert _stems(ckpt) == _stems(onnx) == _stems(int8) == stems
     palette = [v for c in color_palette(11) for v in c]
-    agree = []
+    agree, agree8 = [], []
     for stem in stems:
         (mode_a, pal_a, a), (mode_b, pal_b, b) = read_png(ckpt / f"{stem}.png"), read_png(onnx / f"{stem}.png")
         assert mode_a == mode_b == "P" and pal_a[:33] == pal_b[:33] == palette
         assert a.shape == b.shape == (32, 32) and set(np.unique(a)) <= set(range(11))
         agree.append((a == b).mean())
+        agree8.append((a == read_png(int8 / f"{stem}.png")[2]).mean())
     assert np.mean(agree) > 0.999
-
-
-@pytest.mark.slow
-def test_static_int8_executorch_calibrates_on_the_recorded_data_and_keeps_the_predictions(run, capsys, tmp_path):
-    pytest.importorskip("executorch")
-    report = export(capsys, run / "final.safetensors", tmp_path / "seg8.pte", "--format", "executorch",
-                    "--quantize", "static", "--calib-images", "8")
-    assert report["calibration"] == {"dataset": "digits", "split": "train", "images": 8}
-    fp32 = validate(capsys, "--weights", run / "final.safetensors", "--save-predictions", tmp_path / "fp32")
-    int8 = validate(capsys, "--weights", tmp_path / "seg8.pte", "--save-predictions", tmp_path / "int8")
-    assert int8["runtime"] == "executorch" and int8["images"] == 12
-    # Random weights leave many pixels with nearly tied logits, where int8 rounding (max |logit diff| about 0.1 on
-    # these inputs) flips the argmax: the int8 file must still predict what fp32 predicts for 90 % of the pixels
-    # (measured: 98.6 % on average, 97.8 % on the worst image), and score about the same.
-    same = [(read_png(tmp_path / "fp32" / p.name)[2] == read_png(p)[2]).mean() for p in (tmp_path / "int8").iterdir()]
-    assert len(same) == 12 and np.mean(same) >= 0.9, np.mean(same)
-    assert abs(int8["aacc"] - fp32["aacc"]) <= 5
+    assert np.mean(agree8) >= INT8_AGREEMENT, np.mean(agree8)
 
 
 # ---------------------------------------------------------------- the oracle: an independent mIoU
@@ -284,7 +283,7 @@ def test_export_and_deployed_file_errors(run, exported, tmp_path, capsys):
     assert "--calib-data digits: segmentation weights calibrate on the training images of the dataset they record" \
         in one_line_error(capsys, code)
     code = simattn_main(["validate", "--weights", str(exported["pte"]), "--mode", "slide", "--crop-size", "16", "16"])
-    assert "--crop-size 16 16: seg.pte takes 32x32 inputs only" in one_line_error(capsys, code)
+    assert "--crop-size 16 16: seg8.pte takes 32x32 inputs only" in one_line_error(capsys, code)
     code = simattn_main(["validate", "--weights", str(exported["onnx"]), "--use-ema"])
     assert "--use-ema do(es) not apply to an exported file (seg.onnx)" in one_line_error(capsys, code)
     assert list(tmp_path.iterdir()) == []
