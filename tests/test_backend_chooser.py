@@ -102,6 +102,23 @@ def test_an_explicit_backend_that_cannot_take_the_call_says_why_in_one_line(kind
     assert str(info.value) == expected
 
 
+@pytest.mark.parametrize("graph", ["compile", "export"])
+@pytest.mark.parametrize("backend", ["auto", "cpp"])
+def test_a_graph_never_asks_whether_the_cpu_kernel_loads(graph, backend, monkeypatch):
+    """Dynamo cannot trace the loader (it takes a lock): a call inside a graph is answered before the loader is
+    asked, so ``torch.compile(model, fullgraph=True)`` works in a process that has not run SimA eagerly yet."""
+    def asked():
+        raise AssertionError("the CPU kernel's loader was asked")
+
+    monkeypatch.setattr(sima_cpu, "available", asked)
+    call = _call("sima", graph=graph)
+    if backend == "auto":
+        assert choose("sima", "auto", call) == "torch"
+    else:
+        with pytest.raises(ValueError, match="backend 'cpp' runs eagerly only"):
+            choose("sima", "cpp", call)
+
+
 def test_unknown_backends_are_named_with_the_kinds_choices():
     with pytest.raises(ValueError, match=r"^elu: unknown backend 'cpp'; expected one of auto, torch, triton$"):
         choose("elu", "cpp", _call("elu"))

@@ -194,6 +194,8 @@ def _sima_cpp(call: Call) -> Optional[str]:
     """The compiled CPU kernel: q̂(k̂ᵀv) in fp32 on CPU tensors with unit stride along d, eagerly, without a mask,
     autocast or anything that needs gradients (it has no autograd)."""
     q, k, v = call.q, call.k, call.v
+    if call.graph is not None:  # asked first: Dynamo cannot trace the loader's lock
+        return "runs eagerly only (not traced, scripted, compiled or exported)"
     if not sima_cpu.available():
         return f"is not built: {sima_cpu.unavailable_reason()}"
     if call.device != "cpu":
@@ -212,8 +214,6 @@ def _sima_cpp(call: Call) -> Optional[str]:
         return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
     if any(t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] for t in (q, k, v)):
         return "needs unit stride along the last dim and token rows that do not overlap"
-    if call.graph is not None:
-        return "runs eagerly only (not traced, scripted, compiled or exported)"
     return None
 
 
