@@ -349,20 +349,27 @@ def _fits(data: Mapping[str, Any], schema: type) -> bool:
     return True
 
 
-def list_recipes(schema: Optional[type] = None) -> List[str]:
-    """Names of the recipes shipped in the package (``--config NAME``); with ``schema``, only those for that task
-    (whose keys the schema knows)."""
-    import yaml
+@functools.lru_cache(maxsize=1)
+def _shipped_recipes() -> Dict[str, Mapping[str, Any]]:
+    """The shipped recipe files' top-level mappings by name, read once per process (package data); a file that is
+    not a YAML mapping is left out."""
     files = {}
     for entry in _recipe_dir().iterdir():
         if not entry.name.endswith(".yaml"):
             continue
         try:
-            data = yaml.safe_load(entry.read_text())
-        except yaml.YAMLError:
+            data = load_yaml(entry.read_text(), entry.name)
+        except ValueError:
             continue
         if isinstance(data, Mapping):
             files[entry.name[:-5]] = data
+    return files
+
+
+def list_recipes(schema: Optional[type] = None) -> List[str]:
+    """Names of the recipes shipped in the package (``--config NAME``); with ``schema``, only those for that task
+    (whose keys the schema knows)."""
+    files = _shipped_recipes()
 
     def fits(name: str, chain: Tuple[str, ...] = ()) -> bool:
         # a recipe's own keys and those of its shipped base: chain (a variant that only changes the data source
