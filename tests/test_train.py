@@ -228,8 +228,9 @@ def test_amp_recipe_on_cpu_without_its_arithmetic_runs_fp32_with_a_note(tmp_path
     real = torch.autocast
 
     def recording(device_type, dtype=None, enabled=True, **kw):
-        if enabled and dtype in (torch.float16, torch.bfloat16):
-            half.append((device_type, dtype))
+        in_effect = dtype if dtype is not None else torch.get_autocast_dtype(device_type)  # autocast's own default
+        if enabled and in_effect in (torch.float16, torch.bfloat16):
+            half.append((device_type, in_effect))
         return real(device_type, dtype=dtype, enabled=enabled, **kw)
 
     monkeypatch.setattr(torch, "autocast", recording)
