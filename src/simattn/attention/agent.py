@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import agent as agent_kernels
 from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import TRITON_MAX_AGENTS, Call, check_backend, choose
@@ -111,9 +112,8 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     dt = matmul_dtype(v)
     with no_autocast(q):
         if choose("agent", backend, Call(q, k, v, agents=agents)) == "triton":
-            from ..kernels.agent.launch import agent_broadcast_triton, agent_gather_triton
-            agent_v = agent_gather_triton(agents, k, v, agent_bias)
-            return agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
+            agent_v = agent_kernels.agent_gather_triton(agents, k, v, agent_bias)
+            return agent_kernels.agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
         out = _agent(q, k, v, agents, agent_bias, query_bias)
     return out.to(dt)
 

@@ -194,10 +194,6 @@ def _sima_cpp(call: Call) -> Optional[str]:
     """The compiled CPU kernel: q̂(k̂ᵀv) in fp32 on CPU tensors with unit stride along d, eagerly, without a mask,
     autocast or anything that needs gradients (it has no autograd)."""
     q, k, v = call.q, call.k, call.v
-    if call.graph is not None:  # asked first: Dynamo cannot trace the loader's lock
-        return "runs eagerly only (not traced, scripted, compiled or exported)"
-    if not sima_cpu.available():
-        return f"is not built: {sima_cpu.unavailable_reason()}"
     if call.device != "cpu":
         return "runs on CPU tensors only"
     if not (q.dtype == k.dtype == v.dtype == torch.float32):
@@ -206,8 +202,14 @@ def _sima_cpp(call: Call) -> Optional[str]:
         return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {call.resolved!r}"
     if call.masked:
         return "takes no mask"
-    if call.grad:
+    if call.grad:  # before the graph state, which costs a training call a microsecond
         return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
+    # the graph before the loader, whose lock Dynamo cannot trace, and before the checks on sizes, which would put
+    # guards in a graph
+    if call.graph is not None:
+        return "runs eagerly only (not traced, scripted, compiled or exported)"
+    if not sima_cpu.available():
+        return f"is not built: {sima_cpu.unavailable_reason()}"
     if call.autocast is not None:
         return "runs without autocast"
     if q.shape != k.shape or 0 in q.shape or 0 in v.shape:

@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..kernels import linear as linear_kernels
 from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, check_backend, choose
@@ -35,8 +36,7 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
     dt = matmul_dtype(q)
     if choose("elu", backend, Call(q, k, v)) == "triton":
-        from ..kernels.linear.launch import linear_triton
-        return linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
+        return linear_kernels.linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _elu(q, k, v, mask, eps)
     return out.to(dt)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, choose
@@ -78,11 +79,10 @@ def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focu
     with no_autocast(q):
         scale = scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
         if triton:
-            from ..kernels.linear.launch import linear_triton
             phi_q = flatten_feature_map(q.to(acc), focusing_factor, scale)
             phi_k = flatten_feature_map(k.to(acc), focusing_factor, scale)
             # φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(k) + eps) = φ(q)(φ(K)ᵀV) / (φ(q)·Σφ(k) + N·eps)
-            return linear_triton("features", phi_q, phi_k, v, eps=eps * k.shape[-2], out_dtype=dt)
+            return linear_kernels.linear_triton("features", phi_q, phi_k, v, eps=eps * k.shape[-2], out_dtype=dt)
         out = _flatten(q.to(acc), k.to(acc), v.to(acc), focusing_factor, scale, eps)
     return out.to(dt)
 

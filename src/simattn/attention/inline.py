@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_count, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, choose
@@ -45,10 +46,10 @@ def _inline(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
 
 
 def _inline_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    from ..kernels.linear.launch import linear_triton
     # (k − k̄)ᵀ(v − v̄) = (k − k̄)ᵀv: the kernels' plain q(kᵀv) on the centered keys, then the mean of v
     k_centered = k - k.mean(dim=-2, keepdim=True)
-    return linear_triton("plain", q * (scale / k.shape[-2]), k_centered, v) + v.mean(dim=-2, keepdim=True)
+    out = linear_kernels.linear_triton("plain", q * (scale / k.shape[-2]), k_centered, v)
+    return out + v.mean(dim=-2, keepdim=True)
 
 
 def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_finite, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, choose
@@ -63,12 +64,12 @@ def _pola(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor
 
 def _pola_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, power: torch.Tensor, scale: torch.Tensor,
                  eps: float) -> torch.Tensor:
-    from ..kernels.linear.launch import linear_triton
     # each half of v is a feature kind on 2d channels: [q⁺, q⁻] against [k⁺, k⁻] (same sign) or [k⁻, k⁺]
     q, k = q / scale, k / scale
     q_polar = torch.cat([F.relu(q).pow(power), F.relu(-q).pow(power)], dim=-1)
     k_pos, k_neg = F.relu(k).pow(power), F.relu(-k).pow(power)
     half, eps_n = v.shape[-1] // 2, eps * k.shape[-2]  # A V / (A 1 + N·eps), the released mean form's
+    linear_triton = linear_kernels.linear_triton
     same = linear_triton("features", q_polar, torch.cat([k_pos, k_neg], dim=-1), v[..., :half], eps=eps_n)
     opposite = linear_triton("features", q_polar, torch.cat([k_neg, k_pos], dim=-1), v[..., half:], eps=eps_n)
     return torch.cat([same, opposite], dim=-1)

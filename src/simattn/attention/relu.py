@@ -6,6 +6,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn.functional as F
 
+from ..kernels import pointwise as pointwise_kernels
 from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv,
                       check_token_mask, no_autocast, range_safe_dtype)
 from ._registry import register_attention
@@ -105,9 +106,8 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     degree = _HOMOGENEOUS_DEGREE.get(activation)
     out_dtype = _out_dtype(q)
     if choose("relu", backend, Call(q, k, v, activation=activation)) == "triton":
-        from ..kernels.pointwise.launch import activation_triton
-        return activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
-                                 out_dtype=out_dtype)
+        return pointwise_kernels.activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
+                                                   out_dtype=out_dtype)
     if degree is None:
         weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
         with no_autocast(q):

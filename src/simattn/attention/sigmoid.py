@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 
+from ..kernels import pointwise as pointwise_kernels
 from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_token_mask, no_autocast, range_safe_dtype
 from .backends import Call, check_backend, choose
 from ._registry import register_attention
@@ -77,8 +78,8 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
     mask = _check(q, k, bias, mask)
     out_dtype = range_safe_dtype(q) if torch.is_autocast_enabled(q.device.type) else v.dtype
     if choose("sigmoid", backend, Call(q, k, v, activation="sigmoid")) == "triton":
-        from ..kernels.pointwise.launch import activation_triton
-        return activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask, out_dtype=out_dtype)
+        return pointwise_kernels.activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask,
+                                                   out_dtype=out_dtype)
     with no_autocast(q):
         w = _weights(q, k, mask, bias)
         return (w @ v.to(acc_dtype(v))).to(out_dtype)

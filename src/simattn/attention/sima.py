@@ -36,12 +36,12 @@ with |v| > 1024 at N = 1.
 """
 from __future__ import annotations
 
-import functools
-from typing import Callable, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
+from ..kernels import linear as linear_kernels
 from ..kernels.cpu import sima as sima_cpu
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
                       range_safe_dtype, resolve_masks)
@@ -127,18 +127,8 @@ def _kernels(path: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask:
         return None
     dt = range_safe_dtype(q)
     out_dtype = dt if torch.is_autocast_enabled(q.device.type) else q.dtype
-    return _sima_triton()(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt, out_dtype=out_dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _sima_triton() -> Callable[..., torch.Tensor]:
-    """The Triton kernels' entry point, imported at the first call that asks for it (an import statement costs the
-    host a microsecond or so per call)."""
-    try:
-        from ..kernels.linear.launch import sima_triton
-    except ImportError as e:
-        raise ValueError(f"sima: backend 'triton' needs the triton package ({e})") from None
-    return sima_triton
+    return linear_kernels.sima_triton(q, k, v, mask=mask, q_mask=q_mask, eps=eps, compute_dtype=dt,
+                                      out_dtype=out_dtype)
 
 
 # ------------------------------------------------------------------------------------------------ the torch path

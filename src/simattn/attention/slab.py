@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import Call, choose
@@ -47,8 +48,7 @@ def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: fl
     check_positive("slab", "eps", eps)
     dt, acc = matmul_dtype(q), acc_dtype(q)
     if choose("slab", backend, Call(q, k, v)) == "triton":
-        from ..kernels.linear.launch import linear_triton
-        return linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
+        return linear_kernels.linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
     with no_autocast(q):
         out = _slab(q.to(acc), k.to(acc), v.to(acc), eps)
     return out.to(dt)

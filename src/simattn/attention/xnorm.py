@@ -12,6 +12,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from ..kernels import linear as linear_kernels
 from ._common import (acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, check_token_mask,
                       matmul_dtype, no_autocast)
 from ._registry import register_attention
@@ -48,11 +49,10 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
     dt = matmul_dtype(q)
     if choose("xnorm", backend, Call(q, k, v, params=(gamma_q, gamma_kv))) == "triton":
-        from ..kernels.linear.launch import linear_triton
         B, H = q.shape[:2]
         gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
-        return linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma.expand(B, H, 1, 1).reshape(B * H).float(),
-                             eps=eps, out_dtype=dt)
+        gamma = gamma.expand(B, H, 1, 1).reshape(B * H).float()
+        return linear_kernels.linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma, eps=eps, out_dtype=dt)
     with no_autocast(q):
         kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
         kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
