@@ -331,12 +331,18 @@ def test_triton_refuses_what_the_kernels_do_not_take(triton_mode):
 
 
 def test_import_simattn_does_not_load_the_kernels():
+    """Every kind imports its kernel family's package; a CPU call loads no launch module (no kernel). The first
+    lookup of an entry point loads it and binds the function in the package; other names are refused."""
     code = ("import sys, torch, simattn; from simattn.attention.sima import sima_attention; "
             "q = torch.randn(1, 1, 4, 8); sima_attention(q, q, q); "
-            "print('simattn.kernels.linear.launch' in sys.modules)")
+            "print(sorted(m for m in sys.modules if m.startswith('simattn.kernels.') and m.endswith('.launch'))); "
+            "from simattn.kernels import linear; entry = linear.linear_triton; "
+            "from simattn.kernels.linear import launch; "
+            "print(entry is launch.linear_triton and vars(linear)['linear_triton'] is entry); "
+            "print(hasattr(linear, 'linear_triton_x'))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split("\n")[:3] == ["[]", "True", "False"], out.stdout
 
 
 # ---------------------------------------------------------------- CUDA: one AMP training step per model family
