@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("datasets")
+from cli_inputs import one_line_error
+from conftest import needs
+from simattn.bench import data as bench_data
+from simattn.cli import main as simattn_main
+from simattn.data.shards import ShardDataset
 
-from cli_inputs import one_line_error  # noqa: E402
-from simattn.bench import data as bench_data  # noqa: E402
-from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.data.shards import ShardDataset  # noqa: E402
+pytestmark = needs("datasets")
 
 TINY_MODEL = ["--model-kwargs", "depth=1", "embed_dim=32", "num_heads=2"]
 

@@ -5,7 +5,6 @@ import subprocess
 import sys
 import textwrap
 
-import matplotlib.image as mpimg
 import pytest
 
 import simattn  # noqa: F401  (registers the models)
@@ -26,6 +25,7 @@ TINY_ARGS = ["--models", DEIT, "--img-size", "32", "--model-kwargs", *(f"{k}={v}
 
 
 def _read_png(path):
+    import matplotlib.image as mpimg
     image = mpimg.imread(path)
     assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
     assert image[..., :3].std() > 0.01  # not blank

@@ -13,12 +13,14 @@ import pytest
 import torch
 from PIL import Image
 
-datasets = pytest.importorskip("datasets")
+from cli_inputs import FLAGS, one_line_error
+from conftest import needs
+from simattn.cli import main as simattn_main
+from simattn.data.factory import create_dataset
+from simattn.data.segmentation import create_segmentation_dataset
 
-from cli_inputs import FLAGS, one_line_error  # noqa: E402
-from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.data.factory import create_dataset  # noqa: E402
-from simattn.data.segmentation import create_segmentation_dataset  # noqa: E402
+# datasets is imported where it is used: collecting the suite does not load it on every worker
+pytestmark = needs("datasets")
 
 CLASSES = ["cat", "dog"]
 
@@ -36,6 +38,7 @@ def _images(n: int, seed: int, size: int = 8):
 
 def _save(obj, path: Path) -> Path:
     """``save_to_disk`` without its progress bar (it would land in the captured stderr of the error tests)."""
+    import datasets
     was = datasets.utils.logging.is_progress_bar_enabled()
     datasets.disable_progress_bars()
     try:
@@ -47,6 +50,7 @@ def _save(obj, path: Path) -> Path:
 
 
 def _split(arrays, labels, names=CLASSES, image_feature=None, label_feature=None):
+    import datasets
     features = datasets.Features({"image": image_feature or datasets.Image(),
                                   "label": label_feature or datasets.ClassLabel(names=names)})
     image = [{"bytes": _png(a), "path": None} for a in arrays] if isinstance(features["image"], datasets.Image) \
@@ -57,6 +61,7 @@ def _split(arrays, labels, names=CLASSES, image_feature=None, label_feature=None
 @pytest.fixture
 def saved(tmp_path):
     """A DatasetDict (train: 8 images, validation: 4) and the same images as an image folder."""
+    import datasets
     train, val = _images(8, 0), _images(4, 1)
     train_y, val_y = [i % 2 for i in range(8)], [i % 2 for i in range(4)]
     root = _save(datasets.DatasetDict(train=_split(train, train_y), validation=_split(val, val_y)), tmp_path / "hf")
@@ -89,6 +94,7 @@ def test_items_classes_and_the_val_alias_match_an_image_folder_of_the_same_image
 
 
 def test_bytes_column_and_a_single_dataset_read_as_split_all(tmp_path):
+    import datasets
     arrays = _images(4, 2)
     root = _save(_split(arrays, [0, 1, 1, 0], image_feature=datasets.Value("binary")), tmp_path / "one")
     ds = create_dataset("hfds", root, "all")
@@ -99,6 +105,7 @@ def test_bytes_column_and_a_single_dataset_read_as_split_all(tmp_path):
 
 
 def test_an_unreadable_image_is_skipped_with_a_warning(tmp_path, caplog):
+    import datasets
     ds = datasets.Dataset.from_dict({"image": [_png(_images(1, 3)[0]), b"not a png"], "label": [0, 1]},
                                     features=datasets.Features({"image": datasets.Value("binary"),
                                                                 "label": datasets.ClassLabel(names=CLASSES)}))
@@ -111,6 +118,7 @@ def test_an_unreadable_image_is_skipped_with_a_warning(tmp_path, caplog):
 
 def test_train_and_validate_on_a_saved_dataset(tmp_path, capsys):
     """digits_cpu's recipe on the digits saved as a DatasetDict: a tiny run trains, and validate reads it back."""
+    import datasets
     from simattn.data.digits import DigitsDataset
     splits = {}
     for split, name in (("train", "train"), ("val", "validation")):
@@ -156,6 +164,7 @@ def test_a_folder_that_is_no_saved_dataset_and_a_missing_split(saved, tmp_path, 
 
 
 def test_missing_columns_are_named_with_the_columns_there(tmp_path, capsys):
+    import datasets
     no_image = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]},
                                           features=datasets.Features({"text": datasets.Value("string"),
                                                                       "label": datasets.ClassLabel(names=CLASSES)}))
@@ -181,6 +190,7 @@ def test_missing_columns_are_named_with_the_columns_there(tmp_path, capsys):
 
 @pytest.mark.parametrize("bad", [-1, 2])
 def test_a_label_outside_the_classes(tmp_path, capsys, bad):
+    import datasets
     arrays = _images(3, 5)
     split = _split(arrays, [0, 1, bad], names=CLASSES if bad < 0 else CLASSES + ["extra"])
     root = _save(datasets.DatasetDict(train=split, val=split), tmp_path / "bad")
@@ -202,12 +212,14 @@ def _seg_arrays(n: int, seed: int):
 
 
 def _seg_split(images, masks):
+    import datasets
     features = datasets.Features({"image": datasets.Image(), "mask": datasets.Image()})
     return datasets.Dataset.from_dict({"image": [{"bytes": _png(a), "path": None} for a in images],
                                        "mask": [{"bytes": _png(m), "path": None} for m in masks]}, features=features)
 
 
 def test_segmentation_reads_image_and_mask_columns_like_a_segmentation_folder(tmp_path):
+    import datasets
     images, masks = _seg_arrays(3, 6)
     root = _save(datasets.DatasetDict(train=_seg_split(images, masks), val=_seg_split(images, masks)),
                  tmp_path / "seg")
@@ -235,6 +247,7 @@ def test_segmentation_reads_image_and_mask_columns_like_a_segmentation_folder(tm
 
 
 def test_segmentation_errors(tmp_path):
+    import datasets
     images, masks = _seg_arrays(2, 7)
     masks[1][0, 0] = 7
     root = _save(datasets.DatasetDict(train=_seg_split(images, masks)), tmp_path / "seg")

@@ -8,20 +8,19 @@ import pytest
 import timm
 import torch
 
-pytest.importorskip("onnx")
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+from conftest import needs
+from fitted_heads import fit_head
 
-import simattn  # noqa: E402,F401  (registers the models)
-from simattn.cli import main as simattn_main  # noqa: E402
-from simattn.deploy import read_metadata  # noqa: E402
-from simattn.deploy.onnx import audit_onnx, export_and_verify, ort_session, run_onnx  # noqa: E402
-from simattn.export.architecture import model_stride  # noqa: E402
-from simattn.export.cli import main as export_main  # noqa: E402
-from simattn.models.weights import export_record  # noqa: E402
-from simattn.utils.io import save_safetensors  # noqa: E402
+import simattn  # noqa: F401  (registers the models)
+from simattn.cli import main as simattn_main
+from simattn.deploy import read_metadata
+from simattn.deploy.onnx import audit_onnx, export_and_verify, ort_session, run_onnx
+from simattn.export.architecture import model_stride
+from simattn.export.cli import main as export_main
+from simattn.models.weights import export_record
+from simattn.utils.io import save_safetensors
 
-from fitted_heads import fit_head  # noqa: E402
+pytestmark = needs("onnx", "onnxruntime", "onnxscript")
 
 DEIT = "sima_deit_tiny_patch16_224"
 TINY_DEIT = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=10)

@@ -28,7 +28,8 @@ LAYOUTS = Path(__file__).parent / "data" / "deit_released"
 FAST = dict(weight_init="skip")  # the weights are overwritten or only their names and shapes read: skip the init
 #: every simattn tag with weights; this file holds the DeiT family's, test_models_swin.py and test_models_pvt.py the
 #: Swin and PVT families'
-ALL_TAGS = sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in simattn.list_models())
+_MODELS = set(simattn.list_models())
+ALL_TAGS = sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in _MODELS)
 TAGS = [tag for tag in ALL_TAGS if timm.models.model_entrypoint(tag.split(".")[0]).__module__ == sima_vit.__name__]
 SWIN_LAYOUTS = LAYOUTS.parent / "swin_released"
 PVT_LAYOUTS = LAYOUTS.parent / "pvt_released"

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TAG = "agent_deit_tiny_patch16_224.in1k"
 LAYOUT = Path(__file__).parent / "data" / "deit_released" / f"{TAG}.json"
 #: every simattn tag with a download
-TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in simattn.list_models()
-              and sources.pretrained_tag(t))
+_MODELS = set(simattn.list_models())
+TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in _MODELS and sources.pretrained_tag(t))
 
 
 @pytest.fixture
