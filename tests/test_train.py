@@ -394,31 +394,6 @@ def test_evaluate_counts_top1_top5_and_the_mean_loss():
     assert (got["samples"], got["skipped"]) == (64, 3)
 
 
-def test_digit_arrays_are_scikit_learns_digits_read_or_loaded(monkeypatch):
-    """The digits read from scikit-learn's file, without load_digits, equal load_digits' (images and labels); where
-    the file cannot be found, load_digits' own are used."""
-    import importlib.util
-
-    import sklearn.datasets
-    from simattn.data import digits
-
-    expected = sklearn.datasets.load_digits()
-
-    def not_called():
-        raise AssertionError("load_digits was called")
-
-    monkeypatch.setattr(sklearn.datasets, "load_digits", not_called)
-    images, labels = digits.load_digit_arrays()
-    assert images.shape == (1797, 8, 8) and labels.dtype == np.int64
-    np.testing.assert_array_equal(images, expected.images)
-    np.testing.assert_array_equal(labels, expected.target)
-    monkeypatch.undo()
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    images, labels = digits.load_digit_arrays()
-    np.testing.assert_array_equal(images, expected.images)
-    np.testing.assert_array_equal(labels, expected.target)
-
-
 def test_digits_splits_partition_the_data_with_a_fifth_of_each_class_held_out():
     from collections import Counter
     from simattn.data import DigitsDataset

@@ -5,42 +5,25 @@ Images are returned as RGB PIL images so timm's transforms (resize, augment, nor
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["DigitsDataset", "digits_tensors", "load_digit_arrays", "DIGITS_CLASSES"]
+__all__ = ["DigitsDataset", "digits_tensors", "DIGITS_CLASSES"]
 
 DIGITS_CLASSES = tuple(str(i) for i in range(10))
 _SPLITS = ("train", "val", "all")
 
 
-def load_digit_arrays() -> Tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits: images (1797, 8, 8) in 0-16 and labels (1797,), as ``load_digits`` gives them.
-
-    Read from the file ``load_digits`` parses (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per
-    row), found without importing scikit-learn: that import takes over a second, in every process that trains or
-    scores on digits. Where the file is not there, ``load_digits`` itself."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is not None and spec.submodule_search_locations:
-        path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
-        if path.is_file():
-            rows = np.loadtxt(path, delimiter=",")
-            return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1].astype(np.int64)
-    from sklearn.datasets import load_digits
-    data = load_digits()
-    return data.images, data.target.astype(np.int64)
-
-
 @lru_cache(maxsize=None)
 def _split_indices(val_fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    pixels, labels = load_digit_arrays()
-    images = (pixels * (255.0 / 16.0)).round().clip(0, 255).astype(np.uint8)  # (1797, 8, 8)
+    from sklearn.datasets import load_digits
+    data = load_digits()
+    images = (data.images * (255.0 / 16.0)).round().clip(0, 255).astype(np.uint8)  # (1797, 8, 8)
+    labels = data.target.astype(np.int64)
     rng = np.random.default_rng(seed)
     val = []
     for c in range(10):  # stratified: the same fraction of every class
