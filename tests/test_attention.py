@@ -630,3 +630,30 @@ def test_softmax_explicit_path_exposes_weights():
     assert seen[0].shape == (2, 4, 9, 9)
     torch.testing.assert_close(seen[0].sum(-1), torch.ones(2, 4, 9))
     assert torch.all(seen[0][1, :, :, 3:] == 0)
+
+
+def _channel_major(t):
+    """``t`` (…, N, d) stored with the tokens innermost, as a conv map's channels are."""
+    return t.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_gradients_whatever_the_layouts(name):
+    """Each fast path's gradients equal its oracle's (on contiguous copies) for q, k, v and incoming gradients
+    stored token-major (views of one fused projection) or channel-major, in fp64."""
+    fast, oracle, _, _ = CASES[name]
+    torch.manual_seed(7)
+    b, n, d = 2, 20, 16
+    fused = torch.randn(b, n, 3, H, d, dtype=torch.float64)
+    g0 = torch.randn(b, H, n, d, dtype=torch.float64)
+    leaves = [t.clone().requires_grad_(True) for t in fused.permute(2, 0, 3, 1, 4).unbind(0)]
+    expected = torch.autograd.grad(oracle(*leaves), leaves, g0, allow_unused=True)
+    grad_token_major = g0.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, d) storage, as proj's grad
+    for grad_name, g in (("token-major", grad_token_major), ("channel-major", _channel_major(g0))):
+        base = fused.clone().requires_grad_(True)
+        got = torch.autograd.grad(fast(*base.permute(2, 0, 3, 1, 4).unbind(0)), base, g)[0]
+        assert_grads_close(got.permute(2, 0, 3, 1, 4).unbind(0), expected, 1e-10, "qkv",
+                           f"{name} q/k/v token-major, gradient {grad_name}")
+        inputs = [_channel_major(t).requires_grad_(True) for t in fused.permute(2, 0, 3, 1, 4).unbind(0)]
+        got = torch.autograd.grad(fast(*inputs), inputs, g, allow_unused=True)
+        assert_grads_close(got, expected, 1e-10, "qkv", f"{name} q/k/v channel-major, gradient {grad_name}")

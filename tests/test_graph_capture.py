@@ -27,6 +27,8 @@ from torch.export import Dim, export
 
 from simattn.models import list_models
 from simattn.models.export_ready import prepare_for_export, revert_sync_batchnorm
+from small_models import small_kwargs as _small
+from small_models import structure as _structure
 
 MODELS = list_models()
 #: the pyramids of PVT and Swin run the attention modules and the PRepBN captured in the DeiT family: their captures
@@ -37,34 +39,6 @@ _PYRAMID_CAPTURES = {"pvt_tiny", "agent_pvt_tiny", "agent_swin_tiny_patch4_windo
 CAPTURED = [name for name in MODELS if model_entrypoint(name).__module__.rsplit(".", 1)[-1] not in ("pvt", "swin")
             or name in _PYRAMID_CAPTURES]
 TOL = dict(rtol=1e-4, atol=1e-5)
-
-_SMALL = {
-    "sima_vit": dict(img_size=64, embed_dim=32, depth=1, num_heads=2),
-    "sima_xcit": dict(img_size=32, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1),
-    "ufo_vit": dict(img_size=32, embed_dim=32, depth=1, num_heads=2, cls_attn_layers=1),
-    # pyramids of two stages: the first's blocks on the grid, the last's with the CLS token
-    "sima_cvt": dict(img_size=32, embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), patch_sizes=(7, 3),
-                     patch_strides=(4, 2), patch_paddings=(2, 1)),
-    # 3 Newton iterations instead of 20: the same graph, a sixth of the ops for export to trace
-    "soft_vit": dict(img_size=32, embed_dims=(16, 32), depths=(1, 1), num_heads=(1, 2), v_conv_kernels=(3,),
-                     stem_chans=8, attn_kwargs={"num_iters": 3}),
-    "pvt": dict(img_size=64, embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1), num_heads=(1, 2, 2, 4),
-                mlp_ratios=(2, 2, 2, 2)),
-    # timm's Swin drops paths at 0.1 by default, which would make the FX backward check random
-    "swin": dict(img_size=32, embed_dim=16, depths=(1, 1), num_heads=(2, 4), window_size=4, drop_path_rate=0.0),
-}
-
-
-#: the papers' comparison networks: another kind in a family's layout, so the family's SOFT options do not apply
-_BASELINES = {f"soft_tiny_{kind}" for kind in ("softmax", "linformer", "performer", "nystrom")}
-
-
-def _small(name: str) -> Dict[str, Any]:
-    small = dict(_SMALL[model_entrypoint(name).__module__.rsplit(".", 1)[-1]], num_classes=3)
-    if name in _BASELINES:
-        small.pop("attn_kwargs")
-    return small
-
 
 @functools.lru_cache(maxsize=None)
 def _built(name: str, overrides: Tuple[Tuple[str, Any], ...]) -> torch.nn.Module:
@@ -88,24 +62,6 @@ def test_every_family_has_a_small_configuration():
 
 # ---- captures that cost seconds run once per distinct network ----------------------------------------------------
 _CAPTURED: Dict[Tuple[str, str], Tuple[str, BaseException]] = {}
-
-
-#: what the patch size sets: the patch embedding's kernel (or the depth of XCiT's conv stem) and the token grid
-_PATCH_SETTINGS = {"patch_size", "grid_size", "num_patches"}
-
-
-def _structure(model: torch.nn.Module) -> str:
-    """The network as graph capture sees it: the module tree with shapes, and every module's plain settings. The
-    patch embedding is left out: models that differ only in patch size run the same code, on more or fewer tokens."""
-    plain = (bool, int, float, str, tuple, type(None))
-
-    def own(m):
-        return sorted((k, v) for k, v in vars(m).items()
-                      if k[0] != "_" and isinstance(v, plain) and k not in _PATCH_SETTINGS)
-
-    settings = [f"{name}: {own(m)}" for name, m in model.named_modules() if not name.startswith("patch_embed")]
-    tree = [f"{name}: {child!r}" for name, child in model.named_children() if name != "patch_embed"]
-    return "\n".join(tree + settings)
 
 
 def _capture_once(path: str, name: str, model: torch.nn.Module, capture: Callable[[], None]) -> None:
@@ -285,3 +241,13 @@ def test_revert_sync_batchnorm_keeps_timm_norm_act():
     torch.testing.assert_close(reverted(x), expected)
     bn = torch.nn.SyncBatchNorm(4)
     assert type(revert_sync_batchnorm(bn)) is torch.nn.BatchNorm2d
+
+
+def test_revert_sync_batchnorm_gives_repbn_its_token_batchnorm_back():
+    """SLAB's RepBN normalizes (B, C, N) tokens with a BatchNorm1d: SyncBatchNorm and back, same outputs."""
+    model, x = _build("slab_pvt_tiny")
+    expected = model(x)
+    reverted = revert_sync_batchnorm(convert_sync_batchnorm(model))
+    kinds = {type(m.bn) for m in reverted.modules() if type(m).__name__ == "RepBN"}
+    assert kinds == {torch.nn.BatchNorm1d}
+    torch.testing.assert_close(reverted(x), expected)

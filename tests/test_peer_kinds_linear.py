@@ -243,3 +243,56 @@ def test_slab_models_take_prepbn_for_every_norm():
     assert sum(p.numel() for p in model.parameters()) == _deit(192) + _extra("slab", 192, 3) + 25 * (2 * 192 + 1)
     with pytest.raises(ValueError, match="slab_deit_tiny_patch16_224: prepbn_steps=-1; allowed: an integer >= 0"):
         timm.create_model("slab_deit_tiny_patch16_224", prepbn_steps=-1)
+
+
+def _token_major(t):
+    return t.contiguous()
+
+
+def _channel_major(t):
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("grad_layout", [_token_major, _channel_major], ids=["grad-token-major", "grad-channel-major"])
+@pytest.mark.parametrize("x_layout", [_token_major, _channel_major], ids=["x-token-major", "x-channel-major"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_prepbn_gradients_whatever_the_layouts(x_layout, grad_layout, train):
+    """PRepBN's gradients (input, LayerNorm's and BatchNorm's parameters, α) equal those of the plain formula for
+    tokens and incoming gradients stored token-major (a linear layer's) or channel-major (a conv map's flattened),
+    in fp64. torch's CPU batch-norm backward on a (B, C, N, 1) view is wrong when the two layouts differ."""
+    from simattn.models.prepbn import PRepBN
+    torch.manual_seed(0)
+    norm = PRepBN(8, steps=2).double().train(train)
+    with torch.no_grad():
+        norm.norm2.alpha.fill_(0.7)
+        norm.norm2.bn.weight.uniform_(0.5, 1.5)
+        norm.norm2.bn.bias.uniform_(-1, 1)
+        norm.norm2.bn.running_mean.uniform_(-1, 1)
+        norm.norm2.bn.running_var.uniform_(0.5, 2)
+        norm.steps_left.fill_(1)  # λ = 1/2 in training: both norms carry gradient
+    x0 = torch.randn(3, 10, 8, dtype=torch.float64) * 2 + 1
+    g0 = torch.randn(3, 10, 8, dtype=torch.float64)
+    params = [norm.norm1.weight, norm.norm1.bias, norm.norm2.bn.weight, norm.norm2.bn.bias, norm.norm2.alpha]
+    bn, ln = norm.norm2.bn, norm.norm1
+
+    def formula(t):
+        if train:
+            flat = t.reshape(-1, 8)
+            mean, var = flat.mean(0), flat.var(0, unbiased=False)
+        else:
+            mean, var = bn.running_mean, bn.running_var
+        rep = (t - mean) / torch.sqrt(var + bn.eps) * bn.weight + bn.bias + norm.norm2.alpha * t
+        if not train:
+            return rep
+        mu, v = t.mean(-1, keepdim=True), t.var(-1, unbiased=False, keepdim=True)
+        return 0.5 * ((t - mu) / torch.sqrt(v + ln.eps) * ln.weight + ln.bias) + 0.5 * rep
+
+    x = x_layout(x0).requires_grad_(True)
+    got = torch.autograd.grad(norm(x), [x, *params], grad_layout(g0), allow_unused=True)
+    x_ref = x0.clone().requires_grad_(True)
+    expected = torch.autograd.grad(formula(x_ref), [x_ref, *params], g0, allow_unused=True)
+    for name, a, b in zip(["x", "ln.weight", "ln.bias", "bn.weight", "bn.bias", "alpha"], got, expected):
+        if b is None:
+            assert a is None or not a.any(), name
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda m: f"{name}: {m}")

@@ -9,7 +9,7 @@ resamples the embeddings once, here, in eager mode, and turns per-forward resamp
 adds them as constants. It also turns ``SyncBatchNorm`` (the official SimA training layout) into ``BatchNorm2d``,
 which export backends know, and puts the model in eval mode.
 """
-from typing import Tuple, Union
+from typing import Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -23,27 +23,29 @@ from .sima_xcit import XCiTBackbone
 __all__ = ["prepare_for_export", "revert_sync_batchnorm"]
 
 
-def revert_sync_batchnorm(module: nn.Module) -> nn.Module:
-    """Every ``nn.SyncBatchNorm`` in ``module`` becomes an ``nn.BatchNorm2d`` (timm's ``SyncBatchNormAct``: a
-    ``BatchNormAct2d``) with the same parameters, running statistics and mode; the inverse of
-    ``nn.SyncBatchNorm.convert_sync_batchnorm`` / ``timm.layers.convert_sync_batchnorm`` for the 2-D maps every
-    BatchNorm of these models normalizes. Returns the module (a new one when ``module`` itself is converted)."""
+def revert_sync_batchnorm(module: nn.Module, batch_norm_class: Type[nn.Module] = nn.BatchNorm2d) -> nn.Module:
+    """Every ``nn.SyncBatchNorm`` in ``module`` becomes a ``batch_norm_class`` (``nn.BatchNorm2d`` for the 2-D maps
+    of these models' BatchNorms; the class a parent names as ``sync_bn_reverts_to`` for its children, as SLAB's
+    RepBN does for its token ``BatchNorm1d``; timm's ``SyncBatchNormAct``: a ``BatchNormAct2d``) with the same
+    parameters, running statistics and mode; the inverse of ``nn.SyncBatchNorm.convert_sync_batchnorm`` /
+    ``timm.layers.convert_sync_batchnorm``. Returns the module (a new one when ``module`` itself is converted)."""
     out = module
     if isinstance(module, SyncBatchNormAct):
         out = BatchNormAct2d(module.num_features, module.eps, module.momentum, module.affine,
                              module.track_running_stats)
         out.act, out.drop = module.act, module.drop
     elif isinstance(module, nn.SyncBatchNorm):
-        out = nn.BatchNorm2d(module.num_features, module.eps, module.momentum, module.affine,
-                             module.track_running_stats)
+        out = batch_norm_class(module.num_features, module.eps, module.momentum, module.affine,
+                               module.track_running_stats)
     if out is not module:
         if module.affine:
             out.weight, out.bias = module.weight, module.bias
         out.running_mean, out.running_var = module.running_mean, module.running_var
         out.num_batches_tracked = module.num_batches_tracked
         out.train(module.training)
+    child_class = getattr(out, "sync_bn_reverts_to", nn.BatchNorm2d)
     for name, child in module.named_children():
-        new = revert_sync_batchnorm(child)
+        new = revert_sync_batchnorm(child, child_class)
         if new is not child:
             setattr(out, name, new)
     return out
@@ -58,7 +60,7 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
       and CvT (no position embedding) need nothing. The model then takes inputs of ``img_size`` only (a
       ValueError or timm's assertion otherwise), with any batch size.
     - A segmenter (:class:`~simattn.models.segmentation.Segmenter`) has its backbone laid out so.
-    - ``SyncBatchNorm`` layers become ``BatchNorm2d`` (:func:`revert_sync_batchnorm`).
+    - ``SyncBatchNorm`` layers become plain BatchNorms again (:func:`revert_sync_batchnorm`).
     - ``model.eval()``.
 
     Outputs at ``img_size`` are unchanged: the embeddings added are the ones the model resampled for that size.

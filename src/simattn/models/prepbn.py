@@ -22,17 +22,26 @@ __all__ = ["RepBN", "PRepBN"]
 
 
 class RepBN(nn.Module):
-    """BN(x) + αx on tokens (B, N, C), BatchNorm over C with statistics over B and N. The tokens are a (B, C, N, 1)
-    map for a ``BatchNorm2d`` (the released code's ``BatchNorm1d`` on (B, C, N): the same statistics and parameter
-    names), as every BatchNorm of these models, so ``--sync_bn`` and its reversal for export apply unchanged."""
+    """BN(x) + αx on tokens (B, N, C), BatchNorm over C with statistics over B and N: the released code's
+    ``BatchNorm1d`` on the (B, C, N) view of the tokens.
+
+    Not a ``BatchNorm2d`` on a (B, C, N, 1) view: torch's CPU batch-norm backward (2.14.1) is wrong for a 4-D input
+    with a size-1 spatial dim when the input and the incoming gradient are stored in different layouts, which
+    tokens reach in both orders (a conv's output flattened is channel-major, a linear layer's gradient token-major).
+    On 3-D inputs it is right in every layout. ``--sync_bn`` converts the ``BatchNorm1d`` (SyncBatchNorm takes
+    (B, C, N)); :func:`~simattn.models.export_ready.revert_sync_batchnorm` gives it back, as
+    :attr:`sync_bn_reverts_to` says."""
+
+    #: the class :func:`~simattn.models.export_ready.revert_sync_batchnorm` gives this module's ``bn`` back as
+    sync_bn_reverts_to = nn.BatchNorm1d
 
     def __init__(self, dim: int, device=None, dtype=None) -> None:
         super().__init__()
         self.alpha = nn.Parameter(torch.ones(1, device=device, dtype=dtype))
-        self.bn = nn.BatchNorm2d(dim, device=device, dtype=dtype)
+        self.bn = nn.BatchNorm1d(dim, device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.bn(x.transpose(1, 2).unsqueeze(-1)).squeeze(-1).transpose(1, 2) + self.alpha * x
+        return self.bn(x.transpose(1, 2)).transpose(1, 2) + self.alpha * x
 
 
 class PRepBN(nn.Module):
