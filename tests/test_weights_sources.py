@@ -1,9 +1,15 @@
 """One resolution of a weights name: a pretrained tag is a weights name in every command, found in timm's cache or
-downloaded once by timm's code; offline it is one line naming the address, and an interrupted download leaves
-nothing behind; the file behind any name is read once."""
-import io
+downloaded once into it; offline it is one line naming the address; a download cut short, a web page, bytes that are
+not weights, an error answer or SIGTERM leave nothing behind (a server on the loopback address stands in for the
+network); the file behind any name is read once, its format read from its content."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -61,6 +67,7 @@ def test_offline_tag_is_one_line_naming_where_it_comes_from(tag, cache, tmp_path
         assert cfg["url"] in message and str(tag_cache_path(tag)) in message and "no network" in message
     else:
         assert cfg["hf_hub_id"] in message and "cannot reach the Hugging Face Hub" in message
+        assert f"models--{cfg['hf_hub_id'].replace('/', '--')}" in message  # where the cached copy would be
     assert _files(tmp_path / "torch") == [] and _files(tmp_path / "hf") == []
 
 
@@ -77,27 +84,156 @@ def test_every_weights_command_gives_the_offline_line_with_exit_2(cache, tmp_pat
     assert _files(tmp_path / "torch") == [] and sorted(os.listdir(tmp_path)) == ["torch"]
 
 
-class _BrokenResponse(io.BytesIO):
-    """An HTTP response that fails half way through its body."""
-    headers = {"Content-Length": "4096"}
+# ---- downloads from a server on the loopback address ------------------------------------------------------------
+class _Handler(BaseHTTPRequestHandler):
+    """Answers each path as ``server.routes`` says: (status, headers, body, bytes to send before closing)."""
 
-    def read(self, n=-1):
-        if self.tell() >= 1024:
-            raise ConnectionResetError("connection reset by peer")
-        return super().read(min(n, 1024) if n and n > 0 else 1024)
+    def do_GET(self):  # noqa: N802  (http.server's name)
+        status, headers, body, cut = self.server.routes[self.path]
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.end_headers()
+        sent = body[:cut]
+        for i in range(0, len(sent), 4096):
+            self.wfile.write(sent[i:i + 4096])
+            self.wfile.flush()
+            self.server.sending.set()
+        if cut < len(body) and self.server.hold is not None:
+            self.server.hold.wait(60)  # a connection that stalls until the test lets it go
+        self.close_connection = True
 
-    def info(self):
-        return self
-
-    def get_all(self, name):
-        return [self.headers["Content-Length"]] if name == "Content-Length" else None
+    def log_message(self, *args):
+        pass
 
 
-def test_interrupted_download_leaves_nothing(cache, monkeypatch):
+@pytest.fixture
+def server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    srv.daemon_threads = True
+    srv.routes, srv.hold, srv.sending = {}, None, threading.Event()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    if srv.hold is not None:
+        srv.hold.set()
+    srv.shutdown()
+    srv.server_close()
+    thread.join(10)
+
+
+def _serve(server, monkeypatch, body: bytes, *, status=200, kind="application/octet-stream", cut=None,
+           length=None) -> str:
+    """TAG's download address pointed at ``server``, which answers with ``body`` (``cut``: bytes sent before it
+    closes; ``length``: the Content-Length it announces)."""
+    path = f"/files/{os.path.basename(urlparse(timm.models.get_pretrained_cfg(TAG).url).path)}"
+    headers = {"Content-Type": kind, "Content-Length": str(len(body) if length is None else length)}
+    server.routes[path] = (status, headers, body, len(body) if cut is None else cut)
+    url = f"http://127.0.0.1:{server.server_address[1]}{path}"
+    real = sources._pretrained_cfg
+    monkeypatch.setattr(sources, "_pretrained_cfg", lambda name: dict(real(name), url=url) if name == TAG
+                        else real(name))
     monkeypatch.setattr(sources, "_resolves", lambda host: True)
-    monkeypatch.setattr(torch.hub, "urlopen", lambda *a, **k: _BrokenResponse(b"\0" * 4096))
-    with pytest.raises(ValueError, match=r"downloading https://cloud\.tsinghua\.edu\.cn/.* failed \(Connection"):
+    return url
+
+
+def _weights_bytes(tmp_path) -> bytes:
+    _released_file(tmp_path / "released.pth")
+    return (tmp_path / "released.pth").read_bytes()
+
+
+def test_a_download_cut_short_leaves_nothing_and_says_so(cache, server, monkeypatch, tmp_path):
+    body = _weights_bytes(tmp_path)
+    _serve(server, monkeypatch, body, cut=len(body) // 8)
+    with pytest.raises(ValueError, match=rf"weights {TAG}: the download from 127\.0\.0\.1 stopped after "
+                                         rf"{len(body) // 8:,} of {len(body):,} bytes \(nothing was kept\)"):
         resolve_source(TAG)
+    assert _files(cache) == []
+
+
+@pytest.mark.parametrize("kind", ["text/html; charset=utf-8", "application/octet-stream"])
+def test_a_web_page_in_place_of_the_weights_is_refused(cache, server, monkeypatch, kind):
+    _serve(server, monkeypatch, b"<!DOCTYPE html><html><body>Please log in</body></html>", kind=kind)
+    with pytest.raises(ValueError, match=f"weights {TAG}: the server at 127.0.0.1 sent a web page, not weights"):
+        resolve_source(TAG)
+    assert _files(cache) == []
+
+
+def test_bytes_that_are_not_weights_are_not_kept(cache, server, monkeypatch):
+    _serve(server, monkeypatch, bytes(range(256)) * 40)
+    with pytest.raises(ValueError, match=r"sent 10,240 bytes that are not a weights file \(nothing was kept\)"):
+        resolve_source(TAG)
+    assert _files(cache) == []
+
+
+def test_an_error_answer_is_named(cache, server, monkeypatch):
+    _serve(server, monkeypatch, b"gone", status=404, kind="text/plain")
+    with pytest.raises(ValueError, match="answered HTTP 404"):
+        resolve_source(TAG)
+    assert _files(cache) == []
+
+
+def test_a_whole_download_is_kept_where_timm_finds_it(cache, server, monkeypatch, tmp_path):
+    body = _weights_bytes(tmp_path)
+    _serve(server, monkeypatch, body)
+    source = resolve_source(TAG)
+    assert source.path == tag_cache_path(TAG) and source.path.read_bytes() == body and _files(cache) == [
+        source.path.name]
+    ours, _ = load_model(None, source)
+    theirs = timm.create_model(TAG, pretrained=True)
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), theirs.state_dict().values()))
+
+
+def test_a_damaged_cached_file_is_named_with_the_way_to_fetch_it_again(cache):
+    path = tag_cache_path(TAG)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"PK\x03\x04" + b"\0" * 60)
+    with pytest.raises(ValueError) as err:
+        load_model(None, TAG)
+    message = str(err.value)
+    assert f"weights {TAG}: its cached file {path} (64 bytes) is damaged" in message
+    assert f"rm '{path}'" in message and "\n" not in message
+
+
+def test_a_folder_where_the_download_goes_is_named(cache, server, monkeypatch, tmp_path):
+    _serve(server, monkeypatch, _weights_bytes(tmp_path))
+    tag_cache_path(TAG).mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"weights {TAG}: {tag_cache_path(TAG)}, where its downloaded file goes, is "
+                                         "a folder"):
+        resolve_source(TAG)
+
+
+_DOWNLOAD_SCRIPT = """
+import sys
+from simattn.models import sources
+real = sources._pretrained_cfg
+sources._pretrained_cfg = lambda name: dict(real(name), url=sys.argv[1]) if name == sys.argv[2] else real(name)
+from simattn.cli import main
+sys.exit(main(["validate", "--weights", sys.argv[2], "--data-dir", sys.argv[3]]))
+"""
+
+
+def test_sigterm_during_a_download_leaves_nothing(cache, server, monkeypatch, tmp_path):
+    """A command stopped by SIGTERM mid-download exits 143 and leaves no temporary file, as Ctrl-C does."""
+    body = _weights_bytes(tmp_path)
+    url = _serve(server, monkeypatch, body, cut=len(body) // 2)
+    server.hold = threading.Event()
+    env = dict(os.environ, TORCH_HOME=str(tmp_path / "torch"))
+    proc = subprocess.Popen([sys.executable, "-c", _DOWNLOAD_SCRIPT, url, TAG, str(tmp_path)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.sending.wait(120), "the download never started"
+        deadline = time.monotonic() + 30
+        while not any(p.name.endswith(".tmp") for p in cache.glob(".*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _files(cache), "no temporary file while downloading"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and "stopped (SIGTERM)" in err, err
     assert _files(cache) == []
 
 
@@ -142,3 +278,24 @@ def test_the_tag_file_is_named_by_its_url(cache):
         cached = tag_cache_path(tag)
         if cached is not None:  # timm names the cached file after the URL's last path segment
             assert cached.name == os.path.basename(urlparse(timm.models.get_pretrained_cfg(tag).url).path) != ""
+
+
+def test_a_safetensors_file_is_read_by_its_content_whatever_its_name(tmp_path):
+    """A file simattn wrote, renamed without its suffix (a download saved as ``weights``), loads with its record."""
+    from simattn.models.weights import save_weights, weights_metadata
+    kwargs = {"img_size": 32, "depth": 1, "num_classes": 10}
+    net = create_model("sima_deit_tiny_patch16_224", **kwargs)
+    save_weights(net, tmp_path / "w.safetensors", weights_metadata("sima_deit_tiny_patch16_224", kwargs,
+                                                                    producer="test"))
+    renamed = tmp_path / "weights"
+    (tmp_path / "w.safetensors").rename(renamed)
+    model, spec = load_model(None, str(renamed))
+    assert spec["model"] == "sima_deit_tiny_patch16_224" and spec["config"]["depth"] == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), net.state_dict().values()))
+
+
+def test_simattn_create_model_is_the_factory_the_readme_names(cache):
+    _released_file(tag_cache_path(TAG))
+    model = simattn.create_model(TAG, pretrained=True)
+    assert simattn.create_model is create_model
+    assert torch.equal(model.state_dict()["head.bias"], load_model(None, TAG)[0].state_dict()["head.bias"])

@@ -19,11 +19,13 @@ def run_command(name: str, module_name: str, rest: List[str]) -> int:
     exit code."""
     module = importlib.import_module(module_name)
     from .utils.global_state import preserved_global_state
+    from .utils.io import terminate_as_interrupt
 
     code = 1
     try:
-        # a command run in-process (tests, notebooks) leaves threads, random streams and backend flags as it found them
-        with preserved_global_state():
+        # a command run in-process (tests, notebooks) leaves threads, random streams and backend flags as it found
+        # them; SIGTERM stops it as Ctrl-C does, temporary files removed
+        with preserved_global_state(), terminate_as_interrupt():
             code = _run(name, module, rest)
         return code
     except Exception as e:  # not a fault of the input: still one line; the traceback is for SIMATTN_DEBUG=1
@@ -42,12 +44,14 @@ def run_command(name: str, module_name: str, rest: List[str]) -> int:
 def _run(name: str, module, rest: List[str]) -> int:
     try:
         return int(module.main(rest) or 0)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if os.environ.get("SIMATTN_DEBUG"):
             raise
-        print(f"\n{_prog(name, rest)}: interrupted; files already written are complete, nothing is half-written",
+        from .utils.io import Terminated
+        how = "stopped (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"\n{_prog(name, rest)}: {how}; files already written are complete, nothing is half-written",
               file=sys.stderr)
-        return 130
+        return 143 if isinstance(e, Terminated) else 130
     except (ValueError, FileNotFoundError, MissingDependency) as e:
         # bad input (CheckpointError is a ValueError) or a missing optional package: one line, no traceback
         return _fail(name, rest, str(e), 2)

@@ -33,8 +33,8 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     """``timm.create_model`` with a one-line ValueError for an unknown name or arguments the model rejects.
 
     ``pretrained=True`` takes the weights of the tag ``name`` names (``model.tag``; a bare model name: its default
-    tag) through :func:`~simattn.models.sources.resolve_source`: from timm's cache, downloaded once by timm's own
-    code, or a one-line error naming the address when there is no network. ``pretrained_cfg_overlay=dict(file=F)``
+    tag) through :func:`~simattn.models.sources.resolve_source`: from timm's cache, downloaded once into it, or a
+    one-line error naming the address when there is no network. ``pretrained_cfg_overlay=dict(file=F)``
     gives the file instead. timm then loads it strictly (its classifier reset for another ``num_classes``)."""
     import timm
 
@@ -142,7 +142,7 @@ def model_options(weights_required: bool = False) -> Dict[str, Opt]:
         "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
         "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), a "
                              "bare state dict with --model, a folder simattn hub save wrote (DIR, local-dir:DIR, "
-                             "hf-hub:ORG/NAME), or a pretrained tag (MODEL.TAG: simattn list --pretrained)" + ("" if weights_required else
+                             "hf-hub:ORG/NAME), or a pretrained tag (MODEL.TAG: simattn list pretrained)" + ("" if weights_required else
                                                                 "; random weights when omitted"),
                        type=maybe(str), check=check_path, required=weights_required),
         "use_ema": Opt(False, "load the EMA weights of a training checkpoint"),

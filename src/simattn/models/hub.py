@@ -133,9 +133,11 @@ def download_file(model_id: str, filename: str, name: str, missing: str = "") ->
     except RevisionNotFoundError:
         raise ValueError(f"weights {name}: the repository has no revision {revision!r}") from None
     except LocalEntryNotFoundError:
+        from huggingface_hub import constants
+        cache = Path(constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
         raise ValueError(f"weights {name}: cannot reach the Hugging Face Hub (huggingface.co: no network, or "
-                         f"HF_HUB_OFFLINE is set) and {repo}/{filename} is not cached; connect to the network, or "
-                         "download it elsewhere and pass the file (a folder: local-dir:DIR)") from None
+                         f"HF_HUB_OFFLINE is set) and {repo}/{filename} is not cached (in {cache}); connect to the "
+                         "network, or download it elsewhere and pass the file (a folder: local-dir:DIR)") from None
     except EntryNotFoundError:  # after its subclass LocalEntryNotFoundError
         raise ValueError(f"weights {name}: the repository has no {filename} {missing}".rstrip()) from None
     except HfHubHTTPError as e:

@@ -8,10 +8,12 @@ timm lists (``timm.list_pretrained()``: the peers' released checkpoints register
 :func:`read_weights_record`) take it as it is. Its file is read once: the record (safetensors
 metadata, a training state's entries, or the tag's configuration) and the tensors come from the same read.
 
-A tag's file is fetched by timm's own download code into timm's cache (``torch.hub``'s ``checkpoints`` folder, or
-the Hugging Face cache), where ``timm.create_model(tag, pretrained=True)`` finds it too; torch writes the download
-to a temporary file and renames it whole, so an interrupted download leaves nothing behind. Without a network, a tag
-whose file is not cached is one line naming the address and where the file goes.
+A tag's file is downloaded into timm's cache (``torch.hub``'s ``checkpoints`` folder, or the Hugging Face cache by
+``huggingface_hub``), where ``timm.create_model(tag, pretrained=True)`` finds it too. A download lands there only
+whole: its size is checked against the Content-Length, a web page in its place is refused, it must read as weights,
+and it is renamed into place last; an error, Ctrl-C or SIGTERM leaves nothing behind. A cached file that does not
+read is named as damaged, with the command that fetches it again. Without a network, a tag whose file is not cached
+is one line naming the address and where the file goes.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 from urllib.parse import urlparse
 
-from ..utils.io import load_checkpoint, read_safetensors_metadata
+from ..utils.io import CheckpointError, is_safetensors, load_checkpoint, read_safetensors_metadata
 from .hub import resolve_weights, weights_file
 from .weights import WeightsRecord, parse_weights_metadata, train_state_record
 
@@ -45,7 +47,15 @@ class WeightsSource:
         """The file's contents (``weights_only=True``), read on first use and kept (a ``.pth`` mapped: the record
         is read without the tensors, which are read when used)."""
         if self._checkpoint is None:
-            self._checkpoint = load_checkpoint(self.path, mmap=True)
+            try:
+                self._checkpoint = load_checkpoint(self.path, mmap=True)
+            except CheckpointError as e:
+                if self.tag is None:
+                    raise
+                size = self.path.stat().st_size
+                raise CheckpointError(f"weights {self.tag}: its cached file {self.path} ({size:,} bytes) is damaged "
+                                      f"({str(e).partition(': ')[2].split(';')[0]}): remove it (rm '{self.path}') "
+                                      "and run again to download it again") from None
         return self._checkpoint
 
     @property
@@ -59,7 +69,7 @@ class WeightsSource:
     def _read_record(self) -> Optional[WeightsRecord]:
         if self.tag is not None:
             return _tag_record(self.tag)
-        if self.path.suffix == ".safetensors":
+        if is_safetensors(self.path):
             return parse_weights_metadata(read_safetensors_metadata(self.path), self.path)
         return train_state_record(self.checkpoint())
 
@@ -154,18 +164,75 @@ def _tag_file(tag: str) -> Path:
     url, cached = cfg["url"], _cache_path(cfg)
     if cached.is_file():
         return cached
+    if cached.exists() or cached.is_symlink():
+        raise ValueError(f"weights {tag}: {cached}, where its downloaded file goes, is a folder or a broken link: "
+                         "move it away and run again")
     host = urlparse(url).hostname or url
     # looked up first: without a network urllib would fail late, or wait on a connection
     if not _resolves(host):
         raise ValueError(f"weights {tag}: its file is not cached and {host} cannot be reached (no network): download "
                          f"{url} where there is one and copy it to {cached} (or pass that file, naming the model "
                          f"{tag})")
-    from timm.models._hub import download_cached_file
+    _download(tag, url, cached)
+    return cached
+
+
+#: bytes read per step of a download
+_CHUNK = 1 << 20
+
+
+def _download(tag: str, url: str, dest: Path) -> None:
+    """``url`` into ``dest``, whole or not at all: the bytes are counted against the Content-Length, a web page is
+    refused, the file must read as weights, and only then is it renamed into place (a temporary file beside it is
+    removed on any error, Ctrl-C or SIGTERM). timm's own loader finds the file there."""
+    import urllib.error
+    import urllib.request
+
+    from tqdm import tqdm
+
+    from ..utils.io import atomic_path
+
+    host = urlparse(url).hostname or url
+    request = urllib.request.Request(url, headers={"User-Agent": "simattn"})
     try:
-        return Path(download_cached_file(url, check_hash=False, progress=sys.stderr.isatty()))
-    except (OSError, ValueError) as e:  # urllib's errors are OSErrors; torch.hub's partial file is already gone
-        raise ValueError(f"weights {tag}: downloading {url} failed ({type(e).__name__}: {str(e)[:160]}): try "
-                         f"again, or download it elsewhere and pass that file instead of the tag") from None
+        with urllib.request.urlopen(request, timeout=60) as response, atomic_path(dest) as tmp:
+            length = response.headers.get("Content-Length")
+            expected = int(length) if length and length.isdigit() else None
+            kind = response.headers.get("Content-Type") or ""
+            got = 0
+            with open(tmp, "wb") as out, tqdm(total=expected, unit="B", unit_scale=True, desc=f"downloading {tag}",
+                                              disable=not sys.stderr.isatty(), leave=False) as bar:
+                while True:
+                    chunk = response.read(_CHUNK)
+                    if not chunk:
+                        break
+                    if got == 0 and _is_web_page(kind, chunk):
+                        raise ValueError(f"weights {tag}: the server at {host} sent a web page, not weights "
+                                         f"({kind.split(';')[0] or 'HTML'}; it may want a log-in): open {url} in a "
+                                         "browser, download the file and pass it instead of the tag")
+                    out.write(chunk)
+                    got += len(chunk)
+                    bar.update(len(chunk))
+            if expected is not None and got != expected:
+                raise ValueError(f"weights {tag}: the download from {host} stopped after {got:,} of {expected:,} "
+                                 "bytes (nothing was kept): run again to download it again")
+            try:
+                load_checkpoint(tmp, mmap=True)
+            except CheckpointError:
+                raise ValueError(f"weights {tag}: {url} sent {got:,} bytes that are not a weights file (nothing was "
+                                 "kept): run again, or download it elsewhere and pass that file instead") from None
+    except urllib.error.HTTPError as e:
+        raise ValueError(f"weights {tag}: the server at {host} answered HTTP {e.code} {e.reason} for {url}: try "
+                         "again later, or download it elsewhere and pass that file instead of the tag") from None
+    except OSError as e:  # urllib's connection errors
+        raise ValueError(f"weights {tag}: downloading {url} failed ({type(e).__name__}: {str(e)[:160]}; nothing "
+                         "was kept): try again, or download it elsewhere and pass that file instead of the "
+                         "tag") from None
+
+
+def _is_web_page(content_type: str, first: bytes) -> bool:
+    head = first[:256].lstrip().lower()
+    return "text/html" in content_type.lower() or head.startswith((b"<!doctype html", b"<html"))
 
 
 def _resolves(host: str) -> bool:

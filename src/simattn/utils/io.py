@@ -26,7 +26,8 @@ __all__ = [
     "json_dumps", "stale_temp_files", "remove_stale_temp_files", "load_checkpoint",
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
     "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_file", "check_new_folder",
-    "atomic_folder", "unreadable_checkpoint", "shape_mismatches",
+    "atomic_folder", "unreadable_checkpoint", "shape_mismatches", "is_safetensors", "Terminated",
+    "terminate_as_interrupt",
 ]
 
 
@@ -77,6 +78,34 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (:func:`terminate_as_interrupt`)."""
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM inside the block raises :class:`Terminated`, a KeyboardInterrupt, so that every temporary file and
+    folder (:func:`atomic_path`, downloads, exports) is removed as on Ctrl-C instead of being left by a killed
+    process. Nothing changes off the main thread or where SIGTERM has a handler already; the default is put back on
+    leaving."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _listed(names: List[str]) -> str:
@@ -261,11 +290,14 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
     ``mmap``: a ``.pth`` in torch's zip format is mapped, its tensors read from disk when used (a file in the legacy
     format is read whole)."""
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder that holds no weights file (model.safetensors, "
+                              "pytorch_model.bin, a .pth): name the file, or a folder timm's `hub save` wrote")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
         raise CheckpointError(f"cannot read checkpoint {path}: the file is empty (0 bytes)")
-    if path.suffix == ".safetensors":
+    if is_safetensors(path):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
         try:
@@ -288,6 +320,18 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
     return dict(obj)
 
 
+def is_safetensors(path: PathLike) -> bool:
+    """Whether ``path`` holds a safetensors file, read from its first bytes (an 8-byte little-endian header length,
+    then the JSON header's ``{``), whatever its name."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return Path(path).suffix == ".safetensors"
+    return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8
+
+
 def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None) -> CheckpointError:
     """The one-line error for a file that is not a checkpoint we can read (truncated, damaged or another kind of
     file), in our words rather than the reading library's; ``error`` is what it raised. A checkpoint that holds
@@ -298,7 +342,7 @@ def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None)
         return CheckpointError(f"cannot read checkpoint {path}: it holds a Python object ({found.group(1)}) beside "
                                "its tensors, which loading with weights_only=True refuses; save its state dict "
                                "alone where the file is trusted")
-    kind = "safetensors" if Path(path).suffix == ".safetensors" else "PyTorch"
+    kind = "safetensors" if is_safetensors(path) else "PyTorch"
     return CheckpointError(f"cannot read checkpoint {path}: truncated or not a checkpoint (not a readable {kind} "
                            "file); copy it again or name another file")
 
