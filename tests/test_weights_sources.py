@@ -299,3 +299,37 @@ def test_simattn_create_model_is_the_factory_the_readme_names(cache):
     model = simattn.create_model(TAG, pretrained=True)
     assert simattn.create_model is create_model
     assert torch.equal(model.state_dict()["head.bias"], load_model(None, TAG)[0].state_dict()["head.bias"])
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("agent_deit_tiny_patch16_244.in1k", "no such file, and no model agent_deit_tiny_patch16_244; did you mean "
+                                         "agent_deit_tiny_patch16_224.in1k"),
+    ("agent_deit_tiny_patch16_224.in1kk", "no such file, and agent_deit_tiny_patch16_224 has pretrained tag(s) "
+                                          "agent_deit_tiny_patch16_224.in1k"),
+    ("relu_vit_small_patch16_224.in1k", "no weights were published for this tag"),
+    ("sima_deit_tiny_patch16_224.x", "no such file, and sima_deit_tiny_patch16_224 has no pretrained tag with weights"),
+    ("hf-hub:org/name@", "nothing follows the @"),
+])
+def test_each_odd_weights_name_gets_its_own_true_line(cache, name, expected, capsys):
+    assert simattn_main(["validate", "--weights", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"weights {name}: {expected}" in err, err
+
+
+def test_a_local_file_named_like_a_tag_is_named_as_such(cache, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / TAG).write_bytes(b"x")
+    with pytest.raises(ValueError, match=f"weights {TAG}: both a pretrained tag and the file or folder .* have this "
+                                         f"name: pass ./{TAG} for the file"):
+        resolve_source(TAG)
+    with pytest.raises(ValueError, match="truncated or not a checkpoint"):  # ./NAME is the file
+        load_model(None, f"./{TAG}")
+
+
+def test_a_folder_without_weights_is_named_as_one(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for argv in (["validate", "--weights", str(tmp_path / "empty")],
+                 ["train", "-c", "digits_cpu", "--initial-checkpoint", str(tmp_path / "empty"), "--output",
+                  str(tmp_path / "run")]):
+        assert simattn_main(argv) == 2
+        assert "is a folder without weights files" in capsys.readouterr().err

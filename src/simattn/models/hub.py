@@ -120,6 +120,9 @@ def download_file(model_id: str, filename: str, name: str, missing: str = "") ->
     from timm.models._hub import hf_split
 
     repo, revision = hf_split(model_id)
+    if model_id.endswith("@"):
+        raise ValueError(f"weights {name}: nothing follows the @ (hf-hub:ORG/NAME@REVISION names a branch, tag or "
+                         "commit): name the revision, or drop the @ for the default branch")
     if not repo or repo.count("/") != 1:
         raise ValueError(f"weights {name}: expected hf-hub:ORG/NAME (optionally @REVISION)")
     # without a network huggingface_hub retries for half a minute: look the Hub's host up first, and take the

@@ -90,19 +90,49 @@ def resolve_source(weights: Union[str, Path, WeightsSource], what: str = "weight
     if isinstance(weights, WeightsSource):
         return weights
     name = str(weights)
-    tag = None if Path(name).exists() else pretrained_tag(name)
+    tag = pretrained_tag(name)
+    if tag is not None and Path(name).exists():
+        raise ValueError(f"weights {name}: both a pretrained tag and the file or folder {Path(name).resolve()} "
+                         f"have this name: pass ./{name} for the file, or run from another folder for the tag")
     if tag is not None:
         return WeightsSource(name, _tag_file(tag), tag=tag)
     try:
         if packages and Path(name).is_dir():
             return WeightsSource(name, resolve_weights(weights))
         return WeightsSource(name, weights_file(weights, what))
-    except FileNotFoundError as e:
+    except FileNotFoundError:
+        hint = _not_a_tag(name)
+        if hint:
+            raise FileNotFoundError(f"weights {name}: {hint}") from None
+        raise
+
+
+def _not_a_tag(name: str) -> Optional[str]:
+    """What a name that is neither a file nor a downloadable tag is closest to: the tags of its model, a tag with
+    no published weights, or the nearest tags and models (None for a name that looks like a path)."""
+    import difflib
+
+    import timm
+    if "/" in name or os.sep in name or name.startswith(("hf-hub:", "local-dir:")) or not name:
+        return None
+    arch = name.partition(".")[0]
+    if timm.is_model(arch):
+        if "." in name and _pretrained_cfg(name) is not None:
+            return ("no weights were published for this tag (it names the preprocessing its recipes use): "
+                    "`simattn list pretrained` lists the tags with weights")
         tags = _tags_of(name)
         if tags:
-            raise FileNotFoundError(f"{e}; {name.partition('.')[0]} has pretrained tag(s) {', '.join(tags)}: "
-                                    "pass one of them") from None
-        raise
+            return f"no such file, and {arch} has pretrained tag(s) {', '.join(tags)}: pass one of them"
+        return f"no such file, and {arch} has no pretrained tag with weights: pass a weights file"
+    if "." not in name:
+        return None
+    from . import list_models
+    ours = set(list_models())
+    known = [t for t in timm.list_pretrained() if t.partition(".")[0] in ours]
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.8)
+    if close:
+        return f"no such file, and no model {arch}; did you mean {' or '.join(close)}?"
+    return f"no such file, and no model {arch} (`simattn list pretrained` lists the tags)"
 
 
 def read_weights_record(weights: Union[str, Path, WeightsSource]) -> Optional[WeightsRecord]:

@@ -291,8 +291,8 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
     format is read whole)."""
     path = Path(path)
     if path.is_dir():
-        raise CheckpointError(f"{path} is a folder that holds no weights file (model.safetensors, "
-                              "pytorch_model.bin, a .pth): name the file, or a folder timm's `hub save` wrote")
+        raise CheckpointError(f"{path} is a folder without weights files: name a weights file, or a folder "
+                              "simattn hub save wrote (config.json, model.safetensors)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     if path.stat().st_size == 0:
