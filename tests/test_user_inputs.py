@@ -431,3 +431,16 @@ def test_viz_refuses_weights_with_nan(digits_run, tmp_path, capsys):
     save_file(tensors, broken, metadata=read_safetensors_metadata(digits_run / "final.safetensors"))
     err = _one_line_error(capsys, simattn_main(["viz", "--weights", str(broken), "--out", str(tmp_path / "viz")]))
     assert f"tensor {name!r} holds 1 non-finite value" in err and not (tmp_path / "viz").exists()
+
+
+@pytest.mark.parametrize("name", ["pvt_tiny", "agent_swin_tiny_patch4_window7_224", "soft_tiny", "sima_cvt_13",
+                                  "sima_deit_tiny_patch16_224", "sima_small_12_p16"])
+@pytest.mark.parametrize("out_indices,says", [((0, 99), "names a feature level the model does not have"),
+                                              ((-99,), "names a feature level the model does not have"),
+                                              ("1", "allowed: a tuple of feature levels"),
+                                              (0, "allowed: a tuple of feature levels")])
+def test_feature_levels_it_does_not_have_are_a_value_error_naming_out_indices(name, out_indices, says):
+    import timm
+    with pytest.raises(ValueError, match=rf"^{name}: out_indices={re.escape(repr(out_indices))}[; ].*{says}"):
+        timm.create_model(name, features_only=True, out_indices=out_indices, img_size=64,
+                          **({"window_size": 2} if "swin" in name else {}))

@@ -3,11 +3,13 @@
 model, the argument and what is allowed, not a traceback from deep inside a layer (or a silently odd network)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Sequence, Union
+import re
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Mapping, MutableMapping, Optional, Sequence, Union
 
 from ..utils.recipe import Opt, check_value
 
-__all__ = ["MODEL_OPTIONS", "check_model_kwargs", "image_batch_error"]
+__all__ = ["MODEL_OPTIONS", "check_model_kwargs", "image_batch_error", "feature_out_indices", "feature_levels"]
 
 _RATE = dict(low=0.0, high=1.0, high_open=True)
 _SIZES = Union[int, List[int]]
@@ -61,3 +63,34 @@ def check_model_kwargs(model: str, kwargs: Mapping[str, Any]) -> None:
     dim, heads = _first(kwargs.get("embed_dim")), _first(kwargs.get("num_heads"))
     if isinstance(dim, int) and isinstance(heads, int) and dim % heads:
         raise ValueError(f"{model}: embed_dim={dim} is not a multiple of num_heads={heads}")
+
+
+def feature_out_indices(model: str, kwargs: MutableMapping[str, Any], default: Any) -> Any:
+    """``out_indices`` taken out of ``kwargs`` (``default`` when not given), checked for its form: an int k (the
+    last k levels) or a sequence of ints (levels, negative from the end); a one-line ValueError otherwise."""
+    out_indices = kwargs.pop("out_indices", default)
+    is_int = isinstance(out_indices, int) and not isinstance(out_indices, bool)
+    indices = out_indices if isinstance(out_indices, (list, tuple)) else None
+    if not (is_int and out_indices >= 1) and not (
+            indices and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
+        raise ValueError(f"{model}: out_indices={out_indices!r}; allowed: a tuple of feature levels (ints, negative "
+                         "from the last) or an int k >= 1 for the last k levels")
+    return out_indices
+
+
+@contextmanager
+def feature_levels(model: str, out_indices: Any, features_only: bool, levels: Optional[int] = None) -> Iterator[None]:
+    """Around a build: with ``features_only``, timm's assertion or IndexError for a level the model does not have
+    becomes a one-line ValueError naming ``out_indices`` and the ``levels`` there are (else read from timm's
+    message)."""
+    try:
+        yield
+    except (AssertionError, IndexError) as e:
+        if not features_only:
+            raise
+        found = re.search(r"\((\d+) to (\d+)\)", str(e))
+        levels = levels or (int(found.group(2)) + 1 if found else None)
+        allowed = (f"levels 0..{levels - 1} (or -{levels}..-1), or an int k <= {levels} for the last k"
+                   if levels else "the model's feature levels")
+        raise ValueError(f"{model}: out_indices={out_indices!r} names a feature level the model does not have; "
+                         f"allowed: {allowed}") from None

@@ -70,7 +70,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ._checks import check_model_kwargs
+from ._checks import check_model_kwargs, feature_levels, feature_out_indices
 from ._kinds import kind_options
 from .prepbn import PRepBN
 from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
@@ -322,14 +322,15 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     check_model_kwargs(variant, kwargs)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2, 3))
-    return build_model_with_cfg(
-        PyramidVisionTransformer, variant, pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        model_name=variant,
-        **kwargs,
-    )
+    out_indices = feature_out_indices(variant, kwargs, (0, 1, 2, 3))
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+        return build_model_with_cfg(
+            PyramidVisionTransformer, variant, pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            model_name=variant,
+            **kwargs,
+        )
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

@@ -34,7 +34,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_act_layer
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
-from ._checks import check_model_kwargs
+from ._checks import check_model_kwargs, feature_levels, feature_out_indices
 from ..attention import TokenAttention, attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ..utils.io import extract_state_dict
@@ -243,13 +243,14 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: CvT) -> Dict[str, to
 
 def _create_cvt(variant: str, pretrained: bool = False, **kwargs) -> CvT:
     check_model_kwargs(variant, kwargs)
-    out_indices = kwargs.pop("out_indices", (0, 1, 2))
-    return build_model_with_cfg(
-        CvT, variant, pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **kwargs,
-    )
+    out_indices = feature_out_indices(variant, kwargs, (0, 1, 2))
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+        return build_model_with_cfg(
+            CvT, variant, pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            **kwargs,
+        )
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

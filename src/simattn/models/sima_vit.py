@@ -30,7 +30,7 @@ from timm.models._manipulate import checkpoint_seq, named_apply
 from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
-from ._checks import check_model_kwargs, image_batch_error
+from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
 from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
@@ -150,19 +150,20 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     ``layout``: facts of the token layout beside the prefix tokens, for the kinds that take them."""
     check_model_kwargs(variant, kwargs)
     kwargs.setdefault("dynamic_img_size", True)
-    out_indices = kwargs.pop("out_indices", 3)
+    out_indices = feature_out_indices(variant, kwargs, 3)
     own_kind, own_options = own_attn or (attn_type, None)
     # the prefix tokens are known here: a grid that is not square fails clearly instead of being guessed
     layout = {"num_prefix_tokens": int(kwargs.get("class_token", True)) + int(kwargs.get("reg_tokens") or 0),
               **(layout or {})}
     options = kind_options(variant, own_kind, own_options, attn_type, attn_kwargs, layout)
-    model = build_model_with_cfg(
-        SoftmaxFreeViT, variant, pretrained,
-        attn_layer=attention_class(attn_type, **options),
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **kwargs,
-    )
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+        model = build_model_with_cfg(
+            SoftmaxFreeViT, variant, pretrained,
+            attn_layer=attention_class(attn_type, **options),
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            **kwargs,
+        )
     model.attn_type = attn_type
     return model
 

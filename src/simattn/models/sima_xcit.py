@@ -38,7 +38,7 @@ from timm.models.cait import ClassAttn
 from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBlock, ConvPatchEmbed, \
     PositionalEncodingFourier
 
-from ._checks import check_model_kwargs, image_batch_error
+from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.sima import sima_l1_norms
@@ -537,13 +537,14 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: XCiTBackbone) -> Dic
 def create_xcit_backbone(variant: str, pretrained: bool = False, **kwargs) -> XCiTBackbone:
     """Build a registered :class:`XCiTBackbone` variant through timm (pretrained cfg, features_only, filter)."""
     check_model_kwargs(variant, kwargs)
-    out_indices = kwargs.pop("out_indices", 3)
-    return build_model_with_cfg(
-        XCiTBackbone, variant, pretrained,
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-        **kwargs,
-    )
+    out_indices = feature_out_indices(variant, kwargs, 3)
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+        return build_model_with_cfg(
+            XCiTBackbone, variant, pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
+            **kwargs,
+        )
 
 
 def xcit_cfg(**kwargs) -> Dict[str, Any]:

@@ -55,7 +55,7 @@ from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer import checkpoint_filter_fn as _timm_swin_filter
 from timm.models.vision_transformer import get_init_weights_vit
 
-from ._checks import check_model_kwargs, image_batch_error
+from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
 from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
@@ -240,7 +240,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     # the shifted windows' masks are then made per input, the same values at img_size
     kwargs.setdefault("dynamic_img_size", True)
     depths = kwargs.get("depths", (2, 2, 6, 2))
-    out_indices = kwargs.pop("out_indices", tuple(range(len(depths))))
+    out_indices = feature_out_indices(variant, kwargs, tuple(range(len(depths))))
     if len(kind_stages) != len(depths):
         kind_stages = tuple(kind_stages[:len(depths)]) + (False,) * max(0, len(depths) - len(kind_stages))
     own_kind, own_options = own_attn or (attn_type, ())
@@ -248,14 +248,15 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     if not key_encoding:
         grids = [None] * len(depths)
     stage_attn = _stage_layers(variant, attn_type, attn_kwargs, own_kind, own_options, kind_stages, grids)
-    model = build_model_with_cfg(
-        SoftmaxFreeSwin, variant, pretrained,
-        stage_attn=stage_attn,
-        kind_blocks=[None if s is True else int(s) for s in kind_stages],
-        pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-        **kwargs,
-    )
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False), len(depths)):
+        model = build_model_with_cfg(
+            SoftmaxFreeSwin, variant, pretrained,
+            stage_attn=stage_attn,
+            kind_blocks=[None if s is True else int(s) for s in kind_stages],
+            pretrained_filter_fn=checkpoint_filter_fn,
+            feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
+            **kwargs,
+        )
     model.attn_type = attn_type
     return model
 
