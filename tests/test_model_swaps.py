@@ -135,8 +135,18 @@ def test_list_names_every_kind_model_and_recipe_and_filters_as_timm(capsys):
         {k["name"] for k in everything["kinds"]}
     assert {"name": "agent_deit_tiny", "command": "train", "model": "agent_deit_tiny_patch16_224"} in \
         everything["recipes"]
-    assert {"name": "relu_vit_small_patch16_224.in1k", "weights": "none published", "classes": 1000} in \
-        everything["pretrained"]
+    assert {"name": "relu_vit_small_patch16_224.in1k", "top1": "-", "input": 224, "license": "apache-2.0",
+            "file": "-", "weights": "none published", "classes": 1000} in everything["pretrained"]
+    # what a researcher picks by: the authors' top-1, the input size, the license and the file
+    assert {"name": "slab_deit_tiny_patch16_224.in1k", "top1": 74.3, "input": 224, "license": "none stated",
+            "file": "slab_deit_tiny.pth", "weights": "https://github.com/xinghaochen/SLAB/releases/download/ckpts/"
+            "slab_deit_tiny.pth", "classes": 1000} in everything["pretrained"]
+    assert simattn_main(["list", "pretrained", "slab_deit_tiny*"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split() == ["name", "top1", "input", "license", "file", "weights", "classes"]
+    assert out[2].split()[:3] == ["slab_deit_tiny_patch16_224.in1k", "74.3", "224"]
+    assert simattn_main(["list", "pretraind"]) == 2  # a misspelt section is not taken as a pattern
+    assert "did you mean the section 'pretrained'" in capsys.readouterr().err
     assert simattn_main(["list", "models", "agent_deit*"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "models (2):" and [line.split()[0] for line in out[1:]] == [

@@ -333,3 +333,16 @@ def test_a_folder_without_weights_is_named_as_one(tmp_path, capsys):
                   str(tmp_path / "run")]):
         assert simattn_main(argv) == 2
         assert "is a folder without weights files" in capsys.readouterr().err
+
+
+def test_a_classifier_of_other_data_is_named_before_its_shapes(cache, tmp_path, capsys):
+    """A 1000-class stand-in validated on a 2-class folder names the class counts, not the head's shapes."""
+    from PIL import Image
+    for label in ("a", "b"):
+        (tmp_path / "data" / "val" / label).mkdir(parents=True)
+        Image.new("RGB", (32, 32), (40, 90, 160)).save(tmp_path / "data" / "val" / label / "0.png")
+    _released_file(tmp_path / "standin.pth")
+    assert simattn_main(["validate", "--weights", str(tmp_path / "standin.pth"), "--model", TAG, "--dataset", "folder",
+                         "--data-dir", str(tmp_path / "data")]) == 2
+    err = capsys.readouterr().err
+    assert f"model {TAG} has 1000 classes but dataset 'folder' has 2" in err and "head.weight" not in err, err

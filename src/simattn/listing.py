@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from .utils.recipe import command_parser
@@ -73,6 +74,11 @@ def _recipes() -> List[Dict[str, Any]]:
 
 
 def _pretrained() -> List[Dict[str, Any]]:
+    """Every tag with what a researcher picks by: the authors' top-1 (from the tag's notes), the input size, the
+    license (``none stated`` where the authors' repository states none), the file and where it comes from."""
+    import re
+    from urllib.parse import urlparse
+
     from timm.models import get_arch_pretrained_cfgs
 
     from .models import list_models
@@ -82,7 +88,14 @@ def _pretrained() -> List[Dict[str, Any]]:
             if "." not in name:  # the untagged default: a recipe's preprocessing, no weights
                 continue
             source = (f"hf-hub:{cfg.hf_hub_id}" if cfg.hf_hub_id else cfg.url) or "none published"
-            rows.append({"name": name, "weights": source, "classes": cfg.num_classes})
+            top1 = next((float(m.group(1)) for note in cfg.notes or ()
+                         for m in [re.search(r"top-1 ([\d.]+)", note)] if m), None)
+            file = (cfg.hf_hub_filename or "model.safetensors") if cfg.hf_hub_id else \
+                os.path.basename(urlparse(cfg.url).path) if cfg.url else "-"
+            published = bool(cfg.hf_hub_id or cfg.url)
+            rows.append({"name": name, "top1": top1 if top1 is not None else "-", "input": cfg.input_size[-1],
+                         "license": cfg.license or ("none stated" if published else "-"), "file": file,
+                         "weights": source, "classes": cfg.num_classes})
     return rows
 
 
@@ -95,11 +108,12 @@ def listing(what: str = "all", patterns: Sequence[str] = ()) -> Dict[str, List[D
     return {s: [row for row in _BUILDERS[s]() if _matches(row["name"], patterns)] for s in sections}
 
 
-def _table(rows: List[Dict[str, Any]]) -> str:
+def _table(rows: List[Dict[str, Any]], header: bool = False) -> str:
     if not rows:
         return "  (none)"
-    widths = {k: max(len(str(r[k])) for r in rows) for k in rows[0]}
-    return "\n".join("  " + "  ".join(f"{str(r[k]):<{widths[k]}}" for k in r).rstrip() for r in rows)
+    lines = ([{k: k for k in rows[0]}] if header else []) + rows
+    widths = {k: max(len(str(r[k])) for r in lines) for k in rows[0]}
+    return "\n".join("  " + "  ".join(f"{str(r[k]):<{widths[k]}}" for k in r).rstrip() for r in lines)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -107,9 +121,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     words = list(args.patterns)
     what = words.pop(0) if words and words[0] in ("all", *SECTIONS) else "all"
     result = listing(what, words)
+    if words and not any(result.values()):
+        import difflib
+        close = difflib.get_close_matches(words[0], ("all", *SECTIONS), n=1, cutoff=0.75)
+        if close:  # a misspelt section reads as a pattern that matches nothing
+            raise ValueError(f"nothing is named like {words[0]!r}; did you mean the section {close[0]!r} "
+                             f"(simattn list {close[0]})?")
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     for section, rows in result.items():
-        print(f"{section} ({len(rows)}):\n{_table(rows)}")
+        print(f"{section} ({len(rows)}):\n{_table(rows, header=section == 'pretrained')}")
     return 0

@@ -29,7 +29,7 @@ from .models.factory import (add_model_arguments, attention_kind, load_model, mo
                              parse_model_kwargs, recorded_attention)
 from .models.sources import WeightsSource, resolve_source
 from .utils.global_state import restores_global_state
-from .utils.io import atomic_write_json, check_new_file, check_outputs
+from .utils.io import CheckpointError, atomic_write_json, check_new_file, check_outputs
 from .utils.recipe import flag_name
 from .utils.runlog import use_tqdm
 
@@ -174,9 +174,18 @@ def _validate_checkpoint(source: WeightsSource, model: Optional[str], model_kwar
     data = create_dataset(dataset, data_dir, split)
     n_classes = len(dataset_classes(data))
     kwargs = dict(model_kwargs or {})
-    if (stored is None or stored.get("num_classes") is None) and "num_classes" not in kwargs:
+    guessed = (stored is None or stored.get("num_classes") is None) and "num_classes" not in kwargs
+    if guessed:
         kwargs["num_classes"] = n_classes
-    net, spec = load_model(model, source, kwargs, use_ema=use_ema)
+    try:
+        net, spec = load_model(model, source, kwargs, use_ema=use_ema)
+    except CheckpointError:
+        # the class count was taken from the data: weights that load with the model's own count are a classifier
+        # of other data, the real problem (named below); others keep their own error
+        own = _load_as_saved(model, source, model_kwargs, use_ema) if guessed else None
+        if own is None or own[1]["num_classes"] == n_classes:
+            raise
+        net, spec = own
     if not spec["num_classes"]:
         raise ValueError(f"weights {weights} hold {spec['model']} without a classifier head (num_classes=0, e.g. a "
                          "DINO backbone): validate needs logits; evaluate it with simattn ssl eval (k-NN, linear "
@@ -210,6 +219,14 @@ def _validate_checkpoint(source: WeightsSource, model: Optional[str], model_kwar
                          "split": split, "img_size": data_config["input_size"][-1],
                          "crop_pct": data_config["crop_pct"], "interpolation": data_config["interpolation"],
                          "params": sum(p.numel() for p in net.parameters()), **metrics})
+
+
+def _load_as_saved(model, source, model_kwargs, use_ema):
+    """``load_model`` with the model's own class count, or None when the weights do not load so either."""
+    try:
+        return load_model(model, source, model_kwargs, use_ema=use_ema)
+    except ValueError:  # CheckpointError among them
+        return None
 
 
 def _validate_segmentation(source, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *,

@@ -87,6 +87,9 @@ class TrainConfig(EngineConfig):
     def validate(self) -> "TrainConfig":
         """Check every option and the ones that depend on each other (a one-line ValueError)."""
         super().validate()
+        if self.initial_checkpoint_partial and not self.initial_checkpoint:
+            raise ValueError("--initial-checkpoint-partial (initial_checkpoint_partial) says how to load "
+                             "--initial-checkpoint, which is not given: name the weights to start from, or drop it")
         if self.initial_checkpoint and self.resume:
             raise ValueError("--initial-checkpoint and --resume exclude each other: a resumed run continues from its "
                              "checkpoint's weights; drop one")

@@ -73,6 +73,9 @@ class SegmentConfig(EngineConfig):
 
     def validate(self) -> "SegmentConfig":
         super().validate()
+        if self.initial_checkpoint_partial and not self.initial_checkpoint:
+            raise ValueError("--initial-checkpoint-partial (initial_checkpoint_partial) says how to load "
+                             "--initial-checkpoint, which is not given: name the weights to start from, or drop it")
         if self.ratio_range[0] > self.ratio_range[1]:
             raise ValueError(f"option 'ratio_range': got {quoted(self.ratio_range)}; allowed: [low, high] with "
                              "low <= high")
