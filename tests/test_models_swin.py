@@ -336,3 +336,26 @@ def test_onnx_export_equals_pytorch(tmp_path):
     out = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(out), model(x), rtol=1e-4, atol=1e-5)
+
+
+@needs("onnx", "onnxruntime")
+def test_export_fixes_the_input_size_from_the_start_and_says_why(tmp_path, capsys):
+    """Swin's traced windows hold the export size: `simattn export` fixes height and width at once, with one note,
+    instead of exporting with dynamic ones, failing onnxruntime at another size and exporting again."""
+    from simattn.cli import main as simattn_main
+    from simattn.utils.io import save_safetensors
+    name = "sima_swin_tiny_patch4_window7_224"
+    kwargs = dict(TINY, depths=(1, 1), window_size=2)
+    torch.manual_seed(0)
+    save_safetensors(timm.create_model(name, **kwargs), tmp_path / "w.safetensors",
+                     metadata={"model": name, "config": kwargs})
+    out = tmp_path / "swin.onnx"
+    assert simattn_main(["export", "--weights", str(tmp_path / "w.safetensors"), "--exporter", "torchscript",
+                         "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "note: Swin's shifted-window masks and stage grids are traced at the export size: exported at 32x32" \
+           in printed
+    report = json.loads((tmp_path / "swin.onnx.json").read_text())
+    assert report["fixed_size_reason"] and not report["export"]["dynamic_spatial"]
+    assert not any("re-exported" in note for note in report["export"]["notes"])
+    assert report["seconds"] >= report["export"]["seconds"] > 0 and f"in {report['seconds']:.0f} s" in printed

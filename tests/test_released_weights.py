@@ -21,6 +21,7 @@ import torch
 
 import simattn
 from simattn.models import sima_vit
+from simattn.models.released import released_files_readable
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -111,12 +112,13 @@ def test_config_stand_in_is_inert_and_narrow(tmp_path, monkeypatch):
     node = _fake_yacs(monkeypatch)
     path = tmp_path / "config.pth"
     torch.save({"config": node(MODEL=node(NAME="x"))}, path)
-    config = torch.load(path, weights_only=True)["config"]
+    with released_files_readable():
+        config = torch.load(path, weights_only=True)["config"]
     assert type(config) is OrderedDict and config == {"MODEL": {"NAME": "x"}}
     other = type("Other", (dict,), {"__module__": "yacs.config"})
     sys.modules["yacs.config"].Other = other
     torch.save({"config": other()}, path)
-    with pytest.raises(pickle.UnpicklingError):  # only CfgNode has a stand-in
+    with pytest.raises(pickle.UnpicklingError), released_files_readable():  # only CfgNode has a stand-in
         torch.load(path, weights_only=True)
 
 
@@ -148,3 +150,31 @@ def test_prepbn_counters_and_tag_builds():
     assert type(timm.create_model("slab_deit_tiny_patch16_224", **FAST).norm).__name__ == "LayerNorm"
     assert timm.create_model("inline_deit_small_patch16_224", **FAST).pos_embed.shape[1] == 197
     assert timm.create_model("inline_deit_small_patch16_224.in1k_288", **FAST).pos_embed.shape[1] == 325
+
+
+def test_import_simattn_leaves_torch_safe_globals_as_they_were(tmp_path, monkeypatch):
+    """A released file (a yacs config beside the weights) loads through simattn, while the user's own
+    ``torch.load(weights_only=True)`` of it is refused as it is without simattn: importing simattn allows nothing."""
+    import subprocess
+    node = _fake_yacs(monkeypatch)
+    path = tmp_path / "released.pth"
+    torch.save({"model": {"w": torch.zeros(2)}, "config": node(MODEL=node(NAME="x"))}, path)
+    monkeypatch.delitem(sys.modules, "yacs.config")
+    script = (
+        "import sys, torch, simattn\n"
+        "from simattn.models.released import RELEASED_GLOBALS\n"
+        "from simattn.utils.io import load_checkpoint\n"
+        "def ours():  # torch's own modules register theirs on import (DTensor, ...); none may be simattn's\n"
+        "    return [g for g in torch.serialization.get_safe_globals()\n"
+        "            if 'simattn' in getattr(g[0] if isinstance(g, tuple) else g, '__module__', '')]\n"
+        "assert not ours(), ours()\n"
+        "try:\n"
+        "    torch.load(sys.argv[1], weights_only=True)\n"
+        "except Exception as e:\n"
+        "    assert 'yacs.config.CfgNode' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('the user load took the yacs config')\n"
+        "assert list(load_checkpoint(sys.argv[1], safe_globals=RELEASED_GLOBALS)['model']) == ['w']\n"
+        "assert not ours(), ours()\n")
+    done = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]

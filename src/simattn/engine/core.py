@@ -522,9 +522,13 @@ class Engine:
 
     def describe(self) -> str:
         n_params = sum(p.numel() for p in self.model.parameters())
+        planned = self.num_epochs * self.updates_per_epoch
+        length = f"{self.num_epochs} epochs × {self.updates_per_epoch} updates"
+        if self.cfg.max_updates is not None and self.cfg.max_updates < planned:
+            length = f"{self.cfg.max_updates} updates (max_updates; the schedule's {length})"
         return (f"model {self.model_name} ({n_params / 1e6:.2f}M params), {self.dist.world_size} process(es) × batch "
-                f"{self.cfg.batch_size} × accum {self.cfg.grad_accum_steps}, lr {self.lr:.3g}, {self.num_epochs} "
-                f"epochs × {self.updates_per_epoch} updates, device {self.device}, output {self.out}")
+                f"{self.cfg.batch_size} × accum {self.cfg.grad_accum_steps}, lr {self.lr:.3g}, {length}, device "
+                f"{self.device}, output {self.out}")
 
     def stopped_early(self) -> bool:
         """Whether ``max_updates`` ends the run before its last epoch."""

@@ -33,6 +33,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -377,6 +378,13 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
     from .architecture import model_stride, segmentation_stride
     from .checks import real_inputs
 
+    from ..models.export_ready import fixed_size_export
+    why_fixed = fixed_size_export(model)
+    if why_fixed and fmt.dynamic_size and not args.static_spatial:
+        h, w = record.input_size[1:]
+        print(f"note: {why_fixed}: exported at {h}x{w} with a dynamic batch, as --static-spatial does")
+        report["fixed_size_reason"] = why_fixed
+        args.static_spatial = True
     if args.static_spatial:
         from ..models import prepare_for_export
 
@@ -399,6 +407,7 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
         return {f"random_1x{'x'.join(map(str, record.input_size))}": x, **real_inputs(record.data_config)}
 
     output.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent))
     try:
         staged = work / output.name
@@ -435,8 +444,10 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
         shutil.rmtree(work, ignore_errors=True)
     if not fmt.folder:
         report["bytes"] = sum(p.stat().st_size for p in fmt.files(output))
+    # the whole command's time (export, checks, int8), beside the exporter's own in report["export"]
+    report["seconds"] = round(time.perf_counter() - started, 1)
     print(f"wrote {output}" + (f" ({report['bytes'] / 2 ** 20:.2f} MB)" if "bytes" in report else "")
-          + ("" if fmt.runs_here else f"; {fmt.not_here} (no parity check here)"))
+          + f" in {report['seconds']:.0f} s" + ("" if fmt.runs_here else f"; {fmt.not_here} (no parity check here)"))
     return 0
 
 

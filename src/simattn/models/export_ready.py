@@ -9,7 +9,7 @@ resamples the embeddings once, here, in eager mode, and turns per-forward resamp
 adds them as constants. It also turns ``SyncBatchNorm`` (the official SimA training layout) into ``BatchNorm2d``,
 which export backends know, and puts the model in eval mode.
 """
-from typing import Tuple, Type, Union
+from typing import Optional, Tuple, Type, Union
 
 import torch
 from torch import nn
@@ -20,7 +20,7 @@ from timm.models.vision_transformer import VisionTransformer
 from ._pyramid import PyramidTransformer
 from .sima_xcit import XCiTBackbone
 
-__all__ = ["prepare_for_export", "revert_sync_batchnorm"]
+__all__ = ["prepare_for_export", "revert_sync_batchnorm", "fixed_size_export"]
 
 
 def revert_sync_batchnorm(module: nn.Module, batch_norm_class: Type[nn.Module] = nn.BatchNorm2d) -> nn.Module:
@@ -74,6 +74,12 @@ def prepare_for_export(model: nn.Module, img_size: Union[int, Tuple[int, int]]) 
     model = revert_sync_batchnorm(model)
     _fix_input_size(_backbone_of(model), img_size, h, w)
     return model.eval()
+
+
+def fixed_size_export(model: nn.Module) -> Optional[str]:
+    """Why ``model`` (or a segmenter's backbone) exports at one input size only (its class's ``fixed_size_export``),
+    or None where height and width can stay dynamic."""
+    return getattr(model, "fixed_size_export", None) or getattr(_backbone_of(model), "fixed_size_export", None)
 
 
 def _backbone_of(model: nn.Module) -> nn.Module:

@@ -73,7 +73,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ._checks import check_model_kwargs, feature_levels, feature_out_indices
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_files_readable, released_names,
+                       with_tag_args)
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ._pyramid import (Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates,
@@ -207,6 +208,10 @@ class PyramidVisionTransformer(PyramidTransformer):
             model is made for and its options, which fall away for another ``attn_type``.
     """
 
+    #: why an exported graph keeps one input size: the tracers fix each stage's grid (position embeddings, spatial
+    #: reduction) to the export size (onnxruntime fails at another), so ``simattn export`` fixes it from the start
+    fixed_size_export = "PVT's stage grids (position embeddings, spatial reduction) are traced at the export size"
+
     def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, in_chans: int = 3, num_classes: int = 1000,
                  global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
                  depths: Sequence[int] = (2, 2, 2, 2), num_heads: Sequence[int] = (1, 2, 5, 8),
@@ -323,7 +328,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     check_model_kwargs(variant, kwargs)
     out_indices = feature_out_indices(variant, kwargs, (0, 1, 2, 3))
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
         return build_model_with_cfg(
             PyramidVisionTransformer, variant, pretrained,
             pretrained_filter_fn=checkpoint_filter_fn,

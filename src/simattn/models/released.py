@@ -17,13 +17,14 @@ key names and axes, none in the math:
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, Mapping
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, Mapping
 
 import torch
 from torch import nn
 
-__all__ = ["ConfigStandIn", "PAPERS", "TSINGHUA", "SLAB_RELEASES", "POLAFORMER_HUB", "with_tag_args", "unwrap",
-           "released_names", "released_to_simattn"]
+__all__ = ["ConfigStandIn", "RELEASED_GLOBALS", "released_files_readable", "PAPERS", "TSINGHUA", "SLAB_RELEASES",
+           "POLAFORMER_HUB", "with_tag_args", "unwrap", "released_names", "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -37,8 +38,18 @@ class ConfigStandIn:
         return OrderedDict()
 
 
-# process-wide, so timm's own loader (which calls torch.load itself) reads the released files too
-torch.serialization.add_safe_globals([(ConfigStandIn, "yacs.config.CfgNode")])
+#: what a weights-only load of a released file may unpickle beside the tensors (nothing of the user's process changes:
+#: simattn's loads pass it, and the families build inside :func:`released_files_readable`)
+RELEASED_GLOBALS = [(ConfigStandIn, "yacs.config.CfgNode")]
+
+
+@contextmanager
+def released_files_readable() -> Iterator[None]:
+    """Inside the block, ``torch.load(weights_only=True)`` also reads the released files' yacs configs (as
+    :class:`ConfigStandIn`), so timm's own loader, called by a family's build with ``pretrained=True``, reads them;
+    torch's allowed globals are as they were outside it."""
+    with torch.serialization.safe_globals(RELEASED_GLOBALS):
+        yield
 
 #: paper → (paper_ids, paper_name, origin_url) of the tags made from its released checkpoints
 PAPERS = {

@@ -35,6 +35,7 @@ from timm.layers import get_act_layer
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._checks import check_model_kwargs, feature_levels, feature_out_indices
+from .released import released_files_readable
 from ..attention import TokenAttention, attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ..utils.io import extract_state_dict
@@ -244,7 +245,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: CvT) -> Dict[str, to
 def _create_cvt(variant: str, pretrained: bool = False, **kwargs) -> CvT:
     check_model_kwargs(variant, kwargs)
     out_indices = feature_out_indices(variant, kwargs, (0, 1, 2))
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
         return build_model_with_cfg(
             CvT, variant, pretrained,
             pretrained_filter_fn=checkpoint_filter_fn,

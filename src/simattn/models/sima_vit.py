@@ -35,7 +35,7 @@ from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
-from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_to_simattn
+from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_files_readable, released_to_simattn
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -156,7 +156,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     layout = {"num_prefix_tokens": int(kwargs.get("class_token", True)) + int(kwargs.get("reg_tokens") or 0),
               **(layout or {})}
     options = kind_options(variant, own_kind, own_options, attn_type, attn_kwargs, layout)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
         model = build_model_with_cfg(
             SoftmaxFreeViT, variant, pretrained,
             attn_layer=attention_class(attn_type, **options),

@@ -39,6 +39,7 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
     PositionalEncodingFourier
 
 from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
+from .released import released_files_readable
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.sima import sima_l1_norms
@@ -538,7 +539,7 @@ def create_xcit_backbone(variant: str, pretrained: bool = False, **kwargs) -> XC
     """Build a registered :class:`XCiTBackbone` variant through timm (pretrained cfg, features_only, filter)."""
     check_model_kwargs(variant, kwargs)
     out_indices = feature_out_indices(variant, kwargs, 3)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)):
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
         return build_model_with_cfg(
             XCiTBackbone, variant, pretrained,
             pretrained_filter_fn=checkpoint_filter_fn,

@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 from ..utils.io import CheckpointError, is_safetensors, load_checkpoint, read_safetensors_metadata
 from .hub import resolve_weights, weights_file
+from .released import RELEASED_GLOBALS
 from .weights import WeightsRecord, parse_weights_metadata, train_state_record
 
 __all__ = ["WeightsSource", "resolve_source", "read_weights_record", "pretrained_tag", "tag_cache_path"]
@@ -48,7 +49,7 @@ class WeightsSource:
         is read without the tensors, which are read when used)."""
         if self._checkpoint is None:
             try:
-                self._checkpoint = load_checkpoint(self.path, mmap=True)
+                self._checkpoint = load_checkpoint(self.path, mmap=True, safe_globals=RELEASED_GLOBALS)
             except CheckpointError as e:
                 if self.tag is None:
                     raise
@@ -247,7 +248,7 @@ def _download(tag: str, url: str, dest: Path) -> None:
                 raise ValueError(f"weights {tag}: the download from {host} stopped after {got:,} of {expected:,} "
                                  "bytes (nothing was kept): run again to download it again")
             try:
-                load_checkpoint(tmp, mmap=True)
+                load_checkpoint(tmp, mmap=True, safe_globals=RELEASED_GLOBALS)
             except CheckpointError:
                 raise ValueError(f"weights {tag}: {url} sent {got:,} bytes that are not a weights file (nothing was "
                                  "kept): run again, or download it elsewhere and pass that file instead") from None

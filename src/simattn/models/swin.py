@@ -60,7 +60,8 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_files_readable, released_names,
+                       with_tag_args)
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
 
@@ -125,6 +126,10 @@ class SoftmaxFreeSwin(SwinTransformer):
     given, as the released hybrids' ``M`` stages mix); the other blocks keep Swin's shifted-window softmax. A clear
     ValueError for inputs that are not image batches of the model's size (any size that is a multiple of the patch
     size with ``dynamic_img_size=True``)."""
+
+    #: why an exported graph keeps one input size: the tracers fix the windows' masks and the stage grids to the
+    #: export size (onnxruntime fails at another), so ``simattn export`` fixes it from the start
+    fixed_size_export = "Swin's shifted-window masks and stage grids are traced at the export size"
 
     def __init__(self, *, stage_attn: Sequence[Optional[Type[nn.Module]]] = (),
                  kind_blocks: Sequence[Optional[int]] = (), **kwargs) -> None:
@@ -248,7 +253,8 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     if not key_encoding:
         grids = [None] * len(depths)
     stage_attn = _stage_layers(variant, attn_type, attn_kwargs, own_kind, own_options, kind_stages, grids)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False), len(depths)):
+    with feature_levels(variant, out_indices, kwargs.get("features_only", False), len(depths)), \
+            released_files_readable():
         model = build_model_with_cfg(
             SoftmaxFreeSwin, variant, pretrained,
             stage_attn=stage_attn,

@@ -14,7 +14,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -285,10 +285,11 @@ def atomic_write_json(obj: Any, path: PathLike) -> None:
 
 
 def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cpu",
-                    mmap: bool = False) -> Dict[str, Any]:
+                    mmap: bool = False, safe_globals: Sequence[Any] = ()) -> Dict[str, Any]:
     """Load a ``.pth``/``.pt`` checkpoint (``weights_only=True``) or a ``.safetensors`` file, with one-line errors.
     ``mmap``: a ``.pth`` in torch's zip format is mapped, its tensors read from disk when used (a file in the legacy
-    format is read whole)."""
+    format is read whole). ``safe_globals``: what this load may unpickle besides torch's own (for this call only,
+    as ``torch.serialization.safe_globals``)."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"{path} is a folder without weights files: name a weights file, or a folder "
@@ -305,12 +306,13 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         except (SafetensorError, ValueError):
             raise unreadable_checkpoint(path) from None
     try:
-        try:
-            obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-        except RuntimeError:
-            if not mmap:
-                raise
-            obj = torch.load(path, map_location=map_location, weights_only=True)  # the legacy format
+        with torch.serialization.safe_globals(list(safe_globals)):
+            try:
+                obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            except RuntimeError:
+                if not mmap:
+                    raise
+                obj = torch.load(path, map_location=map_location, weights_only=True)  # the legacy format
     except OSError:
         raise
     except Exception as e:  # torch raises many types for corrupt files (RuntimeError, EOFError, UnpicklingError)
