@@ -225,6 +225,7 @@ def test_a_recipe_bent_to_another_dataset_runs(tmp_path, capsys, one_thread):
                          "--output", str(tmp_path / "run")])
     out, err = capsys.readouterr()
     assert code == 0, err
+    assert "1 updates (max_updates; the schedule's 1 epochs × 2 updates)" in out + err  # what runs is counted
     # the user's recipe replaced its base's dataset (dropping the digit scenes' options), then the flag replaced it
     base, flag = [line for line in err.splitlines() if line.startswith("note: ")]
     assert base.startswith("note: dataset 'folder' (recipe my_folder_recipe) replaces dataset 'digits' (recipe "

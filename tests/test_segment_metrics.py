@@ -106,3 +106,18 @@ def test_flip_and_scales_average_probabilities_and_fixed_input_size_is_honoured(
     assert sizes == [(8, 8), (8, 8)]
     with pytest.raises(ValueError, match="unknown inference mode"):
         predict(fn, image, 3, mode="tiles")
+
+
+def test_the_iou_figure_draws_and_labels_the_miou_of_its_title(tmp_path, monkeypatch):
+    """The dashed line is the evaluation's mIoU, labelled to the title's precision (a class left out of the bars,
+    or a rounding to one decimal, made the two disagree)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+    from simattn.segment.report import plot_class_iou
+    drawn = []
+    real = matplotlib.axes.Axes.axvline
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvline",
+                        lambda self, x=0, **kw: drawn.append((x, kw.get("label"))) or real(self, x, **kw))
+    per_class = {"background": {"iou": 0.94}, "digit": {"iou": 1.0}, "unseen": {"iou": None}}
+    assert plot_class_iou(per_class, tmp_path / "iou.png", title="fpn: mIoU 0.97", miou=0.97) == tmp_path / "iou.png"
+    assert drawn == [(0.97, "mIoU 0.97")]

@@ -7,8 +7,10 @@ from typing import Any, Dict, Optional
 __all__ = ["plot_class_iou"]
 
 
-def plot_class_iou(per_class: Dict[str, Dict[str, Any]], path: Path, title: str = "") -> Optional[Path]:
-    """Horizontal bars of each class's IoU (classes never seen nor predicted are left out), written as a PNG."""
+def plot_class_iou(per_class: Dict[str, Dict[str, Any]], path: Path, title: str = "",
+                   miou: Optional[float] = None) -> Optional[Path]:
+    """Horizontal bars of each class's IoU (classes never seen nor predicted are left out), written as a PNG, with
+    the mIoU line at ``miou`` (the evaluation's; else the mean of the bars), labelled as the title gives it."""
     rows = [(name, v["iou"]) for name, v in per_class.items() if v.get("iou") is not None]
     if not rows:
         return None
@@ -24,8 +26,8 @@ def plot_class_iou(per_class: Dict[str, Dict[str, Any]], path: Path, title: str 
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("IoU (%)")
-    mean = sum(values) / len(values)
-    ax.axvline(mean, color="k", ls="--", lw=1, label=f"mIoU {mean:.1f}")
+    mean = miou if miou is not None else sum(values) / len(values)
+    ax.axvline(mean, color="k", ls="--", lw=1, label=f"mIoU {mean:.2f}")
     ax.legend(loc="lower right")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()

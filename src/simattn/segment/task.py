@@ -195,7 +195,7 @@ class SegmentationTrainer(Engine):
             writer.writerows([name, v["iou"], v["acc"]] for name, v in final["per_class"].items())
             atomic_write_text(buffer.getvalue(), self.out / "per_class.csv")
             title = f"{self.cfg.model} on {self.cfg.model_kwargs['backbone']}: mIoU {final['miou']:.2f}"
-            plot_class_iou(final["per_class"], self.out / "per_class_iou.png", title=title)
+            plot_class_iou(final["per_class"], self.out / "per_class_iou.png", title=title, miou=final["miou"])
         plot_history(self.history, ["train_loss", "val_miou", "val_aacc"], self.out / "curves.png",
                      title=f"{self.cfg.model} {self.cfg.model_kwargs['backbone']}")
 
