@@ -405,3 +405,32 @@ def test_digits_splits_partition_the_data_with_a_fifth_of_each_class_held_out():
     assert items(train_set) + items(val_set) == items(every)  # each image in exactly one split
     per_class, held_out = Counter(every.targets.tolist()), Counter(val_set.targets.tolist())
     assert len(per_class) == 10 and all(held_out[c] == round(0.2 * n) for c, n in per_class.items())
+
+
+def test_img_size_alone_says_the_model_keeps_its_own_size(tmp_path, capsys):
+    """--img-size sets the data's size; a model built without model_kwargs.img_size keeps its default, and the run
+    says so with the kwarg that builds it at the data's size."""
+    code = simattn_main(["train", "-c", "digits_cpu", "--model-kwargs", "img_size=null", "depth=1", "--img-size", "32",
+                         "--max-updates", "1", "--epochs", "1", "--batch-size", "16", "--output", str(tmp_path / "r")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "note: img_size sets the data's size (32 px); the model is built at its default 224 px" in out
+    assert "--model-kwargs img_size=32" in out
+
+
+def test_a_data_folder_given_relative_is_recorded_absolute(tmp_path, monkeypatch, capsys):
+    """validate finds a run's data from another working folder: the record holds the folder's absolute path."""
+    for split in ("train", "val"):
+        for label, colour in (("a", (200, 30, 30)), ("b", (30, 30, 200))):
+            folder = tmp_path / "work" / "imgs" / split / label
+            folder.mkdir(parents=True)
+            for i in range(2):
+                Image.new("RGB", (16, 16), colour).save(folder / f"{i}.png")
+    monkeypatch.chdir(tmp_path / "work")
+    code = simattn_main(["train", "-c", "digits_cpu", "--dataset", "folder", "--data-dir", "imgs", "--model-kwargs",
+                         "depth=1", "--max-updates", "1", "--epochs", "1", "--batch-size", "4", "--output", "run"])
+    assert code == 0, capsys.readouterr().err
+    assert read_safetensors_metadata(tmp_path / "work" / "run" / "final.safetensors")["data_dir"] == \
+        str(tmp_path / "work" / "imgs")
+    monkeypatch.chdir(tmp_path)
+    assert simattn_main(["validate", "--weights", "work/run/final.safetensors"]) == 0, capsys.readouterr().err

@@ -55,8 +55,9 @@ class TrainConfig(EngineConfig):
                                      belongs_to=("dataset", _datasets_on_disk))
     train_split: str = option("train", "split (sub-folder) to train on")
     val_split: str = option("val", "split to evaluate on")
-    img_size: Optional[int] = option(None, "input resolution; None = model_kwargs.img_size or the model's default",
-                                   low=1)
+    img_size: Optional[int] = option(None, "the data's input resolution; None = model_kwargs.img_size or the "
+                                           "model's default. The model is built at model_kwargs.img_size (set it too "
+                                           "to build it at this size)", low=1)
     scale: List[float] = option(factory=lambda: [0.08, 1.0], help="RandomResizedCrop area range", low=0.0, high=1.0,
                               low_open=True, length=2)
     ratio: List[float] = option(factory=lambda: [3 / 4, 4 / 3], help="RandomResizedCrop aspect range", low=0.0,

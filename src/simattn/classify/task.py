@@ -63,9 +63,14 @@ def open_datasets(cfg: TrainConfig):
 
 def data_record(cfg: TrainConfig) -> Dict[str, Any]:
     """What a weights file says about the data it classifies, so that ``simattn validate`` evaluates it there by
-    default: the dataset, its root (when one was given) and the split the run evaluated."""
+    default: the dataset, its root (when one was given; absolute where it is a local folder) and the split the run
+    evaluated."""
     from ..models.weights import DATA_RECORD_KEYS
-    return {k: str(getattr(cfg, k)) for k in DATA_RECORD_KEYS if getattr(cfg, k)}
+    from ..utils.io import recorded_location
+    record = {k: str(getattr(cfg, k)) for k in DATA_RECORD_KEYS if getattr(cfg, k)}
+    if "data_dir" in record:
+        record["data_dir"] = recorded_location(record["data_dir"])
+    return record
 
 
 def build_model(cfg: TrainConfig, num_classes: int) -> Tuple[nn.Module, Dict[str, Any]]:
@@ -137,10 +142,15 @@ class Trainer(Engine):
         self.data_config = data_config_for(self.model, cfg)
         built = cfg.model_kwargs.get("img_size")
         fed = self.data_config["input_size"][-1]
+        default = (getattr(self.model, "pretrained_cfg", None) or {}).get("input_size", (None,))[-1]
         if built and built != fed and self.dist.is_main:
             print(f"note: the model is built for {built} px (model kwarg img_size) and the data is fed at {fed} px "
                   "(img_size): the data's size wins, the position embedding is resampled on every forward; set "
                   "both alike to train at one size", flush=True)
+        elif not built and cfg.img_size and default and default != fed and self.dist.is_main:
+            print(f"note: img_size sets the data's size ({fed} px); the model is built at its default {default} px "
+                  "and resamples its position embedding on every forward, as its weights will keep it: pass "
+                  f"--model-kwargs img_size={fed} to build it at {fed} px", flush=True)
         self._train_set.transform = build_transform(self.data_config, cfg, is_training=True)
         self._val_set.transform = build_transform(self.data_config)
         return self._train_set

@@ -65,7 +65,9 @@ def dataset_record(dataset, cfg: SegmentConfig) -> Dict[str, Any]:
     reader's options, the test-time resize bound, the training crop, the evaluation settings), its classes, label
     values and palette; ``simattn validate``, ``export`` and ``viz`` rebuild the dataset from it."""
     from dataclasses import asdict
-    return {"task": "semantic_segmentation", "dataset": cfg.dataset, "data_dir": cfg.data_dir,
+    from ..utils.io import recorded_location
+    return {"task": "semantic_segmentation", "dataset": cfg.dataset,
+            "data_dir": recorded_location(cfg.data_dir) if cfg.data_dir else cfg.data_dir,
             "dataset_kwargs": dict(cfg.dataset_kwargs), "img_scale": [int(v) for v in cfg.img_scale],
             "crop_size": [int(v) for v in cfg.crop_size], "eval": asdict(cfg.eval),
             "classes": [str(c) for c in dataset.classes],

@@ -27,7 +27,7 @@ __all__ = [
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
     "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_file", "check_new_folder",
     "atomic_folder", "unreadable_checkpoint", "shape_mismatches", "is_safetensors", "Terminated",
-    "terminate_as_interrupt",
+    "terminate_as_interrupt", "recorded_location",
 ]
 
 
@@ -320,6 +320,13 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     return dict(obj)
+
+
+def recorded_location(text: str) -> str:
+    """``text`` (a data folder or file as the user gave it) as a record keeps it: an existing local path made
+    absolute, so that a file's record finds its data from any working folder; anything else (a URL, ``pipe:``, a
+    brace pattern of shards) as given."""
+    return os.path.abspath(text) if Path(text).exists() else text
 
 
 def is_safetensors(path: PathLike) -> bool:
