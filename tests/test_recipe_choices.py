@@ -235,3 +235,36 @@ def test_a_recipe_bent_to_another_dataset_runs(tmp_path, capsys, one_thread):
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["dataset"] == "digits" and saved["data_dir"] is None
     assert saved["dataset_kwargs"] == {"canvas": 64, "num_train": 8, "num_val": 4}
+
+
+def test_another_backbone_drops_the_recipes_backbone_options_and_keeps_the_heads(capsys):
+    """seg_digits_cpu's DeiT options (patch_size, embed_dim, depth, num_heads) do not go to a PVT: dropped with a
+    note; the head's (decoder_channels, segmentation_channels) and the user's own (img_size) stay; the printed
+    configuration is built on the meta device first."""
+    pytest.importorskip("segmentation_models_pytorch")
+    assert simattn_main(["segment", "-c", "seg_digits_cpu", "--model-kwargs", "backbone=agent_pvt_tiny",
+                         "img_size=64", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: --model-kwargs backbone=agent_pvt_tiny replaces model_kwargs.backbone 'sima_deit_tiny_patch16_224' " \
+           "(recipe seg_digits_cpu); dropped its options: patch_size=8, embed_dim=96, depth=4, num_heads=3" in err
+    printed = yaml.safe_load(out)
+    assert printed["model_kwargs"] == {"backbone": "agent_pvt_tiny", "img_size": 64, "decoder_channels": 64,
+                                       "segmentation_channels": 32}
+
+
+def test_null_empties_a_mapping_before_later_items(capsys):
+    """--set model_kwargs=null, then --model-kwargs: the later items alone (later wins, null empties)."""
+    assert simattn_main(["train", "-c", "digits_cpu", "--set", "model_kwargs=null", "--model-kwargs", "depth=2",
+                         "patch_size=4", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model_kwargs"] == {"depth": 2, "patch_size": 4}
+    assert simattn_main(["train", "-c", "digits_cpu", "--model-kwargs", "depth=2", "--set", "model_kwargs=null",
+                         "--img-size", "32", "--print-config"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["model_kwargs"] == {}
+
+
+def test_print_config_exits_2_on_a_configuration_that_cannot_build(capsys):
+    pytest.importorskip("segmentation_models_pytorch")
+    assert simattn_main(["segment", "-c", "seg_digits_cpu", "--model-kwargs", "backbone=agent_pvt_tiny",
+                         "patch_size=8", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot build agent_pvt_tiny" in err and "patch_size" in err

@@ -172,6 +172,10 @@ class Segmenter(nn.Module):
         **backbone_kwargs: the backbone's own options (``img_size``, ``attn_type``, ``patch_size``, ...).
     """
 
+    #: the segmenter's own options among its kwargs (the rest are its backbone's): a recipe's keep when another
+    #: backbone replaces its own
+    own_options = ("head", "decoder_channels", "segmentation_channels", "dropout", "aux_head", "aux_channels")
+
     def __init__(self, backbone: str, num_classes: int, head: str = "fpn",
                  out_indices: Optional[Sequence[int]] = None, decoder_channels: int = 256,
                  segmentation_channels: int = 128, dropout: float = 0.1, aux_head: Optional[bool] = None,

@@ -10,6 +10,11 @@ from typing import Any, Dict, List, Optional
 from ..engine.config import EngineConfig
 from ..utils.recipe import PROB, check_path, option, quoted, section, task_defaults
 
+
+def _segmenter_options():
+    from ..models.segmentation import Segmenter
+    return Segmenter.own_options
+
 __all__ = ["SegmentConfig", "SegmentEval", "SEGMENT_DATASETS"]
 
 #: dataset names :func:`simattn.data.segmentation.create_segmentation_dataset` reads
@@ -39,8 +44,10 @@ class SegmentConfig(EngineConfig):
     model: str = option("semantic_fpn", "segmenter: semantic_fpn | upernet", choices=["semantic_fpn", "upernet"])
     model_kwargs: Dict[str, Any] = option(factory=lambda: {"backbone": "sima_small_12_p16"},
                                           help="create_model kwargs: backbone (a registered model), its options "
-                                               "(img_size, attn_type, ...) and the head's (out_indices, "
-                                               "decoder_channels, ...)")
+                                               "(img_size, attn_type, out_indices, ...) and the head's "
+                                               "(decoder_channels, ...); another backbone drops the recipe's "
+                                               "backbone options (a note)",
+                                          choice_key="backbone", keeps=_segmenter_options)
     initial_checkpoint: Optional[str] = option(None, "backbone weights to start from (classification or DINO "
                                                    "weights of any layout the backbone family reads)",
                                                check=check_path)
@@ -87,9 +94,13 @@ class SegmentConfig(EngineConfig):
         return self
 
     def check_run(self) -> "SegmentConfig":
-        """:meth:`validate` and the backbone (a model timm knows, its shared options in range): the checks of the
-        run and of ``--print-config``."""
+        """:meth:`validate`, the backbone (a model timm knows, its shared options in range) and the segmenter built on
+        the meta device: the checks of the run and of ``--print-config``."""
         self.validate()
-        from ..models.factory import check_model
+        import torch
+
+        from ..models.factory import check_model, create_model
         check_model(self.model_kwargs["backbone"], {k: v for k, v in self.model_kwargs.items() if k != "backbone"})
+        with torch.device("meta"):  # the whole network, built without memory: options its parts refuse fail here
+            create_model(self.model, **self.model_kwargs)
         return self

@@ -93,6 +93,11 @@ class Opt:
     #: returning them); with no values, the option belongs to whichever value the choice had when it was set.
     #: A recipe's value is dropped (with a note) when a later layer (the command line) replaces the choice.
     belongs_to: Tuple[Any, ...] = ()
+    #: a free-form mapping whose item ``choice_key`` chooses what its other items apply to (a segmenter's
+    #: ``backbone``): a later layer that changes it drops the items earlier layers set, but those it gives itself
+    #: and ``keeps`` (names, or one function returning them: the options of the part that stays), with a note
+    choice_key: Optional[str] = None
+    keeps: Union[Sequence[str], Callable[[], Sequence[str]]] = ()
 
     @property
     def hint(self) -> Any:
@@ -293,6 +298,11 @@ def _unknown(name: str, value: Any, specs: Mapping[str, Any], root: type) -> Val
     return ValueError(f"recipe: unknown key {quoted(name)}{hint}; {known}")
 
 
+class Replacing(dict):
+    """A free-form mapping given after its ``null`` on the command line (``--set model_kwargs=null
+    --model-kwargs a=1``): it replaces the recipe's items instead of merging into them."""
+
+
 def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, where: str = "",
            root: Optional[type] = None) -> Dict[str, Any]:
     """``values`` (nested, as ``dataclasses.asdict`` gives them) updated with ``update``; unknown keys refused, sections
@@ -314,6 +324,8 @@ def _merge(values: Dict[str, Any], update: Mapping[str, Any], schema: type, wher
         elif _is_free(spec):
             if value is None or (isinstance(value, Mapping) and not value):  # null and {} empty it
                 out[key] = {}
+            elif isinstance(value, Replacing):
+                out[key] = dict(value)
             elif not isinstance(value, Mapping):
                 raise ValueError(f"option {name!r}: got {quoted(value)}; allowed: a mapping (KEY=VALUE items)")
             else:
@@ -533,6 +545,32 @@ def _drop_replaced(schema: type, defaults: Dict[str, Any], before: Dict[str, Any
             f"{', '.join(names)}" for choice, names in dropped.items()]
 
 
+def _drop_replaced_items(schema: type, before: Dict[str, Any], values: Dict[str, Any], update: Mapping[str, Any],
+                         origins: Dict[str, List[str]], source: str) -> List[str]:
+    """In each free-form mapping with a ``choice_key`` this layer changed, drop the items earlier layers set for the
+    old choice (not those this layer gives, nor the option's ``keeps``). Returns one note per mapping."""
+    notes = []
+    for path, spec in option_paths(schema).items():
+        key = spec.choice_key
+        if not (_is_free(spec) and key and _has_leaf(update, path)):
+            continue
+        given = _leaf(update, path) or {}
+        old, new = (_leaf(before, path) or {}).get(key), (_leaf(values, path) or {}).get(key)
+        if key not in given or old is None or old == new:
+            continue
+        keeps = set(spec.keeps() if callable(spec.keeps) else spec.keeps) | {key}
+        items = _leaf(values, path)
+        dropped = [k for k in items if k not in keeps and k not in given]
+        if not dropped:
+            continue
+        _set_leaf(values, path, {k: v for k, v in items.items() if k not in dropped})
+        where = " + ".join(s for s in origins[path] if s != source)
+        now = f"{flag_name(path)} {key}={new}" if source == "flag" else f"{path}.{key} {quoted(new)} ({source})"
+        notes.append(f"{now} replaces {path}.{key} {quoted(old)} ({where}); dropped its options: "
+                     f"{', '.join(f'{k}={quoted(items[k])}' for k in dropped)}")
+    return notes
+
+
 def _check_belonging(schema: type, defaults: Dict[str, Any], values: Mapping[str, Any],
                      origins: Mapping[str, List[str]]) -> None:
     """A one-line ValueError for an option set (away from its default) for a choice it does not apply to."""
@@ -579,6 +617,7 @@ def resolve_recipe(schema: type, recipe: Optional[str] = None,
             other = _for_another_command(str(recipe), marked, command)
             raise other or ValueError(f"{e} (in recipe {path})") from None
         notes += _drop_replaced(schema, defaults, before, values, update, origins, source)
+        notes += _drop_replaced_items(schema, before, values, update, origins, source)
         for name in _named(update, schema):  # a free-form mapping given items keeps the others it had
             kept = _is_free(paths[name]) and set(_leaf(values, name)) - set(_leaf(update, name) or {})
             origins[name] = [*(s for s in origins[name] if s != source), source] if kept else [source]
@@ -752,15 +791,38 @@ def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
     if given is None:
         given = [("set_items", args.set_items), *((k, v) for k, v in vars(args).items() if k in paths)]
     overrides: Dict[str, Any] = {}
+    emptied = set()  # free-form mappings a null or {} emptied: items given after it replace the recipe's
     for name, value in given:
         if name == "set_items":
-            overrides = deep_merge(overrides, parse_assignments(value, what="--set item"))
+            step = parse_assignments(value, what="--set item")
         elif name in paths:
             value = _flag_value(name, paths[name], value)
             for part in reversed(name.split(".")):
                 value = {part: value}
-            overrides = deep_merge(overrides, value)
+            step = value
+        else:
+            continue
+        overrides = deep_merge(overrides, step)
+        for path, spec in paths.items():
+            if not _is_free(spec):
+                continue
+            given_now, current = _leaf_or_none(step, path), _leaf_or_none(overrides, path)
+            if given_now is None and _has_leaf(step, path) or given_now == {}:
+                emptied.add(path)
+            elif path in emptied and isinstance(current, Mapping) and current:
+                _set_leaf(overrides, path, Replacing(current))
     return overrides
+
+
+def _has_leaf(values: Mapping[str, Any], path: str) -> bool:
+    *parents, last = path.split(".")
+    for part in parents:
+        values = values.get(part) if isinstance(values, Mapping) else None
+    return isinstance(values, Mapping) and last in values
+
+
+def _leaf_or_none(values: Mapping[str, Any], path: str) -> Any:
+    return _leaf(values, path) if _has_leaf(values, path) else None
 
 
 def recipe_from_args(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
