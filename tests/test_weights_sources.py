@@ -75,11 +75,12 @@ def test_every_weights_command_gives_the_offline_line_with_exit_2(cache, tmp_pat
     monkeypatch.chdir(tmp_path)
     for argv in (["validate", "--weights", TAG], ["export", "--weights", TAG, "-o", "x.onnx"],
                  ["viz", "--weights", TAG, "--output", "x.png"], ["hub", "save", "--weights", TAG, "--output", "hub"],
-                 ["train", "-c", "digits_cpu", "--initial-checkpoint", TAG, "--output", "run"],
+                 ["train", "-c", "digits_cpu", "--initial-checkpoint", TAG, "--img-size", "32", "--output", "run"],
                  ["segment", "-c", "seg_digits_cpu", "--initial-checkpoint", TAG, "--output", "seg"],
                  ["convert", "-c", "convert_digits", "--weights", TAG, "--output", "conv"]):
         assert simattn_main(argv) == 2, argv
-        err = capsys.readouterr().err.strip().splitlines()
+        # train's notes say the tag sets its model (its recipe's model options fall away)
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("note: ")]
         assert len(err) == 1 and "cloud.tsinghua.edu.cn cannot be reached" in err[0], (argv, err)
     assert _files(tmp_path / "torch") == [] and sorted(os.listdir(tmp_path)) == ["torch"]
 
@@ -346,3 +347,14 @@ def test_a_classifier_of_other_data_is_named_before_its_shapes(cache, tmp_path, 
                          "--data-dir", str(tmp_path / "data")]) == 2
     err = capsys.readouterr().err
     assert f"model {TAG} has 1000 classes but dataset 'folder' has 2" in err and "head.weight" not in err, err
+
+
+def test_a_tag_as_initial_checkpoint_sets_the_model_as_the_other_commands_do(cache, capsys):
+    import yaml
+    assert simattn_main(["train", "-c", "digits_cpu", "--initial-checkpoint", TAG, "--img-size", "32",
+                         "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["model"] == TAG and f"note: --initial-checkpoint {TAG} sets the model" in err
+    assert simattn_main(["train", "-c", "digits_cpu", "--initial-checkpoint", TAG, "--model",
+                         "sima_deit_tiny_patch16_224", "--print-config"]) == 0  # --model still names another
+    assert yaml.safe_load(capsys.readouterr().out)["model"] == "sima_deit_tiny_patch16_224"
