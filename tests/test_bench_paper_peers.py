@@ -298,6 +298,26 @@ def test_imagenet_rows_name_every_released_tag_with_its_authors_top1_beside_the_
     assert "| agent_pvt_tiny.in1k | 224 | 78.4 |" in text and "| x.in1k |" in text and "boom" in text
 
 
+def test_imagenet_figure_puts_each_tag_by_its_cost_coloured_by_kind(tmp_path, monkeypatch):
+    """One point per tag with a top-1 in each panel (top-1 against GMACs, against params), a colour per kind the
+    model is made for (PVT and the PRepBN DeiTs: softmax); no figure without costs."""
+    import matplotlib.axes
+
+    from simattn.bench import paper_imagenet as pi
+    rows = [{"tag": "agent_pvt_tiny.in1k", "top1": 78.4, "gmacs": 2.0, "params_m": 11.6},
+            {"tag": "pvt_tiny.in1k", "top1": 75.1, "gmacs": 1.9, "params_m": 13.2},
+            {"tag": "prepbn_deit_tiny_patch16_224.in1k", "top1": 73.6, "gmacs": 1.3, "params_m": 5.7},
+            {"tag": "x.in1k", "error": "boom"}]
+    assert not pi.plot_imagenet([{**r, "gmacs": None, "params_m": None} for r in rows], tmp_path / "no.png", "t")
+    drawn = []
+    real = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter",
+                        lambda self, x, y, **kw: drawn.append((kw["label"], list(x), list(y))) or real(self, x, y, **kw))
+    assert pi.plot_imagenet(rows, tmp_path / "imagenet.png", "t") and (tmp_path / "imagenet.png").stat().st_size
+    assert drawn == [("agent", [2.0], [78.4]), ("softmax", [1.9, 1.3], [75.1, 73.6]),
+                     ("agent", [11.6], [78.4]), ("softmax", [13.2, 5.7], [75.1, 73.6])]
+
+
 def test_the_imagenet_part_writes_its_rows_and_section(tmp_path, monkeypatch):
     from simattn.bench import paper as bench_paper
     from simattn.bench import paper_imagenet as pi
@@ -309,3 +329,20 @@ def test_the_imagenet_part_writes_its_rows_and_section(tmp_path, monkeypatch):
     assert rows == [{"tag": "pvt_tiny.in1k", "top1": 75.1, "gmacs": 1.93}]
     assert (tmp_path / "peers_imagenet.csv").read_text().splitlines()[0].startswith("tag,")
     assert "the released ImageNet-1k checkpoints" in (tmp_path / "paper.md").read_text()
+
+
+def test_the_imagenet_part_alone_writes_its_table_and_figure_and_no_deit_table(tmp_path, monkeypatch, capsys):
+    from simattn.bench import paper_imagenet as pi
+    from simattn.cli import main as simattn_main
+    rows = [{"tag": "agent_pvt_tiny.in1k", "input_px": 224, "top1": 78.4, "gmacs": 2.0, "params_m": 11.6},
+            {"tag": "pvt_tiny.in1k", "input_px": 224, "top1": 75.1, "gmacs": 1.9, "params_m": 13.2}]
+    monkeypatch.setattr(pi, "run_imagenet_rows", lambda: rows)
+    out = tmp_path / "out"
+    assert simattn_main(["bench", "paper", "--only", "peers", "--peers-parts", "imagenet", "--threads", "1",
+                         "--output", str(out)]) == 0, capsys.readouterr().err
+    report = (out / "paper.md").read_text()
+    assert "### Peers: the released ImageNet-1k checkpoints" in report and "![peers imagenet](peers_imagenet.png)" \
+        in report
+    assert "every attention kind at DeiT-T" not in report and not (out / "peers.json").exists()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("peers")) == [
+        "peers_imagenet.csv", "peers_imagenet.json", "peers_imagenet.png"]

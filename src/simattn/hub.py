@@ -297,5 +297,5 @@ def model_card(record, config: Mapping[str, Any], run: Mapping[str, Any], *, par
 
 
 def main(argv: List[str]) -> int:
-    from .utils.recipe import run_subcommand
+    from .utils.subcommands import run_subcommand
     return run_subcommand("simattn hub", argv, {"save": (run_save, SUBCOMMANDS["save"])})

@@ -76,20 +76,19 @@ def _recipes() -> List[Dict[str, Any]]:
 def _pretrained() -> List[Dict[str, Any]]:
     """Every tag with what a researcher picks by: the authors' top-1 (from the tag's notes), the input size, the
     license (``none stated`` where the authors' repository states none), the file and where it comes from."""
-    import re
     from urllib.parse import urlparse
 
     from timm.models import get_arch_pretrained_cfgs
 
     from .models import list_models
+    from .models.released import tag_top1
     rows = []
     for model in list_models():
         for name, cfg in get_arch_pretrained_cfgs(model).items():
             if "." not in name:  # the untagged default: a recipe's preprocessing, no weights
                 continue
             source = (f"hf-hub:{cfg.hf_hub_id}" if cfg.hf_hub_id else cfg.url) or "none published"
-            top1 = next((float(m.group(1)) for note in cfg.notes or ()
-                         for m in [re.search(r"top-1 ([\d.]+)", note)] if m), None)
+            top1 = tag_top1(cfg.to_dict())
             file = (cfg.hf_hub_filename or "model.safetensors") if cfg.hf_hub_id else \
                 os.path.basename(urlparse(cfg.url).path) if cfg.url else "-"
             published = bool(cfg.hf_hub_id or cfg.url)

@@ -117,7 +117,7 @@ def require_cuda(device: str) -> None:
 
 
 def main(argv: List[str]) -> int:
-    from ..utils.recipe import run_subcommand
+    from ..utils.subcommands import run_subcommand
 
     def bench(module: str) -> Callable[[List[str]], Any]:
         return lambda args: importlib.import_module(module).main(args)

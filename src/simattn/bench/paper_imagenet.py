@@ -10,14 +10,16 @@ figures the authors' READMEs give.
 """
 from __future__ import annotations
 
-import re
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .report import markdown_table, progress
+from ..models.released import tag_top1
+from .report import markdown_table, new_figure, progress, save_figure
 
-__all__ = ["README_FIGURES", "released_tags", "tag_top1", "run_imagenet_rows", "imagenet_markdown"]
+__all__ = ["README_FIGURES", "released_tags", "tag_top1", "run_imagenet_rows", "imagenet_markdown", "tag_kind",
+           "plot_imagenet"]
 
 #: the READMEs' (params M, FLOPs G) of each tag where its README gives them (FLOPs None: params only); FLatten's,
 #: PolaFormer's and SLAB's READMEs give top-1 only
@@ -37,9 +39,6 @@ README_FIGURES: Dict[str, Tuple[float, Optional[float]]] = {
     "inline_swin_tiny_patch4_window7_224.in1k": (30.0, 4.5), "inline_swin_small_patch4_window7_224.in1k": (50.0, 8.7),
     "inline_swin_base_patch4_window7_224.in1k": (88.0, 15.4),
 }
-_TOP1 = re.compile(r"top-1 ([0-9.]+) on ImageNet-1k")
-
-
 def released_tags() -> List[str]:
     """Every tag with weights of a model registered here, sorted."""
     import timm
@@ -48,15 +47,6 @@ def released_tags() -> List[str]:
 
     ours = set(models.list_models())
     return sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in ours)
-
-
-def tag_top1(cfg: Mapping[str, Any]) -> Optional[float]:
-    """The authors' top-1 a tag's ``pretrained_cfg`` carries (in its notes), or None."""
-    for note in cfg.get("notes") or ():
-        found = _TOP1.search(note)
-        if found:
-            return float(found[1])
-    return None
 
 
 def _gap(ours: Optional[float], readme: Optional[float]) -> Optional[float]:
@@ -116,3 +106,36 @@ def imagenet_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             "GMACs (multiply-adds, the READMEs' FLOPs; batch 1 at the tag's input size) of the model built here, "
             "and the README's figures where it gives them.")
     return "\n".join([markdown_table(list(rows), IMAGENET_COLUMNS, heads), "", text, ""])
+
+
+def tag_kind(tag: str) -> str:
+    """The attention a tag's model is made for, from its name's first word (``pvt`` and ``pvt_*_prepbn``: PVT's
+    softmax; ``prepbn_deit``: softmax DeiT with SLAB's norm)."""
+    first = tag.split("_", 1)[0]
+    return {"pvt": "softmax", "prepbn": "softmax"}.get(first, first)
+
+
+def plot_imagenet(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> bool:
+    """The authors' top-1 against GMACs and against params, one point per tag with a top-1, coloured by the kind
+    its model is made for (:func:`tag_kind`); False (no figure) where no row has both figures."""
+    points = [r for r in rows if r.get("top1") is not None and not r.get("error")]
+    if not any(r.get("gmacs") is not None or r.get("params_m") is not None for r in points):
+        return False
+    import matplotlib
+
+    fig, axes = new_figure(2, size=5.5)
+    kinds = sorted({tag_kind(r["tag"]) for r in points})
+    colors = {k: matplotlib.colormaps["tab10"](i % 10) for i, k in enumerate(kinds)}
+    for ax, key, label in ((axes[0], "gmacs", "GMACs per image (the tag's input size)"),
+                           (axes[1], "params_m", "params (M)")):
+        for kind in kinds:
+            mine = [r for r in points if tag_kind(r["tag"]) == kind and r.get(key) is not None]
+            ax.scatter([r[key] for r in mine], [r["top1"] for r in mine], color=colors[kind], label=kind, s=22)
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("authors' ImageNet-1k top-1 (%)")
+        ax.grid(True, alpha=0.3, which="both")
+    axes[0].legend(fontsize=7, title="attention", title_fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return True

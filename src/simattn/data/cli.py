@@ -92,5 +92,5 @@ def run_pack(argv: List[str]) -> Dict[str, Any]:
 
 
 def main(argv: List[str]) -> int:
-    from ..utils.recipe import run_subcommand
+    from ..utils.subcommands import run_subcommand
     return run_subcommand("simattn data", argv, {"pack": (run_pack, SUBCOMMANDS["pack"])})

@@ -367,6 +367,23 @@ class _Failed(Exception):
     """A check failed: its message is printed, the report written, nothing exported (exit 1)."""
 
 
+def _one_size_where_needed(args, fmt, model, record, report):
+    """``model`` laid out for one input size with ``--static-spatial``, or where its class says why its exported
+    graph holds one (:func:`~simattn.models.export_ready.fixed_size_export`; a note, and ``--static-spatial`` set,
+    so that the format exports that size at once)."""
+    from ..models import prepare_for_export
+    from ..models.export_ready import fixed_size_export
+
+    why_fixed = fixed_size_export(model)
+    if why_fixed and fmt.dynamic_size and not args.static_spatial:
+        h, w = record.input_size[1:]
+        print(f"note: {why_fixed}: exported at {h}x{w} with a dynamic batch, as --static-spatial does")
+        report["fixed_size_reason"] = why_fixed
+        args.static_spatial = True
+    # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
+    return prepare_for_export(model, record.input_size[1:]) if args.static_spatial else model
+
+
 def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibration, report) -> int:
     """Write the file in a folder beside ``output`` through :func:`~simattn.deploy.pipeline.deploy_model` (export,
     audit, parity in its runtime, int8), compare with softmax, then move it onto ``output``."""
@@ -378,18 +395,7 @@ def _export(args, fmt, model, spec, kind, output: Path, record, mode, calibratio
     from .architecture import model_stride, segmentation_stride
     from .checks import real_inputs
 
-    from ..models.export_ready import fixed_size_export
-    why_fixed = fixed_size_export(model)
-    if why_fixed and fmt.dynamic_size and not args.static_spatial:
-        h, w = record.input_size[1:]
-        print(f"note: {why_fixed}: exported at {h}x{w} with a dynamic batch, as --static-spatial does")
-        report["fixed_size_reason"] = why_fixed
-        args.static_spatial = True
-    if args.static_spatial:
-        from ..models import prepare_for_export
-
-        # one size: the position embedding is resampled once here, not by an antialiased Resize in the graph
-        model = prepare_for_export(model, record.input_size[1:])
+    model = _one_size_where_needed(args, fmt, model, record, report)
 
     def on_checked(done) -> None:  # the written file passed its checks: show them, compare with softmax
         _show_export(done.exported, report)

@@ -16,15 +16,16 @@ key names and axes, none in the math:
 """
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Mapping
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 import torch
 from torch import nn
 
 __all__ = ["ConfigStandIn", "RELEASED_GLOBALS", "released_files_readable", "PAPERS", "TSINGHUA", "SLAB_RELEASES",
-           "POLAFORMER_HUB", "with_tag_args", "unwrap", "released_names", "released_to_simattn"]
+           "POLAFORMER_HUB", "tag_top1", "with_tag_args", "unwrap", "released_names", "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -91,6 +92,18 @@ _AGENT_BIASES = {
 }
 #: SLAB's LinearNorm counters → PRepBN's (None: its total, this model's ``steps`` attribute, is left out)
 _PREPBN_COUNTERS = {"warm": "warmup_left", "iter": "steps_left", "total_step": None}
+
+
+_TOP1 = re.compile(r"top-1 ([0-9.]+) on ImageNet-1k")
+
+
+def tag_top1(cfg: Mapping[str, Any]) -> Optional[float]:
+    """The authors' top-1 a tag's ``pretrained_cfg`` (as a dict) carries in its notes, or None."""
+    for note in cfg.get("notes") or ():
+        found = _TOP1.search(note)
+        if found:
+            return float(found[1])
+    return None
 
 
 def with_tag_args(variant: str, kwargs: Dict[str, Any], asked: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:

@@ -11,8 +11,8 @@ import dataclasses
 from typing import List
 
 from ..utils.io import json_dumps
-from ..utils.recipe import (add_recipe_options, check_subcommand, print_config_if_asked, recipe_from_args, recipe_name,
-                            recipe_parser)
+from ..utils.recipe import (add_recipe_options, print_config_if_asked, recipe_from_args, recipe_name, recipe_parser)
+from ..utils.subcommands import check_subcommand
 from .config import SslConfig
 
 __all__ = ["main"]

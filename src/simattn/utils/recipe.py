@@ -552,15 +552,13 @@ def _drop_replaced_items(schema: type, before: Dict[str, Any], values: Dict[str,
     notes = []
     for path, spec in option_paths(schema).items():
         key = spec.choice_key
-        if not (_is_free(spec) and key and _has_leaf(update, path)):
+        if not (_is_free(spec) and key and _leaf_or(update, path) is not None):
             continue
-        given = _leaf(update, path) or {}
-        old, new = (_leaf(before, path) or {}).get(key), (_leaf(values, path) or {}).get(key)
+        given, old, new = _leaf(update, path) or {}, (_leaf(before, path) or {}).get(key), _leaf(values, path).get(key)
         if key not in given or old is None or old == new:
             continue
-        keeps = set(spec.keeps() if callable(spec.keeps) else spec.keeps) | {key}
-        items = _leaf(values, path)
-        dropped = [k for k in items if k not in keeps and k not in given]
+        keeps, items = {key, *given, *(spec.keeps() if callable(spec.keeps) else spec.keeps)}, _leaf(values, path)
+        dropped = [k for k in items if k not in keeps]
         if not dropped:
             continue
         _set_leaf(values, path, {k: v for k, v in items.items() if k not in dropped})
@@ -806,23 +804,20 @@ def recipe_overrides(schema: type, args: Any) -> Dict[str, Any]:
         for path, spec in paths.items():
             if not _is_free(spec):
                 continue
-            given_now, current = _leaf_or_none(step, path), _leaf_or_none(overrides, path)
-            if given_now is None and _has_leaf(step, path) or given_now == {}:
+            given_now, current = _leaf_or(step, path, ...), _leaf_or(overrides, path)
+            if given_now is None or given_now == {}:
                 emptied.add(path)
             elif path in emptied and isinstance(current, Mapping) and current:
                 _set_leaf(overrides, path, Replacing(current))
     return overrides
 
 
-def _has_leaf(values: Mapping[str, Any], path: str) -> bool:
-    *parents, last = path.split(".")
-    for part in parents:
-        values = values.get(part) if isinstance(values, Mapping) else None
-    return isinstance(values, Mapping) and last in values
-
-
-def _leaf_or_none(values: Mapping[str, Any], path: str) -> Any:
-    return _leaf(values, path) if _has_leaf(values, path) else None
+def _leaf_or(values: Mapping[str, Any], path: str, missing: Any = None) -> Any:
+    for part in path.split("."):
+        if not isinstance(values, Mapping) or part not in values:
+            return missing
+        values = values[part]
+    return values
 
 
 def recipe_from_args(schema: type, args: Any, overrides: Optional[Mapping[str, Any]] = None) -> Any:
@@ -883,38 +878,6 @@ def command_parser(prog: str, description: str, specs: Optional[Mapping[str, Opt
     if specs is not None:
         add_option_flags(parser, specs)
     return parser
-
-
-def unknown_name(name: str, known: Sequence[str], noun: str = "subcommand") -> str:
-    """``unknown NOUN 'NAME'; did you mean A or B?`` (up to three close names), or the known names where none is
-    close."""
-    close = difflib.get_close_matches(name, list(known), n=3)
-    hint = f"did you mean {' or '.join(close)}?" if close else f"known: {', '.join(known)}"
-    return f"unknown {noun} {name!r}; {hint}"
-
-
-def check_subcommand(argv: Sequence[str], known: Sequence[str]) -> None:
-    """For a parser with subcommands: a first argument that is neither an option nor one of ``known`` is a
-    one-line ValueError with a did-you-mean, before argparse's longer message."""
-    if argv and not argv[0].startswith("-") and argv[0] not in known:
-        raise ValueError(unknown_name(argv[0], known))
-
-
-def run_subcommand(prog: str, argv: Sequence[str], commands: Mapping[str, Tuple[Callable[[List[str]], Any], str]],
-                   noun: str = "subcommand") -> int:
-    """``prog NAME [options]``: calls NAME's handler with the rest of ``argv`` (an int it returns is the exit code,
-    anything else is 0). Nothing, ``-h`` or ``--help`` prints the list of ``commands`` (exit 0); an unknown NAME is
-    one line naming the known ones, then the list (exit 2)."""
-    if argv and argv[0] in commands:
-        result = commands[argv[0]][0](list(argv[1:]))
-        return result if isinstance(result, int) else 0
-    asked = not argv or argv[0] in ("-h", "--help")
-    if not asked:
-        print(f"{prog}: {unknown_name(argv[0], list(commands), noun)}", file=sys.stderr)
-    print(f"usage: {prog} {{" + ",".join(commands) + "} [options]")
-    for name, (_, help_) in commands.items():
-        print(f"  {name:<10} {help_}")
-    return 0 if asked else 2
 
 
 def add_option_flags(parser: Any, specs: Mapping[str, Opt]) -> None:
