@@ -296,11 +296,13 @@ def test_deit_layout_detects_altered_tensors():
     assert_mutations_detected(model, filtered, x, expected, [k for k in filtered if k.endswith("attn.qkv.weight")])
 
 
-def _bicubic_grid(pos: torch.Tensor, old: tuple, new: tuple) -> torch.Tensor:
-    """(1, h·w, C) on an old grid → (1, H·W, C): bicubic resampling of the C maps, antialiased as timm does."""
+def _bicubic_grid(pos: torch.Tensor, old: tuple, new: tuple, timm_style: bool = False) -> torch.Tensor:
+    """(1, h·w, C) on an old grid → (1, H·W, C): bicubic resampling of the C maps in their dtype, without
+    antialiasing, as DeiT's fine-tuning code (its ``main.py``) and the peers' ``load_pretrained`` resize them;
+    ``timm_style``: in float32 and antialiased, as timm's ``resample_abs_pos_embed``."""
     C = pos.shape[-1]
-    maps = pos.float().reshape(1, *old, C).permute(0, 3, 1, 2)
-    maps = F.interpolate(maps, size=new, mode="bicubic", align_corners=False, antialias=True)
+    maps = (pos.float() if timm_style else pos).reshape(1, *old, C).permute(0, 3, 1, 2)
+    maps = F.interpolate(maps, size=new, mode="bicubic", align_corners=False, antialias=timm_style)
     return maps.permute(0, 2, 3, 1).reshape(1, new[0] * new[1], C).to(pos.dtype)
 
 
@@ -311,7 +313,7 @@ def test_deit_position_embedding_resampled_to_model_grid():
     filtered = load_filtered(model, sima_vit.checkpoint_filter_fn, official)
     pos = official["pos_embed"]
     expected = torch.cat([pos[:, :1], _bicubic_grid(pos[:, 1:], (4, 4), (6, 6))], dim=1)  # class slot kept
-    torch.testing.assert_close(filtered["pos_embed"], expected, rtol=0, atol=1e-6)  # resampled in float32
+    torch.testing.assert_close(filtered["pos_embed"], expected, rtol=0, atol=0)
     x = torch.randn(1, 3, 96, 96, generator=torch.Generator().manual_seed(1), dtype=DTYPE)
     with torch.no_grad():
         torch.testing.assert_close(model(x), deit_forward({**official, "pos_embed": expected}, x, patch=16,
@@ -373,7 +375,7 @@ def test_xcit_learned_position_embedding_resampled_to_model_grid():
     g = torch.Generator().manual_seed(0)
     source["pos_embed"] = torch.randn(1, 16, 32, generator=g, dtype=DTYPE)
     filtered = load_filtered(model, sima_xcit.checkpoint_filter_fn, source)
-    torch.testing.assert_close(filtered["pos_embed"], _bicubic_grid(source["pos_embed"], (4, 4), (6, 6)),
+    torch.testing.assert_close(filtered["pos_embed"], _bicubic_grid(source["pos_embed"], (4, 4), (6, 6), True),
                                rtol=0, atol=1e-6)
 
 

@@ -75,10 +75,12 @@ def test_deit_layouts_start_a_model_of_another_size_and_classifier(tmp_path, nam
     assert report.reset == ["head.weight", "head.bias"] and report.missing == [] and report.unexpected == []
     assert report.resized == ["pos_embed (1, 65, 32) -> (1, 17, 32)"]
     assert len(report.loaded) == len(sd) - 2 and "resized: pos_embed" in report.summary()
-    # the oracle: a model given those weights by hand (timm's resampling, 1 prefix token, and the initial head)
+    # the oracle: a model given those weights by hand (bicubic without antialiasing, as DeiT's own fine-tuning code
+    # resizes it; 1 prefix token; and the initial head)
     expected = create_model(DEIT, img_size=16, num_classes=10, **TINY_VIT).eval()
     expected.load_state_dict({**{k: v for k, v in sd.items() if not k.startswith("head.")},
-                              "pos_embed": resample_abs_pos_embed(sd["pos_embed"], (4, 4), num_prefix_tokens=1),
+                              "pos_embed": resample_abs_pos_embed(sd["pos_embed"], (4, 4), num_prefix_tokens=1,
+                                                                  antialias=False),
                               **{f"head.{k}": v for k, v in head_init.items()}})
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():

@@ -67,7 +67,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import resample_abs_pos_embed
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 
 from ._checks import check_model_kwargs, feature_levels, feature_out_indices
@@ -75,6 +74,7 @@ from ._kinds import kind_options
 from .prepbn import PRepBN
 from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_files_readable, released_names,
                        with_tag_args)
+from .resample import resample_grids
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ._pyramid import (Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates,
@@ -292,7 +292,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
     ``pos_embed{i}``, ``block{i}.{j}``, ``cls_token``; attention ``q`` + ``kv`` (PolaFormer ``qg``: q and the gate)
     into the fused ``qkv``, ``norm`` of the reduction into ``sr_norm``, Agent's biases, FLatten's and PolaFormer's
     ``scale`` into ``feature_scale``); leaves out a final ``norm`` the model does not have (the hybrids keep an
-    unused one); resamples position embeddings laid out for another grid. This layout passes through."""
+    unused one); resamples the position embeddings, key encodings and Agent's biases of another grid as the authors'
+    code does (:mod:`simattn.models.resample`). This layout passes through."""
     state_dict = released_names(state_dict)
     last = len(model.stages) - 1
     own = model.state_dict()
@@ -317,12 +318,9 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
     for key, value in list(out.items()):
         if isinstance(value, dict):
             out[key] = torch.cat([value[p] for p in ("q", "kv") if p in value])
-    for key, value in list(out.items()):
-        if key.endswith("pos_embed") and key in own and value.shape != own[key].shape:
-            stage = model.stages[int(key.split(".")[1])]
-            out[key] = resample_abs_pos_embed(value, list(stage.pos_embed_grid),
-                                              num_prefix_tokens=stage.num_prefix_tokens)
-    return out
+    stages = {f"stages.{i}.pos_embed": (tuple(stage.pos_embed_grid), stage.num_prefix_tokens)
+              for i, stage in enumerate(model.stages) if stage.pos_embed is not None}
+    return resample_grids(out, model, pos_embed=stages)
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:

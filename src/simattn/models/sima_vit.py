@@ -36,6 +36,7 @@ from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
 from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_files_readable, released_to_simattn
+from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
@@ -135,9 +136,17 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: VisionTransformer) -
     the softmax-free kinds keep timm's parameter names, so the same weights load into any ``attn_type`` that has
     the same parameters. ``pre_logits.*`` passes through: timm's filter drops it (its own weights have no such
     layer), but here it is the tanh layer of the function, so a model without one reports it as unexpected.
-    The released Agent, InLine, SLAB and PRepBN DeiT files are mapped first (:mod:`simattn.models.released`).
+    The released Agent, InLine, SLAB and PRepBN DeiT files are mapped first (:mod:`simattn.models.released`); key
+    encodings and Agent's biases of another grid are resampled as the authors' code does
+    (:mod:`simattn.models.resample`).
     """
     state_dict = released_to_simattn(state_dict, model)
+    if getattr(model, "pos_embed", None) is not None:
+        # bicubic without antialiasing, as DeiT's and the peers' fine-tuning code resize it (before timm's filter,
+        # which would resize it antialiased)
+        prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        state_dict = resample_grids(state_dict, model, {"pos_embed": (tuple(model.patch_embed.grid_size), prefix)},
+                                    mode="bicubic")
     kept = {k: v for k, v in state_dict.items() if k.startswith("pre_logits.")}
     out = _timm_vit_filter({k: v for k, v in state_dict.items() if k not in kept}, model)
     return {**out, **kept}

@@ -1,0 +1,97 @@
+"""The released checkpoints at other sizes: each tag's layout loads into the model built at 288 and 384 px (PVT and
+Swin also at 512) through its family's filter, with one line saying what was resampled;
+the resampling is the authors' (bicubic without antialiasing for position embeddings and key encodings resized at
+load, bilinear where the authors resize per forward, linear for Agent's row and column biases)."""
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+
+import simattn
+from simattn.models import resample
+
+DATA = Path(__file__).parent / "data"
+_FOLDERS = {"sima_vit": "deit_released", "pvt": "pvt_released", "swin": "swin_released"}
+TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in set(simattn.list_models()))
+
+
+def _family(tag):
+    return timm.models.model_entrypoint(tag.split(".")[0]).__module__.rsplit(".", 1)[-1]
+
+
+def _layout_state(tag):
+    """The tag's released layout with uninitialized values (shapes are what is checked)."""
+    folder = DATA / _FOLDERS[_family(tag)]
+    path = folder / f"{tag}.json" if (folder / f"{tag}.json").exists() else folder / f"{tag.split('.')[0]}.json"
+    return {k: torch.empty(shape, dtype=getattr(torch, dtype)) for k, (shape, dtype) in
+            json.loads(path.read_text())["keys"].items()}
+
+
+def _sizes(tag):
+    return (288, 384, 512) if _family(tag) in ("pvt", "swin") else (288, 384)
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_every_tag_loads_at_every_size_its_family_takes(tag, caplog):
+    """Built on the meta device (shapes only), the filter's output has the model's keys and shapes at each size."""
+    filter_fn = sys.modules[timm.models.model_entrypoint(tag.split(".")[0]).__module__].checkpoint_filter_fn
+    state = _layout_state(tag)
+    with torch.device("meta"):
+        trained = {k: v.shape for k, v in timm.create_model(tag).state_dict().items()}
+    for size in _sizes(tag):
+        with torch.device("meta"):
+            model = timm.create_model(tag, img_size=size)
+        own = model.state_dict()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="simattn.models"):
+            mapped = filter_fn(dict(state), model)
+        assert sorted(mapped) == sorted(own), (size, sorted(set(mapped) ^ set(own))[:5])
+        wrong = [k for k in own if mapped[k].shape != own[k].shape]
+        assert not wrong, (size, [(k, tuple(mapped[k].shape), tuple(own[k].shape)) for k in wrong[:3]])
+        notes = [r.getMessage() for r in caplog.records if "resampled" in r.getMessage()]
+        if any(own[k].shape != trained[k] for k in own):  # one line where a grid changed, none where none did
+            assert len(notes) == 1 and notes[0].startswith("note: the checkpoint's grids resampled to the model's")
+            assert " -> " in notes[0], notes
+        else:
+            assert notes == [], notes
+
+
+def test_position_embeddings_are_resized_without_antialiasing_and_keep_the_class_token():
+    """Bicubic (a = -0.75, align_corners=False): the same values as interpolating the grid by hand, not timm's
+    antialiased resize (a = -0.5), and the class token untouched."""
+    torch.manual_seed(0)
+    pos = torch.randn(1, 1 + 14 * 14, 8, dtype=torch.float64)
+    out = resample.resample_pos_embed(pos, (18, 18), 1, "bicubic")
+    grid = pos[:, 1:].reshape(1, 14, 14, 8).permute(0, 3, 1, 2)
+    expected = F.interpolate(grid, size=(18, 18), mode="bicubic", align_corners=False)
+    assert torch.equal(out[:, :1], pos[:, :1])
+    torch.testing.assert_close(out[:, 1:], expected.permute(0, 2, 3, 1).reshape(1, 324, 8), rtol=0, atol=0)
+    from timm.layers import resample_abs_pos_embed
+    assert not torch.allclose(resample_abs_pos_embed(pos, [18, 18], num_prefix_tokens=1), out)
+
+
+def test_agent_biases_are_resized_linearly_along_the_grid():
+    torch.manual_seed(0)
+    bias = torch.randn(2, 49, 14, dtype=torch.float64)
+    out = resample.resample_agent_axis(bias, 18)
+    # linear, align_corners=False: position i of 18 samples source coordinate (i + 0.5) * 14 / 18 - 0.5, clamped
+    x = ((torch.arange(18, dtype=torch.float64) + 0.5) * 14 / 18 - 0.5).clamp(min=0)
+    left = x.floor().long().clamp(max=13)
+    right = (left + 1).clamp(max=13)
+    w = x - left
+    torch.testing.assert_close(out, bias[..., left] * (1 - w) + bias[..., right] * w)
+
+
+def test_pos_embed_mode_follows_the_tags_authors():
+    with torch.device("meta"):
+        modes = {t: resample.pos_embed_mode(timm.create_model(t)) for t in
+                 ("agent_pvt_tiny.in1k", "inline_pvt_tiny.in1k", "pvt_tiny.in1k", "flatten_pvt_tiny.in1k",
+                  "slab_pvt_tiny.in1k", "polaformer_pvt_tiny.in1k")}
+    assert modes == {"agent_pvt_tiny.in1k": "bicubic", "inline_pvt_tiny.in1k": "bicubic", "pvt_tiny.in1k": "bilinear",
+                     "flatten_pvt_tiny.in1k": "bilinear", "slab_pvt_tiny.in1k": "bilinear",
+                     "polaformer_pvt_tiny.in1k": "bilinear"}
