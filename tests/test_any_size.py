@@ -95,3 +95,10 @@ def test_pos_embed_mode_follows_the_tags_authors():
     assert modes == {"agent_pvt_tiny.in1k": "bicubic", "inline_pvt_tiny.in1k": "bicubic", "pvt_tiny.in1k": "bilinear",
                      "flatten_pvt_tiny.in1k": "bilinear", "slab_pvt_tiny.in1k": "bilinear",
                      "polaformer_pvt_tiny.in1k": "bilinear"}
+
+
+def test_the_mode_goes_with_the_model_not_its_tag():
+    """A backbone built without a tag (a segmenter's) resizes as its authors do, as the tag would."""
+    with torch.device("meta"):
+        assert resample.pos_embed_mode(timm.create_model("agent_pvt_tiny")) == "bicubic"
+        assert resample.pos_embed_mode(timm.create_model("sima_pvt_tiny")) == "bilinear"

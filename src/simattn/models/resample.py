@@ -28,8 +28,8 @@ __all__ = ["resample_pos_embed", "resample_key_encoding", "resample_agent_axis",
 
 _logger = logging.getLogger("simattn.models")
 
-#: the papers (``PAPERS`` keys of :mod:`simattn.models.released`) whose code resizes absolute position embeddings at
-#: load (bicubic); the others resize them on every forward (bilinear)
+#: the papers (``PAPERS`` keys of :mod:`simattn.models.released`, the first word of their models' names) whose code
+#: resizes absolute position embeddings at load (bicubic); the others resize them on every forward (bilinear)
 _BICUBIC_AT_LOAD = ("agent", "inline")
 
 
@@ -70,12 +70,11 @@ def resample_agent_axis(value: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def pos_embed_mode(model: nn.Module) -> str:
-    """How ``model``'s authors resize its absolute position embeddings: bicubic at load (:data:`_BICUBIC_AT_LOAD`,
-    by the paper its tag names), else bilinear, as PVT's forward does."""
-    from .released import PAPERS
-    origin = (getattr(model, "pretrained_cfg", None) or {}).get("origin_url")
-    paper = next((name for name, (_, _, url) in PAPERS.items() if url == origin), None)
-    return "bicubic" if paper in _BICUBIC_AT_LOAD else "bilinear"
+    """How ``model``'s authors resize its absolute position embeddings: bicubic at load for the papers of
+    :data:`_BICUBIC_AT_LOAD` (the first word of the model's name: ``agent_pvt_tiny``), else bilinear, as PVT's
+    forward does."""
+    architecture = str((getattr(model, "pretrained_cfg", None) or {}).get("architecture") or "")
+    return "bicubic" if architecture.split("_")[0] in _BICUBIC_AT_LOAD else "bilinear"
 
 
 def resample_grids(state_dict: Dict[str, torch.Tensor], model: nn.Module,
