@@ -523,3 +523,48 @@ def test_one_shape_inference_per_export_and_every_pass_rewrites(gelu_deit):
                       "fused_projection_as_three_gemms": depth}
     ops = [n.op_type for n in onnx.load(str(path)).graph.node]
     assert ops.count("Gemm") == 6 * depth + 1 and "MatMul" in ops  # the head was a Gemm; attention products stay
+
+
+def test_help_names_the_listing_that_exists(capsys):
+    """--help of the commands that take weights names `simattn list pretrained`, which runs."""
+    for command in ("validate", "export", "viz"):
+        with pytest.raises(SystemExit):
+            simattn_main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "simattn list pretrained" in text and "list --pretrained" not in text, command
+    assert simattn_main(["list", "pretrained", "--json"]) == 0
+
+
+_EXPORT_SCRIPT = """
+import sys
+from simattn.cli import main
+sys.exit(main(["export", "--weights", sys.argv[1], "--exporter", "torchscript", "-o", sys.argv[2]]))
+"""
+
+
+def test_sigterm_during_an_export_leaves_no_temporary_folder(tmp_path):
+    """The export stages its files in a hidden folder beside the output: SIGTERM removes it as Ctrl-C does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    weights = tmp_path / "w.safetensors"
+    save_safetensors(timm.create_model(DEIT, **TINY_DEIT), weights, metadata={"model": DEIT, "config": TINY_DEIT})
+    out = tmp_path / "out" / "m.onnx"
+    proc = subprocess.Popen([sys.executable, "-c", _EXPORT_SCRIPT, str(weights), str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((tmp_path / "out").glob(".m.onnx.*")) and time.monotonic() < deadline:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the export ended before it could be stopped"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143 and "stopped (SIGTERM)" in err, err[-500:]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
