@@ -358,3 +358,23 @@ def test_a_tag_as_initial_checkpoint_sets_the_model_as_the_other_commands_do(cac
     assert simattn_main(["train", "-c", "digits_cpu", "--initial-checkpoint", TAG, "--model",
                          "sima_deit_tiny_patch16_224", "--print-config"]) == 0  # --model still names another
     assert yaml.safe_load(capsys.readouterr().out)["model"] == "sima_deit_tiny_patch16_224"
+
+
+def test_one_file_gives_the_same_weights_through_every_door(cache, tmp_path):
+    """A training script's file with ``model`` and a different ``state_dict_ema``: timm's overlay, timm's cache and
+    simattn's loader all load ``model`` (the authors evaluate it), through simattn's one loader."""
+    state = _released_file(tmp_path / "f.pth")
+    ema = {k: v + 1 for k, v in state.items()}
+    torch.save({"model": state, "state_dict_ema": ema, "epoch": 299}, tmp_path / "f.pth")
+    tag_cache_path(TAG).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": state, "state_dict_ema": ema}, tag_cache_path(TAG))
+    overlay = dict(file=str(tmp_path / "f.pth"))
+    doors = {"overlay": timm.create_model(TAG, pretrained=True, pretrained_cfg_overlay=overlay),
+             "cache": timm.create_model(TAG, pretrained=True),
+             "load_model": load_model(TAG, str(tmp_path / "f.pth"))[0]}
+    for door, model in doors.items():
+        assert torch.equal(model.state_dict()["patch_embed.proj.weight"], state["patch_embed.proj.weight"]), door
+    with torch.no_grad():
+        x = torch.randn(1, 3, 224, 224)
+        logits = [m.eval()(x) for m in doors.values()]
+    assert all(torch.equal(logits[0], other) for other in logits[1:])

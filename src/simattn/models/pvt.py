@@ -72,8 +72,8 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from ._checks import check_model_kwargs, feature_levels, feature_out_indices
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_files_readable, released_names,
-                       with_tag_args)
+from .released import (LoadsThroughSimattn, PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA,
+                       loads_files_through_simattn, released_files_readable, released_names, with_tag_args)
 from .resample import resample_grids
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
@@ -192,7 +192,7 @@ def stage_attention(variant: str, attn_type: str, attn_kwargs: Optional[Dict[str
     return layers, sr_ratios
 
 
-class PyramidVisionTransformer(PyramidTransformer):
+class PyramidVisionTransformer(LoadsThroughSimattn, PyramidTransformer):
     """PVT v1 with a pluggable attention kind (softmax by default: PVT itself).
 
     Args:
@@ -325,6 +325,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
     check_model_kwargs(variant, kwargs)
+    kwargs = loads_files_through_simattn(kwargs)
     out_indices = feature_out_indices(variant, kwargs, (0, 1, 2, 3))
     with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
         return build_model_with_cfg(
@@ -363,7 +364,9 @@ PVT_RELEASES = "https://github.com/whai362/PVT/releases/download/v2/{}"
 def _released(paper: str, top1: float, size: int = 224, **source: Any) -> Dict[str, Any]:
     paper_ids, paper_name, origin = PAPERS[paper]
     crop_mode, license_ = _TRANSFORM[paper]
-    return _cfg(**source, input_size=(3, size, size), pool_size=(size // 32, size // 32), crop_mode=crop_mode,
+    # a url's file loads through simattn's one loader (LoadsThroughSimattn), as the Hub's through timm's filter
+    return _cfg(**source, custom_load=bool(source.get("url")), input_size=(3, size, size),
+                pool_size=(size // 32, size // 32), crop_mode=crop_mode,
                 license=license_, paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
                 notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",))
 

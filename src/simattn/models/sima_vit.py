@@ -35,13 +35,14 @@ from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
-from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_files_readable, released_to_simattn
+from .released import (LoadsThroughSimattn, PAPERS, SLAB_RELEASES, TSINGHUA, loads_files_through_simattn,
+                       released_files_readable, released_to_simattn)
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
 
 
-class SoftmaxFreeViT(VisionTransformer):
+class SoftmaxFreeViT(LoadsThroughSimattn, VisionTransformer):
     """timm's ``VisionTransformer`` with a clear ValueError for inputs the patching cannot take, and an optional
     pre-logits layer.
 
@@ -158,6 +159,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     """``own_attn``: the kind the model is made for and its options (which fall away for another ``attn_type``);
     ``layout``: facts of the token layout beside the prefix tokens, for the kinds that take them."""
     check_model_kwargs(variant, kwargs)
+    kwargs = loads_files_through_simattn(kwargs)
     kwargs.setdefault("dynamic_img_size", True)
     out_indices = feature_out_indices(variant, kwargs, 3)
     own_kind, own_options = own_attn or (attn_type, None)
@@ -193,7 +195,9 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 def _released(paper: str, url: str, top1: float, size: int = 224, **kwargs) -> Dict[str, Any]:
     paper_ids, paper_name, origin = PAPERS[paper]
-    return _cfg(url=url, input_size=(3, size, size), crop_pct=0.875, crop_mode="squash", license=None,
+    # the file loads through simattn's one loader (LoadsThroughSimattn)
+    return _cfg(url=url, custom_load=True, input_size=(3, size, size), crop_pct=0.875, crop_mode="squash",
+                license=None,
                 paper_ids=paper_ids, paper_name=paper_name, origin_url=origin,
                 notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",), **kwargs)
 

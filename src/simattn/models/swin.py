@@ -60,8 +60,8 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_files_readable, released_names,
-                       with_tag_args)
+from .released import (LoadsThroughSimattn, PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA,
+                       loads_files_through_simattn, released_files_readable, released_names, with_tag_args)
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
@@ -121,7 +121,7 @@ class TokenPRepBN(PRepBN):
         return self.blend(x.reshape(shape[0], -1, shape[-1])).reshape(shape)
 
 
-class SoftmaxFreeSwin(SwinTransformer):
+class SoftmaxFreeSwin(LoadsThroughSimattn, SwinTransformer):
     """timm's ``SwinTransformer`` whose stages ``i`` with ``stage_attn[i]`` (an attention class) run that kind over
     the whole stage grid (:class:`GridSwinBlock`) in their first ``kind_blocks[i]`` blocks (all where None or not
     given, as the released hybrids' ``M`` stages mix); the other blocks keep Swin's shifted-window softmax. A clear
@@ -244,6 +244,7 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     run the kind (True: every block, an int n: the first n blocks, the released ``M`` stages); ``key_encoding``: whether the model's own kind has a key encoding on each stage's grid (the grid
     goes to every kind that takes ``pos_grid`` only then)."""
     check_model_kwargs(variant, kwargs)
+    kwargs = loads_files_through_simattn(kwargs)
     # any input size that is a multiple of the patch size, as every family here (timm's Swin: its own size only);
     # the shifted windows' masks are then made per input, the same values at img_size
     kwargs.setdefault("dynamic_img_size", True)
@@ -286,7 +287,8 @@ def _released(paper: str, url: str, top1: float, size: int = 224, **source: Any)
     paper_ids, paper_name, origin = PAPERS[paper]
     crop = dict(crop_pct=0.875, crop_mode="center" if paper == "slab" else "squash") if size == 224 else \
         dict(crop_pct=1.0, crop_mode="squash")  # fine-tuned at a higher resolution: TEST.CROP False, a plain resize
-    return _cfg(url=url, input_size=(3, size, size), pool_size=(size // 32, size // 32), **crop,
+    # a url's file loads through simattn's one loader (LoadsThroughSimattn), as the Hub's through timm's filter
+    return _cfg(url=url, custom_load=bool(url), input_size=(3, size, size), pool_size=(size // 32, size // 32), **crop,
                 license="mit" if paper == "polaformer" else None, paper_ids=paper_ids, paper_name=paper_name,
                 origin_url=origin, notes=(f"top-1 {top1} on ImageNet-1k val at {size} px, as reported by the authors",),
                 **source)
