@@ -208,10 +208,6 @@ class PyramidVisionTransformer(LoadsThroughSimattn, PyramidTransformer):
             model is made for and its options, which fall away for another ``attn_type``.
     """
 
-    #: why an exported graph keeps one input size: the tracers fix each stage's grid (position embeddings, spatial
-    #: reduction) to the export size (onnxruntime fails at another), so ``simattn export`` fixes it from the start
-    fixed_size_export = "PVT's stage grids (position embeddings, spatial reduction) are traced at the export size"
-
     def __init__(self, img_size: Union[int, Tuple[int, int]] = 224, in_chans: int = 3, num_classes: int = 1000,
                  global_pool: str = "token", embed_dims: Sequence[int] = (64, 128, 320, 512),
                  depths: Sequence[int] = (2, 2, 2, 2), num_heads: Sequence[int] = (1, 2, 5, 8),
