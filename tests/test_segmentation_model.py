@@ -101,3 +101,22 @@ def test_channels_last_levels_change_speed_not_values(head):
     model.neck.channels_last = True
     program = torch.export.export(model, (torch.randn(1, 3, 64, 64),))
     assert not any("memory_format" in str(node.kwargs) for node in program.graph.nodes)
+
+
+@pytest.mark.parametrize("head", ["semantic_fpn", "upernet"])
+def test_any_input_size_is_padded_to_the_stride_and_cropped_back(head):
+    """A 70x83 image gives 70x83 logits (and auxiliary logits): the logits of the image padded with zeros at the
+    bottom and right to 96x96 (mmseg's size_divisor 32), cropped; an input that fits is not padded."""
+    torch.manual_seed(0)
+    model = create_model(head, backbone="pvt_tiny", num_classes=3, decoder_channels=32, segmentation_channels=32,
+                         aux_channels=8, img_size=64, embed_dims=(16, 32, 32, 64), depths=(1, 1, 1, 1),
+                         num_heads=(1, 2, 2, 4), mlp_ratios=(2, 2, 2, 2)).eval()
+    x = torch.randn(1, 3, 70, 83)
+    with torch.no_grad():
+        out = model(x)
+        padded = model(torch.nn.functional.pad(x, (0, 13, 0, 26)))
+    assert out.shape == (1, 3, 70, 83) and padded.shape == (1, 3, 96, 96)
+    torch.testing.assert_close(out, padded[..., :70, :83], rtol=0, atol=0)
+    if head == "upernet":
+        logits, aux = model.train()(torch.cat([x, x]))  # BatchNorm in training takes more than one value
+        assert logits.shape == aux.shape == (2, 3, 70, 83)

@@ -219,6 +219,13 @@ class Segmenter(nn.Module):
         return self.neck.body
 
     def forward(self, x: torch.Tensor) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        height, width = x.shape[-2], x.shape[-1]
+        # any input size: zeros at the bottom and right up to the coarsest level's stride (mmseg's size_divisor),
+        # the logits cropped back; an input that fits (every exported one) gets no op
+        stride = max(LEVEL_STRIDES)
+        pad_h, pad_w = (stride - height % stride) % stride, (stride - width % stride) % stride
+        if pad_h or pad_w:
+            x = F.pad(x, (0, pad_w, 0, pad_h))
         size = x.shape[-2:]
         levels = self.neck(x)
         if self.head == "fpn":
@@ -228,10 +235,10 @@ class Segmenter(nn.Module):
         logits = self.classifier(out)
         if eager():  # back to NCHW (the channels-last levels carry through): users get NCHW logits
             logits = logits.contiguous()
-        logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)
+        logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)[..., :height, :width]
         if self.training and self.aux_head is not None:
             aux = F.interpolate(self.aux_head(levels[2]), size=size, mode="bilinear", align_corners=False)
-            return logits, aux
+            return logits, aux[..., :height, :width]
         return logits
 
 
