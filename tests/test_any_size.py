@@ -102,3 +102,20 @@ def test_the_mode_goes_with_the_model_not_its_tag():
     with torch.device("meta"):
         assert resample.pos_embed_mode(timm.create_model("agent_pvt_tiny")) == "bicubic"
         assert resample.pos_embed_mode(timm.create_model("sima_pvt_tiny")) == "bilinear"
+
+
+def test_a_larger_window_resizes_swins_tables_bicubic_as_the_authors():
+    """agent_swin at 384 px with the authors' softmax window 12: the 13x13 tables become 23x23, each head's map
+    bicubic (align_corners=False), not timm's own interpolator."""
+    torch.manual_seed(0)
+    table = torch.randn(169, 3, dtype=torch.float64)
+    out = resample.resample_rel_pos_table(table, 23 * 23)
+    maps = F.interpolate(table.t().reshape(1, 3, 13, 13), size=(23, 23), mode="bicubic", align_corners=False)
+    torch.testing.assert_close(out, maps.reshape(3, 529).t(), rtol=0, atol=0)
+    state = _layout_state("agent_swin_tiny_patch4_window7_224.in1k")
+    key = "layers.3.blocks.0.attn.relative_position_bias_table"
+    state[key] = torch.randn(state[key].shape)
+    with torch.device("meta"):
+        model = timm.create_model("agent_swin_tiny_patch4_window7_224.in1k", img_size=384, window_size=12)
+    mapped = sys.modules[type(model).__module__].checkpoint_filter_fn(dict(state), model)
+    torch.testing.assert_close(mapped[key], resample.resample_rel_pos_table(state[key], 529), rtol=0, atol=0)

@@ -8,6 +8,8 @@ code resizes them, so that a released 224 px checkpoint loads at any size its fa
   (their ``load_pretrained``).
 - Agent's row and column biases ((H, n, w) here): linear along the grid axis (its ``load_pretrained``). Its 7×7
   block biases keep their size: the model resizes them to the grid on every forward, as the released code does.
+- Swin's relative position bias tables, for a larger window: bicubic over each head's (2w−1)×(2w−1) map (Swin's
+  and the peers' ``load_pretrained``).
 
 Every resize is ``F.interpolate`` with ``align_corners=False`` and no antialiasing, as in those repositories, in the
 checkpoint's own dtype (half precision through fp32). :func:`resample_grids` does them all for a family's
@@ -23,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["resample_pos_embed", "resample_key_encoding", "resample_agent_axis", "resample_grids",
-           "pos_embed_mode"]
+__all__ = ["resample_pos_embed", "resample_key_encoding", "resample_agent_axis", "resample_rel_pos_table",
+           "resample_grids", "pos_embed_mode"]
 
 _logger = logging.getLogger("simattn.models")
 
@@ -69,6 +71,14 @@ def resample_agent_axis(value: torch.Tensor, length: int) -> torch.Tensor:
     return _interpolate(value, (length,), "linear")
 
 
+def resample_rel_pos_table(value: torch.Tensor, length: int) -> torch.Tensor:
+    """Swin's relative position bias table ((2w−1)², heads) → (length, heads), the (2w−1)×(2w−1) maps of each head
+    bicubic (Swin's and the peers' ``load_pretrained``; timm's own filter uses another interpolator)."""
+    side, target = _side(value.shape[0], "relative_position_bias_table"), _side(length, "relative_position_bias_table")
+    maps = value.permute(1, 0).reshape(1, value.shape[1], side, side)
+    return _interpolate(maps, (target, target), "bicubic").reshape(value.shape[1], length).permute(1, 0)
+
+
 def pos_embed_mode(model: nn.Module) -> str:
     """How ``model``'s authors resize its absolute position embeddings: bicubic at load for the papers of
     :data:`_BICUBIC_AT_LOAD` (the first word of the model's name: ``agent_pvt_tiny``), else bilinear, as PVT's
@@ -104,6 +114,10 @@ def resample_grids(state_dict: Dict[str, torch.Tensor], model: nn.Module,
             out[key] = resample_agent_axis(value, target.shape[-1])
             done.setdefault(f"Agent's row/column biases {value.shape[-1]} -> {target.shape[-1]} (linear)",
                             []).append(key)
+        elif leaf == "relative_position_bias_table" and value.dim() == 2:
+            out[key] = resample_rel_pos_table(value, target.shape[0])
+            source, dest = _side(value.shape[0], key), _side(target.shape[0], key)
+            done.setdefault(f"relative position tables {source}x{source} -> {dest}x{dest} (bicubic)", []).append(key)
         elif pos_embed and key in pos_embed and _square(value.shape[1] - pos_embed[key][1]):
             # other layouts (DeiT's distillation token) are left to the family's own filter
             grid, prefix = pos_embed[key]

@@ -198,7 +198,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SwinTransformer) -> 
     names (module docstring), and a training script's wrapper (``model``, ``state_dict``, ``module.``); the kind
     stages' key encodings and Agent's biases of another grid resampled as the authors' code does
     (:mod:`simattn.models.resample`)."""
-    return resample_grids(_timm_swin_filter(_released_keys(released_names(state_dict)), model), model)
+    # resampled before timm's filter, which would resize the relative position tables with another interpolator
+    return _timm_swin_filter(resample_grids(_released_keys(released_names(state_dict)), model), model)
 
 
 # ---- building ----------------------------------------------------------------------------------------------------
