@@ -90,8 +90,10 @@ def test_cvt_with_upernet_at_encoder_depth_4():
 
 
 def test_cvt_at_smps_default_depth_names_the_missing_stage():
-    """smp's default ``encoder_depth=5`` asks a transformer-style encoder for stages 0-3; CvT has 0-2."""
-    with pytest.raises(AssertionError, match="feature index 3 is out of range"):
+    """smp's default ``encoder_depth=5`` asks a transformer-style encoder for stages 0-3; CvT has 0-2: one line naming
+    out_indices and the levels there are."""
+    with pytest.raises(ValueError, match=r"sima_cvt_13: out_indices=\(0, 1, 2, 3\) names a feature level the model "
+                                         r"does not have; allowed: levels 0..2"):
         smp.UPerNet("tu-sima_cvt_13", encoder_weights=None, classes=CLASSES, **_CVT)
 
 

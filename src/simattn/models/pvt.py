@@ -67,13 +67,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices
+from ._build import LoadsThroughSimattn, build_family_model
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import (LoadsThroughSimattn, PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA,
-                       loads_files_through_simattn, released_files_readable, released_names, with_tag_args)
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names,
+                       with_tag_args)
 from .resample import resample_grids
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
@@ -320,17 +320,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: PyramidVisionTransfo
 
 
 def _create(variant: str, pretrained: bool = False, **kwargs) -> PyramidVisionTransformer:
-    check_model_kwargs(variant, kwargs)
-    kwargs = loads_files_through_simattn(kwargs)
-    out_indices = feature_out_indices(variant, kwargs, (0, 1, 2, 3))
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
-        return build_model_with_cfg(
-            PyramidVisionTransformer, variant, pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            model_name=variant,
-            **kwargs,
-        )
+    return build_family_model(PyramidVisionTransformer, variant, pretrained, kwargs, checkpoint_filter_fn,
+                              (0, 1, 2, 3), model_name=variant)
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 __all__ = ["ConfigStandIn", "RELEASED_GLOBALS", "released_files_readable", "PAPERS", "TSINGHUA", "SLAB_RELEASES",
-           "POLAFORMER_HUB", "tag_top1", "with_tag_args", "LoadsThroughSimattn", "loads_files_through_simattn",
-           "unwrap", "released_names", "released_to_simattn"]
+           "POLAFORMER_HUB", "tag_top1", "with_tag_args", "unwrap", "released_names",
+           "released_to_simattn"]
 
 
 class ConfigStandIn:
@@ -105,30 +105,6 @@ def tag_top1(cfg: Mapping[str, Any]) -> Optional[float]:
         if found:
             return float(found[1])
     return None
-
-
-class LoadsThroughSimattn:
-    """The one door for a family's weights files: timm's ``load_pretrained`` calls this model's
-    ``load_pretrained(path)`` where the pretrained config says ``custom_load`` (every released url tag, and every
-    ``pretrained_cfg_overlay=dict(file=F)``, :func:`loads_files_through_simattn`), which loads the file as every
-    simattn command does (:func:`~simattn.models.factory.load_initial_weights`: the training script's ``model``
-    entry, not an EMA beside it; the family's filter, the grids resampled; the classifier reset for another class
-    count; strict otherwise). timm's own ``.npz`` reader stays for ``.npz`` files."""
-
-    def load_pretrained(self, checkpoint_path: str, prefix: str = "") -> None:
-        if str(checkpoint_path).endswith(".npz"):
-            return super().load_pretrained(checkpoint_path, prefix)  # type: ignore[misc]
-        from .factory import load_initial_weights
-        load_initial_weights(self, checkpoint_path, strict=True)
-
-
-def loads_files_through_simattn(kwargs: Dict[str, Any]) -> Dict[str, Any]:
-    """``kwargs`` of a family's build whose ``pretrained_cfg_overlay`` file (timm's way to name a file for a tag)
-    is loaded by :class:`LoadsThroughSimattn`, as a tag's download is, unless the overlay says otherwise."""
-    overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
-    if overlay.get("file") and "custom_load" not in overlay:
-        kwargs = {**kwargs, "pretrained_cfg_overlay": {**overlay, "custom_load": True}}
-    return kwargs
 
 
 def with_tag_args(variant: str, kwargs: Dict[str, Any], asked: Mapping[str, Dict[str, Any]]) -> Dict[str, Any]:

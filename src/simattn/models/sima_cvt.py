@@ -32,13 +32,12 @@ from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_act_layer
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices
-from .released import released_files_readable
 from ..attention import TokenAttention, attention_class
 from ..attention._common import fx_call_whole, fx_tracing
 from ..utils.io import extract_state_dict
+from ._build import build_family_model
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
 
 __all__ = [
@@ -243,15 +242,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: CvT) -> Dict[str, to
 
 
 def _create_cvt(variant: str, pretrained: bool = False, **kwargs) -> CvT:
-    check_model_kwargs(variant, kwargs)
-    out_indices = feature_out_indices(variant, kwargs, (0, 1, 2))
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
-        return build_model_with_cfg(
-            CvT, variant, pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            **kwargs,
-        )
+    return build_family_model(CvT, variant, pretrained, kwargs, checkpoint_filter_fn, (0, 1, 2))
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

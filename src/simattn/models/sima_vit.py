@@ -25,18 +25,18 @@ import torch
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_device_dtype
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._manipulate import checkpoint_seq, named_apply
 from timm.models.vision_transformer import VisionTransformer, get_init_weights_vit
 from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_filter
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
+from ._build import LoadsThroughSimattn, build_family_model
+from ._checks import image_batch_error
 from ._kinds import kind_options
 from ..attention import attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
-from .released import (LoadsThroughSimattn, PAPERS, SLAB_RELEASES, TSINGHUA, loads_files_through_simattn,
-                       released_files_readable, released_to_simattn)
+from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_to_simattn
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeViT", "checkpoint_filter_fn"]
@@ -158,23 +158,14 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
             layout: Optional[Dict[str, Any]] = None, **kwargs) -> VisionTransformer:
     """``own_attn``: the kind the model is made for and its options (which fall away for another ``attn_type``);
     ``layout``: facts of the token layout beside the prefix tokens, for the kinds that take them."""
-    check_model_kwargs(variant, kwargs)
-    kwargs = loads_files_through_simattn(kwargs)
     kwargs.setdefault("dynamic_img_size", True)
-    out_indices = feature_out_indices(variant, kwargs, 3)
     own_kind, own_options = own_attn or (attn_type, None)
     # the prefix tokens are known here: a grid that is not square fails clearly instead of being guessed
     layout = {"num_prefix_tokens": int(kwargs.get("class_token", True)) + int(kwargs.get("reg_tokens") or 0),
               **(layout or {})}
     options = kind_options(variant, own_kind, own_options, attn_type, attn_kwargs, layout)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
-        model = build_model_with_cfg(
-            SoftmaxFreeViT, variant, pretrained,
-            attn_layer=attention_class(attn_type, **options),
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            **kwargs,
-        )
+    model = build_family_model(SoftmaxFreeViT, variant, pretrained, kwargs, checkpoint_filter_fn, 3,
+                               attn_layer=attention_class(attn_type, **options))
     model.attn_type = attn_type
     return model
 

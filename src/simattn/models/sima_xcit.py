@@ -32,14 +32,14 @@ from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, get_device_dtype, register_notrace_module, resample_abs_pos_embed, to_2tuple, \
     trunc_normal_
-from timm.models import build_model_with_cfg, checkpoint, generate_default_cfgs, register_model
+from timm.models import checkpoint, generate_default_cfgs, register_model
 from timm.models._features import feature_take_indices
 from timm.models.cait import ClassAttn
 from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBlock, ConvPatchEmbed, \
     PositionalEncodingFourier
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
-from .released import released_files_readable
+from ._build import build_family_model
+from ._checks import image_batch_error
 from ..attention import HookPoint, attention_class
 from ..attention._common import fx_call_whole, fx_tracing, no_autocast
 from ..attention.sima import sima_l1_norms
@@ -537,15 +537,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: XCiTBackbone) -> Dic
 
 def create_xcit_backbone(variant: str, pretrained: bool = False, **kwargs) -> XCiTBackbone:
     """Build a registered :class:`XCiTBackbone` variant through timm (pretrained cfg, features_only, filter)."""
-    check_model_kwargs(variant, kwargs)
-    out_indices = feature_out_indices(variant, kwargs, 3)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
-        return build_model_with_cfg(
-            XCiTBackbone, variant, pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            **kwargs,
-        )
+    return build_family_model(XCiTBackbone, variant, pretrained, kwargs, checkpoint_filter_fn, 3)
 
 
 def xcit_cfg(**kwargs) -> Dict[str, Any]:

@@ -55,12 +55,11 @@ from torch import nn
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import ConvNormAct, get_act_layer, resample_abs_pos_embed
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices
-from .released import released_files_readable
 from ..attention import SoftAttention, attention_class, get_attention_class
 from ..utils.io import extract_state_dict
+from ._build import build_family_model
 from ._pyramid import GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates
 
 __all__ = ["ConvStemEmbed", "SoftViT", "checkpoint_filter_fn"]
@@ -181,15 +180,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SoftViT) -> Dict[str
 
 
 def _create_soft(variant: str, pretrained: bool = False, **kwargs) -> SoftViT:
-    check_model_kwargs(variant, kwargs)
-    out_indices = feature_out_indices(variant, kwargs, (0, 1, 2, 3))
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False)), released_files_readable():
-        return build_model_with_cfg(
-            SoftViT, variant, pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
-            **kwargs,
-        )
+    return build_family_model(SoftViT, variant, pretrained, kwargs, checkpoint_filter_fn, (0, 1, 2, 3))
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:

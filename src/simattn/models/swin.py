@@ -49,19 +49,20 @@ import torch
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import generate_default_cfgs, register_model
 from timm.models._manipulate import named_apply
 from timm.models.swin_transformer import SwinTransformer
 from timm.models.swin_transformer import checkpoint_filter_fn as _timm_swin_filter
 from timm.models.vision_transformer import get_init_weights_vit
 
-from ._checks import check_model_kwargs, feature_levels, feature_out_indices, image_batch_error
+from ._build import LoadsThroughSimattn, build_family_model
+from ._checks import image_batch_error
 from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import (LoadsThroughSimattn, PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA,
-                       loads_files_through_simattn, released_files_readable, released_names, with_tag_args)
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names,
+                       with_tag_args)
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
@@ -244,13 +245,10 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     """``own_attn``: the kind the model is made for and its options per kind stage; ``kind_stages``: which stages
     run the kind (True: every block, an int n: the first n blocks, the released ``M`` stages); ``key_encoding``: whether the model's own kind has a key encoding on each stage's grid (the grid
     goes to every kind that takes ``pos_grid`` only then)."""
-    check_model_kwargs(variant, kwargs)
-    kwargs = loads_files_through_simattn(kwargs)
     # any input size that is a multiple of the patch size, as every family here (timm's Swin: its own size only);
     # the shifted windows' masks are then made per input, the same values at img_size
     kwargs.setdefault("dynamic_img_size", True)
     depths = kwargs.get("depths", (2, 2, 6, 2))
-    out_indices = feature_out_indices(variant, kwargs, tuple(range(len(depths))))
     if len(kind_stages) != len(depths):
         kind_stages = tuple(kind_stages[:len(depths)]) + (False,) * max(0, len(depths) - len(kind_stages))
     own_kind, own_options = own_attn or (attn_type, ())
@@ -258,16 +256,9 @@ def _create(variant: str, pretrained: bool = False, *, attn_type: str = "sima",
     if not key_encoding:
         grids = [None] * len(depths)
     stage_attn = _stage_layers(variant, attn_type, attn_kwargs, own_kind, own_options, kind_stages, grids)
-    with feature_levels(variant, out_indices, kwargs.get("features_only", False), len(depths)), \
-            released_files_readable():
-        model = build_model_with_cfg(
-            SoftmaxFreeSwin, variant, pretrained,
-            stage_attn=stage_attn,
-            kind_blocks=[None if s is True else int(s) for s in kind_stages],
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(flatten_sequential=True, out_indices=out_indices),
-            **kwargs,
-        )
+    model = build_family_model(SoftmaxFreeSwin, variant, pretrained, kwargs, checkpoint_filter_fn,
+                               tuple(range(len(depths))), getter=False, levels=len(depths), stage_attn=stage_attn,
+                               kind_blocks=[None if s is True else int(s) for s in kind_stages])
     model.attn_type = attn_type
     return model
 
