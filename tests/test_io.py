@@ -150,3 +150,24 @@ def test_missing_optional_packages_name_the_extra(monkeypatch, capsys):
                                                 + re.escape(install_line("detect"))):
         require("pycocotools", "simattn detect")
     assert require("json") is json
+
+
+class _Runs:
+    """An object whose unpickling would call os.system: a weights-only load must refuse it, and say why."""
+
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def test_hostile_and_unusual_pickles_are_named_for_what_they_are(tmp_path, recwarn):
+    """A readable file that holds a global a weights-only load refuses (next to a released file's yacs config,
+    allowed) is named as such, not as truncated; a protocol-4 pickle is named by its protocol, with no warning of
+    torch's before the one line."""
+    from simattn.models.released import RELEASED_GLOBALS
+    torch.save({"model": {"w": torch.zeros(2)}, "evil": _Runs()}, tmp_path / "evil.pth")
+    with pytest.raises(CheckpointError, match=r"it holds a Python object \((posix|nt)\.system\) beside its tensors"):
+        sio.load_checkpoint(tmp_path / "evil.pth", mmap=True, safe_globals=RELEASED_GLOBALS)
+    torch.save({"model": {"w": torch.zeros(2)}}, tmp_path / "p4.pth", pickle_protocol=4)
+    with pytest.raises(CheckpointError, match=r"pickled with a protocol \(4 or 5\)"):
+        sio.load_checkpoint(tmp_path / "p4.pth", mmap=True)
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import tempfile
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Union
@@ -306,7 +307,9 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         except (SafetensorError, ValueError):
             raise unreadable_checkpoint(path) from None
     try:
-        with torch.serialization.safe_globals(list(safe_globals)):
+        with torch.serialization.safe_globals(list(safe_globals)), warnings.catch_warnings():
+            # the protocol a file was pickled with is named in our one line when it cannot be read
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             try:
                 obj = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
             except RuntimeError:
@@ -346,11 +349,16 @@ def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None)
     file), in our words rather than the reading library's; ``error`` is what it raised. A checkpoint that holds
     Python objects ``weights_only=True`` refuses is named as such, with the object."""
     import re
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error or ""))
+    text = str(error or "")
+    found = re.search(r"unsupported (?:global: )?GLOBAL ([\w.]+)", text, re.IGNORECASE)
     if found:
         return CheckpointError(f"cannot read checkpoint {path}: it holds a Python object ({found.group(1)}) beside "
                                "its tensors, which loading with weights_only=True refuses; save its state dict "
                                "alone where the file is trusted")
+    if re.search(r"Unsupported operand \d+", text):
+        return CheckpointError(f"cannot read checkpoint {path}: it was pickled with a protocol (4 or 5) that "
+                               "torch's weights-only reader does not take; save it again with torch.save's default "
+                               "protocol where the file is trusted")
     kind = "safetensors" if is_safetensors(path) else "PyTorch"
     return CheckpointError(f"cannot read checkpoint {path}: truncated or not a checkpoint (not a readable {kind} "
                            "file); copy it again or name another file")
