@@ -72,8 +72,7 @@ from timm.models import generate_default_cfgs, register_model
 from ._build import LoadsThroughSimattn, build_family_model
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names,
-                       with_tag_args)
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from .resample import resample_grids
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing

@@ -61,8 +61,7 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names,
-                       with_tag_args)
+from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
@@ -195,9 +194,9 @@ def _released_keys(state_dict: Dict[str, Any]) -> Dict[str, Any]:
 
 def checkpoint_filter_fn(state_dict: Dict[str, Any], model: SwinTransformer) -> Dict[str, Any]:
     """Map Swin checkpoints onto these models: timm's layout and the Swin authors' (downsampling at a stage's end,
-    ``head``, buffers left out, relative position tables resized: timm's own filter), each released hybrid's key
-    names (module docstring), and a training script's wrapper (``model``, ``state_dict``, ``module.``); the kind
-    stages' key encodings and Agent's biases of another grid resampled as the authors' code does
+    ``head``, buffers left out: timm's own filter), each released hybrid's key names (module docstring), and a
+    training script's wrapper (``model``, ``state_dict``, ``module.``); the relative position tables of a larger
+    window, the kind stages' key encodings and Agent's biases of another grid resampled as the authors' code does
     (:mod:`simattn.models.resample`)."""
     # resampled before timm's filter, which would resize the relative position tables with another interpolator
     return _timm_swin_filter(resample_grids(_released_keys(released_names(state_dict)), model), model)
