@@ -344,6 +344,23 @@ def is_safetensors(path: PathLike) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= size - 8
 
 
+def _pickle_protocol(path: PathLike) -> Optional[int]:
+    """The pickle protocol of a checkpoint's object stream (torch's zip format: its ``data.pkl``), from its PROTO
+    opcode; None where there is none or the file cannot be read."""
+    import zipfile
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                name = next((n for n in archive.namelist() if n.endswith("data.pkl")), None)
+                head = archive.open(name).read(2) if name else b""
+        else:
+            with open(path, "rb") as f:
+                head = f.read(2)
+    except (OSError, zipfile.BadZipFile):
+        return None
+    return head[1] if len(head) == 2 and head[0] == 0x80 else None
+
+
 def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None) -> CheckpointError:
     """The one-line error for a file that is not a checkpoint we can read (truncated, damaged or another kind of
     file), in our words rather than the reading library's; ``error`` is what it raised. A checkpoint that holds
@@ -355,7 +372,7 @@ def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None)
         return CheckpointError(f"cannot read checkpoint {path}: it holds a Python object ({found.group(1)}) beside "
                                "its tensors, which loading with weights_only=True refuses; save its state dict "
                                "alone where the file is trusted")
-    if re.search(r"Unsupported operand \d+", text):
+    if re.search(r"Unsupported operand \d+", text) and (_pickle_protocol(path) or 0) >= 4:
         return CheckpointError(f"cannot read checkpoint {path}: it was pickled with a protocol (4 or 5) that "
                                "torch's weights-only reader does not take; save it again with torch.save's default "
                                "protocol where the file is trusted")
