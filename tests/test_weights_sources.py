@@ -378,3 +378,19 @@ def test_one_file_gives_the_same_weights_through_every_door(cache, tmp_path):
         x = torch.randn(1, 3, 224, 224)
         logits = [m.eval()(x) for m in doors.values()]
     assert all(torch.equal(logits[0], other) for other in logits[1:])
+
+
+def test_a_record_never_makes_the_build_open_another_file(tmp_path):
+    """A safetensors record (or a training state) whose model kwargs ask timm for pretrained weights or an overlay
+    file is refused in one line before any build: a file is data, never a reason to open another."""
+    from simattn.utils.io import save_safetensors
+    kwargs = {"img_size": 32, "depth": 1, "num_classes": 10}
+    net = create_model("sima_deit_tiny_patch16_224", **kwargs)
+    for bad in ({"pretrained": True}, {"pretrained_cfg_overlay": {"file": str(tmp_path / "other.pth")}}):
+        path = tmp_path / f"{sorted(bad)[0]}.safetensors"
+        save_safetensors(net, path, metadata={"format": "simattn-weights-v1", "model": "sima_deit_tiny_patch16_224",
+                                              "config": {**kwargs, **bad}})
+        for read in (read_weights_record, lambda p: load_model(None, p)):
+            with pytest.raises(ValueError, match=f"the record's model kwargs hold {sorted(bad)[0]}, which would make "
+                                                 "the build open or download another file"):
+                read(path)

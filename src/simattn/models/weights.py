@@ -164,7 +164,7 @@ def parse_weights_metadata(meta: Mapping[str, str], path: PathLike = "<metadata>
     if fmt is not None and fmt != WEIGHTS_FORMAT:
         raise CheckpointError(f"weights {path} have metadata format {fmt!r}; this simattn reads {WEIGHTS_FORMAT!r}")
     if fmt == WEIGHTS_FORMAT:
-        kwargs = _json(meta, "config", path) if "config" in meta else {}
+        kwargs = _record_kwargs(_json(meta, "config", path) if "config" in meta else {}, path)
         num_classes = _json(meta, "num_classes", path) if "num_classes" in meta else kwargs.get("num_classes")
         extra = {k: _maybe_json(v) for k, v in meta.items() if k not in _RESERVED}
         return WeightsRecord(model=meta["model"], model_kwargs=kwargs, num_classes=num_classes,
@@ -180,12 +180,27 @@ def parse_weights_metadata(meta: Mapping[str, str], path: PathLike = "<metadata>
         kwargs = _json(meta, "kwargs", path) if "kwargs" in meta else {}
         num_classes = 0 if "DINO" in meta.get("source", "") else kwargs.get("num_classes")
         known = ("model", "kwargs")
-    if not isinstance(kwargs, dict):
-        raise CheckpointError(f"weights {path}: model kwargs in the metadata are a {type(kwargs).__name__}, "
-                              "not a mapping")
+    kwargs = _record_kwargs(kwargs, path)
     return WeightsRecord(model=meta["model"], model_kwargs=kwargs, num_classes=num_classes,
                          data_config=_json(meta, "data_config", path) if "data_config" in meta else None,
                          format="legacy", extra={k: _maybe_json(v) for k, v in meta.items() if k not in known})
+
+
+#: create_model arguments that make timm open or download another file: a record names a network, never a file
+_LOADING_KWARGS = ("pretrained", "pretrained_cfg", "pretrained_cfg_overlay", "checkpoint_path", "cache_dir")
+
+
+def _record_kwargs(kwargs: Any, path: PathLike) -> Dict[str, Any]:
+    """A record's model kwargs: a mapping, without arguments that would make the build open another file."""
+    if not isinstance(kwargs, dict):
+        raise CheckpointError(f"weights {path}: model kwargs in the metadata are a {type(kwargs).__name__}, "
+                              "not a mapping")
+    loading = sorted(k for k in kwargs if k in _LOADING_KWARGS)
+    if loading:
+        raise CheckpointError(f"weights {path}: the record's model kwargs hold {', '.join(loading)}, which would make "
+                              "the build open or download another file; a record names a network only: write the "
+                              "file again without them")
+    return kwargs
 
 
 def _maybe_json(text: str) -> Any:
@@ -199,7 +214,7 @@ def train_state_record(state: Mapping[str, Any]) -> Optional[WeightsRecord]:
     """The record a ``simattn train`` state (``last.pth``) carries in its entries, None for any other checkpoint."""
     if not isinstance(state.get("model_name"), str):
         return None
-    kwargs = dict(state.get("model_kwargs") or {})
+    kwargs = _record_kwargs(dict(state.get("model_kwargs") or {}), "(a training state)")
     config = state.get("config") if isinstance(state.get("config"), Mapping) else {}
     return WeightsRecord(model=state["model_name"], model_kwargs=kwargs, num_classes=kwargs.get("num_classes"),
                          data_config=state.get("data_config"), producer="simattn train", format="train-state",
