@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from typing import Callable, List, Tuple
 
 
@@ -23,3 +24,20 @@ def kill_on_line(victim: subprocess.Popen, when: Callable[[str], bool]) -> Tuple
     thread = threading.Thread(target=watch)
     thread.start()
     return thread, seen
+
+
+def sigterm_when(victim: subprocess.Popen, ready: Callable[[], bool], timeout: float = 120) -> str:
+    """Wait (up to ``timeout`` s) until ``ready()`` holds while ``victim`` runs, SIGTERM it and return its stderr
+    (text); a victim alive afterwards is killed. Fails where it ended first or ``ready`` never held."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready() and victim.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert victim.poll() is None, "it ended before it could be stopped"
+        assert ready(), f"not ready to be stopped within {timeout} s"
+        victim.send_signal(signal.SIGTERM)
+        return victim.communicate(timeout=120)[1]
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()

@@ -544,27 +544,15 @@ sys.exit(main(["export", "--weights", sys.argv[1], "--exporter", "torchscript", 
 
 def test_sigterm_during_an_export_leaves_no_temporary_folder(tmp_path):
     """The export stages its files in a hidden folder beside the output: SIGTERM removes it as Ctrl-C does."""
-    import signal
     import subprocess
     import sys
-    import time
+
+    from killing import sigterm_when
     weights = tmp_path / "w.safetensors"
     save_safetensors(timm.create_model(DEIT, **TINY_DEIT), weights, metadata={"model": DEIT, "config": TINY_DEIT})
     out = tmp_path / "out" / "m.onnx"
     proc = subprocess.Popen([sys.executable, "-c", _EXPORT_SCRIPT, str(weights), str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / "out").glob(".m.onnx.*")) and time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the export ended before it could be stopped"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    err = sigterm_when(proc, lambda: bool(list((tmp_path / "out").glob(".m.onnx.*"))))  # once it stages its files
     assert proc.returncode == 143 and "stopped (SIGTERM)" in err, err[-500:]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []

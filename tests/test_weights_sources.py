@@ -4,11 +4,9 @@ not weights, an error answer or SIGTERM leave nothing behind (a server on the lo
 network); the file behind any name is read once, its format read from its content."""
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlparse
@@ -22,6 +20,8 @@ from simattn.cli import main as simattn_main
 from simattn.models import sources
 from simattn.models.factory import create_model, load_initial_weights, load_model
 from simattn.models.sources import read_weights_record, resolve_source, tag_cache_path
+
+from killing import sigterm_when
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -222,18 +222,8 @@ def test_sigterm_during_a_download_leaves_nothing(cache, server, monkeypatch, tm
     env = dict(os.environ, TORCH_HOME=str(tmp_path / "torch"))
     proc = subprocess.Popen([sys.executable, "-c", _DOWNLOAD_SCRIPT, url, TAG, str(tmp_path)], env=env,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        assert server.sending.wait(120), "the download never started"
-        deadline = time.monotonic() + 30
-        while not any(p.name.endswith(".tmp") for p in cache.glob(".*")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _files(cache), "no temporary file while downloading"
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    # stopped once the server has sent bytes and the temporary file is there
+    err = sigterm_when(proc, lambda: server.sending.is_set() and any(p.name.endswith(".tmp") for p in cache.glob(".*")))
     assert proc.returncode == 143 and "stopped (SIGTERM)" in err, err
     assert _files(cache) == []
 
@@ -327,8 +317,15 @@ def test_a_local_file_named_like_a_tag_is_named_as_such(cache, tmp_path, monkeyp
         load_model(None, f"./{TAG}")
 
 
-def test_a_folder_without_weights_is_named_as_one(tmp_path, capsys):
+def test_a_folder_without_weights_is_named_as_one(tmp_path, capsys, monkeypatch):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "runs.v2").mkdir()  # named like MODEL.TAG: a folder all the same, not a tag nor a model
+    monkeypatch.chdir(tmp_path)
+    for argv in (["validate", "--weights", "runs.v2"],
+                 ["train", "-c", "digits_cpu", "--initial-checkpoint", "runs.v2", "--output", "run"]):
+        assert simattn_main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is a folder without weights files" in err and "no such file" not in err, (argv, err)
     for argv in (["validate", "--weights", str(tmp_path / "empty")],
                  ["train", "-c", "digits_cpu", "--initial-checkpoint", str(tmp_path / "empty"), "--output",
                   str(tmp_path / "run")]):

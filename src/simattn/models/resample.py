@@ -47,8 +47,8 @@ def _square(tokens: int) -> Optional[int]:
 
 
 def _side(tokens: int, what: str) -> int:
-    side = math.isqrt(tokens)
-    if side * side != tokens:
+    side = _square(tokens)
+    if side is None:
         raise ValueError(f"{what}: {tokens} grid tokens are not a square grid, the layout a checkpoint is trained in")
     return side
 

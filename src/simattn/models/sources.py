@@ -114,8 +114,8 @@ def _not_a_tag(name: str) -> Optional[str]:
     import difflib
 
     import timm
-    if "/" in name or os.sep in name or name.startswith(("hf-hub:", "local-dir:")) or not name:
-        return None
+    if "/" in name or os.sep in name or name.startswith(("hf-hub:", "local-dir:")) or not name or Path(name).exists():
+        return None  # a path: its own message (a folder without weights) is the true one
     arch = name.partition(".")[0]
     if timm.is_model(arch):
         if "." in name and _pretrained_cfg(name) is not None:
