@@ -280,12 +280,9 @@ def kept_interrupts(defer: bool = False):
     ``defer=True`` only records it (for a few steps that must not be cut in two). Python's own handler is put back
     on leaving. Nothing changes off the main thread or when SIGINT has another handler (ignored, or the caller's)."""
     import signal
-    import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
+    from ..utils.io import signal_handler
+
     hits = []
 
     def handler(signum, frame):
@@ -293,10 +290,9 @@ def kept_interrupts(defer: bool = False):
         if not defer:
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, handler)
     try:
-        yield
+        with signal_handler(signal.SIGINT, handler):
+            yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         if hits:
             raise KeyboardInterrupt

@@ -28,7 +28,7 @@ __all__ = [
     "extract_state_dict", "load_weights", "check_finite_weights", "save_safetensors", "read_safetensors_metadata",
     "CheckpointError", "check_outputs", "written_through", "save_figure", "check_new_file", "check_new_folder",
     "atomic_folder", "unreadable_checkpoint", "shape_mismatches", "is_safetensors", "Terminated",
-    "terminate_as_interrupt", "recorded_location",
+    "terminate_as_interrupt", "signal_handler", "recorded_location",
 ]
 
 
@@ -86,27 +86,36 @@ class Terminated(KeyboardInterrupt):
 
 
 @contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM inside the block raises :class:`Terminated`, a KeyboardInterrupt, so that every temporary file and
-    folder (:func:`atomic_path`, downloads, exports) is removed as on Ctrl-C instead of being left by a killed
-    process. Nothing changes off the main thread or where SIGTERM has a handler already; the default is put back on
-    leaving."""
+def signal_handler(signum: int, handler: Any) -> Iterator[None]:
+    """``handler`` for ``signum`` inside the block, where the signal has its default handler (SIGINT: Python's
+    KeyboardInterrupt) and on the main thread only; that default is put back on leaving. Nothing changes
+    elsewhere (the signal ignored, or the caller's own handler)."""
     import signal
     import threading
 
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signum) is not default:
         yield
         return
+    signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, default)
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM inside the block raises :class:`Terminated`, a KeyboardInterrupt, so that every temporary file and
+    folder (:func:`atomic_path`, downloads, exports) is removed as on Ctrl-C instead of being left by a killed
+    process (:func:`signal_handler`: on the main thread, where SIGTERM has no handler yet)."""
+    import signal
 
     def handler(signum, frame):
         raise Terminated
 
-    signal.signal(signal.SIGTERM, handler)
-    try:
+    with signal_handler(signal.SIGTERM, handler):
         yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _listed(names: List[str]) -> str:
