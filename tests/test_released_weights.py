@@ -21,7 +21,8 @@ import torch
 
 import simattn
 from simattn.models import sima_vit
-from simattn.models.released import released_files_readable
+from simattn.models.released import RELEASED_GLOBALS, released_files_readable
+from simattn.utils.io import CheckpointError, load_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -120,6 +121,25 @@ def test_config_stand_in_is_inert_and_narrow(tmp_path, monkeypatch):
     torch.save({"config": other()}, path)
     with pytest.raises(pickle.UnpicklingError), released_files_readable():  # only CfgNode has a stand-in
         torch.load(path, weights_only=True)
+
+
+def test_a_config_that_is_not_plain_data_is_refused_in_one_line(tmp_path, monkeypatch):
+    """The unpickler sets a stand-in config's attributes from the file: yacs' own flags load, a field that would
+    shadow a mapping method (``items``) for every later reader is refused, naming it."""
+    node = _fake_yacs(monkeypatch)
+    path = tmp_path / "config.pth"
+    config = node(MODEL=node(NAME="x"))
+    config.__immutable__, config.__new_allowed__ = False, False
+    torch.save({"model": {"w": torch.zeros(2)}, "config": config}, path)
+    assert load_checkpoint(path, safe_globals=RELEASED_GLOBALS)["config"] == {"MODEL": {"NAME": "x"}}
+
+    class Shadowing(node):  # pickled as a CfgNode whose attributes hold an ``items`` field
+        def __reduce_ex__(self, protocol):
+            return node, (), {"items": 1j}, None, iter(dict(self).items())
+
+    torch.save({"model": {"w": torch.zeros(2)}, "config": node(MODEL=Shadowing(NAME="x"))}, path)
+    with pytest.raises(CheckpointError, match="sets the attribute 'items', which is not plain data"):
+        load_checkpoint(path, safe_globals=RELEASED_GLOBALS)
 
 
 def test_agent_biases_keep_their_axes():

@@ -331,7 +331,40 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         raise unreadable_checkpoint(path, e) from None
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
+    shadowing = _shadowing_attribute(obj)
+    if shadowing is not None:
+        raise CheckpointError(f"cannot read checkpoint {path}: a mapping in it (a config beside the weights) sets "
+                              f"the attribute {shadowing!r}, which is not plain data; save its state dict alone "
+                              "where the file is trusted")
     return dict(obj)
+
+
+#: the attributes a mapping in a checkpoint may carry: a state dict's ``_metadata`` and yacs' own flags, which a
+#: released file's config (read as a plain ``OrderedDict``) brings along
+_MAPPING_ATTRIBUTES = frozenset({"_metadata", "__immutable__", "__deprecated_keys__", "__renamed_keys__",
+                                 "__new_allowed__"})
+
+
+def _shadowing_attribute(obj: Any, depth: int = 0) -> Optional[str]:
+    """The first attribute, other than :data:`_MAPPING_ATTRIBUTES`, that the unpickler set on a mapping inside
+    ``obj`` (a weights-only load sets an ``OrderedDict``'s ``__dict__`` from the file, so a field can shadow
+    ``items`` or ``keys`` for every reader after it); None when there is none."""
+    if isinstance(obj, torch.Tensor) or depth > 32:
+        return None
+    if isinstance(obj, Mapping):
+        extra = sorted(set(getattr(obj, "__dict__", {})) - _MAPPING_ATTRIBUTES)
+        if extra:
+            return extra[0]
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    else:
+        return None
+    for child in children:
+        found = _shadowing_attribute(child, depth + 1)
+        if found is not None:
+            return found
+    return None
 
 
 def recorded_location(text: str) -> str:
