@@ -152,6 +152,21 @@ def test_a_download_cut_short_leaves_nothing_and_says_so(cache, server, monkeypa
     assert _files(cache) == []
 
 
+def test_timm_create_model_downloads_through_the_same_door(cache, server, monkeypatch, tmp_path):
+    """``timm.create_model(tag, pretrained=True)`` of a simattn tag downloads as every simattn command does: a
+    download cut short is one line and leaves nothing in timm's cache; a whole one is loaded from there."""
+    body = _weights_bytes(tmp_path)
+    _serve(server, monkeypatch, body, cut=len(body) // 8)
+    with pytest.raises(ValueError, match=rf"weights {TAG}: the download from 127\.0\.0\.1 stopped after"):
+        timm.create_model(TAG, pretrained=True)
+    assert _files(cache) == []
+    _serve(server, monkeypatch, body)
+    model = timm.create_model(TAG, pretrained=True)
+    assert _files(cache) == [tag_cache_path(TAG).name]
+    state = torch.load(tmp_path / "released.pth", weights_only=True)["model"]
+    assert torch.equal(model.state_dict()["patch_embed.proj.weight"], state["patch_embed.proj.weight"])
+
+
 @pytest.mark.parametrize("kind", ["text/html; charset=utf-8", "application/octet-stream"])
 def test_a_web_page_in_place_of_the_weights_is_refused(cache, server, monkeypatch, kind):
     _serve(server, monkeypatch, b"<!DOCTYPE html><html><body>Please log in</body></html>", kind=kind)

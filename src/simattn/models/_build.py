@@ -39,6 +39,26 @@ def loads_files_through_simattn(kwargs: Dict[str, Any]) -> Dict[str, Any]:
     return kwargs
 
 
+def _with_tag_file(variant: str, pretrained: bool, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """``kwargs`` whose overlay names the file of the tag timm would load (the one asked with
+    ``pretrained_cfg='tag'``, else the variant's default), as simattn finds or downloads it: a download reached
+    through ``timm.create_model(tag, pretrained=True)`` lands in timm's cache whole or not at all, as through every
+    simattn command."""
+    asked = kwargs.get("pretrained_cfg")
+    if not pretrained or not (asked is None or isinstance(asked, str)):
+        return kwargs
+    from timm.models import get_pretrained_cfg
+
+    from .sources import overlay_with_tag_file, pretrained_tag
+    if asked is None:
+        default = get_pretrained_cfg(variant)
+        asked = default.tag if default is not None else None
+    tag = pretrained_tag(f"{variant}.{asked}") if asked else None
+    if tag is None:
+        return kwargs
+    return {**kwargs, "pretrained_cfg_overlay": overlay_with_tag_file(tag, kwargs.get("pretrained_cfg_overlay"))}
+
+
 def build_family_model(model_cls: Callable[..., nn.Module], variant: str, pretrained: bool, kwargs: Dict[str, Any],
                        filter_fn: Callable, default_out_indices: Any, *, getter: bool = True,
                        levels: Optional[int] = None, **build: Any) -> nn.Module:
@@ -48,7 +68,7 @@ def build_family_model(model_cls: Callable[..., nn.Module], variant: str, pretra
     timm's own does not say."""
     check_model_kwargs(variant, kwargs)
     if isinstance(model_cls, type) and issubclass(model_cls, LoadsThroughSimattn):
-        kwargs = loads_files_through_simattn(kwargs)
+        kwargs = loads_files_through_simattn(_with_tag_file(variant, pretrained, kwargs))
     out_indices = feature_out_indices(variant, kwargs, default_out_indices)
     feature_cfg = dict(out_indices=out_indices, **({"feature_cls": "getter"} if getter else
                                                     {"flatten_sequential": True}))

@@ -20,7 +20,7 @@ from torch import nn
 from ..utils.io import CheckpointError, extract_state_dict, load_weights, non_finite_tensors, shape_mismatches
 from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
-from .sources import WeightsSource, resolve_source
+from .sources import WeightsSource, overlay_with_tag_file, resolve_source
 from .weights import WeightsRecord
 
 __all__ = ["create_model", "check_model_name", "check_model", "patch_grid", "check_patch_grid", "similar_names",
@@ -39,11 +39,9 @@ def create_model(name: str, **kwargs: Any) -> nn.Module:
     import timm
 
     check_model_name(name)
-    overlay = dict(kwargs.get("pretrained_cfg_overlay") or {})
+    overlay = kwargs.get("pretrained_cfg_overlay") or {}
     if kwargs.get("pretrained") and not overlay.get("file") and not overlay.get("state_dict"):
-        tag = name if "." in name else _default_tag(name)
-        overlay["file"] = str(resolve_source(tag).path)
-        kwargs["pretrained_cfg_overlay"] = overlay
+        kwargs["pretrained_cfg_overlay"] = overlay_with_tag_file(name if "." in name else _default_tag(name), overlay)
     try:
         return timm.create_model(name, **kwargs)
     except TypeError as e:

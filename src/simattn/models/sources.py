@@ -30,7 +30,8 @@ from .hub import resolve_weights, weights_file
 from .released import RELEASED_GLOBALS
 from .weights import WeightsRecord, parse_weights_metadata, train_state_record
 
-__all__ = ["WeightsSource", "resolve_source", "read_weights_record", "pretrained_tag", "tag_cache_path"]
+__all__ = ["WeightsSource", "resolve_source", "read_weights_record", "pretrained_tag", "tag_cache_path",
+           "overlay_with_tag_file"]
 
 _UNREAD = object()
 
@@ -149,6 +150,16 @@ def pretrained_tag(name: str) -> Optional[str]:
         return None
     cfg = _pretrained_cfg(name)
     return name if cfg is not None and (cfg.get("url") or cfg.get("hf_hub_id") or cfg.get("file")) else None
+
+
+def overlay_with_tag_file(tag: str, overlay: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """timm's ``pretrained_cfg_overlay`` for ``tag`` with ``file`` set to the tag's file as :func:`resolve_source`
+    finds or downloads it (whole or not at all), so that timm's loader never downloads; an overlay that names a file
+    or a state dict already is kept as it is."""
+    overlay = dict(overlay or {})
+    if not overlay.get("file") and not overlay.get("state_dict"):
+        overlay["file"] = str(resolve_source(tag).path)
+    return overlay
 
 
 def _pretrained_cfg(name: str) -> Optional[Dict[str, Any]]:
