@@ -446,10 +446,11 @@ def test_feature_levels_it_does_not_have_are_a_value_error_naming_out_indices(na
                           **({"window_size": 2} if "swin" in name else {}))
 
 
+@pytest.mark.parametrize("flag", ["initial_checkpoint_partial", "initial_checkpoint_ema"])
 @pytest.mark.parametrize("argv", [["train", "-c", "digits_cpu"], ["segment", "-c", "seg_digits_cpu"]])
-def test_initial_checkpoint_partial_alone_is_refused(argv, tmp_path, capsys):
+def test_initial_checkpoint_options_alone_are_refused(argv, flag, tmp_path, capsys):
     from simattn.cli import main as simattn_main
-    assert simattn_main([*argv, "--initial-checkpoint-partial", "--output", str(tmp_path / "run")]) == 2
-    assert "--initial-checkpoint-partial (initial_checkpoint_partial) says how to load --initial-checkpoint, which " \
-           "is not given" in capsys.readouterr().err
+    option = "--" + flag.replace("_", "-")
+    assert simattn_main([*argv, option, "--output", str(tmp_path / "run")]) == 2
+    assert f"{option} ({flag}) says how to load --initial-checkpoint, which is not given" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()

@@ -392,6 +392,35 @@ def test_one_file_gives_the_same_weights_through_every_door(cache, tmp_path):
     assert all(torch.equal(logits[0], other) for other in logits[1:])
 
 
+def test_the_ema_beside_the_model_is_loaded_only_when_asked_and_said_so(tmp_path, capsys):
+    """A file with ``model`` and a different ``model_ema``: ``model`` by default, named in the one-line summary with
+    the EMA left beside it; ``use_ema=True`` (Python), ``--use-ema`` (validate) and ``--initial-checkpoint-ema``
+    (train) take the EMA, and the summary and the results say which entry was loaded."""
+    kwargs = {"img_size": 16, "patch_size": 4, "embed_dim": 64, "depth": 1, "num_heads": 4,
+              "mlp_ratio": 2.0, "num_classes": 10}
+    state = create_model("sima_deit_tiny_patch16_224", **kwargs).state_dict()
+    ema = {k: v + 1 if v.is_floating_point() else v for k, v in state.items()}
+    path = tmp_path / "f.pth"
+    torch.save({"model": state, "model_ema": ema, "model_name": "sima_deit_tiny_patch16_224",
+                "model_kwargs": kwargs}, path)
+    weight = "patch_embed.proj.weight"
+    for use_ema, expected in ((False, state), (True, ema)):
+        model = create_model("sima_deit_tiny_patch16_224", **kwargs)
+        report = load_initial_weights(model, str(path), use_ema=use_ema)
+        assert torch.equal(model.state_dict()[weight], expected[weight])
+        assert torch.equal(load_model(None, str(path), use_ema=use_ema)[0].state_dict()[weight], expected[weight])
+        assert report.entry == ("model_ema" if use_ema else "model")
+        assert ("not the EMA 'model_ema' beside it" in report.summary()) is not use_ema
+    for flag in ([], ["--use-ema"]):
+        assert simattn_main(["validate", "--weights", str(path), "--img-size", "16", *flag]) == 0
+        assert json.loads(capsys.readouterr().out)["use_ema"] is bool(flag)
+    run = tmp_path / "run"
+    assert simattn_main(["train", "-c", "digits_cpu", "--model", "sima_deit_tiny_patch16_224", "--model-kwargs",
+                         "depth=1", "--initial-checkpoint", str(path), "--initial-checkpoint-ema",
+                         "--epochs", "1", "--max-updates", "1", "--output", str(run)]) == 0
+    assert "its 'model_ema' entry" in capsys.readouterr().out
+
+
 def test_a_record_never_makes_the_build_open_another_file(tmp_path):
     """A safetensors record (or a training state) whose model kwargs ask timm for pretrained weights or an overlay
     file is refused in one line before any build: a file is data, never a reason to open another."""

@@ -46,6 +46,9 @@ class TrainConfig(EngineConfig):
     initial_checkpoint_partial: bool = option(False, "start from initial_checkpoint even where it leaves tensors of "
                                                      "the network body at their initialization (they train from "
                                                      "scratch; the summary says how many came from the file)")
+    initial_checkpoint_ema: bool = option(False, "start from initial_checkpoint's EMA weights (its model_ema or "
+                                                 "state_dict_ema entry) rather than its model entry, which the "
+                                                 "authors evaluate and is the default")
     drop_path: float = option(0.0, "stochastic depth rate", low=0.0, high=1.0, high_open=True)
     drop: float = option(0.0, "dropout rate", low=0.0, high=1.0, high_open=True)
     dataset: str = option("digits", "digits (embedded) | folder/imagenet (root/<split>/<class>/<img>) | cifar10 | "
@@ -88,9 +91,10 @@ class TrainConfig(EngineConfig):
     def validate(self) -> "TrainConfig":
         """Check every option and the ones that depend on each other (a one-line ValueError)."""
         super().validate()
-        if self.initial_checkpoint_partial and not self.initial_checkpoint:
-            raise ValueError("--initial-checkpoint-partial (initial_checkpoint_partial) says how to load "
-                             "--initial-checkpoint, which is not given: name the weights to start from, or drop it")
+        for flag in ("initial_checkpoint_partial", "initial_checkpoint_ema"):
+            if getattr(self, flag) and not self.initial_checkpoint:
+                raise ValueError(f"--{flag.replace('_', '-')} ({flag}) says how to load --initial-checkpoint, "
+                                 "which is not given: name the weights to start from, or drop it")
         if self.initial_checkpoint and self.resume:
             raise ValueError("--initial-checkpoint and --resume exclude each other: a resumed run continues from its "
                              "checkpoint's weights; drop one")

@@ -122,9 +122,10 @@ class Trainer(Engine):
         if cfg.initial_checkpoint and not self.resuming:  # a resumed run's weights come from its checkpoint
             from ..models.factory import load_initial_weights
             report = load_initial_weights(model, cfg.initial_checkpoint, model_name=cfg.model,
-                                          partial=cfg.initial_checkpoint_partial,
+                                          partial=cfg.initial_checkpoint_partial, use_ema=cfg.initial_checkpoint_ema,
                                           partial_option="--initial-checkpoint-partial")
             self.initial_weights = {"path": str(cfg.initial_checkpoint), "summary": report.summary(),
+                                    "entry": report.entry,
                                     "partial": bool(report.missing),
                                     **{k: len(v) for k, v in report.as_dict().items() if isinstance(v, list)}}
             if self.dist.is_main:

@@ -17,7 +17,8 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 import torch
 from torch import nn
 
-from ..utils.io import CheckpointError, extract_state_dict, load_weights, non_finite_tensors, shape_mismatches
+from ..utils.io import (MODEL_ENTRIES, CheckpointError, extract_state_dict, load_weights, non_finite_tensors,
+                        shape_mismatches, state_dict_entry)
 from ..utils.recipe import Opt, add_option_flags, check_path, maybe
 from ..utils.values import OPTIONS_HELP, parse_assignments
 from .sources import WeightsSource, overlay_with_tag_file, resolve_source
@@ -140,10 +141,11 @@ def model_options(weights_required: bool = False) -> Dict[str, Opt]:
         "model": Opt(None, "registered model name (default: the name stored with --weights)", type=maybe(str)),
         "weights": Opt(None, "weights: a .safetensors file written by simattn, a training checkpoint (.pth), a "
                              "bare state dict with --model, a folder simattn hub save wrote (DIR, local-dir:DIR, "
-                             "hf-hub:ORG/NAME), or a pretrained tag (MODEL.TAG: simattn list pretrained)" + ("" if weights_required else
-                                                                "; random weights when omitted"),
+                             "hf-hub:ORG/NAME), or a pretrained tag (MODEL.TAG: simattn list pretrained)"
+                             + ("" if weights_required else "; random weights when omitted"),
                        type=maybe(str), check=check_path, required=weights_required),
-        "use_ema": Opt(False, "load the EMA weights of a training checkpoint"),
+        "use_ema": Opt(False, "load the EMA entry of a training checkpoint (model_ema, state_dict_ema) instead of "
+                              "its model entry, which is the default, as the authors evaluate it"),
         "model_kwargs": Opt({}, MODEL_KWARGS_HELP),
     }
 
@@ -292,6 +294,8 @@ class InitialWeightsReport:
 
     path: str
     source_model: Optional[str] = None  # the model the weights record, if they do
+    entry: Optional[str] = None  # the checkpoint's entry the tensors came from ('model', 'state_dict_ema', ...)
+    ema_left: Optional[str] = None  # an EMA entry beside the one loaded, not loaded (use_ema takes it)
     loaded: List[str] = field(default_factory=list)
     resized: List[str] = field(default_factory=list)
     reset: List[str] = field(default_factory=list)
@@ -306,7 +310,9 @@ class InitialWeightsReport:
         """One line for logs."""
         total = len(self.loaded) + len(self.reset) + len(self.missing)
         parts = [f"loaded {len(self.loaded)}/{total} tensors from {self.path}"
-                 + (f" ({self.source_model})" if self.source_model else "")]
+                 + (f" ({self.source_model})" if self.source_model else "")
+                 + (f", its {self.entry!r} entry" if self.entry else "")
+                 + (f" (not the EMA {self.ema_left!r} beside it: use_ema takes that)" if self.ema_left else "")]
         for what, names in (("resized", self.resized), ("classifier reset", self.reset),
                             ("classifier dropped", self.dropped), ("missing", self.missing),
                             ("unexpected", self.unexpected)):
@@ -333,7 +339,7 @@ def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool) -> Dict[st
     dict (timm ``.safetensors``/``.bin``); inside, a ``backbone.`` prefix (a DINO network: backbone + projection
     head) selects the backbone and drops the projection head.
     """
-    if not use_ema and not any(k in checkpoint for k in ("model", "state_dict")) \
+    if not use_ema and not any(k in checkpoint for k in MODEL_ENTRIES) \
             and isinstance(checkpoint.get("teacher"), Mapping):
         checkpoint = checkpoint["teacher"]
     sd = extract_state_dict(checkpoint, use_ema=use_ema)
@@ -363,12 +369,16 @@ def load_initial_weights(model: nn.Module, path: Union[str, Path, WeightsSource]
     source = resolve_source(path, "initial weights")
     path = source.path
     record = source.record
-    raw = _initial_state_dict(source.checkpoint(), use_ema)
+    checkpoint = source.checkpoint()
+    raw = _initial_state_dict(checkpoint, use_ema)
     filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
     sd = filter_fn(dict(raw), model) if filter_fn is not None else dict(raw)
     own = model.state_dict()
     heads = _classifier_prefixes(model)
-    report = InitialWeightsReport(path=str(path), source_model=record.model if record else None)
+    report = InitialWeightsReport(path=str(path), source_model=record.model if record else None,
+                                  entry=state_dict_entry(checkpoint, ema=use_ema) or
+                                  ("teacher" if "teacher" in checkpoint and not use_ema else None),
+                                  ema_left=None if use_ema else state_dict_entry(checkpoint, ema=True))
     keep: Dict[str, torch.Tensor] = {}
     wrong = []
     for key, value in sd.items():

@@ -54,6 +54,9 @@ class SegmentConfig(EngineConfig):
     initial_checkpoint_partial: bool = option(False, "start from initial_checkpoint even where it leaves tensors of "
                                                      "the backbone at their initialization (they train from "
                                                      "scratch; the summary says how many came from the file)")
+    initial_checkpoint_ema: bool = option(False, "start from initial_checkpoint's EMA weights (its model_ema or "
+                                                 "state_dict_ema entry) rather than its model entry, which the "
+                                                 "authors evaluate and is the default")
     drop_path: float = option(0.1, "the backbone's stochastic depth rate", low=0.0, high=1.0, high_open=True)
     aux_loss_weight: float = option(0.4, "weight of the auxiliary head's loss (UperNet)", low=0.0)
 
@@ -80,9 +83,10 @@ class SegmentConfig(EngineConfig):
 
     def validate(self) -> "SegmentConfig":
         super().validate()
-        if self.initial_checkpoint_partial and not self.initial_checkpoint:
-            raise ValueError("--initial-checkpoint-partial (initial_checkpoint_partial) says how to load "
-                             "--initial-checkpoint, which is not given: name the weights to start from, or drop it")
+        for flag in ("initial_checkpoint_partial", "initial_checkpoint_ema"):
+            if getattr(self, flag) and not self.initial_checkpoint:
+                raise ValueError(f"--{flag.replace('_', '-')} ({flag}) says how to load --initial-checkpoint, "
+                                 "which is not given: name the weights to start from, or drop it")
         if self.ratio_range[0] > self.ratio_range[1]:
             raise ValueError(f"option 'ratio_range': got {quoted(self.ratio_range)}; allowed: [low, high] with "
                              "low <= high")

@@ -119,7 +119,7 @@ class SegmentationTrainer(Engine):
         if cfg.initial_checkpoint and not self.resuming:  # a resumed run's weights come from its checkpoint
             from ..models.factory import load_initial_weights
             report = load_initial_weights(model.backbone, cfg.initial_checkpoint, model_name=kwargs["backbone"],
-                                          partial=cfg.initial_checkpoint_partial,
+                                          partial=cfg.initial_checkpoint_partial, use_ema=cfg.initial_checkpoint_ema,
                                           partial_option="--initial-checkpoint-partial")
             self.initial_weights = report.summary()
             if self.dist.is_main:

@@ -423,15 +423,25 @@ def unreadable_checkpoint(path: PathLike, error: Optional[BaseException] = None)
                            "file); copy it again or name another file")
 
 
+#: where a training script keeps the weights it evaluates, and their EMA beside them
+MODEL_ENTRIES = ("model", "state_dict")
+EMA_ENTRIES = ("model_ema", "state_dict_ema")
+
+
+def state_dict_entry(checkpoint: Mapping[str, Any], ema: bool = False) -> Optional[str]:
+    """The entry of ``checkpoint`` that holds its model's (``ema``: its EMA's) tensors; None for none."""
+    return next((k for k in (EMA_ENTRIES if ema else MODEL_ENTRIES)
+                 if k in checkpoint and isinstance(checkpoint[k], Mapping)), None)
+
+
 def extract_state_dict(checkpoint: Mapping[str, Any], use_ema: bool = False) -> Dict[str, torch.Tensor]:
     """The model state dict inside a checkpoint: ``model_ema``/``state_dict_ema`` if asked, else ``model``,
-    ``state_dict``, or the mapping itself. A leading ``module.`` (DDP) is stripped."""
-    keys = ("model_ema", "state_dict_ema") if use_ema else ("model", "state_dict")
-    sd = next((checkpoint[k] for k in keys if k in checkpoint and isinstance(checkpoint[k], Mapping)), None)
-    if sd is None:
-        if use_ema:
-            raise CheckpointError("checkpoint has no EMA weights (no 'model_ema' or 'state_dict_ema' entry)")
-        sd = checkpoint
+    ``state_dict``, or the mapping itself (the authors evaluate ``model``, so an EMA beside it is taken only when
+    asked). A leading ``module.`` (DDP) is stripped."""
+    entry = state_dict_entry(checkpoint, ema=use_ema)
+    if entry is None and use_ema:
+        raise CheckpointError("checkpoint has no EMA weights (no 'model_ema' or 'state_dict_ema' entry)")
+    sd = checkpoint if entry is None else checkpoint[entry]
     if not all(isinstance(v, torch.Tensor) for v in sd.values()):
         raise CheckpointError("checkpoint does not hold a state dict of tensors")
     return {k[7:] if k.startswith("module.") else k: v for k, v in sd.items()}
