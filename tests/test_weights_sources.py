@@ -435,3 +435,56 @@ def test_a_record_never_makes_the_build_open_another_file(tmp_path):
             with pytest.raises(ValueError, match=f"the record's model kwargs hold {sorted(bad)[0]}, which would make "
                                                  "the build open or download another file"):
                 read(path)
+
+
+_TINY = {"img_size": 16, "patch_size": 4, "embed_dim": 64, "depth": 1, "num_heads": 4, "mlp_ratio": 2.0}
+
+
+def _source_kinds(folder: Path, cache: Path) -> dict:
+    """One weights name of each kind a command takes, all holding the same tiny digits classifier (a tag: the
+    released Agent-DeiT-T layout in timm's cache)."""
+    from simattn.models.weights import save_weights, weights_metadata
+    net = create_model("sima_deit_tiny_patch16_224", num_classes=10, **_TINY)
+    data_config = {"input_size": [3, 16, 16], "mean": [0.5] * 3, "std": [0.5] * 3, "crop_pct": 1.0,
+                   "interpolation": "bilinear"}
+    meta = weights_metadata("sima_deit_tiny_patch16_224", _TINY, producer="simattn train", num_classes=10,
+                            data_config=data_config)
+    save_weights(net, folder / "w.safetensors", meta)
+    torch.save({"model": net.state_dict(), "model_name": "sima_deit_tiny_patch16_224",
+                "model_kwargs": {**_TINY, "num_classes": 10}}, folder / "last.pth")
+    assert simattn_main(["hub", "save", "--weights", str(folder / "w.safetensors"), "--output",
+                         str(folder / "hub")]) == 0
+    from simattn.deploy.onnx import export_onnx
+    from simattn.models.weights import export_record
+    export_onnx(net.eval(), folder / "w.onnx", export_record("sima_deit_tiny_patch16_224", _TINY, data_config,
+                                                             attention="sima", num_classes=10),
+                exporter="torchscript")  # the quicker exporter: the file's record is what is read here
+    _released_file(tag_cache_path(TAG))
+    return {"safetensors": str(folder / "w.safetensors"), "train state": str(folder / "last.pth"),
+            "folder": f"local-dir:{folder / 'hub'}", "exported": str(folder / "w.onnx"), "tag": TAG}
+
+
+def test_validate_reads_each_source_once(cache, tmp_path, monkeypatch, capsys):
+    """``validate --weights`` of each kind of weights name: the record is read once and the file opened once (the
+    exported file: its record once, then its runtime)."""
+    from safetensors import torch as safetensors_torch
+    names = _source_kinds(tmp_path, cache)
+    capsys.readouterr()
+    reads, opens = [], []
+    real_record, real_open, real_load = sources.WeightsSource._read_record, sources.open_safetensors, torch.load
+    monkeypatch.setattr(sources.WeightsSource, "_read_record", lambda self: reads.append(self.name) or
+                        real_record(self))
+    monkeypatch.setattr(sources, "open_safetensors", lambda path: opens.append(str(path)) or real_open(path))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: opens.append(str(a[0])) or real_load(*a, **k))
+    monkeypatch.setattr(safetensors_torch, "load_file", lambda *a, **k: pytest.fail("a second reader of the file"))
+    for kind, name in names.items():
+        reads.clear()
+        opens.clear()
+        code = simattn_main(["validate", "--weights", name, "--img-size", "16", "--dataset", "digits"])
+        out = capsys.readouterr()
+        if kind == "tag":  # 1000 ImageNet classes against digits' 10: refused, the file read once on the way
+            assert code == 2 and "1000 classes" in out.err and reads == [name] and len(opens) == 1, (reads, opens)
+            continue
+        assert code == 0, (kind, out.err[-500:])
+        assert reads == [name], (kind, reads)
+        assert len(opens) == (0 if kind == "exported" else 1), (kind, opens)

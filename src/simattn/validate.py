@@ -94,7 +94,7 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
     """
     from .segment.validation import check_predictions_dir, segmentation_source
 
-    from . import deploy
+    from . import deploy  # noqa: F401  (its formats read the records of exported files)
 
     resolved = resolve_source(weights, packages=True)  # once: every step below reads this source
     weights = resolved.path
@@ -123,8 +123,8 @@ def validate_weights(weights: str | Path, model: Optional[str] = None, model_kwa
         only = " (a segmentation dataset)" if dataset in SEGMENT_DATASETS else ""
         raise ValueError(f"--dataset {dataset}{only}: {weights.name} holds a classifier; classification datasets: "
                          f"{', '.join(DATASETS)}")
-    if deploy.for_path(weights) is not None:
-        return _validate_deployed(weights, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
+    if resolved.deployed:
+        return _validate_deployed(resolved, model, model_kwargs, dataset=dataset, data_dir=data_dir, split=split,
                                   img_size=img_size, crop_pct=crop_pct, interpolation=interpolation,
                                   batch_size=batch_size, workers=workers, use_ema=use_ema, device=device, amp=amp,
                                   channels_last=channels_last, show_progress=show_progress, threads=threads)
@@ -139,11 +139,7 @@ def _recorded_data(source: WeightsSource, dataset: Optional[str], data_dir: Opti
     """(dataset, data_dir, split) to score a classifier on: those given, else those its record names (the dataset,
     and its root and evaluated split when the dataset is the recorded one), else digits' val split (older records
     name no data)."""
-    from . import deploy
-
-    record, weights = None, source.path
-    if weights.is_file():
-        record = deploy.read_metadata(weights) if deploy.for_path(weights) is not None else source.record
+    record = source.record if source.deployed or source.path.is_file() else None
     recorded = dict(record.extra) if record is not None else {}
     name = dataset or recorded.get("dataset") or "digits"
     same = isinstance(recorded.get("dataset"), str) and name.lower() == recorded["dataset"].lower()
@@ -278,14 +274,14 @@ def _check_classes(trained_on: Any, data, dataset: str, what: str) -> None:
                          "meaningless")
 
 
-def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *, dataset: str,
+def _validate_deployed(source: WeightsSource, model: Optional[str], model_kwargs: Optional[Dict[str, Any]], *, dataset: str,
                        data_dir: Optional[str], split: str, img_size: Optional[int], crop_pct: Optional[float],
                        interpolation: Optional[str], batch_size: int, workers: int, use_ema: bool,
                        device: Optional[str], amp: bool, channels_last: bool, show_progress: bool,
                        threads: Optional[int]) -> Dict[str, Any]:
     """:func:`validate_weights` of an exported file, run in its runtime on the CPU."""
     from .data.factory import create_dataset, dataset_classes
-    from .deploy import DeployedModel, read_metadata
+    from .deploy import DeployedModel
     from .engine.data import build_eval_loader
     from .classify.evaluation import evaluate
     from .classify.transforms import build_transform
@@ -296,9 +292,10 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
         raise ValueError(f"{', '.join(given)} do(es) not apply to an exported file ({path.name}): the graph is fixed")
     if device is not None and torch.device(device).type != "cpu":
         raise ValueError(f"--device {device}: exported files run on the CPU here")
+    path = source.path
     if not path.exists():
         raise FileNotFoundError(f"exported file not found: {path}")
-    record = read_metadata(path)  # before the dataset: a file without a record is refused first
+    record = source.record  # before the dataset: a file without a record is refused first
     size = list(record.input_size)
     if img_size and [img_size, img_size] != size[1:]:
         raise ValueError(f"--img-size {img_size}: {path.name} was exported at {size[1]}x{size[2]} and takes only that")
@@ -314,7 +311,7 @@ def _validate_deployed(path: Path, model: Optional[str], model_kwargs: Optional[
         raise ValueError(f"{path.name} ({record.model}) has {recorded} classes but dataset {dataset!r} has "
                          f"{n_classes}: {OTHER_DATA}")
     _check_classes(record.extra.get("classes"), data, dataset, f"{path.name}'s weights")
-    net = DeployedModel(path, threads)
+    net = DeployedModel(path, threads, record)
     meta = record.data_config
     data_config = {"input_size": list(size), "mean": list(meta["mean"]), "std": list(meta["std"]),
                    "crop_pct": float(crop_pct or meta.get("crop_pct") or 0.875),

@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 from torch import nn
 
+from ..models.sources import register_exported_records
 from ..models.weights import WeightsRecord
 from ..utils.recipe import Opt, maybe
 from .base import Exported, ExportError, Format, Program, check_threads, dims
@@ -138,17 +139,23 @@ def read_metadata(path: Union[str, Path]) -> WeightsRecord:
     return fmt.read_metadata(path)
 
 
-def open_deployed(path: Union[str, Path], threads: Optional[int] = None) -> Tuple[Program, WeightsRecord]:
+# a weights name that is an exported file resolves to a source whose record its format reads
+register_exported_records(lambda path: for_path(path) is not None, read_metadata)
+
+
+def open_deployed(path: Union[str, Path], threads: Optional[int] = None,
+                  record: Optional[WeightsRecord] = None) -> Tuple[Program, WeightsRecord]:
     """(program, record) of an exported file: the program maps a float batch of the recorded input size to the
-    first output (a ValueError naming both sizes for any other size); ``threads`` fixes the runtime's CPU threads.
-    A file whose program does not take the input size its record says is refused."""
+    first output (a ValueError naming both sizes for any other size); ``threads`` fixes the runtime's CPU threads;
+    ``record``: the file's record where it was read already. A file whose program does not take the input size
+    its record says is refused."""
     path = Path(path)
     fmt = _format_of(path)
     if not path.exists() or (path.is_dir() and not fmt.folder):
         raise FileNotFoundError(f"exported file not found: {path}")
     check_threads(threads)
     fmt.require(f"running {path.name}")
-    record = fmt.read_metadata(path)
+    record = fmt.read_metadata(path) if record is None else record
     program = fmt.open(path, threads)
     size = list(record.input_size)
     taken = list(program.takes)
@@ -171,11 +178,12 @@ class DeployedModel(nn.Module):
     ``runtime`` names what runs it, ``metadata`` is the record it carries, ``takes`` the (channels, height, width)
     its program accepts (None where dynamic)."""
 
-    def __init__(self, path: Union[str, Path], threads: Optional[int] = None) -> None:
+    def __init__(self, path: Union[str, Path], threads: Optional[int] = None,
+                 record: Optional[WeightsRecord] = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.runtime = _format_of(self.path).runtime
-        self._run, self.metadata = open_deployed(path, threads)
+        self._run, self.metadata = open_deployed(path, threads, record)
         self.takes = self._run.takes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

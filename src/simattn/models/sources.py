@@ -22,33 +22,74 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from urllib.parse import urlparse
 
-from ..utils.io import CheckpointError, is_safetensors, load_checkpoint, read_safetensors_metadata
+from ..utils.io import CheckpointError, is_safetensors, load_checkpoint, open_safetensors, unreadable_checkpoint
 from .hub import resolve_weights, weights_file
 from .released import RELEASED_GLOBALS
 from .weights import WeightsRecord, parse_weights_metadata, train_state_record
 
 __all__ = ["WeightsSource", "resolve_source", "read_weights_record", "pretrained_tag", "tag_cache_path",
-           "overlay_with_tag_file"]
+           "overlay_with_tag_file", "register_exported_records"]
 
 _UNREAD = object()
+
+#: the readers of exported files' records, which each deploy format registers (deploy sits above models):
+#: (whether a path is such a file, its record)
+_EXPORTED_RECORDS: List[Tuple[Callable[[Path], bool], Callable[[Path], WeightsRecord]]] = []
+
+
+def register_exported_records(claims: Callable[[Path], bool], read: Callable[[Path], WeightsRecord]) -> None:
+    """Make :attr:`WeightsSource.record` read a file that ``claims`` takes (an exported file) with ``read``."""
+    _EXPORTED_RECORDS.append((claims, read))
 
 
 @dataclass(eq=False)
 class WeightsSource:
-    """Resolved weights: ``name`` as given, ``path`` the local file, ``tag`` the pretrained tag it came from."""
+    """Resolved weights: ``name`` as given, ``path`` the local file, ``tag`` the pretrained tag it came from.
+    The file is opened once, whatever is asked of it (the record, then the tensors)."""
     name: str
     path: Path
     tag: Optional[str] = None
     _checkpoint: Optional[Dict[str, Any]] = field(default=None, repr=False)
     _record: Any = field(default=_UNREAD, repr=False)
+    _kind: Optional[str] = field(default=None, repr=False)
+    _safetensors: Any = field(default=None, repr=False)
+
+    @property
+    def kind(self) -> str:
+        """'tag' (a pretrained tag's file), 'exported' (a file a deploy format reads), 'safetensors' or
+        'checkpoint' (a torch file: a training state, a released file, a bare state dict)."""
+        if self._kind is None:
+            self._kind = ("tag" if self.tag is not None else
+                          "exported" if self._exported_reader() is not None else
+                          "safetensors" if is_safetensors(self.path) else "checkpoint")
+        return self._kind
+
+    @property
+    def deployed(self) -> bool:
+        return self.kind == "exported"
+
+    def _exported_reader(self) -> Optional[Callable[[Path], WeightsRecord]]:
+        return next((read for claims, read in _EXPORTED_RECORDS if claims(self.path)), None)
+
+    def _opened_safetensors(self) -> Any:
+        if self._safetensors is None:
+            self._safetensors = open_safetensors(self.path)
+        return self._safetensors
 
     def checkpoint(self) -> Dict[str, Any]:
         """The file's contents (``weights_only=True``), read on first use and kept (a ``.pth`` mapped: the record
         is read without the tensors, which are read when used)."""
         if self._checkpoint is None:
+            if self.kind == "safetensors":
+                handle = self._opened_safetensors()
+                try:
+                    self._checkpoint = {k: handle.get_tensor(k) for k in handle.keys()}
+                except Exception:  # a file cut short after its header
+                    raise unreadable_checkpoint(self.path) from None
+                return self._checkpoint
             try:
                 self._checkpoint = load_checkpoint(self.path, mmap=True, safe_globals=RELEASED_GLOBALS)
             except CheckpointError as e:
@@ -62,17 +103,20 @@ class WeightsSource:
 
     @property
     def record(self) -> Optional[WeightsRecord]:
-        """What built the weights: the file's record, the tag's configuration, or None when neither names a
-        model (a bare state dict)."""
+        """What built the weights: the file's record, the tag's configuration, an exported file's record, or None
+        when none names a model (a bare state dict)."""
         if self._record is _UNREAD:
             self._record = self._read_record()
         return self._record
 
     def _read_record(self) -> Optional[WeightsRecord]:
-        if self.tag is not None:
+        kind = self.kind
+        if kind == "tag":
             return _tag_record(self.tag)
-        if is_safetensors(self.path):
-            return parse_weights_metadata(read_safetensors_metadata(self.path), self.path)
+        if kind == "exported":
+            return self._exported_reader()(self.path)
+        if kind == "safetensors":
+            return parse_weights_metadata(dict(self._opened_safetensors().metadata() or {}), self.path)
         return train_state_record(self.checkpoint())
 
     def __str__(self) -> str:

@@ -216,9 +216,12 @@ def train_state_record(state: Mapping[str, Any]) -> Optional[WeightsRecord]:
         return None
     kwargs = _record_kwargs(dict(state.get("model_kwargs") or {}), "(a training state)")
     config = state.get("config") if isinstance(state.get("config"), Mapping) else {}
+    producer = state["task"] if isinstance(state.get("task"), str) else "simattn train"
+    # a segmentation run's state keeps its whole configuration: how to reopen its data and evaluate it
+    kept = config if producer == "simattn segment" else DATA_RECORD_KEYS
     return WeightsRecord(model=state["model_name"], model_kwargs=kwargs, num_classes=kwargs.get("num_classes"),
-                         data_config=state.get("data_config"), producer="simattn train", format="train-state",
-                         extra={k: config[k] for k in DATA_RECORD_KEYS if config.get(k) is not None})
+                         data_config=state.get("data_config"), producer=producer, format="train-state",
+                         extra={k: config[k] for k in kept if config.get(k) is not None})
 
 
 def export_record(model_name: str, model_kwargs: Mapping[str, Any], data_config: Mapping[str, Any], *,

@@ -50,7 +50,7 @@ class SegmentationSource:
     mean: Optional[List[float]] = None
     std: Optional[List[float]] = None
     input_size: Optional[List[int]] = None
-    #: the weights resolved (:class:`~simattn.models.sources.WeightsSource`), read once; None for an exported file
+    #: the weights or exported file resolved (:class:`~simattn.models.sources.WeightsSource`), read once
     weights: Any = None
 
     def record(self) -> Dict[str, Any]:
@@ -85,29 +85,27 @@ def segmentation_source(path: str | os.PathLike) -> Optional[SegmentationSource]
     """The segmentation record of a weights file (``.safetensors``, a ``last.pth`` train state) or an exported file,
     or None when the file holds another kind of model (a classifier). A file is a segmentation one when its record
     says ``task: semantic_segmentation`` or its model is a registered segmenter."""
-    from .. import deploy
+    from .. import deploy  # noqa: F401  (its formats read their files' records)
     from ..models.sources import resolve_source
 
     source = resolve_source(path, packages=True)
     path = source.path
-    if deploy.for_path(path) is not None:
-        if not path.exists():
-            raise FileNotFoundError(f"exported file not found: {path}")
-        record = deploy.read_metadata(path)
-        if record.extra.get("task") != SEGMENT_TASK and not _is_segmenter(record.model):
-            return None
-        return _from_extra(path, record.model, True, record.num_classes, record.data_config, record.extra)
-    if path.suffix != ".safetensors" and source.tag is None:
-        state = source.checkpoint()  # mapped: the record only, the tensors stay on disk
-        name = state.get("model_name")
-        if state.get("task") != "simattn segment" and not _is_segmenter(name if isinstance(name, str) else None):
-            return None
-        cfg = state.get("config") if isinstance(state.get("config"), dict) else {}
-        kwargs = state.get("model_kwargs") or {}
-        return _from_extra(path, name, False, kwargs.get("num_classes"), state.get("data_config"),
-                           {**cfg, "classes": None}, source)
+    if source.deployed and not path.exists():
+        raise FileNotFoundError(f"exported file not found: {path}")
     record = source.record
-    if record is None or (record.extra.get("task") != SEGMENT_TASK and not _is_segmenter(record.model)):
+    if record is None:
+        return None
+    segmenter = _is_segmenter(record.model)
+    if source.deployed:
+        if record.extra.get("task") != SEGMENT_TASK and not segmenter:
+            return None
+        return _from_extra(path, record.model, True, record.num_classes, record.data_config, record.extra, source)
+    if record.format == "train-state":
+        if record.producer != "simattn segment" and not segmenter:
+            return None
+        return _from_extra(path, record.model, False, record.num_classes, record.data_config,
+                           {**record.extra, "classes": None}, source)
+    if record.extra.get("task") != SEGMENT_TASK and not segmenter:
         return None
     return _from_extra(path, record.model, False, record.num_classes, record.data_config, record.extra, source)
 
@@ -198,7 +196,7 @@ def open_predictor(source: SegmentationSource, *, device: Optional[torch.device]
     """The network of a weights file (on ``device``, eval mode) or an exported file in its runtime (CPU)."""
     if source.deployed:
         from ..deploy import DeployedModel
-        net = DeployedModel(source.path, threads)
+        net = DeployedModel(source.path, threads, source.weights.record if source.weights is not None else None)
         _, h, w = net.metadata.input_size
         fixed = any(t is not None for t in net.takes[1:])
         return Predictor(net, torch.device("cpu"), net.metadata.model, net.runtime, (h, w) if fixed else None)

@@ -513,12 +513,18 @@ def save_safetensors(model_or_sd: Union[nn.Module, Mapping[str, torch.Tensor]], 
     atomic_write_bytes(save(sd, metadata=meta), path)
 
 
+def open_safetensors(path: PathLike) -> Any:
+    """A safetensors file opened (``safetensors.safe_open``: its header read, its tensors mapped and read when
+    asked), or an :func:`unreadable_checkpoint` error for a damaged file."""
+    from safetensors import SafetensorError, safe_open
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, ValueError):
+        raise unreadable_checkpoint(path) from None
+
+
 def read_safetensors_metadata(path: PathLike) -> Dict[str, str]:
     """The metadata dict stored in a safetensors file (e.g. ``model`` and ``config``); a
     :func:`unreadable_checkpoint` error for a damaged file."""
-    from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, ValueError):
-        raise unreadable_checkpoint(path) from None
+    with open_safetensors(path) as f:
+        return dict(f.metadata() or {})
