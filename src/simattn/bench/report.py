@@ -14,7 +14,7 @@ import torch
 from ..utils.io import atomic_write_json, atomic_write_text, save_figure as _save_png
 from ..utils.runlog import progress as runlog_progress
 
-__all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
+__all__ = ["progress", "machine_info", "write_result_files", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
            "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
 
 T = TypeVar("T")
@@ -128,6 +128,21 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[S
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(buf.getvalue(), path)
+
+
+def write_result_files(stem: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                  notes: Sequence[str] = (), *, csv: bool = True, table: Optional[Sequence[Mapping[str, Any]]] = None,
+                  columns: Optional[Sequence[str]] = None, plot: Optional[Callable[[Path], Any]] = None,
+                  **more: Any) -> Any:
+    """A benchmark's results in the one layout they all share: ``<stem>.json`` holding ``{meta, rows, notes}`` (and
+    ``more``, the benchmark's own summaries), ``<stem>.csv`` of ``table`` (default the rows; ``columns`` first; none
+    with ``csv`` False) and ``<stem>.png`` drawn by ``plot(path)`` where one is given; returns what ``plot`` did."""
+    stem = Path(stem)
+    path = lambda suffix: stem.with_name(f"{stem.name}.{suffix}")  # noqa: E731
+    write_json({"meta": dict(meta), "rows": list(rows), "notes": list(notes), **more}, path("json"))
+    if csv:
+        write_csv(rows if table is None else table, path("csv"), columns)
+    return plot(path("png")) if plot is not None else None
 
 
 def write_json(obj: Any, path: Path) -> None:
