@@ -362,7 +362,7 @@ def write_results(rows, model, out_dir: Path, meta: Dict[str, Any], stem: str = 
     table = list(rows) + ([model] if model else [])
     extra = [c for r in table for c in r if c not in COLUMNS]
     title = f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · {meta.get('cpu_name') or meta['cpu']}"
-    write_result_files(out_dir / stem, meta, rows, model=model, table=table,
+    write_result_files(paths["json"], meta, rows, model=model, table=table,
                        columns=COLUMNS + list(dict.fromkeys(extra)),
                        plot=lambda path: plot_results(rows, model, path, title))
     write_text(summary_markdown(rows, model, meta) + "\n", paths["md"])

@@ -699,7 +699,7 @@ def _run_parts(args: argparse.Namespace, setting: Setting, sections: List[str]) 
             continue
         result = part.run(args, setting)
         plot = None if part.plot is None else (lambda path, part=part: part.plot(args, setting, result, path))
-        drawn = write_result_files(setting.out / part.name, setting.meta, result.rows, result.notes, plot=plot,
+        drawn = write_result_files(setting.out / f"{part.name}.json", setting.meta, result.rows, result.notes, plot=plot,
                                    **result.more)
         sections += part.markdown(args, setting, result, bool(drawn))
         failed += result.failed

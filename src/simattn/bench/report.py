@@ -130,19 +130,19 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[S
     atomic_write_text(buf.getvalue(), path)
 
 
-def write_result_files(stem: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                  notes: Sequence[str] = (), *, csv: bool = True, table: Optional[Sequence[Mapping[str, Any]]] = None,
-                  columns: Optional[Sequence[str]] = None, plot: Optional[Callable[[Path], Any]] = None,
-                  **more: Any) -> Any:
-    """A benchmark's results in the one layout they all share: ``<stem>.json`` holding ``{meta, rows, notes}`` (and
-    ``more``, the benchmark's own summaries), ``<stem>.csv`` of ``table`` (default the rows; ``columns`` first; none
-    with ``csv`` False) and ``<stem>.png`` drawn by ``plot(path)`` where one is given; returns what ``plot`` did."""
-    stem = Path(stem)
-    path = lambda suffix: stem.with_name(f"{stem.name}.{suffix}")  # noqa: E731
-    write_json({"meta": dict(meta), "rows": list(rows), "notes": list(notes), **more}, path("json"))
+def write_result_files(path: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                       notes: Sequence[str] = (), *, csv: bool = True, table: Optional[Sequence[Mapping[str, Any]]] = None,
+                       columns: Optional[Sequence[str]] = None, plot: Optional[Callable[[Path], Any]] = None,
+                       **more: Any) -> Any:
+    """A benchmark's results in the one layout they all share: the JSON file ``path`` holding ``{meta, rows,
+    notes}`` (and ``more``, the benchmark's own summaries), beside it the CSV of ``table`` (default the rows;
+    ``columns`` first; none with ``csv`` False) and the PNG drawn by ``plot(png_path)`` where one is given; returns
+    what ``plot`` returned."""
+    path = Path(path)
+    write_json({"meta": dict(meta), "rows": list(rows), "notes": list(notes), **more}, path)
     if csv:
-        write_csv(rows if table is None else table, path("csv"), columns)
-    return plot(path("png")) if plot is not None else None
+        write_csv(rows if table is None else table, path.with_suffix(".csv"), columns)
+    return plot(path.with_suffix(".png")) if plot is not None else None
 
 
 def write_json(obj: Any, path: Path) -> None:

@@ -319,7 +319,7 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     ups = speedups(rows, baseline)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
     extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
-    write_result_files(out_dir / stem, meta, rows, columns=RESULT_COLUMNS + list(extra),
+    write_result_files(paths["json"], meta, rows, columns=RESULT_COLUMNS + list(extra),
                        plot=lambda path: plot_results(rows, path, title=machine_line(meta).rstrip("."),
                                                       baseline=baseline),
                        speedups=ups, runtime_speedups=runtime_speedups(rows), floor_ratios=floor_ratios(rows))

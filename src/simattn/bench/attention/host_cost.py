@@ -19,8 +19,10 @@ SDPA's for the same pass. The kinds alternate batch by batch, so a drift in the 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
+import platform
 import statistics
 import time
 from typing import Callable, ContextManager, Dict, List, Tuple
@@ -28,9 +30,12 @@ from typing import Callable, ContextManager, Dict, List, Tuple
 import torch
 import torch.nn.functional as F
 
-from .report import relative_spread
+from ...utils.timing import set_threads
+from ..report import WIDE_SPREAD, cpu_info, relative_spread, spread_warning, write_result_files
+from .kinds import triton_version
 
-__all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows"]
+__all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows",
+           "main_host_cost"]
 
 #: the kinds timed through their Triton kernels, one per kernel family (FLatten for the linear family's features)
 TRITON_KINDS = ("sima", "flatten", "sigmoid", "agent")
@@ -42,10 +47,10 @@ SHAPE = (2, 2, 16, 16)
 
 def _triton_ops() -> Dict[str, Callable[..., torch.Tensor]]:
     """Each kind's public op with ``backend='triton'`` and its defaults (Agent: 2×2 agents pooled from q)."""
-    from ..attention.agent import agent_attention
-    from ..attention.flatten import flatten_attention
-    from ..attention.sigmoid import sigmoid_attention
-    from ..attention.sima import sima_attention
+    from ...attention.agent import agent_attention
+    from ...attention.flatten import flatten_attention
+    from ...attention.sigmoid import sigmoid_attention
+    from ...attention.sima import sima_attention
 
     return {"sima": lambda *qkv: sima_attention(*qkv, backend="triton"),
             "flatten": lambda *qkv: flatten_attention(*qkv, backend="triton"),
@@ -73,7 +78,7 @@ def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
 
 def _contexts() -> Dict[str, Callable[[], ContextManager]]:
     """The setting each kind's calls run in."""
-    from ..kernels.host import dry_run, hopper_stand_in
+    from ...kernels.host import dry_run, hopper_stand_in
     return {kind: contextlib.nullcontext if kind == "sdpa" else hopper_stand_in if kind.endswith("_launch")
             else dry_run for kind in KINDS}
 
@@ -159,3 +164,29 @@ def summary(rows: List[dict], machine: str) -> str:
 def spread_rows(rows: List[dict]) -> Dict[str, float]:
     """name → relative spread, for :func:`simattn.bench.report.spread_warning`."""
     return {f"{r['kind']} {r['pass']}": r["spread"] for r in rows if "spread" in r}
+
+
+def main_host_cost(args: argparse.Namespace) -> int:
+    """``--host-cost``: the host's work per Triton call against SDPA's (this module)."""
+    try:
+        import simattn.kernels.linear.launch  # noqa: F401 - the path measured
+    except ImportError as e:
+        raise ValueError(f"--host-cost times the Triton paths and needs the triton package ({e})") from None
+    threads = set_threads(args.threads or 1)
+    cpu = cpu_info()
+    machine = (f"{cpu.get('cpu_name') or platform.processor() or 'CPU name unknown'}, {threads} thread(s), "
+               f"torch {torch.__version__}, Triton {triton_version()}")
+    print(f"simattn bench attention --host-cost: {', '.join(TRITON_KINDS)} (backend 'triton'; <kind>: "
+          f"launches skipped, <kind>_launch: through Triton's launch path to a stubbed launcher) and SDPA on "
+          f"{'x'.join(map(str, SHAPE))} fp32 CPU tensors; {machine}", flush=True)
+    rows = measure(args.repeats, args.rounds)
+    print(format_rows(rows))
+    notes = [summary(rows, machine)]
+    warning = spread_warning(spread_rows(rows), WIDE_SPREAD)
+    notes += [warning] if warning else []
+    print("\n".join(notes))
+    write_result_files(args.output, {**vars(args), "threads": threads, "torch": torch.__version__,
+                                     "triton": triton_version(), "shape": list(SHAPE), **cpu, "wide_spread": WIDE_SPREAD},
+                       rows, notes, csv=False)
+    print(f"wrote {args.output}")
+    return 0
