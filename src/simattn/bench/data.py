@@ -46,7 +46,7 @@ from ..data.factory import DATASETS, create_dataset
 from ..utils.values import OPTIONS_HELP, quoted
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda, result_files
 from .report import machine_info, markdown_table, new_figure, relative_spread, save_figure, spread_warning, \
-    write_result_files, write_text
+    write_result_files
 
 __all__ = ["READERS", "FORMATS", "write_shards", "write_folder", "write_hfds", "build_copies", "open_copy",
            "measure_pass", "run_loaders", "plot_results", "main"]
@@ -360,12 +360,11 @@ def write_results(rows, model, out_dir: Path, meta: Dict[str, Any], stem: str = 
     out_dir = Path(out_dir)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
     table = list(rows) + ([model] if model else [])
-    extra = [c for r in table for c in r if c not in COLUMNS]
     title = f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · {meta.get('cpu_name') or meta['cpu']}"
     write_result_files(paths["json"], meta, rows, model=model, table=table,
-                       columns=COLUMNS + list(dict.fromkeys(extra)),
+                       columns=COLUMNS,
+                       markdown=summary_markdown(rows, model, meta) + "\n",
                        plot=lambda path: plot_results(rows, model, path, title))
-    write_text(summary_markdown(rows, model, meta) + "\n", paths["md"])
     return paths
 
 

@@ -34,7 +34,6 @@ command then names it in one line and exits 1. ``--overwrite`` replaces all of t
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +49,9 @@ from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model.spec import BenchSpec
 from .model.workers import run_specs
 from .cli import check_bench_flags, check_out, refuse_unused, result_files
-from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_result_files, write_text
+from ..utils.io import atomic_write_text
+from .report import machine_info, markdown_table, new_figure, progress, rounds_median, save_figure, \
+    write_result_files
 
 __all__ = ["PAPER_TABLE3", "PAPER_DEVICES", "PAPER_FIGURE_A1", "READINGS", "Table3Row", "table3_rows", "run_table3",
            "table3_records", "reading_verdict",
@@ -155,9 +156,7 @@ def run_table3(rows: Sequence[Table3Row], *, batch: int, device: str, warmup: in
         with torch.inference_mode():
             stats[i].append(time_fn(lambda: block(x), warmup=warmup, repeats=repeats, device=device))
     for row, st, n_exp in zip(rows, stats, exps):
-        row.result = {key: statistics.median(t[key] for t in st) for key in ("median_ms", "p10_ms", "p90_ms",
-                                                                             "mean_ms")}
-        row.result["exps"] = n_exp
+        row.result = {**rounds_median(st), "exps": n_exp}
     return table3_records(rows, batch)
 
 
@@ -426,16 +425,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "papers' numbers beside ours.", _options())
 
 
-#: part → the options only it takes (given for a part --only leaves out, they are refused)
-PART_OPTIONS = {
-    "table3": ("readings", "table3_batch", "repeats", "rounds"),
-    "figure_a1": ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
-                  "rounds_models", "warmup_models", "max_time"),
-    "table1": ("table1_batch",),
-    "figure1b": ("figure1b_p", "figure1b_depth", "figure1b_kinds"),
-    "digits": ("digits_kinds", "digits_epochs"),
-    "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts", "peers_formats"),
-}
 def paper_files() -> List[str]:
     """What the parts write into --output (tables, figures, the digits runs' folders) and the report: what
     --overwrite replaces; a folder holding anything else is refused."""
@@ -447,9 +436,9 @@ def paper_files() -> List[str]:
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     check_bench_flags(args, _options())
     args.only = list(dict.fromkeys(args.only or PARTS))
-    for part, names in PART_OPTIONS.items():
-        if part not in args.only:
-            refuse_unused(args, list(names), f"to {part}, which --only {' '.join(args.only)} leaves out")
+    for part in _paper_parts():
+        if part.options and part.name not in args.only:
+            refuse_unused(args, list(part.options), f"to {part.name}, which --only {' '.join(args.only)} leaves out")
     args.peers_parts = list(dict.fromkeys(args.peers_parts or PEER_PARTS))
     if "deploy" in args.peers_parts and "digits" not in args.peers_parts:
         raise ValueError("--peers-parts deploy exports the weights the digits part trains: add digits")
@@ -481,21 +470,17 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
 
 
 class Setting(NamedTuple):
-    """What every part of a run shares: the output folder, the machine's description and thread count."""
+    """What the parts of a run share: the output folder, the run's meta, the thread count and the machine in words."""
 
     out: Path
     meta: Dict[str, Any]
     threads: int
-
-    @property
-    def machine(self) -> str:
-        return (f"{self.meta.get('cpu_name') or self.meta['cpu']}, {self.threads} "
-                f"thread{'' if self.threads == 1 else 's'}")
+    machine: str
 
 
 @dataclass
 class PartResult:
-    """A part's rows and notes, what failed in it (one line per part, naming the runs) and any further JSON fields."""
+    """A part's rows and notes, what failed in it (one line per part, naming the runs) and its further JSON fields."""
 
     rows: List[Dict[str, Any]]
     notes: List[str] = field(default_factory=list)
@@ -505,29 +490,23 @@ class PartResult:
 
 @dataclass(frozen=True)
 class Part:
-    """One part of ``bench paper``: ``run`` measures, the loop writes ``<name>.{json,csv}`` (and ``<name>.png``
-    through ``plot``, which returns whether it drew), ``markdown`` gives its section of ``paper.md`` (told whether a
-    figure was drawn). It runs when ``--only`` names ``only`` and ``when`` holds."""
+    """One part of ``bench paper``, run when ``--only`` names ``only`` (default its name) and ``when`` holds: ``run``
+    measures, the loop writes ``<name>.{json,csv}`` and, with a ``plot``, ``<name>.png`` (a plot that returns
+    something empty drew nothing), linked as ``figure`` under ``markdown``, the part's section of ``paper.md``.
+    ``options``: the flags only it takes (refused where --only leaves it out)."""
 
     name: str
-    only: str
     run: Callable[[argparse.Namespace, Setting], PartResult]
-    markdown: Callable[[argparse.Namespace, Setting, PartResult, bool], List[str]]
+    markdown: Callable[[argparse.Namespace, Setting, PartResult], List[str]]
     plot: Optional[Callable[[argparse.Namespace, Setting, PartResult, Path], Any]] = None
+    figure: str = ""
+    options: Tuple[str, ...] = ()
+    only: str = ""
     when: Callable[[argparse.Namespace], bool] = lambda args: True
 
 
 def _failed(part: str, what: List[str]) -> List[str]:
     return [f"{part}: {', '.join(what)}"] if what else []
-
-
-def _figure(alt: str, name: str, drawn: bool = True) -> List[str]:
-    return [f"![{alt}]({name}.png)", ""] if drawn else []
-
-
-def _table3(args: argparse.Namespace, setting: Setting) -> PartResult:
-    return PartResult(run_table3(table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5,
-                                 repeats=args.repeats, rounds=args.rounds))
 
 
 def _figure_a1(args: argparse.Namespace, setting: Setting) -> PartResult:
@@ -543,13 +522,6 @@ def _table1(args: argparse.Namespace, setting: Setting) -> PartResult:
                                    repeats=2 if args.quick else 5, timeout=args.timeout)
     return PartResult(records, notes, _failed("table1", [f"{r['model']} ({r['error']})" for r in records
                                                          if r["error"]]))
-
-
-def _figure1b(args: argparse.Namespace, setting: Setting) -> PartResult:
-    from . import paper_tables as pt
-
-    return PartResult(*pt.run_figure1b(args.figure1b_kinds, args.figure1b_p, depth=args.figure1b_depth,
-                                       repeats=2 if args.quick else 5, memory_cap_gb=args.memory_cap))
 
 
 def _figure1b_title(args: argparse.Namespace, setting: Setting) -> str:
@@ -618,44 +590,48 @@ def _paper_parts() -> List[Part]:
     from . import paper_tables as pt
 
     return [
-        Part("table3", "table3", _table3,
-             lambda args, s, r, drawn: ["## Table 3: one attention block, fixed matmul order", "",
-                                        table3_markdown(r.rows), *_figure("table 3", "table3")],
-             plot=lambda args, s, r, path: plot_table3(r.rows, path)),
-        Part("figure_a1", "figure_a1", _figure_a1,
-             lambda args, s, r, drawn: [f"## Figure A1: whole models, inference, batch {args.batch}", "",
-                                        figure_a1_markdown(r.rows, r.notes), "", *_figure("figure A1", "figure_a1")],
-             plot=lambda args, s, r, path: plot_figure_a1(r.rows, path, args.batch, args.device)),
-        Part("table2", "table2", lambda args, s: PartResult(*pt.run_table2()),
-             lambda args, s, r, drawn: [f"## SimA Table 2: params, FLOPs and exp per image ({s.machine})", "",
-                                        pt.table2_markdown(r.rows, r.notes), ""]),
-        Part("table1", "table1", _table1,
-             lambda args, s, r, drawn: [f"## SOFT Table 1: the Tiny pyramid per kind ({s.machine})", "",
-                                        pt.table1_markdown(r.rows, r.notes), ""]),
-        Part("figure1b", "figure1b", _figure1b,
-             lambda args, s, r, drawn: [f"## SOFT Fig. 1b: memory and latency against 784·p tokens, "
-                                        f"{_figure1b_title(args, s)}", "", pt.figure1b_markdown(r.rows, r.notes), "",
-                                        *_figure("figure 1b", "figure1b")],
-             plot=lambda args, s, r, path: pt.plot_figure1b(r.rows, path, _figure1b_title(args, s))),
-        Part("digits", "digits", _digits,
-             lambda args, s, r, drawn: [f"## Every kind on the embedded digits ({s.machine})", "",
-                                        pt.digits_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds),
-                                        ""]),
+        Part("table3", lambda args, s: PartResult(run_table3(
+            table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5, repeats=args.repeats,
+            rounds=args.rounds)), lambda args, s, r: ["## Table 3: one attention block, fixed matmul order", "",
+                                                    table3_markdown(r.rows)],
+             plot=lambda args, s, r, path: plot_table3(r.rows, path), figure="table 3",
+             options=("readings", "table3_batch", "repeats", "rounds")),
+        Part("figure_a1", _figure_a1,
+             lambda args, s, r: [f"## Figure A1: whole models, inference, batch {args.batch}", "",
+                                 figure_a1_markdown(r.rows, r.notes), ""],
+             plot=lambda args, s, r, path: plot_figure_a1(r.rows, path, args.batch, args.device), figure="figure A1",
+             options=("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
+                      "rounds_models", "warmup_models", "max_time")),
+        Part("table2", lambda args, s: PartResult(*pt.run_table2()),
+             lambda args, s, r: [f"## SimA Table 2: params, FLOPs and exp per image ({s.machine})", "",
+                                 pt.table2_markdown(r.rows, r.notes), ""]),
+        Part("table1", _table1, lambda args, s, r: [f"## SOFT Table 1: the Tiny pyramid per kind ({s.machine})", "",
+                                                    pt.table1_markdown(r.rows, r.notes), ""],
+             options=("table1_batch",)),
+        Part("figure1b", lambda args, s: PartResult(*pt.run_figure1b(
+            args.figure1b_kinds, args.figure1b_p, depth=args.figure1b_depth, repeats=2 if args.quick else 5,
+            memory_cap_gb=args.memory_cap)),
+             lambda args, s, r: [f"## SOFT Fig. 1b: memory and latency against 784·p tokens, "
+                                 f"{_figure1b_title(args, s)}", "", pt.figure1b_markdown(r.rows, r.notes), ""],
+             plot=lambda args, s, r, path: pt.plot_figure1b(r.rows, path, _figure1b_title(args, s)),
+             figure="figure 1b", options=("figure1b_p", "figure1b_depth", "figure1b_kinds")),
+        Part("digits", _digits, lambda args, s, r: [
+            f"## Every kind on the embedded digits ({s.machine})", "",
+            pt.digits_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds), ""],
+             options=("digits_kinds", "digits_epochs")),
         # the released tags alone (--peers-parts imagenet) make no DeiT-T table
-        Part("peers", "peers", _peers,
-             lambda args, s, r, drawn: [f"## Peers: {_peers_title(s)}", "",
-                                        pp.peers_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds),
-                                        "", *_figure("peers", "peers", drawn)],
-             plot=lambda args, s, r, path: pp.plot_peers(r.rows, path, _peers_title(s)),
+        Part("peers", _peers, lambda args, s, r: [
+            f"## Peers: {_peers_title(s)}", "",
+            pp.peers_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds), ""],
+             plot=lambda args, s, r, path: pp.plot_peers(r.rows, path, _peers_title(s)), figure="peers",
+             options=("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts", "peers_formats"),
              when=lambda args: bool({"costs", "latency", "digits", "deploy"} & set(args.peers_parts))),
-        Part("peers_imagenet", "peers", _imagenet,
-             lambda args, s, r, drawn: ["### Peers: the released ImageNet-1k checkpoints", "",
-                                        pi.imagenet_markdown(r.rows), "",
-                                        *_figure("peers imagenet", "peers_imagenet", drawn)],
-             plot=lambda args, s, r, path: pi.plot_imagenet(
-                 r.rows, path, "the peers' released ImageNet-1k checkpoints: the authors' top-1 against the cost of "
-                               "the model built here"),
-             when=lambda args: "imagenet" in args.peers_parts),
+        Part("peers_imagenet", _imagenet, lambda args, s, r: [
+            "### Peers: the released ImageNet-1k checkpoints", "", pi.imagenet_markdown(r.rows), ""],
+             plot=lambda args, s, r, path: pi.plot_imagenet(r.rows, path, "the peers' released ImageNet-1k "
+                                                            "checkpoints: the authors' top-1 against the cost of the "
+                                                            "model built here"),
+             figure="peers imagenet", only="peers", when=lambda args: "imagenet" in args.peers_parts),
     ]
 
 
@@ -667,18 +643,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
           flush=True)
-    out = Path(args.output)
-    sections = ["# SimA and SOFT paper results on this machine",
-                "", f"{meta['device']} ({meta.get('cpu_name') or meta['cpu']}), {threads} "
-                    f"thread{'' if threads == 1 else 's'}, torch "
-                    f"{meta['torch']}. "
-                    f"Command: `{meta['command']}`", ""]
+    cpu, threads_said = meta.get('cpu_name') or meta['cpu'], f"{threads} thread{'' if threads == 1 else 's'}"
+    setting = Setting(Path(args.output), meta, threads, f"{cpu}, {threads_said}")
+    sections = ["# SimA and SOFT paper results on this machine", "",
+                f"{meta['device']} ({cpu}), {threads_said}, torch {meta['torch']}. Command: `{meta['command']}`", ""]
     if args.overwrite:
         # the earlier results go whole (run folders under digits/ and peers_*/ too, which a run of other kinds or
         # seeds would leave beside the new ones): moved aside, and put back if this command stops half-way
-        claim_run_folder(out, overwrite=True, replaced=paper_files(), clean=False, lock=False)
+        claim_run_folder(setting.out, overwrite=True, replaced=paper_files(), clean=False, lock=False)
     try:
-        failed = _run_parts(args, Setting(out, meta, threads), sections)
+        failed = _run_parts(args, setting, sections)
     except BaseException:
         settle_replaced(False)
         raise
@@ -695,18 +669,19 @@ def _run_parts(args: argparse.Namespace, setting: Setting, sections: List[str]) 
     """
     failed: List[str] = []
     for part in _paper_parts():
-        if part.only not in args.only or not part.when(args):
+        if (part.only or part.name) not in args.only or not part.when(args):
             continue
         result = part.run(args, setting)
         plot = None if part.plot is None else (lambda path, part=part: part.plot(args, setting, result, path))
-        drawn = write_result_files(setting.out / f"{part.name}.json", setting.meta, result.rows, result.notes, plot=plot,
-                                   **result.more)
-        sections += part.markdown(args, setting, result, bool(drawn))
+        drawn = write_result_files(setting.out / f"{part.name}.json", setting.meta, result.rows, result.notes,
+                                   plot=plot, **result.more)
+        sections += part.markdown(args, setting, result)
+        sections += [f"![{part.figure}]({part.name}.png)", ""] if plot and (drawn is None or drawn) else []
         failed += result.failed
     if failed:
         sections += ["## Failed", "", *(f"- {f}" for f in failed), ""]
     report = "\n".join(sections)
-    write_text(report, setting.out / "paper.md")
+    atomic_write_text(report, setting.out / "paper.md")
     print(report)
     print(f"wrote {setting.out}/paper.md and its tables and figures")
     return failed

@@ -1,7 +1,7 @@
 """``simattn bench attention``: every attention kind's forward latency against softmax SDPA and the official SimA.
 
 All kinds run in one process, interleaved per token count, on the same inputs and a fixed thread count, so the
-printed ratios compare like with like. The functional ops are timed (no projections), which is exactly where the
+printed ratios compare like with like. The attention alone is timed (no projections), which is exactly where the
 kinds differ. By default q, k, v are what every module (timm's, the official SimA code's, ours) feeds its
 attention: strided (B, H, N, d) views of one fused qkv projection (``--layout qkv``); ``--layout contiguous`` gives
 each its own contiguous tensor instead.
@@ -27,8 +27,8 @@ its parameters at their initial values (the grid-linear kinds' kernel op without
 ``attend`` on the grid N fits, its prefix the rest), SimA under ``torch.compile`` (``sima_compile``), against softmax
 SDPA with its flash and memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), forward and
 forward+backward, B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls
-between CUDA events (:func:`simattn.utils.timing.cuda_times`): eagerly (``median_ms``: what a user's loop sees, host work included) and
-replayed from a CUDA graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the
+between CUDA events (:func:`simattn.utils.timing.cuda_times`): eagerly (``median_ms``: what a user's loop sees, host
+work included) and replayed from a CUDA graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the
 bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output; backward: read
 q, k, v and the output gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM
 bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that
@@ -43,28 +43,20 @@ Without a CUDA device it stops at once with a one-line error (exit code 2).
 from __future__ import annotations
 
 import argparse
-from typing import List, Optional
+from typing import List
 
 import torch
 
 from ..cli import check_bench_flags, check_out, refuse_unused, require_cuda
-from .cpu import TOKENS as DEFAULT_TOKENS, add_ratios, batch_for, floor_warning, format_table, main_cpu, run, \
-    sima_note, table_notes
-from .gpu import DEFAULT_HBM_GBPS, HBM_GBPS, PASSES, TOKENS as GPU_TOKENS, add_roofline, format_gpu_table, \
-    hbm_gbps, main_gpu, min_bytes, rounds_median, run_gpu, table_points, write_backend_table
+from .cpu import TOKENS as DEFAULT_TOKENS, add_ratios, floor_warning, format_table, main_cpu, table_notes
+from .gpu import DEFAULT_HBM_GBPS, PASSES, TOKENS as GPU_TOKENS, add_roofline, format_gpu_table, hbm_gbps, main_gpu, \
+    rounds_median, run_gpu, table_points, write_backend_table
 from .host_cost import main_host_cost
-from .kinds import LAYOUTS, REQUIRED, kind_fn, make_qkv, timed_kinds
+from .kinds import LAYOUTS, REQUIRED, make_qkv, timed_kinds
 
-__all__ = ["timed_kinds", "kind_fn", "make_qkv", "LAYOUTS", "REQUIRED", "DEFAULT_TOKENS", "GPU_TOKENS", "PASSES",
-           "HBM_GBPS", "DEFAULT_HBM_GBPS", "batch_for", "run", "add_ratios", "format_table", "floor_warning",
-           "sima_note", "table_notes", "hbm_gbps", "min_bytes", "run_gpu", "rounds_median", "add_roofline",
-           "table_points", "write_backend_table", "format_gpu_table", "build_parser", "main"]
-
-
-def _known_kinds(values: List[str]) -> Optional[str]:
-    allowed = list(dict.fromkeys(timed_kinds("cpu") + timed_kinds("cuda")))
-    bad = [v for v in values if v not in allowed]
-    return f"{', '.join(map(repr, bad))} not allowed; allowed: some of {', '.join(allowed)}" if bad else None
+__all__ = ["timed_kinds", "make_qkv", "LAYOUTS", "PASSES", "DEFAULT_HBM_GBPS", "add_ratios", "format_table",
+           "floor_warning", "table_notes", "hbm_gbps", "run_gpu", "rounds_median", "add_roofline", "table_points",
+           "write_backend_table", "format_gpu_table", "build_parser", "main"]
 
 
 def _options():
@@ -78,7 +70,7 @@ def _options():
         "kinds": Opt(None, "attention kinds (default: all; on CPU: the references and every registered kind that "
                            "needs no token grid, through its module; with --device cuda: SDPA's backends, "
                            "sima_compile and every kind with GPU kernels, in torch and on them)",
-                     type=maybe(List[str]), check=_known_kinds),
+                     type=maybe(List[str]), check=some_of(list(dict.fromkeys(timed_kinds("cpu") + timed_kinds("cuda"))))),
         "heads": Opt(None, "heads H (default 6 on CPU, 16 with --device cuda)", **counts),
         "head_dim": Opt(64, "head dim d", low=1),
         "batch": shared("batch", help="batch B with --device cuda (default 8; the CPU sweep uses 8 at N = 197, 1 "

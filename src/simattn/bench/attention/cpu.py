@@ -12,12 +12,8 @@ import torch
 
 from ...kernels.cpu import sima as sima_cpu
 from ...utils.timing import keep_freed_memory, set_threads, time_fn
-from ..report import WIDE_SPREAD, cpu_info, fmt_ms, quiet_advice, relative_spread, spread_warning, \
-    write_result_files
-from .kinds import kind_fn, make_qkv
-
-__all__ = ["TOKENS", "batch_for", "run", "add_ratios", "format_table", "floor_warning", "sima_note", "table_notes",
-           "main_cpu"]
+from ..report import WIDE_SPREAD, cpu_info, fmt_ms, quiet_advice, relative_spread, spread_warning
+from .kinds import finish, kind_fn, make_qkv
 
 TOKENS = (64, 197, 785, 3137, 9217)
 
@@ -129,13 +125,6 @@ def main_cpu(args: argparse.Namespace) -> int:
           f"{args.dtype}, {args.layout} q/k/v layout; {allocator}", flush=True)
     rows = run(args.tokens, args.kinds, args.heads, args.head_dim, threads, args.repeats, args.device,
                getattr(torch, args.dtype), args.max_seconds, args.layout, args.rounds)
-    print(format_table(rows))
-    notes = table_notes(rows)
-    print("\n".join(notes))
-    write_result_files(args.output, {**vars(args), "threads": threads, "allocator": allocator,
-                                     "torch": torch.__version__, "machine": platform.machine(),
-                                     "processor": platform.processor(), **cpu,
-                                     "sima_cpu_kernel": sima_cpu.available(), "wide_spread": WIDE_SPREAD},
-                       rows, notes, csv=False)
-    print(f"wrote {args.output}")
-    return 0
+    return finish(args.output, {**vars(args), "threads": threads, "allocator": allocator, "torch": torch.__version__,
+                                "machine": platform.machine(), "processor": platform.processor(), **cpu,
+                                "sima_cpu_kernel": sima_cpu.available()}, rows, format_table(rows), table_notes(rows))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 from typing import Callable, Dict, List, Optional
 
@@ -13,11 +12,8 @@ import torch
 
 from ...utils.io import atomic_write_json
 from ...utils.timing import cuda_times
-from ..report import WIDE_SPREAD, fmt_ms, relative_spread, spread_warning, write_result_files
-from .kinds import kind_fn, make_qkv, triton_version
-
-__all__ = ["TOKENS", "PASSES", "HBM_GBPS", "DEFAULT_HBM_GBPS", "hbm_gbps", "min_bytes", "run_gpu", "rounds_median",
-           "add_roofline", "table_points", "write_backend_table", "format_gpu_table", "main_gpu"]
+from ..report import fmt_ms, relative_spread, rounds_median, triton_version
+from .kinds import finish, kind_fn, make_qkv
 
 TOKENS = (197, 1024, 4096, 16384)
 PASSES = ("fwd", "fwd+bwd")
@@ -112,14 +108,6 @@ def run_gpu(tokens: List[int], kinds: List[str], batch: int, heads: int, head_di
     return add_roofline(rows, peak_gbps)
 
 
-def rounds_median(times: List[dict]) -> dict:
-    """The median over rounds of each time (``*_ms``) the timer gave in every round; a graph capture's error kept."""
-    out = {key: statistics.median(t[key] for t in times) for key in times[0]
-           if key.endswith("_ms") and all(key in t for t in times)}
-    errors = [t["graph_error"] for t in times if "graph_error" in t]
-    return {**out, "graph_error": errors[0]} if errors else out
-
-
 def add_roofline(rows: List[dict], peak_gbps: float) -> List[dict]:
     """``host_ms`` (eager time - graph time; None without a graph time), ``gbps`` (bytes / time), ``roofline_ms``
     (bytes at ``peak_gbps``), ``roofline_frac`` (roofline / time) and ``speedup_vs_sdpa`` (the faster SDPA backend's
@@ -209,19 +197,13 @@ def main_gpu(args: argparse.Namespace) -> int:
           f"H={args.heads} d={args.head_dim} {args.dtype}, {args.layout} q/k/v layout; peak HBM {source}", flush=True)
     rows = run_gpu(args.tokens, args.kinds, args.batch, args.heads, args.head_dim, dtype, args.device, peak,
                    args.passes, args.layout, args.repeats, args.rounds)
-    print(format_gpu_table(rows))
     notes = [f"bytes: the least any implementation moves (forward: q, k, v in, output out; backward: q, k, v and the "
              f"output gradient in, three gradients out); roofline: those bytes at {peak:g} GB/s; x vs SDPA: the "
-             f"faster SDPA backend's time / time (> 1 is faster); % HBM: bytes / time / peak"]
-    notes[0] += ("; graph: the same calls replayed from a CUDA graph (GPU time alone); host: median - graph, the "
-                 "host's work the GPU waited for")
-    warning = spread_warning({f"{r['kind']} {r['pass']} N={r['tokens']}": r.get("spread") for r in rows}, WIDE_SPREAD)
-    notes += [warning] if warning else []
-    print("\n".join(notes))
-    write_result_files(args.output, {**vars(args), "device_name": torch.cuda.get_device_name(device),
-                                     "hbm_gbps": peak, "hbm_source": source, **versions, "wide_spread": WIDE_SPREAD},
-                       rows, notes, csv=False)
-    print(f"wrote {args.output}")
+             f"faster SDPA backend's time / time (> 1 is faster); % HBM: bytes / time / peak; graph: the same calls "
+             f"replayed from a CUDA graph (GPU time alone); host: median - graph, the host's work the GPU waited for"]
+    finish(args.output, {**vars(args), "device_name": torch.cuda.get_device_name(device), "hbm_gbps": peak,
+                         "hbm_source": source, **versions}, rows, format_gpu_table(rows), notes,
+           {f"{r['kind']} {r['pass']} N={r['tokens']}": r.get("spread") for r in rows})
     if args.write_table:
         from ...attention.backends import gpu_capability
 

@@ -23,16 +23,15 @@ import argparse
 import contextlib
 import gc
 import platform
-import statistics
 import time
 from typing import Callable, ContextManager, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ...utils.timing import set_threads
-from ..report import WIDE_SPREAD, cpu_info, relative_spread, spread_warning, write_result_files
-from .kinds import triton_version
+from ...utils.timing import percentiles, set_threads
+from ..report import cpu_info, relative_spread, triton_version
+from .kinds import finish
 
 __all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows",
            "main_host_cost"]
@@ -118,11 +117,10 @@ def measure(repeats: int, rounds: int, calls: int = 200, fns=None) -> List[dict]
             gc.enable()
     rows = [{"kind": kind, "pass": pass_, "error": error} for (kind, pass_), error in errors.items()]
     for (kind, pass_), times in samples.items():
-        times = sorted(times)
-        rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
-        median = statistics.median(times)
-        rows.append({"kind": kind, "pass": pass_, "host_us": median, "host_us_p10": rank(0.1),
-                     "host_us_p90": rank(0.9), "spread": relative_spread(rank(0.1), rank(0.9), median),
+        us = percentiles(times)  # in µs here
+        rows.append({"kind": kind, "pass": pass_, "host_us": us["median_ms"], "host_us_p10": us["p10_ms"],
+                     "host_us_p90": us["p90_ms"], "spread": relative_spread(us["p10_ms"], us["p90_ms"],
+                                                                            us["median_ms"]),
                      "calls": calls * len(times)})
     return add_ratios(rows)
 
@@ -180,13 +178,6 @@ def main_host_cost(args: argparse.Namespace) -> int:
           f"launches skipped, <kind>_launch: through Triton's launch path to a stubbed launcher) and SDPA on "
           f"{'x'.join(map(str, SHAPE))} fp32 CPU tensors; {machine}", flush=True)
     rows = measure(args.repeats, args.rounds)
-    print(format_rows(rows))
-    notes = [summary(rows, machine)]
-    warning = spread_warning(spread_rows(rows), WIDE_SPREAD)
-    notes += [warning] if warning else []
-    print("\n".join(notes))
-    write_result_files(args.output, {**vars(args), "threads": threads, "torch": torch.__version__,
-                                     "triton": triton_version(), "shape": list(SHAPE), **cpu, "wide_spread": WIDE_SPREAD},
-                       rows, notes, csv=False)
-    print(f"wrote {args.output}")
-    return 0
+    return finish(args.output, {**vars(args), "threads": threads, "torch": torch.__version__,
+                                "triton": triton_version(), "shape": list(SHAPE), **cpu},
+                  rows, format_rows(rows), [summary(rows, machine)], spread_rows(rows))

@@ -7,14 +7,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-__all__ = ["LAYOUTS", "REQUIRED", "timed_kinds", "kind_fn", "make_qkv", "triton_version"]
+from ..report import WIDE_SPREAD, spread_warning, write_result_files
 
 LAYOUTS = ("qkv", "contiguous")
 #: CPU rows every run includes: the ratios are against them
 REQUIRED = ("softmax", "sima_official", "sima_matmuls")
-#: rows beside the registered kinds: on CPU SimA's reference and its two matmuls alone (the floor) and SOFT (on its
-#: own landmark ratio per N, see :func:`_soft`); on CUDA softmax on SDPA's backends and SimA under torch.compile
-EXTRA = {"cpu": ("sima_official", "sima_matmuls", "soft"), "cuda": ("sdpa_flash", "sdpa_efficient", "sima_compile")}
+#: GPU rows beside the kinds with kernels: softmax on SDPA's backends and SimA under torch.compile
+GPU_EXTRA = ("sdpa_flash", "sdpa_efficient", "sima_compile")
 #: the kernel backends that run on CUDA (the others, SimA's ``cpp``, on CPU)
 GPU_BACKENDS = ("triton",)
 
@@ -46,13 +45,13 @@ def timed_kinds(device: str) -> List[str]:
     gpu = torch.device(device).type == "cuda"
     kernels = _kernel_rows()["cuda" if gpu else "cpu"]
     if gpu:
-        return list(EXTRA["cuda"]) + list(kernels)
+        return list(GPU_EXTRA) + list(kernels)
     rows: List[str] = list(REQUIRED)
     for kind in list_attentions():
         cls = get_attention_class(kind)
         if not (cls.uses_grid or cls.attend_uses_grid):
             rows += [row for row, (owner, _) in kernels.items() if owner == kind] or [kind]
-    return list(dict.fromkeys(rows + list(EXTRA["cpu"])))
+    return list(dict.fromkeys(rows)) + ["soft"]  # SOFT on its own landmark ratio per N (:func:`_soft`)
 
 
 def _soft(n: int) -> Callable:
@@ -79,15 +78,12 @@ def _sima_matmuls(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Callable
     return fn
 
 
-def _sdpa(backend_name: str) -> Callable:
+def _sdpa(backend: str) -> Callable:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    backend = getattr(SDPBackend, backend_name)
-
     def fn(q, k, v):
-        with sdpa_kernel(backend):
+        with sdpa_kernel(getattr(SDPBackend, backend)):
             return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-
     return fn
 
 
@@ -97,8 +93,8 @@ def _module_fn(kind: str, backend: Optional[str], heads: int, head_dim: int, dev
     grid infers it from N)."""
     from ...attention import create_attention
 
-    options = {} if backend is None else {"backend": backend}
-    module = create_attention(kind, heads * head_dim, num_heads=heads, **options).to(device, dtype).eval()
+    module = create_attention(kind, heads * head_dim, num_heads=heads, **({"backend": backend} if backend else {}))
+    module = module.to(device, dtype).eval()
     module.requires_grad_(False)
     if hasattr(module, "core"):
         return module.core
@@ -123,6 +119,19 @@ def kind_fn(row: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: 
     return _module_fn(kind, backend, heads, head_dim, device, dtype)
 
 
+def finish(output: str, meta: Dict, rows: List[dict], table: str, notes: List[str],
+           spreads: Optional[Dict[str, Optional[float]]] = None) -> int:
+    """Every mode's end: the table and the notes printed (a warning added where ``spreads``, name → relative
+    spread, has wide ones), the results written to ``output`` and named."""
+    warning = spread_warning(spreads or {}, WIDE_SPREAD)
+    notes = notes + ([warning] if warning else [])
+    print(table)
+    print("\n".join(notes))
+    write_result_files(output, {**meta, "wide_spread": WIDE_SPREAD}, rows, notes, csv=False)
+    print(f"wrote {output}")
+    return 0
+
+
 def make_qkv(b: int, heads: int, n: int, head_dim: int, layout: str, gen: torch.Generator, device: str,
              dtype: torch.dtype) -> List[torch.Tensor]:
     """q, k, v of shape (B, H, N, d): views of one fused (B, N, 3, H, d) projection, or three contiguous tensors."""
@@ -130,11 +139,3 @@ def make_qkv(b: int, heads: int, n: int, head_dim: int, layout: str, gen: torch.
         fused = torch.randn(b, n, 3, heads, head_dim, generator=gen).to(device, dtype)
         return list(fused.permute(2, 0, 3, 1, 4).unbind(0))
     return [torch.randn(b, heads, n, head_dim, generator=gen).to(device, dtype) for _ in range(3)]
-
-
-def triton_version() -> Optional[str]:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__
