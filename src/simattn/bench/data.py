@@ -360,7 +360,8 @@ def write_results(rows, model, out_dir: Path, meta: Dict[str, Any], stem: str = 
     out_dir = Path(out_dir)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
     table = list(rows) + ([model] if model else [])
-    title = f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · {meta.get('cpu_name') or meta['cpu']}"
+    title = (f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · "
+             f"{meta.get('cpu_name') or meta['cpu']}")
     write_result_files(paths["json"], meta, rows, model=model, table=table,
                        columns=COLUMNS,
                        markdown=summary_markdown(rows, model, meta) + "\n",

@@ -42,12 +42,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import torch
 from torch import nn
 
-from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
+from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention, list_attentions
 from ..attention.elu import elu_attention_reference
 from ..utils.runs import claim_run_folder, settle_replaced
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model.spec import BenchSpec
 from .model.workers import run_specs
+from . import paper_imagenet as pi, paper_peers as pp, paper_tables as pt
 from .cli import check_bench_flags, check_out, refuse_unused, result_files
 from ..utils.io import atomic_write_text
 from .report import machine_info, markdown_table, new_figure, progress, rounds_median, save_figure, \
@@ -412,9 +413,7 @@ def _options():
 def _kind_names() -> List[str]:
     """Kinds ``--figure1b-kinds`` / ``--digits-kinds`` take: the registered ones and the papers' (a paper kind
     this installation lacks is left out of the tables with a note)."""
-    from ..attention import list_attentions
-    from .paper_tables import PAPER_KINDS
-    return sorted(set(list_attentions()) | set(PAPER_KINDS))
+    return sorted(set(list_attentions()) | set(pt.PAPER_KINDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -516,8 +515,6 @@ def _figure_a1(args: argparse.Namespace, setting: Setting) -> PartResult:
 
 
 def _table1(args: argparse.Namespace, setting: Setting) -> PartResult:
-    from . import paper_tables as pt
-
     records, notes = pt.run_table1(batch=args.table1_batch, threads=setting.threads, device=args.device,
                                    repeats=2 if args.quick else 5, timeout=args.timeout)
     return PartResult(records, notes, _failed("table1", [f"{r['model']} ({r['error']})" for r in records
@@ -535,9 +532,6 @@ def _digits_overrides(args: argparse.Namespace, epochs: Optional[int], threads: 
 
 
 def _digits(args: argparse.Namespace, setting: Setting) -> PartResult:
-    from ..attention import list_attentions
-    from . import paper_tables as pt
-
     return PartResult(*pt.run_digits(args.digits_kinds or list_attentions(), args.digits_seeds,
                                      setting.out / "digits", args.digits_recipe,
                                      _digits_overrides(args, args.digits_epochs, setting.threads)))
@@ -546,8 +540,6 @@ def _digits(args: argparse.Namespace, setting: Setting) -> PartResult:
 def _peers(args: argparse.Namespace, setting: Setting) -> PartResult:
     """The peers' DeiT-T table (:mod:`simattn.bench.paper_peers`): what failed in it is
     :func:`~simattn.bench.paper_peers.peers_failures`."""
-    from . import paper_peers as pp
-
     kinds, notes = pp.registered_kinds(args.peers_kinds)
     parts = args.peers_parts
     costs, latency, digits, deployed = [], [], [], []
@@ -576,8 +568,6 @@ def _peers_title(setting: Setting) -> str:
 
 
 def _imagenet(args: argparse.Namespace, setting: Setting) -> PartResult:
-    from . import paper_imagenet as pi
-
     rows = pi.run_imagenet_rows()
     return PartResult(rows, failed=[f"peers imagenet: {row['tag']} ({row['error']})" for row in rows
                                     if row.get("error")])
@@ -587,8 +577,6 @@ def _paper_parts() -> List[Part]:
     """Every part in the order it runs and its section stands in ``paper.md``."""
     from . import paper_imagenet as pi
     from . import paper_peers as pp
-    from . import paper_tables as pt
-
     return [
         Part("table3", lambda args, s: PartResult(run_table3(
             table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5, repeats=args.repeats,

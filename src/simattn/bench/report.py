@@ -15,8 +15,8 @@ import torch
 from ..utils.io import atomic_write_json, atomic_write_text, save_figure as _save_png
 from ..utils.runlog import progress as runlog_progress
 
-__all__ = ["progress", "machine_info", "triton_version", "rounds_median", "gap_pct", "write_result_files", "write_csv", "markdown_table", "fmt",
-           "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
+__all__ = ["progress", "machine_info", "triton_version", "rounds_median", "gap_pct", "write_result_files", "write_csv",
+           "markdown_table", "fmt", "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
 
 T = TypeVar("T")
 
@@ -129,7 +129,7 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[S
 
 
 def rounds_median(times: List[dict]) -> dict:
-    """The median over rounds of each time (``*_ms``) a timer gave in every round (a CUDA graph's capture error kept)."""
+    """The median over rounds of each time (``*_ms``) a timer gave in every round; a CUDA graph's capture error kept."""
     out = {key: statistics.median(t[key] for t in times) for key in times[0]
            if key.endswith("_ms") and all(key in t for t in times)}
     errors = [t["graph_error"] for t in times if "graph_error" in t]
@@ -142,9 +142,10 @@ def gap_pct(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
 
 
 def write_result_files(path: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
-                       notes: Sequence[str] = (), *, csv: bool = True, table: Optional[Sequence[Mapping[str, Any]]] = None,
-                       columns: Optional[Sequence[str]] = None, markdown: Optional[str] = None,
-                       plot: Optional[Callable[[Path], Any]] = None, **more: Any) -> Any:
+                       notes: Sequence[str] = (), *, csv: bool = True,
+                       table: Optional[Sequence[Mapping[str, Any]]] = None, columns: Optional[Sequence[str]] = None,
+                       markdown: Optional[str] = None, plot: Optional[Callable[[Path], Any]] = None,
+                       **more: Any) -> Any:
     """A benchmark's results in the one layout they all share: the JSON file ``path`` holding ``{meta, rows,
     notes}`` (and ``more``, the benchmark's own summaries), beside it the CSV of ``table`` (default the rows;
     ``columns`` first; none with ``csv`` False), the ``markdown`` summary and the PNG drawn by ``plot(png_path)``, each

@@ -28,11 +28,11 @@ its parameters at their initial values (the grid-linear kinds' kernel op without
 SDPA with its flash and memory-efficient backends (``sdpa_flash``, ``sdpa_efficient``), forward and
 forward+backward, B = 8, H = 16, d = 64, bf16 by default. Each time is a mean per call over back-to-back calls
 between CUDA events (:func:`simattn.utils.timing.cuda_times`): eagerly (``median_ms``: what a user's loop sees, host
-work included) and replayed from a CUDA graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference). Beside each time: the
-bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the output; backward: read
-q, k, v and the output gradient, write the three gradients) and the time those bytes take at the GPU's peak HBM
-bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and the share of that
-peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
+work included) and replayed from a CUDA graph (``graph_ms``: GPU time alone; ``host_ms`` is the difference).
+Beside each time: the bandwidth achieved on the bytes the op must move at least (forward: read q, k, v, write the
+output; backward: read q, k, v and the output gradient, write the three gradients) and the time those bytes take at
+the GPU's peak HBM bandwidth (the op's roofline; ``--hbm-gbps``, default from :data:`HBM_GBPS` by device name), and
+the share of that peak the row reaches (``% HBM``: bytes / time / peak). The JSON names the GPU, torch and Triton.
 ``--write-table PATH`` also writes SimA's backend table (:func:`simattn.attention.backends.gpu_table`) with this
 sweep's points (:func:`table_points`): per pass and N, the GPU times of ``sima_triton`` and ``sima``, for ``auto``.
 Without a CUDA device it stops at once with a one-line error (exit code 2).
@@ -70,7 +70,8 @@ def _options():
         "kinds": Opt(None, "attention kinds (default: all; on CPU: the references and every registered kind that "
                            "needs no token grid, through its module; with --device cuda: SDPA's backends, "
                            "sima_compile and every kind with GPU kernels, in torch and on them)",
-                     type=maybe(List[str]), check=some_of(list(dict.fromkeys(timed_kinds("cpu") + timed_kinds("cuda"))))),
+                     type=maybe(List[str]),
+                     check=some_of(list(dict.fromkeys(timed_kinds("cpu") + timed_kinds("cuda"))))),
         "heads": Opt(None, "heads H (default 6 on CPU, 16 with --device cuda)", **counts),
         "head_dim": Opt(64, "head dim d", low=1),
         "batch": shared("batch", help="batch B with --device cuda (default 8; the CPU sweep uses 8 at N = 197, 1 "
