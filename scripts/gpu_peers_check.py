@@ -54,7 +54,8 @@ def main(argv: List[str]) -> int:
     if not path.is_file():
         print(f"FAIL: no file {path} (see the sweep's log)")
         return 1
-    lines = verdict_lines(json.loads(path.read_text())["results"])
+    data = json.loads(path.read_text())
+    lines = verdict_lines(data["rows"] if "rows" in data else data["results"])  # "results": sweeps before {meta, rows}
     print("\n".join(lines))
     return 1 if any(line.startswith("FAIL") for line in lines) else 0
 

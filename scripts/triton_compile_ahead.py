@@ -23,7 +23,7 @@ import multiprocessing
 import sys
 import time
 
-KINDS = ["sima_triton", "elu", "xnorm", "sigmoid_triton", "agent_triton"]
+KINDS = ["sima_triton", "elu_triton", "xnorm_triton", "sigmoid_triton", "agent_triton"]
 
 
 def _compile_only(shared):

@@ -176,6 +176,37 @@ def assert_grads_close(actual, expected, tol: float, names, what: str = "") -> N
         assert torch.isfinite(a).all() and err <= tol, f"{what} d/d{name}: error {err:.3g} > {tol:.3g}"
 
 
+def qkv_leaves(shapes, device="cpu", fused=False, dtype=torch.float32, gen=None):
+    """q, k, v of ``shapes`` ((B, H, Nq, d), (B, H, Nk, dv)) and the leaves to differentiate: three tensors, or one
+    fused (B, N, 3, H, d) projection whose strided views they are (what ``TokenAttention.project`` hands over).
+    Drawn from ``gen`` (default seed 0)."""
+    gen = gen or torch.Generator().manual_seed(0)
+    (B, H, n_q, d), (_, _, n_k, d_v) = shapes
+    if fused:
+        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
+        return qkv_views([leaf]), [leaf]
+    leaves = [torch.randn(B, H, n, c, generator=gen).to(device, dtype).requires_grad_()
+              for n, c in ((n_q, d), (n_k, d), (n_k, d_v))]
+    return leaves, leaves
+
+
+def qkv_views(leaves):
+    """q, k, v from :func:`qkv_leaves`' leaves (or fp64 copies of them): the views of one fused projection, else the
+    first three."""
+    return list(leaves[0].permute(2, 0, 3, 1, 4).unbind(0)) if leaves[0].dim() == 5 else list(leaves[:3])
+
+
+def fp64_oracle(out, leaves, reference, seed=9):
+    """The gradients of ``out`` with respect to ``leaves`` and, on fp64 CPU copies of the leaves, the oracle's
+    output ``reference(copies)`` and its gradients, under one seeded upstream gradient: (grads on CPU, ref,
+    ref_grads)."""
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    grads = torch.autograd.grad(out, leaves, g.to(out.device, out.dtype))
+    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    ref = reference(hi)
+    return [a.cpu() for a in grads], ref, torch.autograd.grad(ref, hi, g)
+
+
 # ---------------------------------------------------------------- module oracle
 def _layer_norm(t, norm):
     if isinstance(norm, torch.nn.Identity):

@@ -18,7 +18,7 @@ from simattn.attention.backends import POLICIES, Call, choose
 from simattn.attention.relu import relu_attention
 from simattn.attention.sigmoid import sigmoid_attention
 
-from attention_cases import error_ratio, rms
+from attention_cases import error_ratio, fp64_oracle, qkv_leaves, qkv_views, rms
 
 pytest.importorskip("triton")
 from simattn.kernels import host  # noqa: E402 - in the mode conftest set
@@ -26,23 +26,6 @@ from simattn.kernels.pointwise import launch as at  # noqa: E402
 
 TOL = 1e-4
 HALF_TOL = {torch.bfloat16: 2 ** -6, torch.float16: 2 ** -9}
-
-
-def _leaves(shapes, device, fused=False, seed=0, dtype=torch.float32):
-    """q, k, v and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection whose
-    strided views q, k, v are."""
-    gen = torch.Generator().manual_seed(seed)
-    (B, H, n_q, d), (_, _, n_k, d_v) = shapes
-    if fused:
-        leaf = torch.randn(B, n_q, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
-        return leaf.permute(2, 0, 3, 1, 4).unbind(0), [leaf]
-    leaves = [torch.randn(B, H, n, c, generator=gen).to(device, dtype).requires_grad_()
-              for n, c in ((n_q, d), (n_k, d), (n_k, d_v))]
-    return leaves, leaves
-
-
-def _views(leaves):
-    return leaves[0].permute(2, 0, 3, 1, 4).unbind(0) if len(leaves) == 1 else leaves
 
 
 def _run(kind, qkv, **kw):
@@ -57,18 +40,15 @@ def _reference(kind, qkv, **kw):
 
 def _compare(kind, leaves, tol, **kw):
     """Triton output and gradients against the oracle in fp64 on the same values, same upstream gradient."""
-    out = _run(kind, _views(leaves), **kw)
-    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    grads = torch.autograd.grad(out, leaves, g.to(out.device, out.dtype))
-    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
+    out = _run(kind, qkv_views(leaves), **kw)
     mask = kw.pop("mask", None)
-    ref = _reference(kind, _views(hi), mask=None if mask is None else mask.cpu(), **kw)
-    ref_grads = torch.autograd.grad(ref, hi, g)
+    grads, ref, ref_grads = fp64_oracle(out, leaves, lambda hi: _reference(
+        kind, qkv_views(hi), mask=None if mask is None else mask.cpu(), **kw))
     assert out.shape == ref.shape and out.dtype == leaves[0].dtype
     assert error_ratio(out.cpu(), ref) <= tol, f"forward: error ratio {error_ratio(out.cpu(), ref):.3g}"
-    for a, b, name in zip(grads, ref_grads, ["qkv"] if len(hi) == 1 else ["q", "k", "v"]):
+    for a, b, name in zip(grads, ref_grads, ["qkv"] if len(leaves) == 1 else ["q", "k", "v"]):
         assert a.dtype == leaves[0].dtype and torch.isfinite(a).all()
-        assert error_ratio(a.cpu(), b) <= tol, f"d/d{name}: error ratio {error_ratio(a.cpu(), b):.3g}"
+        assert error_ratio(a, b) <= tol, f"d/d{name}: error ratio {error_ratio(a, b):.3g}"
     return out, ref
 
 
@@ -85,9 +65,9 @@ CASES = {  # name → kind, ((B, H, Nq, d), (B, H, Nk, dv)), fused qkv, options
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_and_gradients_match_reference(case, kernel_device):
     kind, shapes, fused, kw = CASES[case]
-    leaves = _leaves(shapes, kernel_device, fused)[1]
+    leaves = qkv_leaves(shapes, kernel_device, fused)[1]
     if kind == "relu" and shapes[0][2] > 1:  # relu's gradient lives on the positive scores: keep both signs
-        assert 0.2 < (_views(leaves)[0] @ _views(leaves)[1].transpose(-2, -1) > 0).float().mean() < 0.8
+        assert 0.2 < (qkv_views(leaves)[0] @ qkv_views(leaves)[1].transpose(-2, -1) > 0).float().mean() < 0.8
     _compare(kind, leaves, TOL, **kw)
 
 
@@ -95,7 +75,7 @@ def test_forward_and_gradients_match_reference(case, kernel_device):
 def test_key_mask_counts_the_kept_keys(kind, kernel_device):
     """n in b = −log n and in L^(-a) counts each example's kept keys; removed keys get no weight and no gradient,
     and an example with every key removed gives 0."""
-    leaves = _leaves(((3, 1, 9, 16), (3, 1, 40, 16)), kernel_device)[1]
+    leaves = qkv_leaves(((3, 1, 9, 16), (3, 1, 40, 16)), kernel_device)[1]
     mask = torch.rand(3, 40, generator=torch.Generator().manual_seed(1)) > 0.4
     mask[2] = False
     out, _ = _compare(kind, leaves, TOL, mask=mask.to(kernel_device), **({"alpha": 0.5} if kind == "relu" else {}))
@@ -104,7 +84,8 @@ def test_key_mask_counts_the_kept_keys(kind, kernel_device):
 
 @pytest.mark.parametrize("kind, dtype", [("sigmoid", torch.bfloat16), ("relu", torch.float16)])
 def test_half_precision_within_bound(kind, dtype, kernel_device):
-    leaves = _leaves(((1, 1, 40, 16), (1, 1, 40, 32)), kernel_device, dtype=dtype, seed=4)[1]
+    leaves = qkv_leaves(((1, 1, 40, 16), (1, 1, 40, 32)), kernel_device, dtype=dtype,
+                        gen=torch.Generator().manual_seed(4))[1]
     _compare(kind, leaves, HALF_TOL[dtype])
 
 
@@ -120,7 +101,7 @@ def test_module_backend_triton_equals_torch(kernel_device):
 
 def test_custom_ops_pass_opcheck(kernel_device):
     """Schema, fake implementations and the autograd registration of both ops, on strided views with a mask."""
-    (q, k, v), _ = _leaves(((1, 1, 4, 16), (1, 1, 4, 16)), kernel_device, fused=True)
+    (q, k, v), _ = qkv_leaves(((1, 1, 4, 16), (1, 1, 4, 16)), kernel_device, fused=True)
     mask = torch.tensor([[True, True, True, False]], device=kernel_device)
     checks = ("test_schema", "test_faketensor", "test_autograd_registration")
     args = (q, k, v, mask, "sigmoid", None, None, torch.float32)
@@ -153,7 +134,7 @@ def test_triton_refusals_are_one_line():
 def test_a_repeat_call_reuses_its_plan(kernel_device, monkeypatch):
     """The first call at a signature plans its launch; a repeat with new values only looks it up."""
     monkeypatch.setattr(host, "PLANS", {})
-    (q, k, v), _ = _leaves(((1, 1, 3, 16), (1, 1, 3, 16)), kernel_device)
+    (q, k, v), _ = qkv_leaves(((1, 1, 3, 16), (1, 1, 3, 16)), kernel_device)
     with torch.no_grad():
         first = at.activation_triton(q, k, v, activation="sigmoid")
         plans = dict(host.PLANS)

@@ -85,5 +85,5 @@ def test_export_and_bench_take_the_kind(toy_kind, tmp_path, capsys):
     bench = tmp_path / "bench.json"
     assert simattn_main(["bench", "attention", "--kinds", KIND, "--tokens", "64", "--repeats", "1", "--rounds", "1",
                          "--threads", "1", "--output", str(bench)]) == 0, capsys.readouterr().err
-    rows = json.loads(bench.read_text())["results"]
+    rows = json.loads(bench.read_text())["rows"]
     assert any(row["kind"] == KIND and row["median_ms"] > 0 for row in rows), rows

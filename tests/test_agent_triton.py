@@ -23,7 +23,7 @@ from simattn.attention import reference as R
 from simattn.attention.backends import Call, choose
 from simattn.attention.agent import agent_attention
 
-from attention_cases import assert_grads_close, error_ratio
+from attention_cases import assert_grads_close, error_ratio, fp64_oracle, qkv_leaves, qkv_views
 
 pytest.importorskip("triton")
 from simattn.kernels.agent import launch as agent_triton  # noqa: E402,F401 - registers the ops; in the mode conftest set
@@ -50,23 +50,17 @@ CASES = {  # name → batch, heads, grid, prefix tokens, agents, head dim, fused
 }
 
 
-def _leaves(case, device, dtype=torch.float32, seed=0):
+def _leaves(case, device, dtype=torch.float32):
     """q, k, v (views of one fused projection or three tensors), the biases, and the leaves to differentiate."""
     B, H, grid, prefix, n, d, fused, biases = case
     N = prefix + grid[0] * grid[1]
-    gen = torch.Generator().manual_seed(seed)
-    if fused:
-        leaf = torch.randn(B, N, 3, H, d, generator=gen).to(device, dtype).requires_grad_()
-        qkv, leaves = list(leaf.permute(2, 0, 3, 1, 4).unbind(0)), [leaf]
-    else:
-        qkv = [torch.randn(B, H, N, d, generator=gen).to(device, dtype).requires_grad_() for _ in range(3)]
-        leaves = list(qkv)
+    gen = torch.Generator().manual_seed(0)
+    qkv, leaves = qkv_leaves(((B, H, N, d), (B, H, N, d)), device, fused, dtype, gen)
     bias = [None, None]
     if biases:  # the module's shapes: (1, H, n, N) and (1, H, N, n), fp32 parameters
         bias = [torch.randn(1, H, *shape, generator=gen).mul(0.5).to(device).requires_grad_()
                 for shape in ((n, N), (N, n))]
-        leaves += bias
-    return qkv, bias, leaves
+    return qkv, bias, list(leaves) + [b for b in bias if b is not None]
 
 
 def _compare(case, device, dtype, tol, autocast=False):
@@ -75,19 +69,14 @@ def _compare(case, device, dtype, tol, autocast=False):
     with torch.autocast(torch.device(device).type, dtype=dtype, enabled=autocast):
         out = agent_attention(*qkv, grid_size=grid, num_prefix_tokens=prefix, agent_num=n, agent_bias=b1,
                               query_bias=b2, backend="triton")
-    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
-    grads = torch.autograd.grad(out, leaves, g.to(out.device, out.dtype))
-    hi = [t.detach().cpu().double().requires_grad_() for t in leaves]
-    hi_qkv = hi[0].permute(2, 0, 3, 1, 4).unbind(0) if fused else hi[:3]
-    hi_bias = hi[-2:] if biases else (None, None)
-    ref = R.agent_reference(*hi_qkv, grid, pool_side=int(n ** 0.5), num_prefix_tokens=prefix,
-                            agent_bias=hi_bias[0], query_bias=hi_bias[1])
-    ref_grads = torch.autograd.grad(ref, hi, g)
+    grads, ref, ref_grads = fp64_oracle(out, leaves, lambda hi: R.agent_reference(
+        *qkv_views(hi), grid, pool_side=int(n ** 0.5), num_prefix_tokens=prefix,
+        agent_bias=hi[-2] if biases else None, query_bias=hi[-1] if biases else None))
     assert out.shape == ref.shape and out.dtype == dtype and torch.isfinite(out).all()
     assert error_ratio(out.cpu(), ref) <= tol, f"forward: error ratio {error_ratio(out.cpu(), ref):.3g}"
     names = (["qkv"] if fused else ["q", "k", "v"]) + (["agent_bias", "query_bias"] if biases else [])
     assert [a.dtype for a in grads] == [t.dtype for t in leaves]
-    assert_grads_close([a.cpu() for a in grads], ref_grads, tol, names, f"agent triton {dtype}")
+    assert_grads_close(grads, ref_grads, tol, names, f"agent triton {dtype}")
 
 
 @pytest.mark.parametrize("case", list(CASES))

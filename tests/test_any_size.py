@@ -2,10 +2,8 @@
 Swin also at 512) through its family's filter, with one line saying what was resampled;
 the resampling is the authors' (bicubic without antialiasing for position embeddings and key encodings resized at
 load, bilinear where the authors resize per forward, linear for Agent's row and column biases)."""
-import json
 import logging
 import sys
-from pathlib import Path
 
 import pytest
 import timm
@@ -15,7 +13,8 @@ import torch.nn.functional as F
 import simattn
 from simattn.models import resample
 
-DATA = Path(__file__).parent / "data"
+from helpers import released_state
+
 _FOLDERS = {"sima_vit": "deit_released", "pvt": "pvt_released", "swin": "swin_released"}
 TAGS = sorted(t for t in timm.list_pretrained() if t.split(".")[0] in set(simattn.list_models()))
 
@@ -26,10 +25,7 @@ def _family(tag):
 
 def _layout_state(tag):
     """The tag's released layout with uninitialized values (shapes are what is checked)."""
-    folder = DATA / _FOLDERS[_family(tag)]
-    path = folder / f"{tag}.json" if (folder / f"{tag}.json").exists() else folder / f"{tag.split('.')[0]}.json"
-    return {k: torch.empty(shape, dtype=getattr(torch, dtype)) for k, (shape, dtype) in
-            json.loads(path.read_text())["keys"].items()}
+    return released_state(_FOLDERS[_family(tag)], tag, "empty")
 
 
 def _sizes(tag):

@@ -14,9 +14,9 @@ def test_tiny_sweep_end_to_end(tmp_path, layout, capsys, one_thread):
     assert bench.main(["--tokens", "16", "65", "--heads", "2", "--head-dim", "8", "--repeats", "3", "--rounds", "2",
                        "--layout", layout, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    assert data["config"]["layout"] == layout and data["config"]["threads"] == 1
-    rows = data["results"]
-    assert {r["kind"] for r in rows} == set(bench.KINDS)
+    assert data["meta"]["layout"] == layout and data["meta"]["threads"] == 1
+    rows = data["rows"]
+    assert {r["kind"] for r in rows} == set(bench.timed_kinds("cpu")) and data["notes"]
     assert {(r["tokens"], r["batch"]) for r in rows} == {(16, 1), (65, 1)}
     for r in rows:
         assert 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] and r["layout"] == layout
@@ -83,7 +83,7 @@ def test_a_sima_time_under_its_floor_is_warned_as_impossible():
 
 
 def test_host_cost_rows_ratios_and_summary_from_stand_in_figures():
-    from simattn.bench import host_cost
+    from simattn.bench.attention import host_cost
 
     rows = host_cost.add_ratios([{"kind": k, "pass": p, "host_us": us, "host_us_p10": us, "host_us_p90": us}
                                  for k, p, us in (("sima", "fwd", 12.0), ("sima", "fwd+bwd", 45.0),
@@ -108,7 +108,7 @@ def test_host_cost_runs_the_public_triton_path_without_a_gpu(tmp_path, monkeypat
 
     from simattn.attention import sima
     from simattn.kernels import host
-    from simattn.bench import host_cost
+    from simattn.bench.attention import host_cost
 
     seen = []
     real = sima.sima_attention
@@ -117,7 +117,7 @@ def test_host_cost_runs_the_public_triton_path_without_a_gpu(tmp_path, monkeypat
     out = tmp_path / "host.json"
     assert bench.main(["--host-cost", "--repeats", "2", "--rounds", "1", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
-    rows = {(r["kind"], r["pass"]): r for r in data["results"]}
+    rows = {(r["kind"], r["pass"]): r for r in data["rows"]}
     assert set(rows) == {(k, p) for k in host_cost.KINDS for p in host_cost.PASSES}
     timed = {key: r for key, r in rows.items() if "error" not in r}
     assert {k for k, _ in timed} >= {"sima", "sdpa"}
@@ -125,7 +125,7 @@ def test_host_cost_runs_the_public_triton_path_without_a_gpu(tmp_path, monkeypat
     if host.interpreting():
         assert all("TRITON_INTERPRET=1" in rows[("sima_launch", p)]["error"] for p in host_cost.PASSES)
     assert rows[("sdpa", "fwd")]["x_sdpa"] == 1.0
-    assert set(seen) == {"triton"} and data["config"]["threads"] == 1
+    assert set(seen) == {"triton"} and data["meta"]["threads"] == 1
     printed = capsys.readouterr().out
     assert "host µs" in printed and "Triton host cost per call, sima simattn's path: fwd " in printed
 

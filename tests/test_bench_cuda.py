@@ -45,18 +45,33 @@ def test_gpu_sweep_rows_on_cpu_with_a_stand_in_timer(monkeypatch):
     assert "not run:" in bench.format_gpu_table(rows) or all("error" not in r for r in rows)
 
 
-def test_gpu_sweep_runs_the_newer_kinds_forward_and_backward(monkeypatch):
-    """The newer kinds' sweep entries run their kernels (Triton's interpreter on CPU) both passes: no error row.
-    17 tokens: a 4x4 grid and a class token for Agent's pooling."""
+def test_gpu_sweep_runs_every_kernel_kind_forward_and_backward(monkeypatch):
+    """Every row the GPU sweep derives for a kind with kernels runs, in torch and on its kernels (Triton's interpreter
+    on CPU), both passes: no error row but XNorm's kernel's backward, which it has not. 17 tokens: a 4x4 grid and a
+    class token for the kinds on the grid."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     pytest.importorskip("triton")
-    kinds = ["relu_triton", "slab_triton", "flatten_triton", "inline_triton", "polaformer_triton", "agent",
-             "agent_triton"]
-    assert set(kinds) <= set(bench.GPU_KINDS)
+    kinds = [k for k in bench.timed_kinds("cuda") if not k.startswith(("sdpa", "sima_compile"))]
+    assert {"sima_triton", "relu_triton", "polaformer_triton", "agent", "agent_triton"} <= set(kinds)
     rows = bench.run_gpu([17], kinds, batch=1, heads=1, head_dim=16, dtype=torch.float32, device="cpu",
                          peak_gbps=100.0, timer=lambda fn: time_fn(fn, warmup=0, repeats=1))
     assert [(r["kind"], r["pass"]) for r in rows] == [(kind, pass_) for kind in kinds for pass_ in bench.PASSES]
-    assert [r for r in rows if "error" in r] == []
+    assert [(r["kind"], r["pass"]) for r in rows if "error" in r] == [("xnorm_triton", "fwd+bwd")]
+
+
+def test_the_timed_kinds_follow_the_kernel_policies(monkeypatch):
+    """A kind given a GPU kernel backend in the policies is timed on CUDA in torch and on it, and a kind with a CPU
+    kernel gets its torch row on CPU, with no list in the benchmark to edit."""
+    from simattn.attention import backends
+
+    policies = dict(backends.POLICIES)
+    monkeypatch.setattr(backends, "POLICIES", {**policies, "xca": policies["sigmoid"],
+                                               "softmax": policies["sima"]})
+    gpu, cpu = bench.timed_kinds("cuda"), bench.timed_kinds("cpu")
+    assert {"xca", "xca_triton", "softmax", "softmax_triton"} <= set(gpu) and "softmax_cpp" not in gpu
+    assert {"softmax", "softmax_torch", "sima_torch", "xca"} <= set(cpu) and "xca_torch" not in cpu
+    monkeypatch.setattr(backends, "POLICIES", policies)
+    assert "xca_triton" not in bench.timed_kinds("cuda") and "softmax_torch" not in bench.timed_kinds("cpu")
 
 
 def test_roofline_bandwidth_and_sdpa_ratio_from_known_timings():
@@ -220,7 +235,7 @@ def test_attention_sweep_on_cuda(tmp_path, monkeypatch):
     monkeypatch.setattr("torch._inductor.config.compile_threads", 1)
     out = tmp_path / "bench.json"
     assert bench.main(["--device", "cuda", "--tokens", "197", "1024", "--repeats", "5", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["results"]
+    rows = json.loads(out.read_text())["rows"]
     triton = [r for r in rows if r["kind"] == "sima_triton"]
     assert len(triton) == 4 and all("error" not in r and r["gbps"] > 0 for r in triton)
     # short calls are replayed from a CUDA graph too: GPU time alone, and the host's share beside it

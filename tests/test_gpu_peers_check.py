@@ -42,7 +42,7 @@ def test_a_slow_kind_and_a_missing_or_failed_row_fail(check, tmp_path, capsys):
     rows.append({"kind": "slab_triton", "pass": "fwd+bwd", "tokens": 577, "error": "out of memory"})
     rows = [r for r in rows if not (r["kind"] == "sigmoid_triton" and r["tokens"] == 197 and r["pass"] == "fwd")]
     path = tmp_path / "attention_peers_b128.json"
-    path.write_text(json.dumps({"results": rows}))
+    path.write_text(json.dumps({"meta": {}, "rows": rows, "notes": []}))
     assert check.main([str(path)]) == 1
     failed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("FAIL")]
     assert sorted(failed) == [

@@ -14,7 +14,7 @@ from simattn.attention.inline import inline_attention
 from simattn.attention.polaformer import polaformer_attention
 from simattn.attention.slab import slab_attention
 
-from attention_cases import error_ratio
+from attention_cases import error_ratio, fp64_oracle, qkv_leaves, qkv_views
 
 pytest.importorskip("triton")
 from simattn.kernels import host  # noqa: E402 - in the mode conftest set
@@ -39,12 +39,6 @@ def forced_plan(monkeypatch):
     """Force a token-axis plan (programs per head, one tile) on calls planned from now on."""
     monkeypatch.setattr(host, "PLANS", {})
     return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
-
-
-def _fused_qkv(B, H, N, d, dtype=torch.float32, seed=0):
-    """A fused (B, N, 3, H, d) projection and its strided q, k, v views (what ``TokenAttention.project`` gives)."""
-    fused = torch.randn(B, N, 3, H, d, generator=torch.Generator().manual_seed(seed)).to(dtype).requires_grad_()
-    return fused, fused.permute(2, 0, 3, 1, 4).unbind(0)
 
 
 FUNCTIONS = {"slab": (slab_attention, R.slab_reference), "flatten": (flatten_attention, R.flatten_reference),
@@ -77,15 +71,12 @@ def test_forward_and_gradients_match_reference(kind, plan, forced_plan):
     against the fp64 reference: the output, d/d(qkv) and d/d(each tensor parameter)."""
     forced_plan(PLANS[plan])
     B, H, N, d = 1, 2, 45, 16
-    fused, (q, k, v) = _fused_qkv(B, H, N, d)
+    (q, k, v), (fused,) = qkv_leaves(((B, H, N, d), (B, H, N, d)), fused=True)
     params = _params(kind, H, d)
     out = _run(kind, q, k, v, "triton", **params)
     leaves = [fused, *params.values()]
-    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    grads = torch.autograd.grad(out, leaves, g.float())
-    hi = [t.detach().double().requires_grad_() for t in leaves]
-    ref = _reference(kind, *hi[0].permute(2, 0, 3, 1, 4).unbind(0), **dict(zip(params, hi[1:])))
-    ref_grads = torch.autograd.grad(ref, hi, g)
+    grads, ref, ref_grads = fp64_oracle(out, leaves, lambda hi: _reference(kind, *qkv_views(hi),
+                                                                           **dict(zip(params, hi[1:]))), seed=2)
     assert out.dtype == torch.float32 and out.shape == ref.shape
     assert error_ratio(out, ref) <= TOL, f"forward: {error_ratio(out, ref):.3g}"
     for a, b, name in zip(grads, ref_grads, ["qkv", *params]):
@@ -124,11 +115,7 @@ def test_elu_gradients_with_a_key_mask_on_a_split_axis(forced_plan):
     leaves = [torch.randn(B, H, n, c, generator=gen).requires_grad_() for n, c in ((n_q, 16), (n_k, 16), (n_k, 32))]
     mask = torch.rand(B, n_k, generator=gen) > 0.3
     out = st.linear_triton("elu", *leaves, mask=mask, eps=1e-6)
-    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    grads = torch.autograd.grad(out, leaves, g.float())
-    hi = [t.detach().double().requires_grad_() for t in leaves]
-    ref = R.elu_reference(*hi, mask=mask, eps=1e-6)
-    ref_grads = torch.autograd.grad(ref, hi, g)
+    grads, ref, ref_grads = fp64_oracle(out, leaves, lambda hi: R.elu_reference(*hi, mask=mask, eps=1e-6), seed=5)
     assert error_ratio(out, ref) <= TOL
     for a, b, name in zip(grads, ref_grads, "qkv"):
         assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"
@@ -158,9 +145,6 @@ def test_registered_op_carries_the_feature_backward():
     gen = torch.Generator().manual_seed(6)
     leaves = [torch.randn(1, 2, 9, 16, generator=gen).requires_grad_() for _ in range(3)]
     out = torch.ops.simattn.linear_attn_fwd(*leaves, None, None, None, 1e-6, "slab", False, torch.float32, True)[0]
-    g = torch.randn(out.shape, generator=gen, dtype=torch.float64)
-    grads = torch.autograd.grad(out, leaves, g.float())
-    hi = [t.detach().double().requires_grad_() for t in leaves]
-    ref = R.slab_reference(*hi, eps=1e-6)
-    for a, b, name in zip(grads, torch.autograd.grad(ref, hi, g), "qkv"):
+    grads, _, ref_grads = fp64_oracle(out, leaves, lambda hi: R.slab_reference(*hi, eps=1e-6), seed=6)
+    for a, b, name in zip(grads, ref_grads, "qkv"):
         assert error_ratio(a, b) <= TOL, f"d/d{name}: {error_ratio(a, b):.3g}"

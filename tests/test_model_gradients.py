@@ -10,9 +10,7 @@ every call (the seed is set before each) and the buffers (running statistics, PR
 """
 import contextlib
 import functools
-import json
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
@@ -23,6 +21,7 @@ from torch import nn
 from simattn.models import list_models
 from simattn.models.prepbn import PRepBN
 from small_models import family, small_kwargs, structure
+from helpers import released_state
 
 MODELS = list_models()
 TAGS = sorted(tag for tag in timm.list_pretrained() if tag.split(".")[0] in set(MODELS))
@@ -166,26 +165,8 @@ def test_segmenter_gradients_equal_finite_differences(head, backbone, train):
 
 
 # ---- the released layouts, through the family filters ----------------------------------------------------------
-DATA = Path(__file__).parent / "data"
 RELEASED = {"slab_deit_tiny_patch16_224.in1k": "deit_released", "slab_pvt_tiny.in1k": "pvt_released",
             "slab_swin_tiny_patch4_window7_224.in1k": "swin_released"}
-
-
-def _released_state(tag: str) -> dict:
-    folder = DATA / RELEASED[tag]
-    path = folder / f"{tag}.json"
-    if not path.exists():
-        path = folder / f"{tag.split('.')[0]}.json"
-    gen = torch.Generator().manual_seed(0)
-    state = {}
-    for key, (shape, dtype) in json.loads(path.read_text())["keys"].items():
-        if dtype == "int64":
-            state[key] = torch.randint(1, 100, shape, generator=gen)
-        elif key.endswith("running_var"):
-            state[key] = torch.rand(shape, generator=gen) + 0.5
-        else:
-            state[key] = torch.randn(shape, generator=gen) * 0.02
-    return state
 
 
 @pytest.mark.parametrize("tag", sorted(RELEASED))
@@ -194,7 +175,7 @@ def test_released_layouts_loaded_through_their_filters_have_right_gradients(tag)
     layout through the family's ``checkpoint_filter_fn``, in eval mode (the fine-tuning start)."""
     model = timm.create_model(tag)
     filter_fn = sys.modules[timm.models.model_entrypoint(tag.split(".")[0]).__module__].checkpoint_filter_fn
-    model.load_state_dict(filter_fn(_released_state(tag), model), strict=True)
+    model.load_state_dict(filter_fn(released_state(RELEASED[tag], tag), model), strict=True)
     x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     names = _targets(model)
     assert any(n.endswith("norm2.bn.bias") for n in names), names

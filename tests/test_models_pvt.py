@@ -2,7 +2,6 @@
 steps, ONNX, a Semantic FPN, and the released checkpoints as tags (key names, shapes and dtypes read from their code:
 ``data/pvt_released/<tag>.json``)."""
 import io
-import json
 import logging
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,6 +13,8 @@ import torch.nn.functional as F
 
 import simattn  # noqa: F401  (the kinds)
 from simattn.models import pvt
+
+from helpers import released_layout, released_state
 
 KINDS = {  # model → the kind its blocks run, whether it reduces the keys, whether it has a class token
     "pvt_tiny": ("softmax", True, True), "sima_pvt_tiny": ("sima", True, True),
@@ -143,7 +144,7 @@ def test_a_few_training_steps_lower_the_loss(name):
 
 
 def _layout(tag):
-    return json.loads((LAYOUTS / f"{tag}.json").read_text())
+    return released_layout("pvt_released", tag)
 
 
 def test_every_released_checkpoint_is_a_tag_with_a_layout():
@@ -179,9 +180,7 @@ def test_a_released_file_loads_through_timms_pretrained_path(tmp_path):
     """A file in a training script's layout (``model``, DDP's ``module.``, the epoch beside) loads by tag, each tensor
     where the filter puts it."""
     tag = "agent_pvt_tiny.in1k"
-    gen = torch.Generator().manual_seed(0)
-    state = {k: torch.randn(shape, generator=gen, dtype=getattr(torch, dtype))
-             for k, (shape, dtype) in _layout(tag)["keys"].items()}
+    state = released_state("pvt_released", tag)
     path = tmp_path / "agent_pvt_tiny.pth"
     torch.save({"model": {f"module.{k}": v for k, v in state.items()}, "epoch": 299}, path)
     model = timm.create_model(tag, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))

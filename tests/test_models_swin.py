@@ -17,6 +17,7 @@ from simattn.models import swin
 from simattn.models.swin import GridSwinBlock, SoftmaxFreeSwin, checkpoint_filter_fn
 
 from conftest import needs
+from helpers import released_layout, released_state
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small nets on a shared CPU: fastest on one thread
 
@@ -222,21 +223,11 @@ def test_model_class_and_param_counts_at_full_size():
 
 
 def _layout(name):
-    return json.loads((LAYOUTS / f"{name}.json").read_text())
+    return released_layout("swin_released", name)
 
 
-def _released_state(name, device="meta"):
-    """Tensors in the released file's layout (seeded values off the meta device)."""
-    gen = torch.Generator().manual_seed(0)
-    out = {}
-    for key, (shape, dtype) in _layout(name)["keys"].items():
-        if device == "meta":
-            out[key] = torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
-        elif dtype == "int64":
-            out[key] = torch.randint(1, 100, shape, generator=gen)
-        else:
-            out[key] = torch.randn(shape, generator=gen) * 0.02
-    return out
+def _released_state(name, values="meta"):
+    return released_state("swin_released", name, values)
 
 
 RELEASED = sorted(n for n in timm.list_models(module="swin") if not n.startswith("sima_"))
@@ -296,14 +287,14 @@ def test_a_released_file_loads_through_timms_pretrained_path(tmp_path, monkeypat
     monkeypatch.setitem(sys.modules, "yacs", yacs)
     monkeypatch.setitem(sys.modules, "yacs.config", config)
     name = "polaformer_swin_tiny_patch4_window7_224"
-    state = {f"module.{k}": v for k, v in _released_state(name, device="cpu").items()}
+    state = {f"module.{k}": v for k, v in _released_state(name, "seeded").items()}
     path = tmp_path / "pola_swin_t.pth"
     torch.save({"model": state, "epoch": 300, "max_accuracy": 82.6, "config": node(MODEL=node(TYPE="pola_swin"))},
                path)
     monkeypatch.delitem(sys.modules, "yacs.config")
     monkeypatch.delitem(sys.modules, "yacs")
     model = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path)), weight_init="skip")
-    released = _released_state(name, device="cpu")
+    released = _released_state(name, "seeded")
     qkvg = released["layers.0.blocks.0.attn.qkvg.weight"]
     torch.testing.assert_close(model.layers[0].blocks[0].attn.g.weight, qkvg[-96:], rtol=0, atol=0)
 

@@ -3,7 +3,6 @@ summary.csv, reusable config.yaml, non-finite losses and weights, the engine's e
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +16,7 @@ from simattn.cli import main as simattn_main
 from simattn.train import Trainer, load_config, train
 from simattn.utils.io import atomic_torch_save, check_finite_weights, read_safetensors_metadata
 from simattn.utils.runs import check_run_folder, default_output
+from helpers import digests
 
 TINY = dict(model="sima_deit_tiny_patch16_224",
             model_kwargs={"img_size": 16, "patch_size": 4, "embed_dim": 32, "depth": 1, "num_heads": 2},
@@ -29,10 +29,6 @@ FLAGS = ["--model", "sima_deit_tiny_patch16_224", "--model-kwargs", "img_size=16
 
 def _cfg(out: Path, **over):
     return load_config(None, {**TINY, "output": str(out), **over})
-
-
-def _digests(folder: Path):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +52,12 @@ def own_run(run_a, tmp_path) -> Path:
 def test_resume_into_another_runs_folder_is_refused_and_leaves_it_intact(run_a, tmp_path, capsys):
     other = tmp_path / "B"
     train(_cfg(other))
-    before = _digests(other)
+    before = digests(other)
     code = simattn_main(["train", *FLAGS, "--epochs", "2", "--resume", str(run_a.output / "last.pth"),
                          "--output", str(other)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "holds another run's files" in err
-    assert _digests(other) == before  # final.safetensors, summary.json, metrics.jsonl ... untouched
+    assert digests(other) == before  # final.safetensors, summary.json, metrics.jsonl ... untouched
 
 
 def test_a_fresh_run_never_writes_into_a_folder_with_files(tmp_path, capsys):
@@ -90,12 +86,12 @@ def test_resume_continues_in_its_own_folder_and_accumulates_train_time(own_run):
 
 def test_resume_refuses_other_model_kwargs_or_data(run_a, capsys):
     last = str(run_a.output / "last.pth")
-    before = _digests(run_a.output)
+    before = digests(run_a.output)
     assert simattn_main(["train", *FLAGS, "--resume", last, "--model-kwargs", "attn_type=softmax"]) == 2
     assert "differ in model_kwargs" in capsys.readouterr().err
     assert simattn_main(["train", *FLAGS, "--resume", last, "--img-size", "24", "--model-kwargs", "img_size=24"]) == 2
     assert "differ in" in capsys.readouterr().err
-    assert _digests(run_a.output) == before
+    assert digests(run_a.output) == before
 
 
 def test_default_outputs_never_collide(tmp_path, monkeypatch):

@@ -4,7 +4,6 @@ dataset, YAML alias bombs, and a conversion resumed in a train run's folder. Eac
 warning or a correct result, and nothing the user had is lost."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
@@ -24,11 +23,8 @@ from simattn.data.folder import image_folder
 from simattn.utils.recipe import Opt, check_value, quoted
 from simattn.utils.runs import LOCK_NAME
 
+from helpers import digests
 from cli_inputs import FLAGS, TINY_KWARGS, one_line_error as _one_line_error  # noqa: F401
-
-
-def _digests(folder: Path):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
 def _png(path: Path, value: int = 128) -> Path:
@@ -85,12 +81,12 @@ def test_a_folder_a_live_run_holds_is_refused_and_a_killed_runs_folder_resumes(t
     capsys.readouterr()
     assert not (out / LOCK_NAME).exists()  # released at the end of the command
     live = holder(out)
-    before = _digests(out)
+    before = digests(out)
     for extra in ([], ["--resume"], ["--overwrite"], ["--resume", "--epochs", "2"]):
         code = simattn_main(["train", *FLAGS, "--output", str(out), *extra])
         err = _one_line_error(capsys, code)
         assert f"is in use by a running simattn process (pid {live.proc.pid})" in err, err
-        assert _digests(out) == before
+        assert digests(out) == before
         assert not [p for p in out.iterdir() if p.name.startswith(".replaced-")]
     live.kill()
     # the holder died without cleaning up: its lock went with it, and the run resumes
@@ -269,10 +265,10 @@ def test_convert_resume_in_a_train_runs_folder_is_refused_and_changes_nothing(tm
     teacher = tmp_path / "teacher.pth"
     torch.save(VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=1, num_heads=2,
                                  num_classes=10).state_dict(), teacher)
-    before = _digests(out)
+    before = digests(out)
     listing = sorted(p.name for p in out.iterdir())
     code = simattn_main(["convert", "--weights", str(teacher), "--to", "sima", "--output", str(out), "--resume",
                          *FLAGS, "--model-kwargs", "num_classes=10", "--epochs", "2"])
     err = _one_line_error(capsys, code)
     assert "holds no conversion to resume" in err and "last.pth" in err, err
-    assert _digests(out) == before and sorted(p.name for p in out.iterdir()) == listing
+    assert digests(out) == before and sorted(p.name for p in out.iterdir()) == listing

@@ -18,7 +18,7 @@ from simattn.attention import reference as R
 from simattn.attention.backends import Call, choose
 from simattn.attention.sima import sima_attention
 
-from attention_cases import LargestCopy, assert_grads_close, error_ratio, rms
+from attention_cases import LargestCopy, assert_grads_close, error_ratio, fp64_oracle, qkv_leaves, qkv_views, rms
 
 pytest.importorskip("triton")
 from simattn.kernels import host  # noqa: E402 - in the mode conftest set
@@ -45,37 +45,16 @@ def forced_plan(monkeypatch):
     return lambda plan: monkeypatch.setattr(st, "_plan", lambda *a: plan)
 
 
-def _leaves(shapes, device, layout="contiguous", seed=0):
-    """q, k, v (B, H, N, d) and the leaves to differentiate: three tensors, or one fused (B, N, 3, H, d) projection
-    whose strided views q, k, v are (what ``TokenAttention.project`` hands over)."""
-    gen = torch.Generator().manual_seed(seed)
-    (B, H, n_q, d), (_, _, n_k, d_v) = shapes
-    if layout == "qkv":
-        fused = torch.randn(B, n_q, 3, H, d, generator=gen).to(device).requires_grad_()
-        q, k, v = fused.permute(2, 0, 3, 1, 4).unbind(0)
-        return (q, k, v), [fused]
-    q = torch.randn(B, H, n_q, d, generator=gen).to(device).requires_grad_()
-    k = torch.randn(B, H, n_k, d, generator=gen).to(device).requires_grad_()
-    v = torch.randn(B, H, n_k, d_v, generator=gen).to(device).requires_grad_()
-    return (q, k, v), [q, k, v]
-
-
 def _compare(qkv, leaves, **kw):
     """Triton output and gradients (fp32) against the oracle in fp64 on the same values, same upstream gradient."""
     out = sima_attention(*qkv, backend="triton", **kw)
-    g = torch.randn(out.shape, dtype=torch.float64, device=out.device)
-    grads = torch.autograd.grad(out, leaves, g.to(out.dtype))
-    hi = [t.detach().double().requires_grad_() for t in leaves]
-    if len(hi) == 1:
-        q, k, v = hi[0].permute(2, 0, 3, 1, 4).unbind(0)
-    else:
-        q, k, v = hi
-    ref = R.sima_reference(q, k, v, order="kv_first", **kw)
-    ref_grads = torch.autograd.grad(ref, hi, g)
+    cpu = {key: value.cpu() if torch.is_tensor(value) else value for key, value in kw.items()}
+    grads, ref, ref_grads = fp64_oracle(out, leaves, lambda hi: R.sima_reference(*qkv_views(hi), order="kv_first",
+                                                                                   **cpu))
     assert out.dtype == torch.float32 and out.shape == ref.shape
-    err = error_ratio(out, ref)
+    err = error_ratio(out.cpu(), ref)
     assert err <= TOL, f"forward: error ratio {err:.3g}"
-    names = ["qkv"] if len(hi) == 1 else ["q", "k", "v"]
+    names = ["qkv"] if len(leaves) == 1 else ["q", "k", "v"]
     assert_grads_close(grads, ref_grads, TOL, names, "triton")
     scale = max(rms(b) for b in ref_grads)
     for a, b, name in zip(grads, ref_grads, names):
@@ -99,21 +78,21 @@ CASES = {  # name → ((B, H, Nq, d), (B, H, Nk, dv)), layout
 @pytest.mark.parametrize("case", list(CASES))
 def test_forward_and_gradients_match_reference(case, device, triton_mode):
     shapes, layout = CASES[case]
-    _compare(*_leaves(shapes, device, layout))
+    _compare(*qkv_leaves(shapes, device, layout == "qkv"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_long_axis_split_over_programs(device, triton_mode):
     """N = 513: one token past a power of two; on CPU the interpreter splits the token axis over 4 programs per
     head (two launches each way), on a GPU the plan depends on its size."""
-    _compare(*_leaves(((1, 1, 513, 32), (1, 1, 513, 32)), device))
+    _compare(*qkv_leaves(((1, 1, 513, 32), (1, 1, 513, 32)), device))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["contiguous", "qkv"])
 def test_key_mask(device, layout, triton_mode):
     """A key keep-mask also masks the queries at equal lengths: masked rows are zero, gradients too."""
-    qkv, leaves = _leaves(((2, 2, 50, 16), (2, 2, 50, 16)), device, layout)
+    qkv, leaves = qkv_leaves(((2, 2, 50, 16), (2, 2, 50, 16)), device, layout == "qkv")
     mask = torch.rand(2, 50, generator=torch.Generator().manual_seed(1)).to(device) > 0.3
     mask[1, :] = False  # a batch entry with every token removed: all norms clamp to eps, output 0
     out, _ = _compare(qkv, leaves, mask=mask)
@@ -122,7 +101,7 @@ def test_key_mask(device, layout, triton_mode):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_query_and_key_masks_cross_lengths(device, triton_mode):
-    qkv, leaves = _leaves(((2, 2, 7, 16), (2, 2, 40, 16)), device)
+    qkv, leaves = qkv_leaves(((2, 2, 7, 16), (2, 2, 40, 16)), device)
     gen = torch.Generator().manual_seed(2)
     mask, q_mask = torch.rand(2, 40, generator=gen) > 0.3, torch.rand(2, 7, generator=gen) > 0.3
     _compare(qkv, leaves, mask=mask.to(device), q_mask=q_mask.to(device))
@@ -131,7 +110,7 @@ def test_query_and_key_masks_cross_lengths(device, triton_mode):
 @pytest.mark.parametrize("device", DEVICES)
 def test_zero_channels_clamp_to_eps(device, triton_mode):
     """A channel that is zero over every token has its norm clamped to eps: no sign term, finite gradients."""
-    qkv, leaves = _leaves(((1, 2, 20, 16), (1, 2, 20, 16)), device)
+    qkv, leaves = qkv_leaves(((1, 2, 20, 16), (1, 2, 20, 16)), device)
     with torch.no_grad():
         for t in leaves[:2]:
             t[..., 3] = 0
@@ -140,7 +119,7 @@ def test_zero_channels_clamp_to_eps(device, triton_mode):
 
 def test_fused_qkv_views_are_not_copied(triton_mode):
     """The kernels read q, k, v through their strides: forward and backward copy nothing of their size."""
-    (q, k, v), leaves = _leaves(((2, 2, 40, 16), (2, 2, 40, 16)), "cpu", "qkv")
+    (q, k, v), leaves = qkv_leaves(((2, 2, 40, 16), (2, 2, 40, 16)), "cpu", True)
     assert not q.is_contiguous()
     mask = torch.ones(2, 40, dtype=torch.bool)
     with LargestCopy() as rec:
@@ -173,7 +152,7 @@ def test_every_launch_plan_matches_reference(plan, triton_mode, forced_plan):
     head looping over tiles, the axis split over 3 programs per head (a partial-sum launch first, each way), on
     strided views of a fused qkv projection with a key mask, odd N, and a batch entry whose tokens are all masked."""
     forced_plan(PLANS[plan])
-    qkv, leaves = _leaves(((2, 2, 45, 16), (2, 2, 45, 16)), "cpu", "qkv")
+    qkv, leaves = qkv_leaves(((2, 2, 45, 16), (2, 2, 45, 16)), "cpu", True)
     mask = torch.rand(2, 45, generator=torch.Generator().manual_seed(3)) > 0.3
     mask[1, :] = False
     _compare(qkv, leaves, mask=mask)
@@ -234,7 +213,7 @@ def test_elu_and_xnorm_forward_match_reference(kind, plan, triton_mode, forced_p
 def test_custom_ops_pass_opcheck(triton_mode):
     """torch.library.opcheck on both ops (schema, fake implementation, autograd registration), with masks and
     strided views, in the interpreter."""
-    (q, k, v), _ = _leaves(((1, 2, 9, 16), (1, 2, 9, 16)), "cpu", "qkv")
+    (q, k, v), _ = qkv_leaves(((1, 2, 9, 16), (1, 2, 9, 16)), "cpu", True)
     mask = torch.tensor([[True] * 7 + [False] * 2])
     args = (q, k, v, mask, mask, None, 1e-12, "sima", False, torch.float32, True)
     # AOT dispatch is exercised by the torch.compile test below; here the schema, fake and autograd registrations
@@ -251,7 +230,7 @@ def test_compile_fullgraph_traces_through_the_op(triton_mode):
     """torch.compile(fullgraph=True) (a graph break would raise) of SimA's Triton path with its backward, AOT
     autograd on CPU in the interpreter: the compiled gradients equal eager's."""
     torch._dynamo.reset()
-    (q, k, v), leaves = _leaves(((1, 2, 20, 16), (1, 2, 20, 16)), "cpu", "qkv")
+    (q, k, v), leaves = qkv_leaves(((1, 2, 20, 16), (1, 2, 20, 16)), "cpu", True)
     mask = torch.rand(1, 20, generator=torch.Generator().manual_seed(6)) > 0.2
 
     def step(q, k, v):
@@ -491,7 +470,8 @@ def test_a_repeat_call_reuses_its_plan(monkeypatch, triton_mode):
     launches = _counting_launches(monkeypatch)
     mask = torch.ones(1, 20, dtype=torch.bool, device=triton_mode)
     for seed in range(2):
-        (q, k, v), leaves = _leaves(((1, 1, 20, 16), (1, 1, 20, 16)), triton_mode, "qkv", seed=seed)
+        (q, k, v), leaves = qkv_leaves(((1, 1, 20, 16), (1, 1, 20, 16)), triton_mode, True,
+                                       gen=torch.Generator().manual_seed(seed))
         out = sima_attention(q, k, v, backend="triton", mask=mask)
         torch.autograd.grad(out.sum(), leaves)
         assert len(planned) == 2 and len(host.PLANS) == 2  # a forward and a backward, planned once

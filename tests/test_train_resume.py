@@ -1,7 +1,6 @@
 """Checkpoints: SIGKILL mid-epoch + --resume ends where an uninterrupted run ends; bad checkpoints fail cleanly."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from simattn.utils.io import CheckpointError
 from simattn.utils.recipe import recipe_overrides
 
 from killing import kill_on_line
+from helpers import digests
 
 TINY_FLAGS = [
     "--model", "sima_deit_tiny_patch16_224",
@@ -84,10 +84,6 @@ def test_sigkill_mid_epoch_then_resume_matches_an_uninterrupted_run(tmp_path):
             assert y[k] == (pytest.approx(x[k], rel=1e-6) if isinstance(x[k], float) else x[k]), (x, k)
 
 
-def _digests(folder: Path):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
-
-
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume") / "run"
@@ -105,12 +101,12 @@ def test_corrupt_checkpoint_fails_cleanly_and_keeps_files(short_run, capsys):
     original = last.read_bytes()
     try:
         last.write_bytes(original[: len(original) // 2])  # a truncated file, as a crash of a non-atomic writer leaves
-        before = _digests(out)
+        before = digests(out)
         code = simattn_main(["train", *TINY_FLAGS, "--output", str(out), "--resume"])
         err = capsys.readouterr().err
         assert code == 2
         assert err.startswith("simattn train: error: cannot read checkpoint") and err.count("\n") == 1
-        assert _digests(out) == before
+        assert digests(out) == before
         assert simattn_main(["validate", "--weights", str(last)]) == 2
         assert "cannot read checkpoint" in capsys.readouterr().err
     finally:
@@ -119,7 +115,7 @@ def test_corrupt_checkpoint_fails_cleanly_and_keeps_files(short_run, capsys):
 
 def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, capsys):
     out, _ = short_run
-    before = _digests(out)
+    before = digests(out)
     other = ["--model", "relu_vit_small_patch16_224"]
     code = simattn_main(["train", *TINY_FLAGS, *other, "--output", str(out), "--resume"])
     err = capsys.readouterr().err
@@ -138,7 +134,7 @@ def test_checkpoint_of_another_model_fails_cleanly_and_keeps_files(short_run, ca
     # plain weights are not a train state
     with pytest.raises(CheckpointError, match="not a simattn training checkpoint"):
         load_train_state(out / "final.safetensors")
-    assert _digests(out) == before
+    assert digests(out) == before
 
 
 def test_resume_from_an_epoch_end_continues_to_more_epochs(short_run, tmp_path):

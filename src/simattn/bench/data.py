@@ -46,7 +46,7 @@ from ..data.factory import DATASETS, create_dataset
 from ..utils.values import OPTIONS_HELP, quoted
 from .cli import check_bench_flags, check_out, refuse_unused, require_cuda, result_files
 from .report import machine_info, markdown_table, new_figure, relative_spread, save_figure, spread_warning, \
-    write_csv, write_json, write_text
+    write_result_files
 
 __all__ = ["READERS", "FORMATS", "write_shards", "write_folder", "write_hfds", "build_copies", "open_copy",
            "measure_pass", "run_loaders", "plot_results", "main"]
@@ -359,13 +359,13 @@ def summary_markdown(rows: Sequence[Dict[str, Any]], model: Optional[Dict[str, A
 def write_results(rows, model, out_dir: Path, meta: Dict[str, Any], stem: str = "bench_data") -> Dict[str, Path]:
     out_dir = Path(out_dir)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
-    write_json({"meta": meta, "rows": list(rows), "model": model}, paths["json"])
     table = list(rows) + ([model] if model else [])
-    extra = [c for r in table for c in r if c not in COLUMNS]
-    write_csv(table, paths["csv"], COLUMNS + list(dict.fromkeys(extra)))
-    write_text(summary_markdown(rows, model, meta) + "\n", paths["md"])
-    plot_results(rows, model, paths["png"], f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · "
-                                            f"{meta.get('cpu_name') or meta['cpu']}")
+    title = (f"{meta['img_size']} px {meta['format']}, batch {meta['batch_size']} · "
+             f"{meta.get('cpu_name') or meta['cpu']}")
+    write_result_files(paths["json"], meta, rows, model=model, table=table,
+                       columns=COLUMNS,
+                       markdown=summary_markdown(rows, model, meta) + "\n",
+                       plot=lambda path: plot_results(rows, model, path, title))
     return paths
 
 

@@ -29,29 +29,30 @@ comparison that carries across machines. The full run covers the paper's ranges 
 ``peers.{json,csv,png}`` (and ``peers_digits/<kind>/seed<k>/``, ``peers_deploy/<kind>/``: the exported files),
 ``peers_imagenet.{json,csv}``.
 A part that ran but failed (a worker's error, a kind failing the peers check, an export) still writes its files; the
-command then names it in one line and exits 1. ``--overwrite`` replaces all of these whole (:data:`PAPER_FILES`).
+command then names it in one line and exits 1. ``--overwrite`` replaces all of these whole (:func:`paper_files`).
 """
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 
-from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention
+from ..attention import ELUAttention, SimAAttention, SoftAttention, SoftmaxAttention, XCAttention, list_attentions
 from ..attention.elu import elu_attention_reference
 from ..utils.runs import claim_run_folder, settle_replaced
 from ..utils.timing import keep_freed_memory, set_threads, time_fn
 from .model.spec import BenchSpec
 from .model.workers import run_specs
+from . import paper_imagenet as pi, paper_peers as pp, paper_tables as pt
 from .cli import check_bench_flags, check_out, refuse_unused, result_files
-from .report import machine_info, markdown_table, new_figure, progress, save_figure, write_csv, write_json, \
-    write_text
+from ..utils.io import atomic_write_text
+from .report import machine_info, markdown_table, new_figure, progress, rounds_median, save_figure, \
+    write_result_files
 
 __all__ = ["PAPER_TABLE3", "PAPER_DEVICES", "PAPER_FIGURE_A1", "READINGS", "Table3Row", "table3_rows", "run_table3",
            "table3_records", "reading_verdict",
@@ -156,9 +157,7 @@ def run_table3(rows: Sequence[Table3Row], *, batch: int, device: str, warmup: in
         with torch.inference_mode():
             stats[i].append(time_fn(lambda: block(x), warmup=warmup, repeats=repeats, device=device))
     for row, st, n_exp in zip(rows, stats, exps):
-        row.result = {key: statistics.median(t[key] for t in st) for key in ("median_ms", "p10_ms", "p90_ms",
-                                                                             "mean_ms")}
-        row.result["exps"] = n_exp
+        row.result = {**rounds_median(st), "exps": n_exp}
     return table3_records(rows, batch)
 
 
@@ -414,9 +413,7 @@ def _options():
 def _kind_names() -> List[str]:
     """Kinds ``--figure1b-kinds`` / ``--digits-kinds`` take: the registered ones and the papers' (a paper kind
     this installation lacks is left out of the tables with a note)."""
-    from ..attention import list_attentions
-    from .paper_tables import PAPER_KINDS
-    return sorted(set(list_attentions()) | set(PAPER_KINDS))
+    return sorted(set(list_attentions()) | set(pt.PAPER_KINDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -427,35 +424,24 @@ def build_parser() -> argparse.ArgumentParser:
                           "papers' numbers beside ours.", _options())
 
 
-#: part → the options only it takes (given for a part --only leaves out, they are refused)
-PART_OPTIONS = {
-    "table3": ("readings", "table3_batch", "repeats", "rounds"),
-    "figure_a1": ("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
-                  "rounds_models", "warmup_models", "max_time"),
-    "table1": ("table1_batch",),
-    "figure1b": ("figure1b_p", "figure1b_depth", "figure1b_kinds"),
-    "digits": ("digits_kinds", "digits_epochs"),
-    "peers": ("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts", "peers_formats"),
-}
-#: what the parts write into --output (tables, figures, the digits runs' folders) and the report: what
-#: --overwrite replaces; a folder holding anything else is refused
-PAPER_FILES = ("paper.md", "digits", "peers_digits", "peers_deploy", *result_files("table3", ("json", "csv", "png")),
-               *result_files("figure_a1", ("json", "csv", "png")), *result_files("table2", ("json", "csv")),
-               *result_files("table1", ("json", "csv")), *result_files("figure1b", ("json", "csv", "png")),
-               *result_files("digits", ("json", "csv")), *result_files("peers", ("json", "csv", "png")),
-               *result_files("peers_imagenet", ("json", "csv", "png")))
+def paper_files() -> List[str]:
+    """What the parts write into --output (tables, figures, the digits runs' folders) and the report: what
+    --overwrite replaces; a folder holding anything else is refused."""
+    return ["paper.md", "digits", "peers_digits", "peers_deploy",
+            *(name for part in _paper_parts()
+              for name in result_files(part.name, ("json", "csv", "png") if part.plot else ("json", "csv")))]
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     check_bench_flags(args, _options())
     args.only = list(dict.fromkeys(args.only or PARTS))
-    for part, names in PART_OPTIONS.items():
-        if part not in args.only:
-            refuse_unused(args, list(names), f"to {part}, which --only {' '.join(args.only)} leaves out")
+    for part in _paper_parts():
+        if part.options and part.name not in args.only:
+            refuse_unused(args, list(part.options), f"to {part.name}, which --only {' '.join(args.only)} leaves out")
     args.peers_parts = list(dict.fromkeys(args.peers_parts or PEER_PARTS))
     if "deploy" in args.peers_parts and "digits" not in args.peers_parts:
         raise ValueError("--peers-parts deploy exports the weights the digits part trains: add digits")
-    check_out(args.output, args.overwrite, PAPER_FILES)
+    check_out(args.output, args.overwrite, paper_files())
     defaults = dict(QUICK if args.quick else FULL)
     if not args.quick and torch.device(args.device).type == "cuda":
         defaults["dims"] = FULL_CUDA_DIMS  # the paper's range; too big for a small CPU box
@@ -482,70 +468,78 @@ def _resolve(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-def comparison_sections(args: argparse.Namespace, out: Path, meta: Dict[str, Any], threads: int
-                        ) -> Tuple[List[str], List[str]]:
-    """Run the comparison parts in ``args.only`` (:mod:`simattn.bench.paper_tables`), write their files, and
-    return their report sections and what failed in them (one entry per part, naming the runs)."""
-    from . import paper_tables as pt
+class Setting(NamedTuple):
+    """What the parts of a run share: the output folder, the run's meta, the thread count and the machine in words."""
 
-    sections: List[str] = []
-    failed: List[str] = []
-    machine = f"{meta.get('cpu_name') or meta['cpu']}, {threads} thread{'' if threads == 1 else 's'}"
-    if "table2" in args.only:
-        records, notes = pt.run_table2()
-        write_json({"meta": meta, "rows": records, "notes": notes}, out / "table2.json")
-        write_csv(records, out / "table2.csv")
-        sections += [f"## SimA Table 2: params, FLOPs and exp per image ({machine})", "",
-                     pt.table2_markdown(records, notes), ""]
-    if "table1" in args.only:
-        records, notes = pt.run_table1(batch=args.table1_batch, threads=threads, device=args.device,
-                                       repeats=2 if args.quick else 5, timeout=args.timeout)
-        failed += _failed("table1", [f"{r['model']} ({r['error']})" for r in records if r["error"]])
-        write_json({"meta": meta, "rows": records, "notes": notes}, out / "table1.json")
-        write_csv(records, out / "table1.csv")
-        sections += [f"## SOFT Table 1: the Tiny pyramid per kind ({machine})", "",
-                     pt.table1_markdown(records, notes), ""]
-    if "figure1b" in args.only:
-        records, notes = pt.run_figure1b(args.figure1b_kinds, args.figure1b_p, depth=args.figure1b_depth,
-                                         repeats=2 if args.quick else 5, memory_cap_gb=args.memory_cap)
-        title = f"{args.figure1b_depth} blocks, d 384, 12 heads, batch 1 ({machine})"
-        write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure1b.json")
-        write_csv(records, out / "figure1b.csv")
-        pt.plot_figure1b(records, out / "figure1b.png", title)
-        sections += [f"## SOFT Fig. 1b: memory and latency against 784·p tokens, {title}", "",
-                     pt.figure1b_markdown(records, notes), "", "![figure 1b](figure1b.png)", ""]
-    if "digits" in args.only:
-        from ..attention import list_attentions
+    out: Path
+    meta: Dict[str, Any]
+    threads: int
+    machine: str
 
-        overrides: Dict[str, Any] = {"threads": threads}
-        if args.digits_epochs is not None:
-            overrides["epochs"] = args.digits_epochs
-        if args.quick:
-            overrides["steps_per_epoch"] = 2
-        records, notes = pt.run_digits(args.digits_kinds or list_attentions(), args.digits_seeds, out / "digits",
-                                       args.digits_recipe, overrides)
-        write_json({"meta": meta, "rows": records, "notes": notes}, out / "digits.json")
-        write_csv(records, out / "digits.csv")
-        sections += [f"## Every kind on the embedded digits ({machine})", "",
-                     pt.digits_markdown(records, notes, args.digits_recipe, args.digits_seeds), ""]
-    if "peers" in args.only:
-        more, peers_failed = peers_section(args, out, meta, machine)
-        sections += more
-        failed += peers_failed
-    return sections, failed
+
+@dataclass
+class PartResult:
+    """A part's rows and notes, what failed in it (one line per part, naming the runs) and its further JSON fields."""
+
+    rows: List[Dict[str, Any]]
+    notes: List[str] = field(default_factory=list)
+    failed: List[str] = field(default_factory=list)
+    more: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of ``bench paper``, run when ``--only`` names ``only`` (default its name) and ``when`` holds: ``run``
+    measures, the loop writes ``<name>.{json,csv}`` and, with a ``plot``, ``<name>.png`` (a plot that returns
+    something empty drew nothing), linked as ``figure`` under ``markdown``, the part's section of ``paper.md``.
+    ``options``: the flags only it takes (refused where --only leaves it out)."""
+
+    name: str
+    run: Callable[[argparse.Namespace, Setting], PartResult]
+    markdown: Callable[[argparse.Namespace, Setting, PartResult], List[str]]
+    plot: Optional[Callable[[argparse.Namespace, Setting, PartResult, Path], Any]] = None
+    figure: str = ""
+    options: Tuple[str, ...] = ()
+    only: str = ""
+    when: Callable[[argparse.Namespace], bool] = lambda args: True
 
 
 def _failed(part: str, what: List[str]) -> List[str]:
     return [f"{part}: {', '.join(what)}"] if what else []
 
 
-def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], machine: str
-                  ) -> Tuple[List[str], List[str]]:
-    """Run the peers part (:mod:`simattn.bench.paper_peers`), write ``peers.{json,csv}`` and, where a part drew
-    one, ``peers.png``; return its report section and what failed (:func:`~simattn.bench.paper_peers.peers_failures`).
-    """
-    from . import paper_peers as pp
+def _figure_a1(args: argparse.Namespace, setting: Setting) -> PartResult:
+    records, notes = run_figure_a1(args, setting.threads)
+    return PartResult(records, notes, _failed("figure_a1", [f"{r['label']} at {r['x']} ({r['error']})"
+                                                            for r in records if r["error"]]))
 
+
+def _table1(args: argparse.Namespace, setting: Setting) -> PartResult:
+    records, notes = pt.run_table1(batch=args.table1_batch, threads=setting.threads, device=args.device,
+                                   repeats=2 if args.quick else 5, timeout=args.timeout)
+    return PartResult(records, notes, _failed("table1", [f"{r['model']} ({r['error']})" for r in records
+                                                         if r["error"]]))
+
+
+def _figure1b_title(args: argparse.Namespace, setting: Setting) -> str:
+    return f"{args.figure1b_depth} blocks, d 384, 12 heads, batch 1 ({setting.machine})"
+
+
+def _digits_overrides(args: argparse.Namespace, epochs: Optional[int], threads: int) -> Dict[str, Any]:
+    """The digits recipe's overrides: this run's threads, the epochs asked for, 2 updates an epoch with --quick."""
+    return {"threads": threads, **({"epochs": epochs} if epochs is not None else {}),
+            **({"steps_per_epoch": 2} if args.quick else {})}
+
+
+def _digits(args: argparse.Namespace, setting: Setting) -> PartResult:
+    return PartResult(*pt.run_digits(args.digits_kinds or list_attentions(), args.digits_seeds,
+                                     setting.out / "digits", args.digits_recipe,
+                                     _digits_overrides(args, args.digits_epochs, setting.threads)))
+
+
+def _peers(args: argparse.Namespace, setting: Setting) -> PartResult:
+    """The peers' DeiT-T table (:mod:`simattn.bench.paper_peers`): what failed in it is
+    :func:`~simattn.bench.paper_peers.peers_failures`."""
     kinds, notes = pp.registered_kinds(args.peers_kinds)
     parts = args.peers_parts
     costs, latency, digits, deployed = [], [], [], []
@@ -555,47 +549,78 @@ def peers_section(args: argparse.Namespace, out: Path, meta: Dict[str, Any], mac
     if "latency" in parts:
         latency = pp.run_peer_latency(kinds, repeats=args.peers_repeats)
     if "digits" in parts:
-        overrides: Dict[str, Any] = {"threads": meta["threads"]}
-        if args.peers_epochs is not None:
-            overrides["epochs"] = args.peers_epochs
-        if args.quick:
-            overrides["steps_per_epoch"] = 2
-        digits, more = pp.run_peer_digits(kinds, args.digits_seeds, out / "peers_digits", args.digits_recipe,
-                                          overrides)
+        digits, more = pp.run_peer_digits(kinds, args.digits_seeds, setting.out / "peers_digits", args.digits_recipe,
+                                          _digits_overrides(args, args.peers_epochs, setting.threads))
         notes += more
     if "deploy" in parts:
-        deployed = pp.run_peer_deploy(kinds, out / "peers_digits", args.digits_seeds[0], out / "peers_deploy",
-                                      args.peers_formats)
-    imagenet, more = imagenet_section(out, meta) if "imagenet" in parts else ([], [])
-    if not {"costs", "latency", "digits", "deploy"} & set(parts):  # the released tags alone: no DeiT-T table
-        return imagenet, more
-    rows = pp.peers_records(kinds, costs, latency, digits, deployed)
+        deployed = pp.run_peer_deploy(kinds, setting.out / "peers_digits", args.digits_seeds[0],
+                                      setting.out / "peers_deploy", args.peers_formats)
     failed = pp.peers_failures(costs, latency, digits, deployed)
     if args.quick:
         failed = [f + (" (--quick trains 2 updates per kind, too few to learn digits: the check needs a run without "
                        "--quick)" if f.startswith("peers digits") else "") for f in failed]
-    write_json({"meta": meta, "rows": rows, "notes": notes, "digits_runs": digits, "failed": failed},
-               out / "peers.json")
-    write_csv(rows, out / "peers.csv")
-    title = f"every attention kind at DeiT-T and on digits ({machine})"
-    drawn = pp.plot_peers(rows, out / "peers.png", title)
-    return [f"## Peers: {title}", "", pp.peers_markdown(rows, notes, args.digits_recipe, args.digits_seeds), "",
-            *(["![peers](peers.png)", ""] if drawn else []), *imagenet], failed + more
+    return PartResult(pp.peers_records(kinds, costs, latency, digits, deployed), notes, failed,
+                      {"digits_runs": digits, "failed": failed})
 
 
-def imagenet_section(out: Path, meta: Dict[str, Any]) -> Tuple[List[str], List[str]]:
-    """The released ImageNet tags' rows (:mod:`simattn.bench.paper_imagenet`), written to
-    ``peers_imagenet.{json,csv}``; returns its report section and the tags whose model did not build."""
-    from . import paper_imagenet as pi
+def _peers_title(setting: Setting) -> str:
+    return f"every attention kind at DeiT-T and on digits ({setting.machine})"
 
+
+def _imagenet(args: argparse.Namespace, setting: Setting) -> PartResult:
     rows = pi.run_imagenet_rows()
-    write_json({"meta": meta, "rows": rows}, out / "peers_imagenet.json")
-    write_csv(rows, out / "peers_imagenet.csv")
-    drawn = pi.plot_imagenet(rows, out / "peers_imagenet.png", "the peers' released ImageNet-1k checkpoints: the "
-                             "authors' top-1 against the cost of the model built here")
-    failed = [f"peers imagenet: {row['tag']} ({row['error']})" for row in rows if row.get("error")]
-    return ["### Peers: the released ImageNet-1k checkpoints", "", pi.imagenet_markdown(rows), "",
-            *(["![peers imagenet](peers_imagenet.png)", ""] if drawn else [])], failed
+    return PartResult(rows, failed=[f"peers imagenet: {row['tag']} ({row['error']})" for row in rows
+                                    if row.get("error")])
+
+
+def _paper_parts() -> List[Part]:
+    """Every part in the order it runs and its section stands in ``paper.md``."""
+    from . import paper_imagenet as pi
+    from . import paper_peers as pp
+    return [
+        Part("table3", lambda args, s: PartResult(run_table3(
+            table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5, repeats=args.repeats,
+            rounds=args.rounds)), lambda args, s, r: ["## Table 3: one attention block, fixed matmul order", "",
+                                                    table3_markdown(r.rows)],
+             plot=lambda args, s, r, path: plot_table3(r.rows, path), figure="table 3",
+             options=("readings", "table3_batch", "repeats", "rounds")),
+        Part("figure_a1", _figure_a1,
+             lambda args, s, r: [f"## Figure A1: whole models, inference, batch {args.batch}", "",
+                                 figure_a1_markdown(r.rows, r.notes), ""],
+             plot=lambda args, s, r, path: plot_figure_a1(r.rows, path, args.batch, args.device), figure="figure A1",
+             options=("batch", "sizes", "dims", "deit_depth", "xcit_model", "xcit_depth", "repeats_models",
+                      "rounds_models", "warmup_models", "max_time")),
+        Part("table2", lambda args, s: PartResult(*pt.run_table2()),
+             lambda args, s, r: [f"## SimA Table 2: params, FLOPs and exp per image ({s.machine})", "",
+                                 pt.table2_markdown(r.rows, r.notes), ""]),
+        Part("table1", _table1, lambda args, s, r: [f"## SOFT Table 1: the Tiny pyramid per kind ({s.machine})", "",
+                                                    pt.table1_markdown(r.rows, r.notes), ""],
+             options=("table1_batch",)),
+        Part("figure1b", lambda args, s: PartResult(*pt.run_figure1b(
+            args.figure1b_kinds, args.figure1b_p, depth=args.figure1b_depth, repeats=2 if args.quick else 5,
+            memory_cap_gb=args.memory_cap)),
+             lambda args, s, r: [f"## SOFT Fig. 1b: memory and latency against 784·p tokens, "
+                                 f"{_figure1b_title(args, s)}", "", pt.figure1b_markdown(r.rows, r.notes), ""],
+             plot=lambda args, s, r, path: pt.plot_figure1b(r.rows, path, _figure1b_title(args, s)),
+             figure="figure 1b", options=("figure1b_p", "figure1b_depth", "figure1b_kinds")),
+        Part("digits", _digits, lambda args, s, r: [
+            f"## Every kind on the embedded digits ({s.machine})", "",
+            pt.digits_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds), ""],
+             options=("digits_kinds", "digits_epochs")),
+        # the released tags alone (--peers-parts imagenet) make no DeiT-T table
+        Part("peers", _peers, lambda args, s, r: [
+            f"## Peers: {_peers_title(s)}", "",
+            pp.peers_markdown(r.rows, r.notes, args.digits_recipe, args.digits_seeds), ""],
+             plot=lambda args, s, r, path: pp.plot_peers(r.rows, path, _peers_title(s)), figure="peers",
+             options=("peers_kinds", "peers_epochs", "peers_repeats", "peers_parts", "peers_formats"),
+             when=lambda args: bool({"costs", "latency", "digits", "deploy"} & set(args.peers_parts))),
+        Part("peers_imagenet", _imagenet, lambda args, s, r: [
+            "### Peers: the released ImageNet-1k checkpoints", "", pi.imagenet_markdown(r.rows), ""],
+             plot=lambda args, s, r, path: pi.plot_imagenet(r.rows, path, "the peers' released ImageNet-1k "
+                                                            "checkpoints: the authors' top-1 against the cost of the "
+                                                            "model built here"),
+             figure="peers imagenet", only="peers", when=lambda args: "imagenet" in args.peers_parts),
+    ]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -606,18 +631,16 @@ def main(argv: Optional[List[str]] = None) -> int:
             "command": "simattn bench paper " + " ".join(argv if argv is not None else sys.argv[1:])}
     print(f"simattn bench paper on {args.device}, {threads} CPU threads" + (" (quick)" if args.quick else ""),
           flush=True)
-    out = Path(args.output)
-    sections = ["# SimA and SOFT paper results on this machine",
-                "", f"{meta['device']} ({meta.get('cpu_name') or meta['cpu']}), {threads} "
-                    f"thread{'' if threads == 1 else 's'}, torch "
-                    f"{meta['torch']}. "
-                    f"Command: `{meta['command']}`", ""]
+    cpu, threads_said = meta.get('cpu_name') or meta['cpu'], f"{threads} thread{'' if threads == 1 else 's'}"
+    setting = Setting(Path(args.output), meta, threads, f"{cpu}, {threads_said}")
+    sections = ["# SimA and SOFT paper results on this machine", "",
+                f"{meta['device']} ({cpu}), {threads_said}, torch {meta['torch']}. Command: `{meta['command']}`", ""]
     if args.overwrite:
         # the earlier results go whole (run folders under digits/ and peers_*/ too, which a run of other kinds or
         # seeds would leave beside the new ones): moved aside, and put back if this command stops half-way
-        claim_run_folder(out, overwrite=True, replaced=PAPER_FILES, clean=False, lock=False)
+        claim_run_folder(setting.out, overwrite=True, replaced=paper_files(), clean=False, lock=False)
     try:
-        failed = _run_parts(args, out, meta, threads, sections)
+        failed = _run_parts(args, setting, sections)
     except BaseException:
         settle_replaced(False)
         raise
@@ -629,36 +652,26 @@ def main(argv: Optional[List[str]] = None) -> int:
     return 1 if failed else 0
 
 
-def _run_parts(args: argparse.Namespace, out: Path, meta: Dict[str, Any], threads: int,
-               sections: List[str]) -> List[str]:
+def _run_parts(args: argparse.Namespace, setting: Setting, sections: List[str]) -> List[str]:
     """Run the parts in ``args.only``, write their files and ``paper.md`` (``sections`` first); return what failed.
     """
     failed: List[str] = []
-    if "table3" in args.only:
-        records = run_table3(table3_rows(args.readings), batch=args.table3_batch, device=args.device, warmup=5,
-                             repeats=args.repeats, rounds=args.rounds)
-        write_json({"meta": meta, "rows": records}, out / "table3.json")
-        write_csv(records, out / "table3.csv")
-        plot_table3(records, out / "table3.png")
-        sections += ["## Table 3: one attention block, fixed matmul order", "", table3_markdown(records),
-                     "![table 3](table3.png)", ""]
-    if "figure_a1" in args.only:
-        records, notes = run_figure_a1(args, threads)
-        failed += _failed("figure_a1", [f"{r['label']} at {r['x']} ({r['error']})" for r in records if r["error"]])
-        write_json({"meta": meta, "rows": records, "notes": notes}, out / "figure_a1.json")
-        write_csv(records, out / "figure_a1.csv")
-        plot_figure_a1(records, out / "figure_a1.png", args.batch, args.device)
-        sections += [f"## Figure A1: whole models, inference, batch {args.batch}", "",
-                     figure_a1_markdown(records, notes), "", "![figure A1](figure_a1.png)", ""]
-    more, comparison_failed = comparison_sections(args, out, meta, threads)
-    sections += more
-    failed += comparison_failed
+    for part in _paper_parts():
+        if (part.only or part.name) not in args.only or not part.when(args):
+            continue
+        result = part.run(args, setting)
+        plot = None if part.plot is None else (lambda path, part=part: part.plot(args, setting, result, path))
+        drawn = write_result_files(setting.out / f"{part.name}.json", setting.meta, result.rows, result.notes,
+                                   plot=plot, **result.more)
+        sections += part.markdown(args, setting, result)
+        sections += [f"![{part.figure}]({part.name}.png)", ""] if plot and (drawn is None or drawn) else []
+        failed += result.failed
     if failed:
         sections += ["## Failed", "", *(f"- {f}" for f in failed), ""]
     report = "\n".join(sections)
-    write_text(report, out / "paper.md")
+    atomic_write_text(report, setting.out / "paper.md")
     print(report)
-    print(f"wrote {out}/paper.md and its tables and figures")
+    print(f"wrote {setting.out}/paper.md and its tables and figures")
     return failed
 
 

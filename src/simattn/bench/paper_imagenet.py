@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..models.released import tag_top1
-from .report import markdown_table, new_figure, progress, save_figure
+from .report import gap_pct, markdown_table, new_figure, progress, save_figure
 
 __all__ = ["README_FIGURES", "released_tags", "tag_top1", "run_imagenet_rows", "imagenet_markdown", "tag_kind",
            "plot_imagenet"]
@@ -50,7 +50,8 @@ def released_tags() -> List[str]:
 
 
 def _gap(ours: Optional[float], readme: Optional[float]) -> Optional[float]:
-    return None if ours is None or not readme else round(100 * (ours / readme - 1), 2)
+    gap = gap_pct(ours, readme)
+    return None if gap is None else round(gap, 2)
 
 
 def imagenet_row(tag: str, params: bool = True, gmacs: bool = True) -> Dict[str, Any]:

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..attention import list_attentions
-from .report import markdown_table, new_figure, progress, save_figure
+from .report import gap_pct, markdown_table, new_figure, progress, save_figure
 
 __all__ = ["PeerPaper", "PEER_PAPERS", "DIGITS_MARGIN", "DIGITS_ABOVE_CHANCE", "PEER_TOKENS", "peer_model",
            "registered_kinds", "peer_notes", "run_peer_costs", "run_peer_latency", "run_peer_digits", "digits_check",
@@ -114,7 +114,7 @@ def run_peer_costs(kinds: Sequence[str]) -> Tuple[List[Dict[str, Any]], List[str
     or run gets its error instead."""
     from .paper_tables import measure_row
 
-    records, notes = [], []
+    records = []
     for kind in progress(list(kinds), "peers: costs", str):
         try:
             rec = measure_row(_paper_row(kind))
@@ -247,10 +247,6 @@ def run_peer_deploy(kinds: Sequence[str], runs: Path, seed: int, out: Path,
     return records
 
 
-def _gap(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
-    return None if ours is None or not paper else (ours / paper - 1) * 100
-
-
 def peers_records(kinds: Sequence[str], costs: Sequence[Mapping[str, Any]] = (),
                   latency: Sequence[Mapping[str, Any]] = (),
                   digits: Sequence[Mapping[str, Any]] = (),
@@ -268,8 +264,8 @@ def peers_records(kinds: Sequence[str], costs: Sequence[Mapping[str, Any]] = (),
         model, _ = peer_model(kind)
         row = {"kind": kind, "model": model, "exp_class": got.get("exp_class"),
                "params_m": got.get("params_m"), "paper_params_m": paper.params_m,
-               "params_gap_pct": _gap(got.get("params_m"), paper.params_m), "gmacs": got.get("gmacs"),
-               "paper_gflops": paper.gflops, "gmacs_gap_pct": _gap(got.get("gmacs"), paper.gflops),
+               "params_gap_pct": gap_pct(got.get("params_m"), paper.params_m), "gmacs": got.get("gmacs"),
+               "paper_gflops": paper.gflops, "gmacs_gap_pct": gap_pct(got.get("gmacs"), paper.gflops),
                "exp_kind": got.get("exp_kind"), "exp_other": got.get("exp_other_attention"),
                "paper_top1": paper.top1}
         row.update({f"latency_{t}_ms": got.get(f"latency_{t}_ms") for t in PEER_TOKENS})

@@ -37,7 +37,7 @@ from torch import nn
 
 from ..attention import attention_class, get_attention_class, list_attentions
 from .counters import OpTrace, PeakMemory, _exp_evals, _op_name, attention_module_names, count_flops
-from .report import markdown_table, new_figure, progress, save_figure
+from .report import gap_pct, markdown_table, new_figure, progress, save_figure
 
 __all__ = ["PAPER_KINDS", "exp_complexity", "PaperModel", "TABLE2", "TABLE1", "available_rows",
            "attention_exps", "exported_exps", "run_table2", "table2_markdown", "run_table1", "table1_markdown",
@@ -127,10 +127,6 @@ def available_rows(rows: Sequence[PaperModel]) -> Tuple[List[PaperModel], List[s
     notes = [f"{r.label} ({r.model}) not run: attention kind {r.kind!r} is not registered here (known: "
              f"{', '.join(sorted(known))})" for r in rows if r.kind not in known]
     return kept, notes
-
-
-def _gap(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
-    return None if ours is None or not paper else (ours / paper - 1) * 100
 
 
 # ------------------------------------------------------------------------------------------------ exp counts
@@ -236,8 +232,8 @@ def measure_row(row: PaperModel, img_size: int = 224) -> Dict[str, Any]:
                 "exp_activation": exps["model_activation"], "exp_class": exp_complexity(row.kind)})
     for key in ("params_m", "gflops", "exp", "top1"):
         rec[f"paper_{key}"] = row.paper.get(key)
-    rec["params_gap_pct"] = _gap(rec["params_m"], row.paper.get("params_m"))
-    rec["gmacs_gap_pct"] = _gap(rec["gmacs"], row.paper.get("gflops"))
+    rec["params_gap_pct"] = gap_pct(rec["params_m"], row.paper.get("params_m"))
+    rec["gmacs_gap_pct"] = gap_pct(rec["gmacs"], row.paper.get("gflops"))
     if row.variant is not None:
         what, kwargs = row.variant
         rec["variant"] = {"what": what, **_costs(_create(row, kwargs), img_size)}
@@ -328,7 +324,7 @@ def run_table1(rows: Sequence[PaperModel] = TABLE1, *, batch: int, threads: int,
                        train_mb_per_image=per_image, est_memory_gb_1024=est / 1024 if est is not None else None)
         for key in ("memory_gb", "params_m", "gflops", "train_ips", "infer_ips", "top1"):
             rec[f"paper_{key}"] = row.paper.get(key)
-        rec["gmacs_gap_pct"] = _gap(rec.get("gmacs"), row.paper.get("gflops"))
+        rec["gmacs_gap_pct"] = gap_pct(rec.get("gmacs"), row.paper.get("gflops"))
         if row.note:
             notes.append(f"{row.label}: {row.note}.")
         records.append(rec)

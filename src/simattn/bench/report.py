@@ -6,6 +6,7 @@ import io
 import math
 import os
 import platform
+import statistics
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, TypeVar
 
@@ -14,8 +15,8 @@ import torch
 from ..utils.io import atomic_write_json, atomic_write_text, save_figure as _save_png
 from ..utils.runlog import progress as runlog_progress
 
-__all__ = ["progress", "machine_info", "write_csv", "write_json", "write_text", "markdown_table", "fmt",
-           "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
+__all__ = ["progress", "machine_info", "triton_version", "rounds_median", "gap_pct", "write_result_files", "write_csv",
+           "markdown_table", "fmt", "new_figure", "save_figure", "WIDE_SPREAD", "relative_spread", "spread_warning", "quiet_advice", "fmt_ms"]
 
 T = TypeVar("T")
 
@@ -80,13 +81,16 @@ def machine_info(device: str, threads: int) -> Dict[str, Any]:
     info.update(cpu_info())
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
-        try:
-            import triton
-
-            info["triton"] = triton.__version__
-        except ImportError:  # no Triton: SimA runs its torch paths
-            pass
+        info.update({"triton": triton_version()} if triton_version() else {})  # no Triton: the kinds run torch
     return info
+
+
+def triton_version() -> Optional[str]:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
 
 
 #: /proc/cpuinfo flag → what the int8 and fp32 kernels can use
@@ -113,16 +117,10 @@ def cpu_info() -> Dict[str, Any]:
     return {"cpu_name": name, "cpu_features": [label for flag, label in CPU_FEATURES.items() if flag in flags]}
 
 
-def _columns(rows: Iterable[Mapping[str, Any]]) -> List[str]:
-    columns: List[str] = []
-    for row in rows:
-        columns += [k for k in row if k not in columns]
-    return columns
-
-
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[Sequence[str]] = None) -> None:
-    """Rows (dicts) as CSV, columns in first-seen order unless given; nested values are skipped."""
-    columns = [c for c in (columns or _columns(rows)) if not any(isinstance(r.get(c), (dict, list)) for r in rows)]
+    """Rows (dicts) as CSV: ``columns`` first, then the others in first-seen order; nested values are skipped."""
+    columns = [c for c in dict.fromkeys([*(columns or ()), *(key for row in rows for key in row)])
+               if not any(isinstance(r.get(c), (dict, list)) for r in rows)]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
@@ -130,12 +128,35 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path, columns: Optional[S
     atomic_write_text(buf.getvalue(), path)
 
 
-def write_json(obj: Any, path: Path) -> None:
-    atomic_write_json(obj, path)
+def rounds_median(times: List[dict]) -> dict:
+    """The median over rounds of each time (``*_ms``) a timer gave in every round; a CUDA graph's capture error kept."""
+    out = {key: statistics.median(t[key] for t in times) for key in times[0]
+           if key.endswith("_ms") and all(key in t for t in times)}
+    errors = [t["graph_error"] for t in times if "graph_error" in t]
+    return {**out, "graph_error": errors[0]} if errors else out
 
 
-def write_text(text: str, path: Path) -> None:
-    atomic_write_text(text, path)
+def gap_pct(ours: Optional[float], paper: Optional[float]) -> Optional[float]:
+    """How far ``ours`` is from the published figure, in % of it; None where either is missing."""
+    return None if ours is None or not paper else (ours / paper - 1) * 100
+
+
+def write_result_files(path: Path, meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
+                       notes: Sequence[str] = (), *, csv: bool = True,
+                       table: Optional[Sequence[Mapping[str, Any]]] = None, columns: Optional[Sequence[str]] = None,
+                       markdown: Optional[str] = None, plot: Optional[Callable[[Path], Any]] = None,
+                       **more: Any) -> Any:
+    """A benchmark's results in the one layout they all share: the JSON file ``path`` holding ``{meta, rows,
+    notes}`` (and ``more``, the benchmark's own summaries), beside it the CSV of ``table`` (default the rows;
+    ``columns`` first; none with ``csv`` False), the ``markdown`` summary and the PNG drawn by ``plot(png_path)``, each
+    where given; returns what ``plot`` returned."""
+    path = Path(path)
+    atomic_write_json({"meta": dict(meta), "rows": list(rows), "notes": list(notes), **more}, path)
+    if csv:
+        write_csv(rows if table is None else table, path.with_suffix(".csv"), columns)
+    if markdown is not None:
+        atomic_write_text(markdown, path.with_suffix(".md"))
+    return plot(path.with_suffix(".png")) if plot is not None else None
 
 
 def fmt(value: Any, digits: int = 4) -> str:

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..report import markdown_table, new_figure, relative_spread, save_figure, spread_warning, write_csv, \
-    write_json, write_text
+from ..report import markdown_table, new_figure, relative_spread, save_figure, spread_warning, \
+    write_result_files
 from .spec import DEFAULT_ATTN, FLOOR_LABEL, SEG_CLASSES, size_side, size_text
 
 def speedups(rows: Sequence[Dict[str, Any]], baseline: str = "softmax") -> List[Dict[str, Any]]:
@@ -318,12 +318,11 @@ def write_results(rows: Sequence[Dict[str, Any]], out_dir: Path, meta: Dict[str,
     out_dir = Path(out_dir)
     ups = speedups(rows, baseline)
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "md", "png")}
-    write_json({"meta": meta, "rows": list(rows), "speedups": ups, "runtime_speedups": runtime_speedups(rows),
-                "floor_ratios": floor_ratios(rows)}, paths["json"])
-    extra = dict.fromkeys(c for r in rows for c in r if c not in RESULT_COLUMNS)  # first-seen order, once each
-    write_csv(rows, paths["csv"], RESULT_COLUMNS + list(extra))
-    write_text(summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n", paths["md"])
-    plot_results(rows, paths["png"], title=machine_line(meta).rstrip("."), baseline=baseline)
+    write_result_files(paths["json"], meta, rows, columns=RESULT_COLUMNS,
+                       plot=lambda path: plot_results(rows, path, title=machine_line(meta).rstrip("."),
+                                                      baseline=baseline),
+                       markdown=summary_markdown(rows, ups, meta, runtime_speedups(rows)) + "\n",
+                       speedups=ups, runtime_speedups=runtime_speedups(rows), floor_ratios=floor_ratios(rows))
     return paths
 
 

@@ -19,18 +19,22 @@ SDPA's for the same pass. The kinds alternate batch by batch, so a drift in the 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
-import statistics
+import platform
 import time
 from typing import Callable, ContextManager, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from .report import relative_spread
+from ...utils.timing import percentiles, set_threads
+from ..report import cpu_info, relative_spread, triton_version
+from .kinds import finish
 
-__all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows"]
+__all__ = ["KINDS", "PASSES", "SHAPE", "host_fns", "measure", "add_ratios", "format_rows", "summary", "spread_rows",
+           "main_host_cost"]
 
 #: the kinds timed through their Triton kernels, one per kernel family (FLatten for the linear family's features)
 TRITON_KINDS = ("sima", "flatten", "sigmoid", "agent")
@@ -42,10 +46,10 @@ SHAPE = (2, 2, 16, 16)
 
 def _triton_ops() -> Dict[str, Callable[..., torch.Tensor]]:
     """Each kind's public op with ``backend='triton'`` and its defaults (Agent: 2×2 agents pooled from q)."""
-    from ..attention.agent import agent_attention
-    from ..attention.flatten import flatten_attention
-    from ..attention.sigmoid import sigmoid_attention
-    from ..attention.sima import sima_attention
+    from ...attention.agent import agent_attention
+    from ...attention.flatten import flatten_attention
+    from ...attention.sigmoid import sigmoid_attention
+    from ...attention.sima import sima_attention
 
     return {"sima": lambda *qkv: sima_attention(*qkv, backend="triton"),
             "flatten": lambda *qkv: flatten_attention(*qkv, backend="triton"),
@@ -73,7 +77,7 @@ def host_fns() -> Dict[Tuple[str, str], Callable[[], object]]:
 
 def _contexts() -> Dict[str, Callable[[], ContextManager]]:
     """The setting each kind's calls run in."""
-    from ..kernels.host import dry_run, hopper_stand_in
+    from ...kernels.host import dry_run, hopper_stand_in
     return {kind: contextlib.nullcontext if kind == "sdpa" else hopper_stand_in if kind.endswith("_launch")
             else dry_run for kind in KINDS}
 
@@ -113,11 +117,10 @@ def measure(repeats: int, rounds: int, calls: int = 200, fns=None) -> List[dict]
             gc.enable()
     rows = [{"kind": kind, "pass": pass_, "error": error} for (kind, pass_), error in errors.items()]
     for (kind, pass_), times in samples.items():
-        times = sorted(times)
-        rank = lambda p: times[min(len(times) - 1, int(round(p * (len(times) - 1))))]  # noqa: E731 - nearest rank
-        median = statistics.median(times)
-        rows.append({"kind": kind, "pass": pass_, "host_us": median, "host_us_p10": rank(0.1),
-                     "host_us_p90": rank(0.9), "spread": relative_spread(rank(0.1), rank(0.9), median),
+        us = percentiles(times)  # in µs here
+        rows.append({"kind": kind, "pass": pass_, "host_us": us["median_ms"], "host_us_p10": us["p10_ms"],
+                     "host_us_p90": us["p90_ms"], "spread": relative_spread(us["p10_ms"], us["p90_ms"],
+                                                                            us["median_ms"]),
                      "calls": calls * len(times)})
     return add_ratios(rows)
 
@@ -159,3 +162,22 @@ def summary(rows: List[dict], machine: str) -> str:
 def spread_rows(rows: List[dict]) -> Dict[str, float]:
     """name → relative spread, for :func:`simattn.bench.report.spread_warning`."""
     return {f"{r['kind']} {r['pass']}": r["spread"] for r in rows if "spread" in r}
+
+
+def main_host_cost(args: argparse.Namespace) -> int:
+    """``--host-cost``: the host's work per Triton call against SDPA's (this module)."""
+    try:
+        import simattn.kernels.linear.launch  # noqa: F401 - the path measured
+    except ImportError as e:
+        raise ValueError(f"--host-cost times the Triton paths and needs the triton package ({e})") from None
+    threads = set_threads(args.threads or 1)
+    cpu = cpu_info()
+    machine = (f"{cpu.get('cpu_name') or platform.processor() or 'CPU name unknown'}, {threads} thread(s), "
+               f"torch {torch.__version__}, Triton {triton_version()}")
+    print(f"simattn bench attention --host-cost: {', '.join(TRITON_KINDS)} (backend 'triton'; <kind>: "
+          f"launches skipped, <kind>_launch: through Triton's launch path to a stubbed launcher) and SDPA on "
+          f"{'x'.join(map(str, SHAPE))} fp32 CPU tensors; {machine}", flush=True)
+    rows = measure(args.repeats, args.rounds)
+    return finish(args.output, {**vars(args), "threads": threads, "torch": torch.__version__,
+                                "triton": triton_version(), "shape": list(SHAPE), **cpu},
+                  rows, format_rows(rows), [summary(rows, machine)], spread_rows(rows))
