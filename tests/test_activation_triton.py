@@ -127,7 +127,8 @@ def test_custom_ops_pass_opcheck(kernel_device):
     torch.library.opcheck(torch.ops.simattn.activation_attn_fwd.default, args, test_utils=checks)
     g = torch.randn(1, 1, 4, 16, device=kernel_device)
     torch.library.opcheck(torch.ops.simattn.activation_attn_bwd.default,
-                          (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0), test_utils=checks)
+                          (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0, torch.float32),
+                          test_utils=checks)
 
 
 def test_auto_runs_torch_on_cpu_and_where_the_kernels_refuse():

@@ -242,8 +242,9 @@ def test_custom_ops_pass_opcheck(triton_mode):
     torch.library.opcheck(torch.ops.simattn.linear_attn_fwd.default, args, test_utils=checks)
     out, kvn, s_q, s_k = torch.ops.simattn.linear_attn_fwd(*args)
     g = torch.randn_like(out)
-    torch.library.opcheck(torch.ops.simattn.sima_bwd.default,
-                          (g, q.detach(), k.detach(), v.detach(), mask, mask, kvn, s_q, s_k, 1e-12, False),
+    torch.library.opcheck(torch.ops.simattn.linear_attn_bwd.default,
+                          (g, q.detach(), k.detach(), v.detach(), mask, mask, None, kvn, s_q, s_k, 1e-12, "sima", False,
+                           torch.float32, True),
                           test_utils=checks)
 
 
