@@ -133,11 +133,11 @@ def test_custom_ops_pass_opcheck(kernel_device):
 
 def test_auto_runs_torch_on_cpu_and_where_the_kernels_refuse():
     q = torch.randn(1, 2, 5, 16)
-    assert choose("relu", "auto", Call(q, q, q, activation="relu")) == "torch"
+    assert choose("relu", "auto", Call(q, q, q, extra="relu")) == "torch"
     refusal = POLICIES["relu"].backends["triton"]
-    assert refusal(Call(q, q, q, activation="relu")) is None and refusal(Call(q, q, q, activation="sigmoid")) is None
-    assert "relu or sigmoid" in refusal(Call(q, q, q, activation="gelu"))
-    assert "float64" in refusal(Call(q.double(), q.double(), q.double(), activation="sigmoid"))
+    assert refusal(Call(q, q, q, extra="relu")) is None and refusal(Call(q, q, q, extra="sigmoid")) is None
+    assert "relu or sigmoid" in refusal(Call(q, q, q, extra="gelu"))
+    assert "float64" in refusal(Call(q.double(), q.double(), q.double(), extra="sigmoid"))
 
 
 def test_triton_refusals_are_one_line():

@@ -153,7 +153,7 @@ def test_custom_ops_pass_opcheck(kernel_device):
 
 def test_auto_runs_torch_on_cpu_and_refusals_are_one_line():
     q = torch.randn(1, 2, 1 + 16 * 16, 16)
-    assert choose("agent", "auto", Call(q, q, q, agents=q[:, :, :4])) == "torch"
+    assert choose("agent", "auto", Call(q, q, q, params=(q[:, :, :4],))) == "torch"
     with pytest.raises(ValueError, match=r"^agent: backend 'triton' takes float32, float16 or bfloat16, got "
                                          r"torch.float64, .*; backend 'auto' runs torch there$"):
         agent_attention(q.double(), q.double(), q.double(), backend="triton")

@@ -285,13 +285,13 @@ def test_auto_falls_back_to_torch_where_triton_refuses():
     refusal = POLICIES["sima"].backends["triton"]
     q = torch.zeros(1, 1, 8, 16)
     assert refusal(Call(q, q, q)) is None
-    assert "q̂(k̂ᵀv)" in refusal(Call(q, q, q, order="qk_first"))
+    assert "q̂(k̂ᵀv)" in refusal(Call(q, q, q, extra=("qk_first", "qk_first", False)))
     assert "float64" in refusal(Call(q.double(), q.double(), q.double()))
     wide = torch.zeros(1, 1, 8, 256)
     assert "head dims up to 128" in refusal(Call(wide, wide, wide))
     on_gpu = dict(device="cuda", grad=False, graph=None, autocast=None, capability=None)
     assert choose("sima", "auto", Call(q, q, q, **on_gpu)) == "triton"
-    assert choose("sima", "auto", Call(q, q, q, resolved="qk_first", **on_gpu)) == "torch"
+    assert choose("sima", "auto", Call(q, q, q, extra=("auto", "qk_first", False), **on_gpu)) == "torch"
     assert choose("sima", "auto", Call(wide, wide, wide, **on_gpu)) == "torch"
 
 

@@ -351,40 +351,8 @@ def op(name: str, forward: Callable, backward: Callable, fake: Callable, *, tens
     multi = _returns_tuple(forward)
     kept = slice(0 if save_output else 1, None)
     tail = (None,) * (len(inspect.signature(forward).parameters) - grads)
-
-    def wanted(ctx, saved) -> tuple:
-        return tuple([saved[i] is not None and ctx.needs_input_grad[i] for i in flags])
-
-    def gradients(ctx, grads_in: tuple, wanted_now: tuple) -> tuple:
-        if not flags:
-            return (*grads_in, *tail)
-        grads_in = list(grads_in)
-        for i, want in zip(flags, wanted_now):
-            if not want:
-                grads_in[i] = None
-        return (*grads_in, *tail)
-
-    class Function(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *args):
-            outs = forward(*args)
-            if multi:
-                ctx.save_for_backward(*args[:tensors], *outs[kept])
-                ctx.params = args[tensors:]
-                return outs[0]
-            ctx.save_for_backward(*args[:tensors], *((outs,) if save_output else ()))
-            ctx.params = args[tensors:]
-            return outs
-
-        @staticmethod
-        def backward(ctx, g):
-            saved = ctx.saved_tensors
-            if not flags:
-                return (*backward(g, *saved, *ctx.params), *tail)
-            want = wanted(ctx, saved)
-            return gradients(ctx, backward(g, *saved, *ctx.params, *want), want)
-
-    Function.__name__ = Function.__qualname__ = name.split("::")[-1]
+    saving = _Saving(tensors, multi, kept, save_output, flags, tail)
+    function = _function(name, forward, backward, saving)
 
     def op_forward(*args):
         outs = forward(*args)
@@ -407,11 +375,11 @@ def op(name: str, forward: Callable, backward: Callable, fake: Callable, *, tens
 
     def op_backward(ctx, g, *_):
         saved = ctx.saved_tensors
-        want = wanted(ctx, saved)
-        return gradients(ctx, tuple(bwd_op(g, *saved, *ctx.params, *want)), want)
+        want = saving.wanted(ctx, saved)
+        return saving.gradients(tuple(bwd_op(g, *saved, *ctx.params, *want)), want)
 
     fwd_op.register_autograd(op_backward, setup_context=setup_context)
-    apply = Function.apply
+    apply = function.apply
     if multi:
         def eager(*args):
             return forward(*args)[0]
@@ -428,8 +396,60 @@ def op(name: str, forward: Callable, backward: Callable, fake: Callable, *, tens
             return apply(*args)
         return eager(*args)
 
-    call.function, call.forward_op, call.backward_op = Function, fwd_op, bwd_op
+    call.function, call.forward_op, call.backward_op = function, fwd_op, bwd_op
     return call
+
+
+class _Saving:
+    """How an op's autograd keeps what its backward reads (see :func:`op`)."""
+
+    def __init__(self, tensors: int, multi: bool, kept: slice, save_output: bool, flags: Tuple[int, ...],
+                 tail: tuple):
+        self.tensors, self.multi, self.kept, self.save_output, self.flags, self.tail = (
+            tensors, multi, kept, save_output, flags, tail)
+
+    def wanted(self, ctx, saved) -> tuple:
+        """Whether each input at ``flags`` is given and needs a gradient."""
+        return tuple([saved[i] is not None and ctx.needs_input_grad[i] for i in self.flags])
+
+    def gradients(self, grads_in: tuple, wanted: tuple) -> tuple:
+        """The backward's gradients, None where not wanted, then None for each plain argument."""
+        if not self.flags:
+            return (*grads_in, *self.tail)
+        grads_in = list(grads_in)
+        for i, want in zip(self.flags, wanted):
+            if not want:
+                grads_in[i] = None
+        return (*grads_in, *self.tail)
+
+
+def _function(name: str, forward: Callable, backward: Callable, saving: _Saving):
+    """The eager ``torch.autograd.Function`` of an op: the cheapest way through autograd."""
+    tensors, multi, kept, save_output, flags, tail = (saving.tensors, saving.multi, saving.kept,
+                                                      saving.save_output, saving.flags, saving.tail)
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            outs = forward(*args)
+            if multi:
+                ctx.save_for_backward(*args[:tensors], *outs[kept])
+                ctx.params = args[tensors:]
+                return outs[0]
+            ctx.save_for_backward(*args[:tensors], *((outs,) if save_output else ()))
+            ctx.params = args[tensors:]
+            return outs
+
+        @staticmethod
+        def backward(ctx, g):
+            saved = ctx.saved_tensors
+            if not flags:
+                return (*backward(g, *saved, *ctx.params), *tail)
+            want = saving.wanted(ctx, saved)
+            return saving.gradients(backward(g, *saved, *ctx.params, *want), want)
+
+    Function.__name__ = Function.__qualname__ = name.split("::")[-1]
+    return Function
 
 
 def _returns_tuple(fn: Callable) -> bool:
