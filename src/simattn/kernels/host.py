@@ -346,8 +346,8 @@ def op(name: str, forward: Callable, backward: Callable, fake: Callable, *, tens
     tensor: a custom op's outputs may not alias). ``fake(*args)``: the forward's outputs' shapes and dtypes.
     ``backward(g, *args[:tensors], *kept, *args[tensors:], *wanted)``: annotated too; ``kept`` is the state (with
     the output first where ``save_output``) and ``wanted`` whether each input at ``flags`` is given and needs a
-    gradient. It returns the gradients of ``args[:grads]``, each shaped and typed as its input (an input at
-    ``flags`` not wanted: any tensor, given back as None)."""
+    gradient. It returns the gradients of ``args[:grads]``, each shaped and typed as its input (for an input at
+    ``flags`` not wanted, an empty fp32 tensor, given back to autograd as None)."""
     multi = _returns_tuple(forward)
     kept = slice(0 if save_output else 1, None)
     tail = (None,) * (len(inspect.signature(forward).parameters) - grads)
