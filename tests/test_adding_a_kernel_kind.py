@@ -79,7 +79,8 @@ def toy_attention(q, k, v, *, backend: str = "auto"):
 def toy_kind(monkeypatch):
     """The kind and its policy registered for one test (the registries as they were, afterwards)."""
     monkeypatch.setattr(_registry, "_ATTENTIONS", dict(_registry._ATTENTIONS))
-    monkeypatch.setattr(backends, "POLICIES", dict(backends.POLICIES))
+    # the table itself, as its readers hold it, loses the kind at the end (setitem on a new key undoes by deleting)
+    monkeypatch.setitem(backends.POLICIES, KIND, None)
     register_policy(KIND, Policy({"triton": takes_triton}, why=backends.EVERYWHERE))
 
     @register_attention(KIND)
