@@ -445,8 +445,13 @@ def _function(name: str, forward: Callable, backward: Callable, saving: _Saving)
             saved = ctx.saved_tensors
             if not flags:
                 return (*backward(g, *saved, *ctx.params), *tail)
-            want = saving.wanted(ctx, saved)
-            return saving.gradients(backward(g, *saved, *ctx.params, *want), want)
+            needs = ctx.needs_input_grad  # (written out: this runs on every eager backward)
+            want = [saved[i] is not None and needs[i] for i in flags]
+            grads_in = list(backward(g, *saved, *ctx.params, *want))
+            for i, wanted in zip(flags, want):
+                if not wanted:
+                    grads_in[i] = None
+            return (*grads_in, *tail)
 
     Function.__name__ = Function.__qualname__ = name.split("::")[-1]
     return Function
