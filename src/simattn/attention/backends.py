@@ -2,8 +2,8 @@
 
 One table, :data:`POLICIES`, states for every kind with kernels which backends it has, each with its applicability
 check (a ``verify``: None where the backend takes the call, else a one-line reason); each kind registers its own
-policy beside its op (:func:`register_policy`), so importing :mod:`simattn.attention` fills it. One function, :func:`choose`,
-decides, as a pure function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
+policy beside its op (:func:`register_policy`), so importing :mod:`simattn.attention` fills it, and what only a kind
+reads travels in :attr:`Call.params` and :attr:`Call.extra`. One function, :func:`choose`, decides, as a pure function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
 device, whether autograd records the call, the graph being captured), so every policy can be checked without a GPU;
 what a :class:`Call` is not told it reads from the live state when it needs it. Kinds without kernels have no entry
 and run torch.
@@ -14,8 +14,12 @@ The rule, the same for every kind:
   the verify's reason;
 * ``'auto'`` takes the first of the kind's kernel backends that runs on the call's device without being asked (the
   CPU kernel on CPU, the Triton kernels on CUDA, but not into graphs made for other runtimes, which could not run
-  them), whose verify passes, training included, and which the measured table, where it has a point near the call,
-  found at least as fast as torch; else torch.
+  them, and where the kind's own ``auto`` condition holds: SimA's cheaper order is the kernels' one), whose verify
+  passes, training included, and which the measured table, where it has a point near the call, found at least as
+  fast as torch; else torch.
+
+:func:`dispatch` is the one skeleton of the functional ops with kernels: the choice, then the kernel or the torch
+path with autocast off, cast back.
 
 A kind is kept off its kernels in training only where they have no backward: its verify refuses a call that needs
 gradients and says so (XNorm's Triton kernel, SimA's CPU kernel).
