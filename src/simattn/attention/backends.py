@@ -3,7 +3,8 @@
 One table, :data:`POLICIES`, states for every kind with kernels which backends it has, each with its applicability
 check (a ``verify``: None where the backend takes the call, else a one-line reason); each kind registers its own
 policy beside its op (:func:`register_policy`), so importing :mod:`simattn.attention` fills it, and what only a kind
-reads travels in :attr:`Call.params` and :attr:`Call.extra`. One function, :func:`choose`, decides, as a pure function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
+reads travels in :attr:`Call.params` and :attr:`Call.extra`. One function, :func:`choose`, decides, as a pure
+function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
 device, whether autograd records the call, the graph being captured), so every policy can be checked without a GPU;
 what a :class:`Call` is not told it reads from the live state when it needs it. Kinds without kernels have no entry
 and run torch.

@@ -55,7 +55,8 @@ exporting or tracing, and on tensor subclasses or under dispatch modes, the same
 (``simattn::linear_attn_fwd``, ``simattn::linear_attn_bwd``; their dispatch measured several times the
 Function's) with fake implementations and registered autograd, all made by :func:`simattn.kernels.host.op`, so
 ``torch.compile(fullgraph=True)`` and ``torch.export`` see one op each way, and CUDA graphs capture either. On a
-GPU, tile sizes, warps and pipeline depth are autotuned once per (tokens per program rounded to a power of two, d, dv, dtypes, path) in the process
+GPU, tile sizes, warps and pipeline depth are autotuned once per (tokens per program rounded to a power of two, d,
+dv, dtypes, path) in the process
 (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration, untimed).
 
 :func:`simattn.kernels.host.dry_run` runs that whole path with the launches skipped, on CPU tensors as if they were

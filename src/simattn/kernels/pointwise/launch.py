@@ -10,7 +10,8 @@ nothing (the kinds' functions checked the inputs). Eagerly the autograd is a ``t
 compiling, exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind the
 custom ops ``simattn::activation_attn_fwd`` and ``simattn::activation_attn_bwd`` with fake implementations and
 registered autograd, all made by :func:`~simattn.kernels.host.op`. On a GPU the key (or query) tile, warps and
-pipeline depth are autotuned once per (streamed tokens rounded to a power of two, d, dv, h, dtypes) (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration).
+pipeline depth are autotuned once per (streamed tokens rounded to a power of two, d, dv, h, dtypes)
+(``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration).
 
 q, k, v are read through their strides (views of a fused qkv projection are not copied); the gradients come back
 contiguous in q's, k's and v's dtypes, the output in ``out_dtype``.
