@@ -108,16 +108,17 @@ def test_custom_ops_pass_opcheck(kernel_device):
     torch.library.opcheck(torch.ops.simattn.activation_attn_fwd.default, args, test_utils=checks)
     g = torch.randn(1, 1, 4, 16, device=kernel_device)
     torch.library.opcheck(torch.ops.simattn.activation_attn_bwd.default,
-                          (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0), test_utils=checks)
+                          (g, q.detach(), k.detach(), v.detach(), mask, "relu", 0.0, 1.0, torch.float32),
+                          test_utils=checks)
 
 
 def test_auto_runs_torch_on_cpu_and_where_the_kernels_refuse():
     q = torch.randn(1, 2, 5, 16)
-    assert choose("relu", "auto", Call(q, q, q, activation="relu")) == "torch"
+    assert choose("relu", "auto", Call(q, q, q, extra="relu")) == "torch"
     refusal = POLICIES["relu"].backends["triton"]
-    assert refusal(Call(q, q, q, activation="relu")) is None and refusal(Call(q, q, q, activation="sigmoid")) is None
-    assert "relu or sigmoid" in refusal(Call(q, q, q, activation="gelu"))
-    assert "float64" in refusal(Call(q.double(), q.double(), q.double(), activation="sigmoid"))
+    assert refusal(Call(q, q, q, extra="relu")) is None and refusal(Call(q, q, q, extra="sigmoid")) is None
+    assert "relu or sigmoid" in refusal(Call(q, q, q, extra="gelu"))
+    assert "float64" in refusal(Call(q.double(), q.double(), q.double(), extra="sigmoid"))
 
 
 def test_triton_refusals_are_one_line():

@@ -129,19 +129,20 @@ def test_custom_ops_pass_opcheck(kernel_device):
                           test_utils=checks)
     g = torch.randn(1, 2, 6, 8, device=kernel_device)
     torch.library.opcheck(torch.ops.simattn.agent_broadcast_bwd.default,
-                          (g, q.detach(), agents.detach(), agent_v.detach(), bias.detach(), True), test_utils=checks)
+                          (g, q.detach(), agents.detach(), agent_v.detach(), bias.detach(), torch.float32, True),
+                          test_utils=checks)
     k, v = q.detach().transpose(-1, -2)[..., :4].transpose(-1, -2), agent_v.detach()  # 4 keys, strided
     key_bias = torch.randn(2, 4, 4, generator=gen).to(kernel_device).requires_grad_()
     torch.library.opcheck(torch.ops.simattn.agent_gather_fwd.default, (agents, k, v, key_bias), test_utils=checks)
     w, lse = torch.ops.simattn.agent_gather_fwd(agents.detach(), k, v, key_bias.detach())
     torch.library.opcheck(torch.ops.simattn.agent_gather_bwd.default,
-                          (torch.randn_like(w), w, lse, agents.detach(), k, v, key_bias.detach(), True),
+                          (torch.randn_like(w), agents.detach(), k, v, key_bias.detach(), w, lse, True),
                           test_utils=checks)
 
 
 def test_auto_runs_torch_on_cpu_and_refusals_are_one_line():
     q = torch.randn(1, 2, 1 + 16 * 16, 16)
-    assert choose("agent", "auto", Call(q, q, q, agents=q[:, :, :4])) == "torch"
+    assert choose("agent", "auto", Call(q, q, q, params=(q[:, :, :4],))) == "torch"
     with pytest.raises(ValueError, match=r"^agent: backend 'triton' takes float32, float16 or bfloat16, got "
                                          r"torch.float64, .*; backend 'auto' runs torch there$"):
         agent_attention(q.double(), q.double(), q.double(), backend="triton")

@@ -17,11 +17,14 @@ TRAINED_ON_KERNELS = {"sima", "agent", "sigmoid", "relu", "elu", "slab", "flatte
 EAGER = dict(graph=None, autocast=None, capability=None)
 
 
-def _call(kind: str, device: str = "cpu", grad: bool = False, dtype=torch.float32, d: int = 16, **state) -> Call:
+def _call(kind: str, device: str = "cpu", grad: bool = False, dtype=torch.float32, d: int = 16,
+          activation: str = "relu", order: str = "kv_first", resolved: str = "kv_first", masked: bool = False,
+          **state) -> Call:
+    """A call of ``kind`` with what its own policy reads: SimA's orders and mask, ReLU's h, Agent's agents."""
     q = torch.zeros(2, 2, 8, d, dtype=dtype)
-    extra = {"agent": dict(agents=q[:, :, :4]), "sigmoid": dict(activation="sigmoid"),
-             "relu": dict(activation="relu")}.get(kind, {})
-    return Call(q, q, q, device=device, grad=grad, **{**EAGER, **extra, **state})
+    extra = {"sima": (order, resolved, masked), "relu": activation}.get(kind)
+    params = (q[:, :, :4],) if kind == "agent" else ()
+    return Call(q, q, q, device=device, grad=grad, params=params, extra=extra, **{**EAGER, **state})
 
 
 def test_the_table_names_every_kind_with_kernels_and_its_policy():
@@ -60,7 +63,7 @@ def test_kind_specific_limits_keep_auto_on_torch():
     assert choose("relu", "auto", _call("relu", "cuda", activation="relu2")) == "torch"
     q = torch.zeros(1, 1, 8, 16)
     many = torch.zeros(1, 1, 144, 16)
-    assert choose("agent", "auto", Call(q, q, q, device="cuda", agents=many, **EAGER)) == "torch"
+    assert choose("agent", "auto", Call(q, q, q, device="cuda", params=(many,), **EAGER)) == "torch"
     # SimA: where 'auto' resolves its order to (q̂k̂ᵀ)v, torch's product is the cheaper
     assert choose("sima", "auto", _call("sima", "cuda", resolved="qk_first")) == "torch"
     assert choose("sima", "triton", _call("sima", "cuda", order="auto", resolved="qk_first")) == "triton"
@@ -149,7 +152,8 @@ def test_every_kind_with_kernels_takes_backend_from_its_module_and_its_model(kin
     monkeypatch.setattr(backends, "choose",
                         lambda k, b, call, owner=None: seen.append((k, b)) or real(k, b, call, owner))
     module = __import__(f"simattn.attention.{kind}", fromlist=["choose"])
-    monkeypatch.setattr(module, "choose", backends.choose)
+    if hasattr(module, "choose"):  # SimA's calls it; the others through backends.dispatch
+        monkeypatch.setattr(module, "choose", backends.choose)
     m = create_attention(kind, 32, num_heads=2, backend="torch")
     assert m.backend == "torch"
     x = torch.randn(1, 64, 32)

@@ -165,6 +165,55 @@ def test_the_private_name_check_finds_imports_and_uses(tmp_path):
         "simattn.a.b imports simattn.a.c._x", "simattn.a.b uses simattn.a.c._w", "simattn.a.b uses simattn.a.c._z"]
 
 
+def _private_attention_uses(name: str, path: Path, is_package: bool, private_methods: Set[str]) -> List[str]:
+    """What module ``name`` takes of simattn.attention that is private: a module or a name with a leading
+    underscore (dunders aside) in an import, or a private method of the attention bases (``self._attend``)."""
+    out: List[str] = []
+    private = lambda part: part.startswith("_") and not part.startswith("__")  # noqa: E731
+    for node in ast.walk(ast.parse(path.read_text())):
+        modules: List[str] = []
+        if isinstance(node, ast.Import):
+            modules = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            prefix = _imported_module(node, name, is_package)
+            modules = [f"{prefix}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Attribute) and node.attr in private_methods:
+            out.append(f"{name} uses {node.attr}")
+        for module in modules:
+            if module.startswith("simattn.attention.") and any(map(private, module.split(".")[2:])):
+                out.append(f"{name} imports {module}")
+    return sorted(set(out))
+
+
+def _base_private_methods() -> Set[str]:
+    tree = ast.parse((SRC / "simattn" / "attention" / "base.py").read_text())
+    return {fn.name for cls in tree.body if isinstance(cls, ast.ClassDef) for fn in cls.body
+            if isinstance(fn, ast.FunctionDef) and fn.name.startswith("_") and not fn.name.startswith("__")}
+
+
+def test_models_use_only_public_names_of_attention():
+    """The models reach the attention kinds through public names only: no private module or name of
+    simattn.attention, no private method of its module bases (a pyramid stage overrides the public
+    ``project_grid`` and ``check_call``)."""
+    known, files = _in_packages("models")
+    methods = _base_private_methods()
+    assert {"_attend", "_output"} <= methods and "simattn.models.pvt" in files
+    wrong = [use for name, (path, pkg) in sorted(files.items())
+             for use in _private_attention_uses(name, path, pkg, methods)]
+    assert wrong == []
+
+
+def test_the_models_check_finds_private_modules_names_and_methods(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("from ..attention._common import fx_tracing\nfrom ..attention import _x, y\n"
+                    "import simattn.attention._registry\nfrom ..attention import base\n"
+                    "self._attend(1); self.__dict__\n")
+    assert _private_attention_uses("simattn.models.m", path, False, {"_attend"}) == [
+        "simattn.models.m imports simattn.attention._common.fx_tracing",
+        "simattn.models.m imports simattn.attention._registry", "simattn.models.m imports simattn.attention._x",
+        "simattn.models.m uses _attend"]
+
+
 #: the files of attention/ that are not kinds: shared checks and helpers, the registry, the backend chooser, the
 #: module bases, the grid geometry and token↔image layouts, the grid-linear skeleton and the oracles
 NOT_KINDS = {"__init__", "_common", "_registry", "backends", "base", "grid", "grid_linear", "reference"}
@@ -249,8 +298,10 @@ def _deciders(root: Path) -> List[str]:
 def test_one_function_decides_the_backend():
     """Torch, Triton or the CPU kernel is decided in one place: the chooser, from its policy table. Kinds pass their
     ``backend`` option to it and act on its answer; nothing else returns a backend's name, compares an option with
-    one or reads the table."""
-    assert _deciders(SRC / "simattn") == ["attention/backends:choose"]
+    one or reads the table, but the table's registry: ``register_policy`` (a kind's entry) and ``choices`` (the
+    names a kind takes)."""
+    assert _deciders(SRC / "simattn") == ["attention/backends:choices", "attention/backends:choose",
+                                          "attention/backends:register_policy"]
 
 
 def test_the_backend_decider_check_finds_each_way_of_deciding(tmp_path):

@@ -221,8 +221,9 @@ def test_custom_ops_pass_opcheck(triton_mode):
     torch.library.opcheck(torch.ops.simattn.linear_attn_fwd.default, args, test_utils=checks)
     out, kvn, s_q, s_k = torch.ops.simattn.linear_attn_fwd(*args)
     g = torch.randn_like(out)
-    torch.library.opcheck(torch.ops.simattn.sima_bwd.default,
-                          (g, q.detach(), k.detach(), v.detach(), mask, mask, kvn, s_q, s_k, 1e-12, False),
+    torch.library.opcheck(torch.ops.simattn.linear_attn_bwd.default,
+                          (g, q.detach(), k.detach(), v.detach(), mask, mask, None, kvn, s_q, s_k, 1e-12, "sima", False,
+                           torch.float32, True),
                           test_utils=checks)
 
 
@@ -263,13 +264,13 @@ def test_auto_falls_back_to_torch_where_triton_refuses():
     refusal = POLICIES["sima"].backends["triton"]
     q = torch.zeros(1, 1, 8, 16)
     assert refusal(Call(q, q, q)) is None
-    assert "q̂(k̂ᵀv)" in refusal(Call(q, q, q, order="qk_first"))
+    assert "q̂(k̂ᵀv)" in refusal(Call(q, q, q, extra=("qk_first", "qk_first", False)))
     assert "float64" in refusal(Call(q.double(), q.double(), q.double()))
     wide = torch.zeros(1, 1, 8, 256)
     assert "head dims up to 128" in refusal(Call(wide, wide, wide))
     on_gpu = dict(device="cuda", grad=False, graph=None, autocast=None, capability=None)
     assert choose("sima", "auto", Call(q, q, q, **on_gpu)) == "triton"
-    assert choose("sima", "auto", Call(q, q, q, resolved="qk_first", **on_gpu)) == "torch"
+    assert choose("sima", "auto", Call(q, q, q, extra=("auto", "qk_first", False), **on_gpu)) == "torch"
     assert choose("sima", "auto", Call(wide, wide, wide, **on_gpu)) == "torch"
 
 

@@ -3,7 +3,7 @@
 >>> from simattn.attention import create_attention, list_attentions
 >>> attn = create_attention("sima", dim=384, num_heads=6)
 """
-from ._common import HookPoint
+from ._common import HookPoint, check_count, eager, fx_call_whole, fx_tracing, no_autocast
 from ._registry import attention_class, create_attention, get_attention_class, list_attentions, register_attention
 from .base import GridAttention, TokenAttention
 from .agent import AgentAttention, agent_attention, agent_attention_reference
@@ -29,6 +29,8 @@ from .xnorm import XNormAttention, xnorm_attention, xnorm_attention_reference
 __all__ = [
     "HookPoint", "TokenAttention", "GridAttention", "attention_class", "create_attention", "get_attention_class",
     "list_attentions", "register_attention",
+    # what the models share with the kinds: checks, the graph-capture tests, fp32 regions
+    "check_count", "eager", "fx_call_whole", "fx_tracing", "no_autocast",
     "SimAAttention", "sima_attention", "sima_attention_reference", "sima_normalize",
     "SoftmaxAttention", "softmax_attention", "softmax_attention_reference",
     "XCAttention", "xca_attention", "xca_attention_reference",

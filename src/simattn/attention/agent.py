@@ -35,7 +35,7 @@ from torch import nn
 from ..kernels import agent as agent_kernels
 from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .backends import TRITON_MAX_AGENTS, Call, check_backend, choose
+from .backends import EVERYWHERE, Call, Policy, check_backend, dispatch, register_policy, triton_limits
 from .base import GridAttention
 from .grid import add_heads_image, head_images, head_tokens, heads_image, infer_grid
 from .reference import agent_reference as agent_attention_reference
@@ -109,13 +109,30 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                          f"{q.shape[-1]}), got {tuple(agents.shape)}")
     _check_bias("agent_bias", agent_bias, agents.shape[-2], k.shape[-2], q)
     _check_bias("query_bias", query_bias, q.shape[-2], agents.shape[-2], q)
-    dt = matmul_dtype(v)
+    return dispatch("agent", backend, Call(q, k, v, params=(agents,)), matmul_dtype(v), _agent_triton, _agent, q, k,
+                    v, agents, agent_bias, query_bias)
+
+
+def _agent_triton(dt: torch.dtype, q, k, v, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
+                  query_bias: Optional[torch.Tensor]) -> torch.Tensor:
     with no_autocast(q):
-        if choose("agent", backend, Call(q, k, v, agents=agents)) == "triton":
-            agent_v = agent_kernels.agent_gather_triton(agents, k, v, agent_bias)
-            return agent_kernels.agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
-        out = _agent(q, k, v, agents, agent_bias, query_bias)
-    return out.to(dt)
+        agent_v = agent_kernels.agent_gather_triton(agents, k, v, agent_bias)
+        return agent_kernels.agent_broadcast_triton(q, agents, agent_v, query_bias, out_dtype=dt)
+
+
+#: the most agents Agent's kernels hold per program
+TRITON_MAX_AGENTS = 128
+
+
+def _agent_takes_triton(call: Call) -> Optional[str]:
+    """Agent's kernels hold up to :data:`TRITON_MAX_AGENTS` agents (``call.params[0]``) per program."""
+    agents = call.params[0]
+    if agents.shape[-2] > TRITON_MAX_AGENTS:
+        return f"takes up to {TRITON_MAX_AGENTS} agents, got {agents.shape[-2]}"
+    return triton_limits(call.q, call.k, call.v) or triton_limits(agents, call.k, call.v)
+
+
+register_policy("agent", Policy({"triton": _agent_takes_triton}, why=EVERYWHERE))
 
 
 def _resize(bias: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:

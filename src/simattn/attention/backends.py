@@ -1,8 +1,10 @@
 """Which implementation runs an attention call: torch, the fused Triton kernels, or SimA's compiled CPU kernel.
 
 One table, :data:`POLICIES`, states for every kind with kernels which backends it has, each with its applicability
-check (a ``verify``: None where the backend takes the call, else a one-line reason). One function, :func:`choose`,
-decides, as a pure function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
+check (a ``verify``: None where the backend takes the call, else a one-line reason); each kind registers its own
+policy beside its op (:func:`register_policy`), so importing :mod:`simattn.attention` fills it, and what only a kind
+reads travels in :attr:`Call.params` and :attr:`Call.extra`. One function, :func:`choose`, decides, as a pure
+function of what it is told about the call (a :class:`Call`: the tensors' shapes and dtypes, the
 device, whether autograd records the call, the graph being captured), so every policy can be checked without a GPU;
 what a :class:`Call` is not told it reads from the live state when it needs it. Kinds without kernels have no entry
 and run torch.
@@ -13,8 +15,12 @@ The rule, the same for every kind:
   the verify's reason;
 * ``'auto'`` takes the first of the kind's kernel backends that runs on the call's device without being asked (the
   CPU kernel on CPU, the Triton kernels on CUDA, but not into graphs made for other runtimes, which could not run
-  them), whose verify passes, training included, and which the measured table, where it has a point near the call,
-  found at least as fast as torch; else torch.
+  them, and where the kind's own ``auto`` condition holds: SimA's cheaper order is the kernels' one), whose verify
+  passes, training included, and which the measured table, where it has a point near the call, found at least as
+  fast as torch; else torch.
+
+:func:`dispatch` is the one skeleton of the functional ops with kernels: the choice, then the kernel or the torch
+path with autocast off, cast back.
 
 A kind is kept off its kernels in training only where they have no backward: its verify refuses a call that needs
 gradients and says so (XNorm's Triton kernel, SimA's CPU kernel).
@@ -25,15 +31,14 @@ import functools
 import importlib.util
 import json
 from importlib import resources
-from typing import Callable, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from ..kernels.cpu import sima as sima_cpu
-from ._common import fx_tracing
+from ._common import cast, fx_tracing, no_autocast
 
-__all__ = ["LIVE", "Call", "Policy", "POLICIES", "choose", "choices", "check_backend", "graph_state",
-           "TRITON_MAX_HEAD_DIM", "TRITON_DTYPES", "TRITON_ACTIVATIONS", "TRITON_MAX_AGENTS",
+__all__ = ["LIVE", "Call", "Policy", "POLICIES", "register_policy", "choose", "choices", "dispatch", "check_backend",
+           "graph_state", "TRITON_MAX_HEAD_DIM", "TRITON_DTYPES", "NO_BACKWARD", "triton_limits", "takes_triton",
            "gpu_table", "index_points", "backend_table", "gpu_points", "gpu_capability", "measured"]
 
 
@@ -50,29 +55,22 @@ class Call:
     choice first needs it, so a choice that depends only on the device costs no more than reading it.
 
     Fields: ``device`` the tensors' device type ('cpu', 'cuda', ...); ``grad`` whether autograd records the call
-    (grad mode on and q, k, v, ``agents`` or a tensor in ``params`` needs a gradient); ``graph`` None eagerly,
-    'compile' under torch.compile (which runs the kernels' custom ops), 'export' while making a graph for another
-    runtime (torch.export, TorchScript, jit and fx tracing); ``autocast`` autocast's dtype where it is on, else
-    None; ``capability`` the GPU's compute capability ('sm_90') where a measured table is read. The kinds' own:
-    ``order`` and ``resolved`` (SimA's matmul order asked for and the one 'auto' resolves to), ``masked`` (SimA: a
-    token mask takes part), ``agents`` (Agent's agent tokens), ``activation`` (the point-wise kinds' h)."""
+    (grad mode on and q, k, v or a tensor in ``params`` needs a gradient); ``graph`` None eagerly, 'compile' under
+    torch.compile (which runs the kernels' custom ops), 'export' while making a graph for another runtime
+    (torch.export, TorchScript, jit and fx tracing); ``autocast`` autocast's dtype where it is on, else None;
+    ``capability`` the GPU's compute capability ('sm_90') where a measured table is read. ``params``: the call's
+    other inputs (tensors among them count for ``grad``); ``extra``: what only the kind's own policy reads (SimA's
+    orders and mask, the point-wise kinds' h), the chooser never."""
 
-    __slots__ = ("q", "k", "v", "params", "order", "resolved", "masked", "agents", "activation", "_device", "_grad",
-                 "_graph", "_autocast", "_capability")
+    __slots__ = ("q", "k", "v", "params", "extra", "_device", "_grad", "_graph", "_autocast", "_capability")
 
     def __init__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, device=LIVE, grad=LIVE, graph=LIVE,
-                 autocast=LIVE, capability=LIVE, params: Tuple = (), order: str = "kv_first",
-                 resolved: str = "kv_first", masked: bool = False, agents: Optional[torch.Tensor] = None,
-                 activation: str = "") -> None:
+                 autocast=LIVE, capability=LIVE, params: Tuple = (), extra: Any = None) -> None:
         self.q = q
         self.k = k
         self.v = v
         self.params = params
-        self.order = order
-        self.resolved = resolved
-        self.masked = masked
-        self.agents = agents
-        self.activation = activation
+        self.extra = extra
         self._device = device
         self._grad = grad
         self._graph = graph
@@ -88,9 +86,9 @@ class Call:
     @property
     def grad(self) -> bool:
         if self._grad is LIVE:
-            q, k, v, agents = self.q, self.k, self.v, self.agents
+            q, k, v = self.q, self.k, self.v
             self._grad = torch.is_grad_enabled() and (
-                q.requires_grad or k.requires_grad or v.requires_grad or (agents is not None and agents.requires_grad)
+                q.requires_grad or k.requires_grad or v.requires_grad
                 or any(torch.is_tensor(t) and t.requires_grad for t in self.params))
         return self._grad
 
@@ -116,7 +114,7 @@ class Call:
     def __repr__(self) -> str:
         shapes = ", ".join(str(tuple(t.shape)) for t in (self.q, self.k, self.v))
         return (f"Call({shapes}, device={self.device!r}, grad={self.grad}, graph={self.graph!r}, "
-                f"autocast={self.autocast}, order={self.order!r})")
+                f"autocast={self.autocast}, extra={self.extra!r})")
 
 
 #: the largest head dim (of q/k and of v) the fused linear and point-wise kernels take: their d×dv fp32 state lives
@@ -124,21 +122,17 @@ class Call:
 TRITON_MAX_HEAD_DIM = 128
 #: the dtypes of q, k and v the Triton kernels take
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: the h the point-wise kernels compute (:data:`simattn.kernels.pointwise.launch.TRITON_H`), asked here without
-#: importing Triton, so CPU calls never load it
-TRITON_ACTIVATIONS = ("relu", "sigmoid")
-#: the most agents Agent's kernels hold per program
-TRITON_MAX_AGENTS = 128
 _TRITON_INSTALLED = importlib.util.find_spec("triton") is not None  # asked once: auto asks on every call
-_NO_BACKWARD = "has no backward kernel (run it under torch.no_grad() or torch.inference_mode())"
+#: a verify's reason for a kernel without a backward
+NO_BACKWARD = "has no backward kernel (run it under torch.no_grad() or torch.inference_mode())"
 
 
 # ------------------------------------------------------------------------------------------------ verify
 
 
-def _triton_limits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
+def triton_limits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[str]:
     """What every Triton family takes: :data:`TRITON_DTYPES`, head dims up to :data:`TRITON_MAX_HEAD_DIM`, the
-    triton package."""
+    triton package; None where q, k, v meet it, else the reason."""
     if not (q.dtype in TRITON_DTYPES and k.dtype in TRITON_DTYPES and v.dtype in TRITON_DTYPES):
         return f"takes float32, float16 or bfloat16, got {q.dtype}, {k.dtype}, {v.dtype}"
     d, dv = q.shape[-1], v.shape[-1]
@@ -149,74 +143,10 @@ def _triton_limits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optiona
     return None
 
 
-def _linear_triton(call: Call) -> Optional[str]:
-    """The linear kernels with a backward (ELU, SLAB, FLatten's and InLine's products)."""
-    return _triton_limits(call.q, call.k, call.v)
-
-
-def _sima_triton(call: Call) -> Optional[str]:
-    """SimA's linear kernels compute q̂(k̂ᵀv) only."""
-    if call.order == "qk_first":
-        return "computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order 'qk_first'"
-    return _triton_limits(call.q, call.k, call.v)
-
-
-def _xnorm_triton(call: Call) -> Optional[str]:
-    """XNorm's kernel is a forward only (its column and row norms have no backward kernel)."""
-    if call.grad:
-        return _NO_BACKWARD
-    return _triton_limits(call.q, call.k, call.v)
-
-
-def _polaformer_triton(call: Call) -> Optional[str]:
-    """PolaFormer's polar features [q⁺, q⁻] double the head dim the kernels see."""
-    why = _triton_limits(call.q, call.k, call.v)
-    if why is None and 2 * call.q.shape[-1] > TRITON_MAX_HEAD_DIM:
-        why = (f"takes head dims up to {TRITON_MAX_HEAD_DIM // 2} (its polar features double them), got "
-               f"d={call.q.shape[-1]}")
-    return why
-
-
-def _pointwise_triton(call: Call) -> Optional[str]:
-    if call.activation not in TRITON_ACTIVATIONS:
-        return f"computes h = {' or '.join(TRITON_ACTIVATIONS)}, got activation={call.activation!r}"
-    return _triton_limits(call.q, call.k, call.v)
-
-
-def _agent_triton(call: Call) -> Optional[str]:
-    agents = call.agents
-    if agents.shape[-2] > TRITON_MAX_AGENTS:
-        return f"takes up to {TRITON_MAX_AGENTS} agents, got {agents.shape[-2]}"
-    return _triton_limits(call.q, call.k, call.v) or _triton_limits(agents, call.k, call.v)
-
-
-def _sima_cpp(call: Call) -> Optional[str]:
-    """The compiled CPU kernel: q̂(k̂ᵀv) in fp32 on CPU tensors with unit stride along d, eagerly, without a mask,
-    autocast or anything that needs gradients (it has no autograd)."""
-    q, k, v = call.q, call.k, call.v
-    if call.device != "cpu":
-        return "runs on CPU tensors only"
-    if not (q.dtype == k.dtype == v.dtype == torch.float32):
-        return f"takes float32 q, k and v, got {q.dtype}, {k.dtype}, {v.dtype}"
-    if call.resolved != "kv_first":
-        return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {call.resolved!r}"
-    if call.masked:
-        return "takes no mask"
-    if call.grad:  # before the graph state, which costs a training call a microsecond
-        return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
-    # the graph before the loader, whose lock Dynamo cannot trace, and before the checks on sizes, which would put
-    # guards in a graph
-    if call.graph is not None:
-        return "runs eagerly only (not traced, scripted, compiled or exported)"
-    if not sima_cpu.available():
-        return f"is not built: {sima_cpu.unavailable_reason()}"
-    if call.autocast is not None:
-        return "runs without autocast"
-    if q.shape != k.shape or 0 in q.shape or 0 in v.shape:
-        return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
-    if any(t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] for t in (q, k, v)):
-        return "needs unit stride along the last dim and token rows that do not overlap"
-    return None
+def takes_triton(call: "Call") -> Optional[str]:
+    """The verify of a Triton backend that takes whatever :func:`triton_limits` allows (the linear kernels with a
+    backward: ELU, SLAB, FLatten's and InLine's products; sigmoid's)."""
+    return triton_limits(call.q, call.k, call.v)
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -224,51 +154,48 @@ def _sima_cpp(call: Call) -> Optional[str]:
 
 class Policy(NamedTuple):
     """A kind's kernel backends, each with its verify, in the order ``'auto'`` tries them; ``table``: the measured
-    table ``'auto'`` consults on a GPU (None: none); ``why``: the policy in words, for readers and reports."""
+    table ``'auto'`` consults on a GPU (None: none); ``why``: the policy in words, for readers and reports;
+    ``auto``: where ``'auto'`` may take the Triton kernels at all, beyond their verify (None: wherever it passes;
+    SimA: where its cheaper order is q̂(k̂ᵀv), the kernels' one)."""
 
     backends: Dict[str, Callable[[Call], Optional[str]]]
     table: Optional[str] = None
     why: str = ""
+    auto: Optional[Callable[[Call], bool]] = None
 
 
-_EVERYWHERE = "auto: the Triton kernels on CUDA where they take the call, training included"
-#: every kind with kernels; the others (softmax, XCA, SOFT, Linformer, ...) run torch only
-POLICIES: Dict[str, Policy] = {
-    "sima": Policy({"triton": _sima_triton, "cpp": _sima_cpp}, table="sima_gpu_table.json",
-                   why="auto: the CPU kernel on CPU where it is built and applies (inference); on CUDA the Triton "
-                       "kernels where they take the call, unless the measured table's nearest point found torch "
-                       "faster"),
-    "agent": Policy({"triton": _agent_triton}, why=_EVERYWHERE),
-    "sigmoid": Policy({"triton": _pointwise_triton}, why=_EVERYWHERE),
-    "relu": Policy({"triton": _pointwise_triton}, why=_EVERYWHERE + " (h = relu or sigmoid)"),
-    "elu": Policy({"triton": _linear_triton}, why=_EVERYWHERE),
-    "slab": Policy({"triton": _linear_triton}, why=_EVERYWHERE),
-    "flatten": Policy({"triton": _linear_triton}, why=_EVERYWHERE),
-    "inline": Policy({"triton": _linear_triton}, why=_EVERYWHERE),
-    "polaformer": Policy({"triton": _polaformer_triton}, why=_EVERYWHERE + " (d up to 64)"),
-    "xnorm": Policy({"triton": _xnorm_triton},
-                    why="auto: the Triton kernel on CUDA where nothing needs a gradient: it has no backward"),
-}
+#: the words of the usual policy
+EVERYWHERE = "auto: the Triton kernels on CUDA where they take the call, training included"
+#: every kind with kernels, each registered beside its op (:func:`register_policy`); the others (softmax, XCA,
+#: SOFT, Linformer, ...) run torch only
+POLICIES: Dict[str, Policy] = {}
 #: where ``'auto'`` takes a backend without being asked
 _AUTO_DEVICE = {"triton": "cuda", "cpp": "cpu"}
+
+
+def register_policy(kind: str, policy: Policy) -> Policy:
+    """Make ``policy`` ``kind``'s (its kernel backends and their verifies: ``'triton'``, run on CUDA by ``'auto'``,
+    or ``'cpp'``, run on CPU); a kind calls this beside its op. Returns it."""
+    unknown = set(policy.backends) - set(_AUTO_DEVICE)
+    if unknown:
+        raise ValueError(f"register_policy: {kind!r} names backends {sorted(unknown)}; allowed: "
+                         f"{', '.join(_AUTO_DEVICE)}")
+    POLICIES[kind] = policy
+    return policy
 
 
 # ------------------------------------------------------------------------------------------------ the chooser
 
 
-_CHOICES = {kind: ("auto", "torch") + tuple(policy.backends) for kind, policy in POLICIES.items()}
-
-
 def choices(kind: str) -> Tuple[str, ...]:
     """The ``backend`` values ``kind`` takes."""
-    return _CHOICES[kind]
+    return ("auto", "torch") + tuple(POLICIES[kind].backends)
 
 
 def check_backend(owner: str, kind: str, backend: str) -> str:
     """``backend`` if ``kind`` takes it, else a one-line ValueError naming ``owner`` and the choices."""
-    allowed = _CHOICES[kind]
-    if backend not in allowed:
-        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(allowed)}")
+    if backend not in choices(kind):
+        raise ValueError(f"{owner}: unknown backend {backend!r}; expected one of {', '.join(choices(kind))}")
     return backend
 
 
@@ -276,12 +203,12 @@ def choose(kind: str, backend: str, call: Call, owner: Optional[str] = None) -> 
     """The implementation that runs ``call`` of ``kind``: ``'torch'``, ``'triton'`` or ``'cpp'`` (see the module
     docstring for the rule). A one-line ValueError, naming ``owner`` (default ``kind``), for an unknown backend or
     an explicit one that cannot take the call."""
-    if backend not in _CHOICES[kind]:
-        check_backend(owner or kind, kind, backend)
     if backend == "torch":
         return "torch"
     policy = POLICIES[kind]
     if backend != "auto":
+        if backend not in policy.backends:
+            check_backend(owner or kind, kind, backend)
         if backend == "triton" and call.q.shape[0] * call.q.shape[1] == 0:  # (empty batches: nothing to launch)
             return "torch"
         why = policy.backends[backend](call)
@@ -293,15 +220,28 @@ def choose(kind: str, backend: str, call: Call, owner: Optional[str] = None) -> 
         if device != _AUTO_DEVICE[name]:
             continue
         if name == "triton":
-            # graphs for other runtimes could not run the kernels; where SimA's 'auto' order is (q̂k̂ᵀ)v, torch's
-            # product is the cheaper one
-            if call.q.shape[0] * call.q.shape[1] == 0 or call.resolved != "kv_first" or call.graph == "export":
+            # graphs for other runtimes could not run the kernels
+            if call.q.shape[0] * call.q.shape[1] == 0 or (policy.auto is not None and not policy.auto(call)) \
+                    or call.graph == "export":
                 continue
             if verify(call) is None and (policy.table is None or measured(call, policy.table) is not False):
                 return name
         elif verify(call) is None:
             return name
     return "torch"
+
+
+def dispatch(kind: str, backend: str, call: Call, dtype: torch.dtype, kernel: Callable[..., torch.Tensor],
+             fallback: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    """The one skeleton of the functional ops with kernels, past their checks and their output ``dtype``: where
+    :func:`choose` takes the Triton kernels for ``call``, ``kernel(dtype, *args)`` (the output in ``dtype``; a
+    kernel that does torch work first turns autocast off itself); else ``fallback(*args)``, the torch path, with
+    autocast off (it picks its dtypes: norms and sums in fp32), cast to ``dtype``."""
+    if choose(kind, backend, call) == "triton":
+        return kernel(dtype, *args)
+    with no_autocast(call.q):
+        out = fallback(*args)
+    return cast(out, dtype)
 
 
 def graph_state() -> Optional[str]:

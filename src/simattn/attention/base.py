@@ -120,6 +120,14 @@ class TokenAttention(nn.Module):
         q = self.q_norm(q)
         return q, q, v
 
+    def project_grid(self, x: torch.Tensor,
+                     grid_size: Optional[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The projection hook of :meth:`forward`: x (B, N, C) on the token grid ``grid_size`` (None where the model
+        passes none) → q (B, H, Nq, d), k, v (B, H, Nk, ·); :meth:`project` here. A pyramid stage that makes its
+        keys another way (PVT's spatial reduction, CvT's convolutional projection) overrides this, sets
+        ``fuses_projection = False`` and, for inputs it cannot take, extends :meth:`check_call`."""
+        return self.project(x)
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                mask: Optional[torch.Tensor]) -> torch.Tensor:  # pragma: no cover - abstract
         """Combine q, k, v (B, H, N, d) into the (B, H, N, d) output; ``mask`` is a (B, N) keep-mask or None."""
@@ -132,7 +140,7 @@ class TokenAttention(nn.Module):
             traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
             if traced is not None:
                 return traced
-            self._check_call(x, attn_mask, is_causal)
+            self.check_call(x, attn_mask, is_causal, grid_size)
             if self.fuses_projection and attn_mask is None:
                 fused = self.attend_fused(x)
                 if fused is not None:
@@ -141,9 +149,9 @@ class TokenAttention(nn.Module):
 
     def _forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
                  grid_size: Optional[Tuple[int, int]]) -> torch.Tensor:
-        """:meth:`forward` past its checks: project, attend, merge the heads; a kind whose attention also reads x
-        itself (InLine's local branch) replaces this step only."""
-        q, k, v = self.project(x)
+        """:meth:`forward` past its checks: project (:meth:`project_grid`), attend, merge the heads; a kind whose
+        attention also reads x itself (InLine's local branch) replaces this step only."""
+        q, k, v = self.project_grid(x, grid_size)
         return self._output(self._attend(q, k, v, attn_mask, is_causal, grid_size), x)
 
     def attend_fused(self, x: torch.Tensor) -> Optional[torch.Tensor]:
@@ -163,8 +171,10 @@ class TokenAttention(nn.Module):
         B, N, C = x.shape
         return out.transpose(1, 2).reshape(B, N, C)
 
-    def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> None:
-        """ValueError for an input or an option this kind cannot take (skipped while FX traces)."""
+    def check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                   grid_size: Optional[Tuple[int, int]] = None) -> None:
+        """ValueError for an input or an option this kind cannot take (skipped while FX traces and in TorchScript);
+        a subclass that takes less extends it."""
         if fx_tracing():
             return
         if x.dim() != 3 or x.shape[-1] != self.dim:

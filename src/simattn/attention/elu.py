@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import linear as linear_kernels
-from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype, no_autocast
+from ._common import apply_token_mask, check_positive, check_qkv, check_token_mask, matmul_dtype
 from ._registry import register_attention
-from .backends import Call, check_backend, choose
+from .backends import EVERYWHERE, Call, Policy, check_backend, dispatch, register_policy, takes_triton
 from .base import TokenAttention
 from .reference import elu_reference as elu_attention_reference
 
@@ -34,12 +34,11 @@ def elu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Op
     check_qkv(q, k, v, "elu")
     check_positive("elu", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "elu", k.device)
-    dt = matmul_dtype(q)
-    if choose("elu", backend, Call(q, k, v)) == "triton":
-        return linear_kernels.linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
-    with no_autocast(q):
-        out = _elu(q, k, v, mask, eps)
-    return out.to(dt)
+    return dispatch("elu", backend, Call(q, k, v), matmul_dtype(q), _elu_triton, _elu, q, k, v, mask, eps)
+
+
+def _elu_triton(dt: torch.dtype, q, k, v, mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    return linear_kernels.linear_triton("elu", q, k, v, mask=mask, eps=eps, out_dtype=dt)
 
 
 def _elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
@@ -49,6 +48,9 @@ def _elu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch
     kv = phi_k.transpose(-2, -1) @ v.to(acc)  # (B, H, d, dv)
     denom = phi_q @ phi_k.sum(dim=-2).unsqueeze(-1)  # (B, H, Nq, 1)
     return (phi_q @ kv) / (denom + eps)
+
+
+register_policy("elu", Policy({"triton": takes_triton}, why=EVERYWHERE))
 
 
 @register_attention("elu")

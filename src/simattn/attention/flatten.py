@@ -32,7 +32,7 @@ from torch import nn
 from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .backends import Call, choose
+from .backends import EVERYWHERE, Call, Policy, dispatch, register_policy, takes_triton
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import flatten_reference as flatten_attention_reference
 
@@ -74,17 +74,30 @@ def flatten_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, focu
     check_positive("flatten", "focusing_factor", focusing_factor)
     check_positive("flatten", "eps", eps)
     scale = per_channel("flatten", "scale", scale, q)
-    dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = choose("flatten", backend, Call(q, k, v, params=(scale,))) == "triton"
-    with no_autocast(q):
-        scale = scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
-        if triton:
-            phi_q = flatten_feature_map(q.to(acc), focusing_factor, scale)
-            phi_k = flatten_feature_map(k.to(acc), focusing_factor, scale)
-            # φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(k) + eps) = φ(q)(φ(K)ᵀV) / (φ(q)·Σφ(k) + N·eps)
-            return linear_kernels.linear_triton("features", phi_q, phi_k, v, eps=eps * k.shape[-2], out_dtype=dt)
-        out = _flatten(q.to(acc), k.to(acc), v.to(acc), focusing_factor, scale, eps)
-    return out.to(dt)
+    return dispatch("flatten", backend, Call(q, k, v, params=(scale,)), matmul_dtype(q), _flatten_triton,
+                    _flatten_fp32, q, k, v, focusing_factor, scale, eps)
+
+
+def _acc_scale(scale: Union[float, torch.Tensor], q: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    return scale.to(acc) if torch.is_tensor(scale) else torch.full((), scale, dtype=acc, device=q.device)
+
+
+def _flatten_triton(dt: torch.dtype, q, k, v, focusing_factor: float, scale, eps: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    with no_autocast(q):  # the features in fp32
+        scale = _acc_scale(scale, q, acc)
+        phi_q = flatten_feature_map(q.to(acc), focusing_factor, scale)
+        phi_k = flatten_feature_map(k.to(acc), focusing_factor, scale)
+        # φ(q)(φ(K)ᵀV)/N / (φ(q)·mean φ(k) + eps) = φ(q)(φ(K)ᵀV) / (φ(q)·Σφ(k) + N·eps)
+        return linear_kernels.linear_triton("features", phi_q, phi_k, v, eps=eps * k.shape[-2], out_dtype=dt)
+
+
+def _flatten_fp32(q, k, v, focusing_factor: float, scale, eps: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    return _flatten(q.to(acc), k.to(acc), v.to(acc), focusing_factor, _acc_scale(scale, q, acc), eps)
+
+
+register_policy("flatten", Policy({"triton": takes_triton}, why=EVERYWHERE))
 
 
 @register_attention("flatten")

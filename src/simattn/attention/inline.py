@@ -30,7 +30,7 @@ from torch import nn
 from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_count, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .backends import Call, choose
+from .backends import EVERYWHERE, Call, Policy, dispatch, register_policy, takes_triton
 from .grid import heads_image, heads_tokens
 from .grid_linear import GridLinearAttention
 from .reference import inline_reference as inline_attention_reference
@@ -61,13 +61,21 @@ def inline_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     CUDA where they take the call, training included, else torch (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "inline")
     s = q.shape[-1] ** -0.5 if scale is None else check_positive("inline", "scale", scale)
-    dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = choose("inline", backend, Call(q, k, v)) == "triton"
-    with no_autocast(q):
-        if triton:
-            return _inline_triton(q.to(acc), k.to(acc), v.to(acc), s).to(dt)
-        out = _inline(q.to(acc), k.to(acc), v.to(acc), s)
-    return out.to(dt)
+    return dispatch("inline", backend, Call(q, k, v), matmul_dtype(q), _inline_kernels, _inline_fp32, q, k, v, s)
+
+
+def _inline_kernels(dt: torch.dtype, q, k, v, scale: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    with no_autocast(q):  # the means in fp32
+        return _inline_triton(q.to(acc), k.to(acc), v.to(acc), scale).to(dt)
+
+
+def _inline_fp32(q, k, v, scale: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    return _inline(q.to(acc), k.to(acc), v.to(acc), scale)
+
+
+register_policy("inline", Policy({"triton": takes_triton}, why=EVERYWHERE))
 
 
 def local_conv(v: torch.Tensor, weights: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
@@ -112,7 +120,7 @@ class InLineAttention(GridLinearAttention):
                  grid_size: Optional[Tuple[int, int]]) -> torch.Tensor:
         """The base class's step with the local branch, which reads x itself."""
         grid, prefix = self.token_grid(x.shape[1], grid_size)
-        q, k, v = self.project(x)
+        q, k, v = self.project_grid(x, grid_size)
         out = self.attend(q, k, v, attn_mask, grid_size=grid)
         residual = self.residual
         if residual is not None:

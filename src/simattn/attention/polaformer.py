@@ -24,7 +24,7 @@ does not depend on them) and runs in fp32: finite for any fp16 activations.
 """
 from __future__ import annotations
 
-from typing import Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +33,8 @@ from torch import nn
 from ..kernels import linear as linear_kernels
 from ._common import acc_dtype, check_finite, check_positive, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
-from .backends import Call, choose
+from .backends import (EVERYWHERE, TRITON_MAX_HEAD_DIM, Call, Policy, dispatch, register_policy,
+                       triton_limits)
 from .grid_linear import GridLinearAttention, per_channel
 from .reference import polaformer_reference as polaformer_attention_reference
 
@@ -92,15 +93,38 @@ def polaformer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, p
                          f"weights), got {v.shape[-1]}")
     power = per_channel("polaformer", "power", power, q)
     scale = per_channel("polaformer", "scale", scale, q)
-    dt, acc = matmul_dtype(q), acc_dtype(q)
-    triton = choose("polaformer", backend, Call(q, k, v, params=(power, scale))) == "triton"
-    with no_autocast(q):
-        power, scale = (t.to(acc) if torch.is_tensor(t) else torch.full((), t, dtype=acc, device=q.device)
-                        for t in (power, scale))
-        if triton:
-            return _pola_triton(q.to(acc), k.to(acc), v, power, scale, eps).to(dt)
-        out = _pola(q.to(acc), k.to(acc), v.to(acc), power, scale, eps)
-    return out.to(dt)
+    return dispatch("polaformer", backend, Call(q, k, v, params=(power, scale)), matmul_dtype(q), _pola_kernels,
+                    _pola_fp32, q, k, v, power, scale, eps)
+
+
+def _acc_params(q: torch.Tensor, *params) -> Tuple[torch.Tensor, ...]:
+    acc = acc_dtype(q)
+    return tuple(t.to(acc) if torch.is_tensor(t) else torch.full((), t, dtype=acc, device=q.device) for t in params)
+
+
+def _pola_kernels(dt: torch.dtype, q, k, v, power, scale, eps: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    with no_autocast(q):  # the polar features in fp32
+        power, scale = _acc_params(q, power, scale)
+        return _pola_triton(q.to(acc), k.to(acc), v, power, scale, eps).to(dt)
+
+
+def _pola_fp32(q, k, v, power, scale, eps: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    power, scale = _acc_params(q, power, scale)
+    return _pola(q.to(acc), k.to(acc), v.to(acc), power, scale, eps)
+
+
+def _pola_takes_triton(call: Call) -> Optional[str]:
+    """PolaFormer's polar features [q⁺, q⁻] double the head dim the kernels see."""
+    why = triton_limits(call.q, call.k, call.v)
+    if why is None and 2 * call.q.shape[-1] > TRITON_MAX_HEAD_DIM:
+        why = (f"takes head dims up to {TRITON_MAX_HEAD_DIM // 2} (its polar features double them), got "
+               f"d={call.q.shape[-1]}")
+    return why
+
+
+register_policy("polaformer", Policy({"triton": _pola_takes_triton}, why=EVERYWHERE + " (d up to 64)"))
 
 
 @register_attention("polaformer")

@@ -10,7 +10,7 @@ from ..kernels import pointwise as pointwise_kernels
 from ._common import (HookPoint, acc_dtype, apply_token_mask, check_finite, check_qkv,
                       check_token_mask, no_autocast, range_safe_dtype)
 from ._registry import register_attention
-from .backends import Call, check_backend, choose
+from .backends import EVERYWHERE, Call, Policy, check_backend, dispatch, register_policy, triton_limits
 from .base import TokenAttention
 from .reference import relu_reference as relu_attention_reference
 
@@ -103,25 +103,45 @@ def relu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, activat
     _activation(activation)
     check_finite("relu", "alpha", alpha)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "relu", k.device)
+    return dispatch("relu", backend, Call(q, k, v, extra=activation), _out_dtype(q), _relu_triton, _relu_fp32, q, k,
+                    v, activation, alpha, mask)
+
+
+def _relu_triton(dt: torch.dtype, q, k, v, activation: str, alpha: float,
+                 mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return pointwise_kernels.activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
+                                               out_dtype=dt)
+
+
+def _relu_fp32(q, k, v, activation: str, alpha: float, mask: Optional[torch.Tensor]) -> torch.Tensor:
     degree = _HOMOGENEOUS_DEGREE.get(activation)
-    out_dtype = _out_dtype(q)
-    if choose("relu", backend, Call(q, k, v, activation=activation)) == "triton":
-        return pointwise_kernels.activation_triton(q, k, v, activation=activation, bias=0.0, alpha=alpha, mask=mask,
-                                                   out_dtype=out_dtype)
     if degree is None:
         weights = relu_weights(q, k, activation=activation, alpha=alpha, mask=mask)
-        with no_autocast(q):
-            return (weights @ v.to(weights.dtype)).to(out_dtype)
+        return weights @ v.to(weights.dtype)
     acc = acc_dtype(q)
-    with no_autocast(q):
-        q, k, v = q.to(acc), k.to(acc), v.to(acc)
-        q = q * (q.shape[-1] ** -0.5 * _length(k, mask).pow(-alpha / degree))
-        logits = q @ apply_token_mask(k, mask).transpose(-2, -1)
-        if activation == "relu":
-            logits = logits.relu_()
-        elif activation == "relu2":
-            logits = logits.relu_().square()
-        return (logits @ apply_token_mask(v, mask)).to(out_dtype)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    q = q * (q.shape[-1] ** -0.5 * _length(k, mask).pow(-alpha / degree))
+    logits = q @ apply_token_mask(k, mask).transpose(-2, -1)
+    if activation == "relu":
+        logits = logits.relu_()
+    elif activation == "relu2":
+        logits = logits.relu_().square()
+    return logits @ apply_token_mask(v, mask)
+
+
+#: the h the point-wise kernels compute (:data:`simattn.kernels.pointwise.launch.TRITON_H`), named here without
+#: importing Triton, so CPU calls never load it
+TRITON_ACTIVATIONS = ("relu", "sigmoid")
+
+
+def _relu_takes_triton(call: Call) -> Optional[str]:
+    """The point-wise kernels compute h = relu or sigmoid (``call.extra``: h's name)."""
+    if call.extra not in TRITON_ACTIVATIONS:
+        return f"computes h = {' or '.join(TRITON_ACTIVATIONS)}, got activation={call.extra!r}"
+    return triton_limits(call.q, call.k, call.v)
+
+
+register_policy("relu", Policy({"triton": _relu_takes_triton}, why=EVERYWHERE + " (h = relu or sigmoid)"))
 
 
 @register_attention("relu")

@@ -27,7 +27,7 @@ import torch
 
 from ..kernels import pointwise as pointwise_kernels
 from ._common import HookPoint, acc_dtype, check_finite, check_qkv, check_token_mask, no_autocast, range_safe_dtype
-from .backends import Call, check_backend, choose
+from .backends import EVERYWHERE, Call, Policy, check_backend, dispatch, register_policy, takes_triton
 from ._registry import register_attention
 from .base import TokenAttention
 from .reference import sigmoid_reference as sigmoid_attention_reference
@@ -77,12 +77,19 @@ def sigmoid_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, bias
     check_qkv(q, k, v, "sigmoid")
     mask = _check(q, k, bias, mask)
     out_dtype = range_safe_dtype(q) if torch.is_autocast_enabled(q.device.type) else v.dtype
-    if choose("sigmoid", backend, Call(q, k, v, activation="sigmoid")) == "triton":
-        return pointwise_kernels.activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask,
-                                                   out_dtype=out_dtype)
-    with no_autocast(q):
-        w = _weights(q, k, mask, bias)
-        return (w @ v.to(acc_dtype(v))).to(out_dtype)
+    return dispatch("sigmoid", backend, Call(q, k, v), out_dtype, _sigmoid_triton, _sigmoid_fp32, q, k, v, bias,
+                    mask)
+
+
+def _sigmoid_triton(dt: torch.dtype, q, k, v, bias: Optional[float], mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return pointwise_kernels.activation_triton(q, k, v, activation="sigmoid", bias=bias, mask=mask, out_dtype=dt)
+
+
+def _sigmoid_fp32(q, k, v, bias: Optional[float], mask: Optional[torch.Tensor]) -> torch.Tensor:
+    return _weights(q, k, mask, bias) @ v.to(acc_dtype(v))
+
+
+register_policy("sigmoid", Policy({"triton": takes_triton}, why=EVERYWHERE))
 
 
 @register_attention("sigmoid")

@@ -46,7 +46,7 @@ from ..kernels.cpu import sima as sima_cpu
 from ._common import (HookPoint, acc_dtype, apply_token_mask, cast, check_positive, check_qkv, eager, no_autocast,
                       range_safe_dtype, resolve_masks)
 from ._registry import register_attention
-from .backends import Call, check_backend, choose
+from .backends import Call, Policy, check_backend, choose, register_policy, triton_limits
 from .base import TokenAttention
 from .reference import sima_reference as sima_attention_reference
 
@@ -78,8 +78,58 @@ def sima_path(backend: str, order: str, q: torch.Tensor, k: torch.Tensor, v: tor
     the CPU kernel, the Triton kernels where the measured table does not find torch faster, or torch), the order
     :func:`resolve_sima_order`'s. The Triton kernels compute q̂(k̂ᵀv), so their order is always ``kv_first``."""
     resolved = resolve_sima_order(order, q.shape[-2], k.shape[-2], q.shape[-1])
-    path = choose("sima", backend, Call(q, k, v, order=order, resolved=resolved, masked=masked))
+    path = choose("sima", backend, Call(q, k, v, extra=(order, resolved, masked)))
     return path, "kv_first" if path == "triton" else resolved
+
+
+# SimA's policy reads ``Call.extra`` = (order asked for, the order 'auto' resolves to, whether a token mask takes
+# part); a call without it is the plain one
+_PLAIN = ("kv_first", "kv_first", False)
+
+
+def _sima_takes_triton(call: Call) -> Optional[str]:
+    """SimA's linear kernels compute q̂(k̂ᵀv) only."""
+    if (call.extra or _PLAIN)[0] == "qk_first":
+        return "computes q̂(k̂ᵀv) (order 'auto' or 'kv_first'), got order 'qk_first'"
+    return triton_limits(call.q, call.k, call.v)
+
+
+def _sima_takes_cpp(call: Call) -> Optional[str]:
+    """The compiled CPU kernel: q̂(k̂ᵀv) in fp32 on CPU tensors with unit stride along d, eagerly, without a mask,
+    autocast or anything that needs gradients (it has no autograd)."""
+    q, k, v = call.q, call.k, call.v
+    _, resolved, masked = call.extra or _PLAIN
+    if call.device != "cpu":
+        return "runs on CPU tensors only"
+    if not (q.dtype == k.dtype == v.dtype == torch.float32):
+        return f"takes float32 q, k and v, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if resolved != "kv_first":
+        return f"computes q̂(k̂ᵀv) (order 'kv_first'), got order {resolved!r}"
+    if masked:
+        return "takes no mask"
+    if call.grad:  # before the graph state, which costs a training call a microsecond
+        return "has no autograd (run it under torch.no_grad() or torch.inference_mode())"
+    # the graph before the loader, whose lock Dynamo cannot trace, and before the checks on sizes, which would put
+    # guards in a graph
+    if call.graph is not None:
+        return "runs eagerly only (not traced, scripted, compiled or exported)"
+    if not sima_cpu.available():
+        return f"is not built: {sima_cpu.unavailable_reason()}"
+    if call.autocast is not None:
+        return "runs without autocast"
+    if q.shape != k.shape or 0 in q.shape or 0 in v.shape:
+        return f"takes q and k of one nonempty shape, got {tuple(q.shape)} and {tuple(k.shape)}"
+    if any(t.stride(-1) != 1 or t.stride(-2) < t.shape[-1] for t in (q, k, v)):
+        return "needs unit stride along the last dim and token rows that do not overlap"
+    return None
+
+
+register_policy("sima", Policy(
+    {"triton": _sima_takes_triton, "cpp": _sima_takes_cpp}, table="sima_gpu_table.json",
+    why="auto: the CPU kernel on CPU where it is built and applies (inference); on CUDA the Triton kernels where "
+        "they take the call, unless the measured table's nearest point found torch faster",
+    # where 'auto' resolves SimA's order to (q̂k̂ᵀ)v, torch's product is the cheaper one
+    auto=lambda call: (call.extra or _PLAIN)[1] == "kv_first"))
 
 
 def _needs_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels import linear as linear_kernels
-from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_positive, check_qkv, matmul_dtype
 from ._registry import register_attention
-from .backends import Call, choose
+from .backends import EVERYWHERE, Call, Policy, dispatch, register_policy, takes_triton
 from .grid_linear import GridLinearAttention
 from .reference import slab_reference as slab_attention_reference
 
@@ -46,12 +46,19 @@ def slab_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, eps: fl
     (:mod:`simattn.attention.backends`)."""
     check_qkv(q, k, v, "slab")
     check_positive("slab", "eps", eps)
-    dt, acc = matmul_dtype(q), acc_dtype(q)
-    if choose("slab", backend, Call(q, k, v)) == "triton":
-        return linear_kernels.linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
-    with no_autocast(q):
-        out = _slab(q.to(acc), k.to(acc), v.to(acc), eps)
-    return out.to(dt)
+    return dispatch("slab", backend, Call(q, k, v), matmul_dtype(q), _slab_triton, _slab_fp32, q, k, v, eps)
+
+
+def _slab_triton(dt: torch.dtype, q, k, v, eps: float) -> torch.Tensor:
+    return linear_kernels.linear_triton("slab", q, k, v, eps=eps, out_dtype=dt)
+
+
+def _slab_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float) -> torch.Tensor:
+    acc = acc_dtype(q)
+    return _slab(q.to(acc), k.to(acc), v.to(acc), eps)
+
+
+register_policy("slab", Policy({"triton": takes_triton}, why=EVERYWHERE))
 
 
 @register_attention("slab")

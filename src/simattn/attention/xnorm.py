@@ -14,9 +14,9 @@ from torch import nn
 
 from ..kernels import linear as linear_kernels
 from ._common import (acc_dtype, apply_token_mask, check_per_head, check_positive, check_qkv, check_token_mask,
-                      matmul_dtype, no_autocast)
+                      matmul_dtype)
 from ._registry import register_attention
-from .backends import Call, check_backend, choose
+from .backends import NO_BACKWARD, Call, Policy, check_backend, dispatch, register_policy, triton_limits
 from .base import TokenAttention
 from .reference import xnorm_reference as xnorm_attention_reference
 
@@ -47,17 +47,34 @@ def xnorm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gamma_
     gamma_kv = check_per_head("xnorm", "gamma_kv", gamma_kv, q)
     check_positive("xnorm", "eps", eps)
     mask = check_token_mask(mask, k.shape[0], k.shape[-2], "xnorm", k.device)
-    dt = matmul_dtype(q)
-    if choose("xnorm", backend, Call(q, k, v, params=(gamma_q, gamma_kv))) == "triton":
-        B, H = q.shape[:2]
-        gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
-        gamma = gamma.expand(B, H, 1, 1).reshape(B * H).float()
-        return linear_kernels.linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma, eps=eps, out_dtype=dt)
-    with no_autocast(q):
-        kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
-        kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
-        out = _query_xnorm_product(q, kv, eps)
-    return out.to(dt)
+    return dispatch("xnorm", backend, Call(q, k, v, params=(gamma_q, gamma_kv)), matmul_dtype(q), _xnorm_triton,
+                    _xnorm_fp32, q, k, v, gamma_q, gamma_kv, mask, eps)
+
+
+def _xnorm_triton(dt: torch.dtype, q, k, v, gamma_q: Gamma, gamma_kv: Gamma, mask: Optional[torch.Tensor],
+                  eps: float) -> torch.Tensor:
+    B, H = q.shape[:2]
+    gamma = torch.as_tensor(gamma_q, dtype=torch.float32, device=q.device) * gamma_kv  # γ_q γ_kv per head
+    gamma = gamma.expand(B, H, 1, 1).reshape(B * H).float()
+    return linear_kernels.linear_triton("xnorm", q, k, v, mask=mask, gamma=gamma, eps=eps, out_dtype=dt)
+
+
+def _xnorm_fp32(q, k, v, gamma_q: Gamma, gamma_kv: Gamma, mask: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+    kv = apply_token_mask(k.to(acc_dtype(k)), mask).transpose(-2, -1) @ v.to(acc_dtype(v))  # (B, H, d, dv)
+    kv = xnorm(kv, dim=-2, gamma=gamma_kv, eps=eps) * gamma_q
+    return _query_xnorm_product(q, kv, eps)
+
+
+def _xnorm_takes_triton(call: Call) -> Optional[str]:
+    """XNorm's kernel is a forward only (its column and row norms have no backward kernel)."""
+    if call.grad:
+        return NO_BACKWARD
+    return triton_limits(call.q, call.k, call.v)
+
+
+register_policy("xnorm", Policy({"triton": _xnorm_takes_triton},
+                                why="auto: the Triton kernel on CUDA where nothing needs a gradient: it has no "
+                                    "backward"))
 
 
 def _query_xnorm_product(q: torch.Tensor, kv: torch.Tensor, eps: float) -> torch.Tensor:

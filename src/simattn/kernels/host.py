@@ -13,9 +13,10 @@ What is here:
   launched directly, skipping Triton's per-call binding;
 * :func:`tuned`, the one decorator of the kernels: autotuned over their configurations when compiled, as written in
   the interpreter;
-* :func:`run`, the one eager-or-custom-op branch of every entry point: the registered custom ops while compiling,
-  exporting or tracing, on tensor subclasses and under dispatch modes (:func:`as_op`), else the family's
-  ``torch.autograd.Function`` where a gradient is wanted, else the forward itself;
+* :func:`op`, which makes a family's call from one declaration (a forward, a backward, a fake): its eager
+  ``torch.autograd.Function``, its custom ops with their fakes and registered autograd, and the one branch between
+  them: the custom ops while compiling, exporting or tracing, on tensor subclasses and under dispatch modes
+  (:func:`as_op`), else the Function where a gradient is wanted, else the forward itself;
 * :func:`dry_run` and :func:`hopper_stand_in`: the whole host path without a GPU (launches skipped; or compiled for
   an H100/H200 with Triton's launcher stubbed), for measuring host cost;
 * the helpers every plan uses: tile sizes (:func:`block`), TF32 and native-product choices, masks as bytes and
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 from typing import Any, Callable, Iterator, Optional, Sequence, Tuple
 
@@ -36,7 +38,7 @@ from triton.runtime import driver
 
 __all__ = ["INTERPRETER", "INTERPRETER_BLOCK", "SPLIT_MIN_TOKENS", "PLANS", "Launch", "Mode", "as_op", "block",
            "dry_multiprocessors", "dry_run", "grad_like", "hopper_stand_in", "interpreting", "mask_bytes",
-           "mask_strides", "native", "plan", "planned", "precision", "run", "tf32", "tuned", "tuning"]
+           "mask_strides", "native", "op", "plan", "planned", "precision", "tf32", "tuned", "tuning"]
 
 #: whether the kernels run in Triton's interpreter (``TRITON_INTERPRET`` when this module was first imported; every
 #: family's kernels are decorated in that mode, as they import it)
@@ -329,12 +331,151 @@ def tuned(configs: Sequence[triton.Config], key: Sequence[str]) -> Callable:
     return triton.autotune(list(configs), key=list(key))
 
 
-def run(op: Callable, function, forward: Callable, like: torch.Tensor, grad: bool, *args):
-    """An entry point's one branch: ``op(*args)`` (a registered custom op) where :func:`as_op` holds for ``like``,
-    else ``function.apply(*args)`` (a ``torch.autograd.Function``) where ``grad`` (a gradient is wanted), else
-    ``forward(*args)``. The three take the same arguments and return the same output."""
-    if as_op(like):
-        return op(*args)
-    if grad:
-        return function.apply(*args)
-    return forward(*args)
+def op(name: str, forward: Callable, backward: Callable, fake: Callable, *, tensors: int, grads: int,
+       save_output: bool = False, flags: Tuple[int, ...] = ()) -> Callable:
+    """A family's call, forward and backward, made from one declaration: its eager ``torch.autograd.Function``,
+    its custom ops ``{name}_fwd`` and ``{name}_bwd`` (with fakes, ``setup_context`` and registered autograd), and
+    the one branch between them. Returns ``call(like, grad, *args)``: the custom ops where :func:`as_op` holds for
+    ``like`` (compiling, exporting, tracing, tensor subclasses, dispatch modes: the graph records one op each way),
+    else the Function where ``grad`` (a gradient is wanted; its dispatch costs a fraction of a custom op's), else
+    the forward alone; each gives the forward's first output.
+
+    ``forward(*args)``: annotated (the op's schema is read from it); ``args[:tensors]`` are tensors (or None), the
+    rest plain values. It returns the output, or a tuple (output, *state) whose state the backward reads (a state
+    tensor that is an earlier output, a placeholder where nothing is kept, comes back from the op as an empty fp32
+    tensor: a custom op's outputs may not alias). ``fake(*args)``: the forward's outputs' shapes and dtypes.
+    ``backward(g, *args[:tensors], *kept, *args[tensors:], *wanted)``: annotated too; ``kept`` is the state (with
+    the output first where ``save_output``) and ``wanted`` whether each input at ``flags`` is given and needs a
+    gradient. It returns the gradients of ``args[:grads]``, each shaped and typed as its input (for an input at
+    ``flags`` not wanted, an empty fp32 tensor, given back to autograd as None)."""
+    multi = _returns_tuple(forward)
+    kept = slice(0 if save_output else 1, None)
+    tail = (None,) * (len(inspect.signature(forward).parameters) - grads)
+    saving = _Saving(tensors, multi, kept, save_output, flags, tail)
+    function = _function(name, forward, backward, saving)
+
+    def op_forward(*args):
+        outs = forward(*args)
+        if not multi:
+            return outs
+        return tuple(o if all(o is not p for p in outs[:i]) else o.new_empty(0, dtype=torch.float32)
+                     for i, o in enumerate(outs))
+
+    _annotate(op_forward, forward)
+    fwd_op = torch.library.custom_op(f"{name}_fwd", op_forward, mutates_args=(), device_types=("cuda", "cpu"))
+    fwd_op.register_fake(fake)
+    bwd_op = torch.library.custom_op(f"{name}_bwd", backward, mutates_args=(), device_types=("cuda", "cpu"))
+    bwd_op.register_fake(_grads_fake(grads, flags))
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:tensors], *(output[kept] if multi else (output,) if save_output else ()))
+        ctx.params = tuple(inputs[tensors:])
+        if multi:
+            ctx.mark_non_differentiable(*output[1:])
+
+    def op_backward(ctx, g, *_):
+        saved = ctx.saved_tensors
+        want = saving.wanted(ctx, saved)
+        return saving.gradients(tuple(bwd_op(g, *saved, *ctx.params, *want)), want)
+
+    fwd_op.register_autograd(op_backward, setup_context=setup_context)
+    apply = function.apply
+    if multi:
+        def eager(*args):
+            return forward(*args)[0]
+
+        def graphed(*args):
+            return fwd_op(*args)[0]
+    else:
+        eager, graphed = forward, fwd_op
+
+    def call(like: torch.Tensor, grad: bool, *args):
+        if as_op(like):
+            return graphed(*args)
+        if grad:
+            return apply(*args)
+        return eager(*args)
+
+    call.function, call.forward_op, call.backward_op = function, fwd_op, bwd_op
+    return call
+
+
+class _Saving:
+    """How an op's autograd keeps what its backward reads (see :func:`op`)."""
+
+    def __init__(self, tensors: int, multi: bool, kept: slice, save_output: bool, flags: Tuple[int, ...],
+                 tail: tuple):
+        self.tensors, self.multi, self.kept, self.save_output, self.flags, self.tail = (
+            tensors, multi, kept, save_output, flags, tail)
+
+    def wanted(self, ctx, saved) -> tuple:
+        """Whether each input at ``flags`` is given and needs a gradient."""
+        return tuple([saved[i] is not None and ctx.needs_input_grad[i] for i in self.flags])
+
+    def gradients(self, grads_in: tuple, wanted: tuple) -> tuple:
+        """The backward's gradients, None where not wanted, then None for each plain argument."""
+        if not self.flags:
+            return (*grads_in, *self.tail)
+        grads_in = list(grads_in)
+        for i, want in zip(self.flags, wanted):
+            if not want:
+                grads_in[i] = None
+        return (*grads_in, *self.tail)
+
+
+def _function(name: str, forward: Callable, backward: Callable, saving: _Saving):
+    """The eager ``torch.autograd.Function`` of an op: the cheapest way through autograd."""
+    tensors, multi, kept, save_output, flags, tail = (saving.tensors, saving.multi, saving.kept,
+                                                      saving.save_output, saving.flags, saving.tail)
+
+    class Function(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *args):
+            outs = forward(*args)
+            if multi:
+                ctx.save_for_backward(*args[:tensors], *outs[kept])
+                ctx.params = args[tensors:]
+                return outs[0]
+            ctx.save_for_backward(*args[:tensors], *((outs,) if save_output else ()))
+            ctx.params = args[tensors:]
+            return outs
+
+        @staticmethod
+        def backward(ctx, g):
+            saved = ctx.saved_tensors
+            if not flags:
+                return (*backward(g, *saved, *ctx.params), *tail)
+            needs = ctx.needs_input_grad  # (written out: this runs on every eager backward)
+            want = [saved[i] is not None and needs[i] for i in flags]
+            grads_in = list(backward(g, *saved, *ctx.params, *want))
+            for i, wanted in zip(flags, want):
+                if not wanted:
+                    grads_in[i] = None
+            return (*grads_in, *tail)
+
+    Function.__name__ = Function.__qualname__ = name.split("::")[-1]
+    return Function
+
+
+def _returns_tuple(fn: Callable) -> bool:
+    """Whether ``fn``'s return annotation is a tuple (of tensors)."""
+    ret = inspect.signature(fn, eval_str=True).return_annotation
+    return getattr(ret, "__origin__", None) is tuple
+
+
+def _annotate(wrapper: Callable, fn: Callable) -> None:
+    """``wrapper`` (taking ``*args``) given ``fn``'s signature, annotations resolved, for the op's schema."""
+    wrapper.__signature__ = inspect.signature(fn, eval_str=True)
+    wrapper.__name__, wrapper.__qualname__, wrapper.__module__ = fn.__name__, fn.__qualname__, fn.__module__
+
+
+def _grads_fake(grads: int, flags: Tuple[int, ...]) -> Callable:
+    """A backward op's fake: each gradient shaped and typed as its input (after the output gradient), an input at
+    ``flags`` not wanted an empty fp32 tensor."""
+
+    def fake(g, *args):
+        wanted = dict(zip(flags, args[len(args) - len(flags):])) if flags else {}
+        return tuple(args[i].new_empty(args[i].shape) if wanted.get(i, True) else g.new_empty(0, dtype=torch.float32)
+                     for i in range(grads))
+
+    return fake

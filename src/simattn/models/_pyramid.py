@@ -11,7 +11,7 @@ from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models._manipulate import checkpoint
 
-from ..attention._common import fx_tracing
+from ..attention import fx_tracing
 from ._checks import image_batch_error
 from ._head import TokenPoolHead
 

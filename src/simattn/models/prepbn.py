@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..attention._common import check_count
+from ..attention import check_count
 
 __all__ = ["RepBN", "PRepBN"]
 

@@ -74,8 +74,7 @@ from ._kinds import kind_options
 from .prepbn import PRepBN
 from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from .resample import resample_grids
-from ..attention import TokenAttention, attention_class, get_attention_class
-from ..attention._common import fx_call_whole, fx_tracing
+from ..attention import TokenAttention, attention_class, fx_tracing, get_attention_class
 from ._pyramid import (Grid, GridBlock, PyramidStage, PyramidTransformer, check_size_fits, drop_path_rates,
                        tokens_to_nchw)
 
@@ -111,6 +110,7 @@ class SpatialReduction(TokenAttention):
     """
 
     uses_grid = True
+    fuses_projection = False  # the keys come from the reduced grid (project_grid), never the fused projection
 
     def __init__(self, dim: int, num_heads: int = 8, *, sr_ratio: int = 2, prepbn_steps: int = 0, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
@@ -124,17 +124,17 @@ class SpatialReduction(TokenAttention):
         self.sr = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio, **dd)
         self.sr_norm = PRepBN(dim, steps=prepbn_steps, **dd) if prepbn_steps else nn.LayerNorm(dim, **dd)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        if not torch.jit.is_scripting():
-            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
-            if traced is not None:
-                return traced
-            self._check_call(x, attn_mask, is_causal)
-            if not fx_tracing() and (grid_size is None or attn_mask is not None or is_causal):
-                raise ValueError(f"{type(self).__name__}: forward needs grid_size=(H, W) and takes no mask or "
-                                 "causal attention (the keys are pooled over the grid)")
-        assert grid_size is not None
+    def check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                   grid_size: Optional[Tuple[int, int]] = None) -> None:
+        super().check_call(x, attn_mask, is_causal, grid_size)
+        if not fx_tracing() and (grid_size is None or attn_mask is not None or is_causal):
+            raise ValueError(f"{type(self).__name__}: forward needs grid_size=(H, W) and takes no mask or "
+                             "causal attention (the keys are pooled over the grid)")
+
+    def project_grid(self, x: torch.Tensor,
+                     grid_size: Optional[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q from the tokens, k and v from the reduced grid (prefix tokens in front, unreduced)."""
+        assert grid_size is not None  # checked (check_call); refines the type for TorchScript
         B, N, C = x.shape
         H, W = grid_size
         prefix = N - H * W
@@ -147,8 +147,7 @@ class SpatialReduction(TokenAttention):
         kv = F.linear(reduced, self.qkv.weight[C:], None if bias is None else bias[C:])
         q = self.q_norm(q.reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2))
         k, v = kv.reshape(B, -1, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        out = self._attend(q, self.k_norm(k), v, None, False, grid_size)
-        return self._output(out, x)
+        return q, self.k_norm(k), v
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sr_ratio={self.sr_ratio}"

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from timm.models import register_model
 
-from ..attention._common import eager
+from ..attention import eager
 
 __all__ = ["scale_adapter", "FeaturePyramid", "FCNHead", "Segmenter", "LEVEL_STRIDES", "HEADS",
            "evenly_spaced_blocks"]

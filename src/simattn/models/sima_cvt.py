@@ -34,8 +34,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import get_act_layer
 from timm.models import generate_default_cfgs, register_model
 
-from ..attention import TokenAttention, attention_class
-from ..attention._common import fx_call_whole, fx_tracing
+from ..attention import TokenAttention, attention_class, fx_tracing
 from ..utils.io import extract_state_dict
 from ._build import build_family_model
 from ._pyramid import Grid, GridBlock, PyramidStage, PyramidTransformer, drop_path_rates
@@ -68,6 +67,7 @@ class ConvProjection(TokenAttention):
     """
 
     uses_grid = True
+    fuses_projection = False  # q, k, v come from the convolutions (project_grid), never the fused projection
 
     def __init__(self, dim: int, num_heads: int = 8, *, kernel_size: int = 3, kv_stride: int = 2, **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
@@ -96,8 +96,10 @@ class ConvProjection(TokenAttention):
         B, N, _ = tokens.shape
         return F.linear(tokens, weight, bias).reshape(B, N, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def project_grid(self, x: torch.Tensor, grid_size: Grid) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project_grid(self, x: torch.Tensor,
+                     grid_size: Optional[Tuple[int, int]]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, P + H·W, C) → q (B, heads, P + H·W, d), k, v (B, heads, P + H'·W', d)."""
+        assert grid_size is not None  # checked (check_call); refines the type for TorchScript
         B, N, C = x.shape
         H, W = grid_size
         num_prefix = N - H * W
@@ -112,30 +114,13 @@ class ConvProjection(TokenAttention):
         k = self.k_norm(self._project(self.conv_proj_k(grid_img), 1, prefix))
         return q, k, self._project(self.conv_proj_v(grid_img), 2, prefix)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None, is_causal: bool = False,
-                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-        """x (B, P + H·W, C) → (B, P + H·W, C); ``grid_size`` is required, masks and causal attention are not
-        supported (the convolutions mix tokens)."""
-        if not torch.jit.is_scripting():
-            traced = fx_call_whole(self, (x,), dict(attn_mask=attn_mask, is_causal=is_causal, grid_size=grid_size))
-            if traced is not None:
-                return traced
-            self._check_call(x, attn_mask, is_causal, grid_size)
-        assert grid_size is not None  # checked above; refines the type for TorchScript
-        B, N, C = x.shape
-        q, k, v = self.project_grid(x, grid_size)
-        # kinds that take the grid (SOFT's landmarks) get it: q keeps stride 1
-        out = self._attend(q, k, v, None, False, grid_size)
-        out = self.norm(out.transpose(1, 2).reshape(B, N, C))
-        if self.gate is not None:
-            out = out * self.gate(x).sigmoid()
-        return self.proj_drop(self.proj(out))
-
-    def _check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
-                    grid_size: Optional[Tuple[int, int]] = None) -> None:
+    def check_call(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool,
+                   grid_size: Optional[Tuple[int, int]] = None) -> None:
+        """``grid_size`` is required, masks and causal attention are not supported (the convolutions mix
+        tokens)."""
         if fx_tracing():
             return
-        super()._check_call(x, attn_mask, is_causal)
+        super().check_call(x, attn_mask, is_causal, grid_size)
         if grid_size is None:
             raise ValueError(f"{type(self).__name__}: forward needs grid_size=(H, W), the token grid")
         if attn_mask is not None or is_causal:

@@ -33,8 +33,7 @@ from timm.models.vision_transformer import checkpoint_filter_fn as _timm_vit_fil
 from ._build import LoadsThroughSimattn, build_family_model
 from ._checks import image_batch_error
 from ._kinds import kind_options
-from ..attention import attention_class
-from ..attention._common import check_count, fx_tracing
+from ..attention import attention_class, check_count, fx_tracing
 from .prepbn import PRepBN, RepBN
 from .released import PAPERS, SLAB_RELEASES, TSINGHUA, released_to_simattn
 from .resample import resample_grids

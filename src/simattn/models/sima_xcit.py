@@ -40,8 +40,7 @@ from timm.models.xcit import LPI, ClassAttentionBlock as _TimmClassAttentionBloc
 
 from ._build import build_family_model
 from ._checks import image_batch_error
-from ..attention import HookPoint, attention_class
-from ..attention._common import fx_call_whole, fx_tracing, no_autocast
+from ..attention import HookPoint, attention_class, fx_call_whole, fx_tracing, no_autocast
 from ..attention.sima import sima_l1_norms
 from ..attention.softmax import softmax_weights
 from ._head import TokenPoolHead

@@ -58,8 +58,7 @@ from timm.models.vision_transformer import get_init_weights_vit
 from ._build import LoadsThroughSimattn, build_family_model
 from ._checks import image_batch_error
 from ._kinds import kind_options
-from ..attention import attention_class, get_attention_class
-from ..attention._common import check_count, fx_tracing
+from ..attention import attention_class, check_count, fx_tracing, get_attention_class
 from .prepbn import PRepBN
 from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from .resample import resample_grids

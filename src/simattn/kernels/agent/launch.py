@@ -8,7 +8,8 @@ Host path, :mod:`simattn.kernels.host`'s (its launch modes, plan cache, direct l
 repeat call looks the plan up, allocates its outputs and launches. Eagerly the autograd is a
 ``torch.autograd.Function``; while compiling, exporting or tracing, on tensor subclasses and under dispatch modes
 the same calls run behind the custom ops ``simattn::agent_gather_fwd``, ``simattn::agent_gather_bwd``,
-``simattn::agent_broadcast_fwd`` and ``simattn::agent_broadcast_bwd``.
+``simattn::agent_broadcast_fwd`` and ``simattn::agent_broadcast_bwd``, all made by
+:func:`~simattn.kernels.host.op`.
 
 The inputs are read through their strides (the biases may broadcast over the batch and heads: stride 0); the
 gradients come back contiguous in the inputs' dtypes, the biases' summed to their shapes.
@@ -172,160 +173,54 @@ def _planned(what: str, build, *tensors, extra=()):
     return host.plan("agent attention", (what, *extra), tensors, build)
 
 
-def _gather_forward(agents, k, v, bias):
+def _gather_forward(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    bias: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     call = _planned("agent gather", lambda mode: _GatherForward(agents, k, v, bias, mode), agents, k, v, bias)
     return call(agents, k, v, bias)
 
 
-def _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad: bool):
+def _gather_fake(agents, k, v, bias):
+    return (agents.new_empty(*agents.shape[:-1], v.shape[-1], dtype=torch.float32),
+            agents.new_empty(agents.shape[:-1], dtype=torch.float32))
+
+
+def _gather_backward(gw: torch.Tensor, agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     bias: Optional[torch.Tensor], w: torch.Tensor, lse: torch.Tensor,
+                     bias_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     call = _planned("agent gather backward", lambda mode: _GatherBackward(agents, k, v, bias, bias_grad, mode),
                     agents, k, v, bias, gw, extra=(bias_grad,))
     return call(gw, w, lse, agents, k, v, bias)
 
 
-def _forward(q, agents, w, bias, out_dtype: torch.dtype) -> torch.Tensor:
+def _forward(q: torch.Tensor, agents: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+             out_dtype: torch.dtype) -> torch.Tensor:
     call = _planned("agent broadcast", lambda mode: _BroadcastForward(q, agents, w, bias, out_dtype, mode),
                     q, agents, w, bias, extra=(out_dtype,))
     return call(q, agents, w, bias)
 
 
-def _backward(g, q, agents, w, bias, bias_grad: bool):
+def _fake(q, agents, w, bias, out_dtype):
+    return q.new_empty(*q.shape[:-1], w.shape[-1], dtype=out_dtype)
+
+
+def _backward(g: torch.Tensor, q: torch.Tensor, agents: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
+              out_dtype: torch.dtype,
+              bias_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     call = _planned("agent broadcast backward", lambda mode: _BroadcastBackward(g, q, agents, w, bias, bias_grad,
                                                                                  mode),
                     q, agents, w, bias, g, extra=(bias_grad,))
     return call(g, q, agents, w, bias)
 
 
-# ------------------------------------------------------------------------------------------------ autograd and ops
+# ------------------------------------------------------------------------------------------------ the ops
+# Registered for CUDA and, for the interpreter, CPU tensors; the biases' gradients only where wanted.
 
-
-class _AgentGather(torch.autograd.Function):
-    """The aggregation, forward and backward for eager calls."""
-
-    @staticmethod
-    def forward(ctx, agents, k, v, bias):
-        w, lse = _gather_forward(agents, k, v, bias)
-        ctx.save_for_backward(agents, k, v, bias, w, lse)
-        return w
-
-    @staticmethod
-    def backward(ctx, gw):
-        agents, k, v, bias, w, lse = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        da, dk, dv, db = _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad)
-        return da, dk, dv, db if bias_grad else None
-
-
-class _AgentBroadcast(torch.autograd.Function):
-    """The broadcast, forward and backward for eager calls."""
-
-    @staticmethod
-    def forward(ctx, q, agents, w, bias, out_dtype):
-        ctx.save_for_backward(q, agents, w, bias)
-        return _forward(q, agents, w, bias, out_dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        q, agents, w, bias = ctx.saved_tensors
-        bias_grad = bias is not None and ctx.needs_input_grad[3]
-        dq, da, dw, db = _backward(g, q, agents, w, bias, bias_grad)
-        return dq, da, dw, db if bias_grad else None, None
-
-
-# Registered for CUDA and, for the interpreter, CPU tensors.
-
-
-def _no_bias_grad(like: torch.Tensor) -> torch.Tensor:
-    return like.new_empty((0,), dtype=torch.float32)
-
-
-@torch.library.custom_op("simattn::agent_gather_fwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _gather_fwd_op(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Optional[torch.Tensor]
-                   ) -> Tuple[torch.Tensor, torch.Tensor]:
-    return _gather_forward(agents, k, v, bias)
-
-
-@_gather_fwd_op.register_fake
-def _gather_fwd_fake(agents, k, v, bias):
-    return (agents.new_empty(*agents.shape[:-1], v.shape[-1], dtype=torch.float32),
-            agents.new_empty(agents.shape[:-1], dtype=torch.float32))
-
-
-@torch.library.custom_op("simattn::agent_gather_bwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _gather_bwd_op(gw: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, agents: torch.Tensor, k: torch.Tensor,
-                   v: torch.Tensor, bias: Optional[torch.Tensor], bias_grad: bool
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _gather_backward(gw, w, lse, agents, k, v, bias, bias_grad)
-
-
-@_gather_bwd_op.register_fake
-def _gather_bwd_fake(gw, w, lse, agents, k, v, bias, bias_grad):
-    db = bias.new_empty(bias.shape) if bias_grad else _no_bias_grad(k)
-    return agents.new_empty(agents.shape), k.new_empty(k.shape), v.new_empty(v.shape), db
-
-
-def _gather_setup_context(ctx, inputs, output):
-    agents, k, v, bias = inputs
-    ctx.save_for_backward(agents, k, v, bias, *output)
-
-
-def _gather_grads(ctx, gw, _lse_grad):
-    agents, k, v, bias, w, lse = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[3]
-    da, dk, dv, db = _gather_bwd_op(gw, w, lse, agents, k, v, bias, bias_grad)
-    return da, dk, dv, db if bias_grad else None
-
-
-_gather_fwd_op.register_autograd(_gather_grads, setup_context=_gather_setup_context)
-
-
-@torch.library.custom_op("simattn::agent_broadcast_fwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _fwd_op(q: torch.Tensor, agents: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-            out_dtype: torch.dtype) -> torch.Tensor:
-    return _forward(q, agents, w, bias, out_dtype)
-
-
-@_fwd_op.register_fake
-def _fwd_fake(q, agents, w, bias, out_dtype):
-    return q.new_empty(*q.shape[:-1], w.shape[-1], dtype=out_dtype)
-
-
-@torch.library.custom_op("simattn::agent_broadcast_bwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _bwd_op(g: torch.Tensor, q: torch.Tensor, agents: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor],
-            bias_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(g, q, agents, w, bias, bias_grad)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(g, q, agents, w, bias, bias_grad):
-    db = bias.new_empty(bias.shape) if bias_grad else _no_bias_grad(q)
-    return q.new_empty(q.shape), agents.new_empty(agents.shape), w.new_empty(w.shape), db
-
-
-def _setup_context(ctx, inputs, output):
-    q, agents, w, bias, _ = inputs
-    ctx.save_for_backward(q, agents, w, bias)
-
-
-def _grads(ctx, g):
-    q, agents, w, bias = ctx.saved_tensors
-    bias_grad = bias is not None and ctx.needs_input_grad[3]
-    dq, da, dw, db = _bwd_op(g, q, agents, w, bias, bias_grad)
-    return dq, da, dw, db if bias_grad else None, None
-
-
-_fwd_op.register_autograd(_grads, setup_context=_setup_context)
+_gather = host.op("simattn::agent_gather", _gather_forward, _gather_backward, _gather_fake, tensors=4, grads=4,
+                  save_output=True, flags=(3,))
+_broadcast = host.op("simattn::agent_broadcast", _forward, _backward, _fake, tensors=4, grads=4, flags=(3,))
 
 
 # ------------------------------------------------------------------------------------------------ entry points
-
-
-def _gather_op_out(agents, k, v, bias) -> torch.Tensor:
-    return _gather_fwd_op(agents, k, v, bias)[0]
-
-
-def _gather_out(agents, k, v, bias) -> torch.Tensor:
-    return _gather_forward(agents, k, v, bias)[0]
 
 
 def _needs_grad(*tensors) -> bool:
@@ -336,8 +231,7 @@ def agent_gather_triton(agents: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The aggregation V_A = softmax(A kᵀ/√d + B₁) v on the agents A (B, H, n, d), k (B, H, N, d), v (B, H, N, dv)
     and an optional bias B₁ broadcasting to (B, H, n, N) → (B, H, n, dv) in fp32. Differentiable in all four."""
-    return host.run(_gather_op_out, _AgentGather, _gather_out, k, _needs_grad(agents, k, v, bias), agents, k, v,
-                    bias)
+    return _gather(k, _needs_grad(agents, k, v, bias), agents, k, v, bias)
 
 
 def agent_broadcast_triton(q: torch.Tensor, agents: torch.Tensor, agent_v: torch.Tensor,
@@ -347,5 +241,4 @@ def agent_broadcast_triton(q: torch.Tensor, agents: torch.Tensor, agent_v: torch
     (B, H, n, dv) and an optional bias B₂ broadcasting to (B, H, N, n) → (B, H, N, dv) in ``out_dtype`` (V_A's by
     default). Differentiable in all four."""
     out_dtype = out_dtype or agent_v.dtype
-    return host.run(_fwd_op, _AgentBroadcast, _forward, q, _needs_grad(q, agents, agent_v, bias), q, agents, agent_v,
-                    bias, out_dtype)
+    return _broadcast(q, _needs_grad(q, agents, agent_v, bias), q, agents, agent_v, bias, out_dtype)

@@ -52,10 +52,11 @@ repeat call looks it up, allocates its outputs and launches: it checks nothing (
 the ELU/XNorm functions, checked the inputs once) and launches a tuned kernel directly, not through Triton's
 autotuner. Eagerly, SimA's autograd is a ``torch.autograd.Function`` (a few microseconds); while compiling,
 exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind torch custom ops
-(``simattn::linear_attn_fwd``, ``simattn::sima_bwd``; their dispatch measured several times the Function's) with
-fake implementations and registered autograd, so ``torch.compile(fullgraph=True)`` and
-``torch.export`` see one op each way, and CUDA graphs capture either. On a GPU, tile sizes, warps and pipeline
-depth are autotuned once per (tokens per program rounded to a power of two, d, dv, dtypes, path) in the process
+(``simattn::linear_attn_fwd``, ``simattn::linear_attn_bwd``; their dispatch measured several times the
+Function's) with fake implementations and registered autograd, all made by :func:`simattn.kernels.host.op`, so
+``torch.compile(fullgraph=True)`` and ``torch.export`` see one op each way, and CUDA graphs capture either. On a
+GPU, tile sizes, warps and pipeline depth are autotuned once per (tokens per program rounded to a power of two, d,
+dv, dtypes, path) in the process
 (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration, untimed).
 
 :func:`simattn.kernels.host.dry_run` runs that whole path with the launches skipped, on CPU tensors as if they were
@@ -310,60 +311,16 @@ def _feature_backward(kind: str, g, q, k, v, mask, s, z, eps: float):
     return call(g, q, k, v, mask, s, z)
 
 
-# ------------------------------------------------------------------------------------------------ autograd and ops
+# ------------------------------------------------------------------------------------------------ the op
 
 
-class _SimA(torch.autograd.Function):
-    """SimA's forward and backward for eager calls: the cheapest way through autograd. Takes the arguments of the
-    forward op (:func:`_fwd_op`)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
-        out, kvn, s_q, s_k = _forward("sima", q, k, v, mask, q_mask, None, eps, bf16, out_dtype, True)
-        ctx.save_for_backward(q, k, v, mask, q_mask, kvn, s_q, s_k)
-        ctx.eps, ctx.bf16 = eps, bf16
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, mask, q_mask, kvn, s_q, s_k = ctx.saved_tensors
-        return (*_backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16), *_NO_GRADS)
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+         q_mask: Optional[torch.Tensor], gamma: Optional[torch.Tensor], eps: float, kind: str, bf16: bool,
+         out_dtype: torch.dtype, save: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """out and, with ``save``, the backward's state (:class:`_ForwardCall`), else placeholders."""
+    return _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, save)
 
 
-class _FeatureKind(torch.autograd.Function):
-    """A feature kind's forward and backward for eager calls; the arguments of the forward op."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
-        out, s, _, z = _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, True)
-        ctx.save_for_backward(q, k, v, mask, s, z)
-        ctx.kind, ctx.eps = kind, eps
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, mask, s, z = ctx.saved_tensors
-        return (*_feature_backward(ctx.kind, g, q, k, v, mask, s, z, ctx.eps), *_NO_GRADS)
-
-
-#: the forward op's arguments after q, k, v, none differentiable
-_NO_GRADS = (None,) * 8
-
-
-# Registered for CUDA and, for the interpreter, CPU tensors.
-
-
-@torch.library.custom_op("simattn::linear_attn_fwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-            q_mask: Optional[torch.Tensor], gamma: Optional[torch.Tensor], eps: float, kind: str, bf16: bool,
-            out_dtype: torch.dtype, save: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    out, kv, s_q, s_k = _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, save)
-    if not save:  # outputs of a custom op may not alias each other
-        kv, s_q, s_k = (q.new_empty(0, dtype=torch.float32) for _ in range(3))
-    return out, kv, s_q, s_k
-
-
-@_fwd_op.register_fake
 def _fwd_fake(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
     B, H, n_q, d = q.shape
     e = v.shape[-1]
@@ -374,60 +331,20 @@ def _fwd_fake(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save):
                                                                  for _ in range(2))
 
 
-@torch.library.custom_op("simattn::sima_bwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-            q_mask: Optional[torch.Tensor], kvn: torch.Tensor, s_q: torch.Tensor, s_k: torch.Tensor, eps: float,
-            bf16: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+         q_mask: Optional[torch.Tensor], gamma: Optional[torch.Tensor], kvn: torch.Tensor, s_q: torch.Tensor,
+         s_k: torch.Tensor, eps: float, kind: str, bf16: bool, out_dtype: torch.dtype,
+         save: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv: SimA's backward, or the feature kinds' (S = kvn, z = s_k)."""
+    if not (KINDS[kind].backward and save):
+        raise RuntimeError("simattn::linear_attn: only the kinds with a backward, run with save=True, have one")
+    if kind in FEATURE_KINDS:
+        return _feature_backward(kind, g, q, k, v, mask, kvn, s_k, eps)
     return _backward(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps, bf16)
 
 
-@_bwd_op.register_fake
-def _bwd_fake(g, q, k, v, mask, q_mask, kvn, s_q, s_k, eps, bf16):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-@torch.library.custom_op("simattn::linear_feature_bwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _feature_bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    mask: Optional[torch.Tensor], s: torch.Tensor, z: torch.Tensor, eps: float,
-                    kind: str) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _feature_backward(kind, g, q, k, v, mask, s, z, eps)
-
-
-@_feature_bwd_op.register_fake
-def _feature_bwd_fake(g, q, k, v, mask, s, z, eps, kind):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, mask, q_mask, _, eps, kind, bf16, _, save = inputs
-    _, kvn, s_q, s_k = output
-    ctx.save_for_backward(q, k, v, mask, q_mask, kvn, s_q, s_k)
-    ctx.eps, ctx.bf16, ctx.kind, ctx.differentiable = eps, bf16, kind, KINDS[kind].backward and save
-    ctx.mark_non_differentiable(kvn, s_q, s_k)
-
-
-def _grads(ctx, grad_out, *_):
-    if not ctx.differentiable:
-        raise RuntimeError("simattn::linear_attn_fwd: only the kinds with a backward, run with save=True, have one")
-    q, k, v, mask, q_mask, kvn, s_q, s_k = ctx.saved_tensors
-    if ctx.kind in FEATURE_KINDS:
-        dq, dk, dv = _feature_bwd_op(grad_out, q, k, v, mask, kvn, s_k, ctx.eps, ctx.kind)
-    else:
-        dq, dk, dv = _bwd_op(grad_out, q, k, v, mask, q_mask, kvn, s_q, s_k, ctx.eps, ctx.bf16)
-    return (dq, dk, dv, *_NO_GRADS)
-
-
-_fwd_op.register_autograd(_grads, setup_context=_setup_context)
-
-
-def _op_out(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save) -> torch.Tensor:
-    """The forward op's output."""
-    return _fwd_op(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save)[0]
-
-
-def _eager_out(q, k, v, mask, q_mask, gamma, eps, kind, bf16, out_dtype, save) -> torch.Tensor:
-    """The forward's output, outside autograd (nothing saved)."""
-    return _forward(kind, q, k, v, mask, q_mask, gamma, eps, bf16, out_dtype, False)[0]
+# Registered for CUDA and, for the interpreter, CPU tensors.
+_call = host.op("simattn::linear_attn", _fwd, _bwd, _fwd_fake, tensors=6, grads=3)
 
 
 # ------------------------------------------------------------------------------------------------ entry points
@@ -447,8 +364,7 @@ def sima_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: Opti
     bf16 = compute_dtype == torch.bfloat16
     out_dtype = out_dtype or q.dtype
     save = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return host.run(_op_out, _SimA, _eager_out, q, save, q, k, v, mask, q_mask, None, eps, "sima", bf16, out_dtype,
-                    save)
+    return _call(q, save, q, k, v, mask, q_mask, None, eps, "sima", bf16, out_dtype, save)
 
 
 def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -463,5 +379,4 @@ def linear_triton(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     out_dtype = out_dtype or q.dtype
     save = (KINDS[kind].backward and torch.is_grad_enabled()
             and (q.requires_grad or k.requires_grad or v.requires_grad))
-    return host.run(_op_out, _FeatureKind, _eager_out, q, save, q, k, v, mask, None, gamma, eps, kind, False,
-                    out_dtype, save)
+    return _call(q, save, q, k, v, mask, None, gamma, eps, kind, False, out_dtype, save)

@@ -9,8 +9,9 @@ dtype, device) plans its launches; a repeat call looks the plan up, allocates it
 nothing (the kinds' functions checked the inputs). Eagerly the autograd is a ``torch.autograd.Function``; while
 compiling, exporting or tracing, and on tensor subclasses or under dispatch modes, the same calls run behind the
 custom ops ``simattn::activation_attn_fwd`` and ``simattn::activation_attn_bwd`` with fake implementations and
-registered autograd. On a GPU the key (or query) tile, warps and pipeline depth are autotuned once per (streamed
-tokens rounded to a power of two, d, dv, h, dtypes) (``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration).
+registered autograd, all made by :func:`~simattn.kernels.host.op`. On a GPU the key (or query) tile, warps and
+pipeline depth are autotuned once per (streamed tokens rounded to a power of two, d, dv, h, dtypes)
+(``SIMATTN_TRITON_AUTOTUNE=0``: the first configuration).
 
 q, k, v are read through their strides (views of a fused qkv projection are not copied); the gradients come back
 contiguous in q's, k's and v's dtypes, the output in ``out_dtype``.
@@ -103,8 +104,8 @@ class _BackwardCall:
         return dq, dk, dv
 
 
-def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float],
-             out_dtype: torch.dtype) -> torch.Tensor:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], activation: str,
+             bias: Optional[float], alpha: Optional[float], out_dtype: torch.dtype) -> torch.Tensor:
     """The output (:class:`_ForwardCall`), planned once per signature."""
     call = host.plan(f"attention with h={activation}", ("activation forward", activation, bias is None,
                                                         alpha is None, out_dtype), (q, k, v, mask),
@@ -112,7 +113,13 @@ def _forward(q, k, v, mask, activation: str, bias: Optional[float], alpha: Optio
     return call(q, k, v, mask, _scalars(q, bias, alpha))
 
 
-def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: Optional[float]):
+def _fake(q, k, v, mask, activation, bias, alpha, out_dtype):
+    return q.new_empty(*q.shape[:-1], v.shape[-1], dtype=out_dtype)
+
+
+def _backward(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+              activation: str, bias: Optional[float], alpha: Optional[float],
+              out_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv (:class:`_BackwardCall`), planned once per signature."""
     call = host.plan(f"attention with h={activation}", ("activation backward", activation, bias is None,
                                                         alpha is None), (q, k, v, mask, g),
@@ -120,62 +127,8 @@ def _backward(g, q, k, v, mask, activation: str, bias: Optional[float], alpha: O
     return call(g, q, k, v, mask, _scalars(q, bias, alpha))
 
 
-# ------------------------------------------------------------------------------------------------ autograd and ops
-
-
-class _ActivationAttention(torch.autograd.Function):
-    """Forward and backward for eager calls."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, mask, activation, bias, alpha, out_dtype):
-        ctx.save_for_backward(q, k, v, mask)
-        ctx.params = (activation, bias, alpha)
-        return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        q, k, v, mask = ctx.saved_tensors
-        return (*_backward(g, q, k, v, mask, *ctx.params), None, None, None, None, None)
-
-
 # Registered for CUDA and, for the interpreter, CPU tensors.
-
-
-@torch.library.custom_op("simattn::activation_attn_fwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], activation: str,
-            bias: Optional[float], alpha: Optional[float], out_dtype: torch.dtype) -> torch.Tensor:
-    return _forward(q, k, v, mask, activation, bias, alpha, out_dtype)
-
-
-@_fwd_op.register_fake
-def _fwd_fake(q, k, v, mask, activation, bias, alpha, out_dtype):
-    return q.new_empty(*q.shape[:-1], v.shape[-1], dtype=out_dtype)
-
-
-@torch.library.custom_op("simattn::activation_attn_bwd", mutates_args=(), device_types=("cuda", "cpu"))
-def _bwd_op(g: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-            activation: str, bias: Optional[float], alpha: Optional[float]
-            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _backward(g, q, k, v, mask, activation, bias, alpha)
-
-
-@_bwd_op.register_fake
-def _bwd_fake(g, q, k, v, mask, activation, bias, alpha):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _setup_context(ctx, inputs, output):
-    q, k, v, mask, activation, bias, alpha, _ = inputs
-    ctx.save_for_backward(q, k, v, mask)
-    ctx.params = (activation, bias, alpha)
-
-
-def _grads(ctx, g):
-    q, k, v, mask = ctx.saved_tensors
-    return (*_bwd_op(g, q, k, v, mask, *ctx.params), None, None, None, None, None)
-
-
-_fwd_op.register_autograd(_grads, setup_context=_setup_context)
+_call = host.op("simattn::activation_attn", _forward, _backward, _fake, tensors=4, grads=3)
 
 
 # ------------------------------------------------------------------------------------------------ entry point
@@ -192,5 +145,4 @@ def activation_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, acti
     on is refused here."""
     out_dtype = out_dtype or v.dtype
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return host.run(_fwd_op, _ActivationAttention, _forward, q, grad, q, k, v, mask, activation, bias, alpha,
-                    out_dtype)
+    return _call(q, grad, q, k, v, mask, activation, bias, alpha, out_dtype)
