@@ -363,7 +363,9 @@ def _agent(variant: str, pretrained: bool, size: Dict[str, Any], stages: Sequenc
     ``img_size`` (the longer side); 3×3 conv on V."""
     args = dict(size, **with_tag_args(variant, kwargs, _TAG_ARGS))
     grids = _stage_grids(args.get("img_size", 224), args.get("patch_size", 4), len(args["depths"]))
-    own = [dict(agent_num=n, window=max(g), dwc_kernel=3) for n, g in zip((9, 16, 49), grids)]
+    agent_grids = args.pop("agent_grids", None) or [None] * 3  # Agent's segmentation configs' (9-12-14-7)
+    own = [dict(agent_num=n, window=max(g), dwc_kernel=3, **({"agent_grid": tuple(a)} if a else {}))
+           for n, g, a in zip((9, 16, 49), grids, agent_grids)]
     return _create(variant, pretrained, attn_type=args.pop("attn_type", "agent"), own_attn=("agent", own),
                    kind_stages=stages, **args)
 
