@@ -19,9 +19,7 @@ from simattn.cli import main as simattn_main  # noqa: E402
 
 from cli_inputs import one_line_error  # noqa: E402
 
-#: the tiny segmenter; segmentation_channels=64 because smp's Semantic FPN normalises each level with
-#: GroupNorm(32 groups): at 32 channels the 1x1 stride-32 level of a 32x32 image has one value per group, which
-#: torch refuses for a batch of one image (the batch evaluation and deployed programs run)
+#: the tiny segmenter
 TINY = dict(backbone="sima_deit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2,
             decoder_channels=16, segmentation_channels=64)
 DIGITS = {"canvas": 32, "num_val": 12, "num_train": 16}

@@ -1,5 +1,5 @@
 """Semantic segmentation networks: any registered backbone → four feature maps (strides 4, 8, 16, 32) → a decoder
-from segmentation_models_pytorch (Semantic FPN or UperNet) → per-pixel class logits at the input size.
+(Semantic FPN or UperNet, as mmseg builds them) → per-pixel class logits at the input size.
 
 The four maps (:class:`FeaturePyramid`), as XCiT's dense-prediction code makes them:
 
@@ -9,14 +9,21 @@ The four maps (:class:`FeaturePyramid`), as XCiT's dense-prediction code makes t
 - a pyramid (CvT, SOFT) gives its stages; a level no stage has (CvT stops at stride 16) is pooled or upsampled
   from the nearest stage the same way.
 
-Decoders are smp's own (``FPNDecoder``: the Panoptic/Semantic FPN branch; ``UPerNetDecoder``: PPM + FPN), followed
-by a 1×1 classifier at stride 4 and a bilinear upsampling to the input. UperNet adds an auxiliary FCN head on the
+Decoders are mmseg's, composed of torchvision's and smp's layers where these are the same network: Semantic FPN
+(:class:`SemanticFPNDecoder`: torchvision's ``FeaturePyramidNetwork``, which is mmseg's ``FPN`` neck, and mmseg's
+``FPNHead``) and UperNet (smp's ``UPerNetDecoder``: mmseg's ``UPerHead``, PPM + FPN, with a LayerNorm on each level,
+which mmseg's Swin backbones apply to their outputs), followed by dropout, a 1×1 classifier at stride 4 and a
+bilinear upsampling to the input. UperNet adds an auxiliary FCN head on the
 stride-16 level while training (its loss is weighted by the task). In ``train()`` mode with an auxiliary head the
 forward returns ``(logits, aux_logits)``; otherwise the logits alone (what export and evaluation take).
 
 Registered with timm as ``semantic_fpn`` and ``upernet``: ``create_model('semantic_fpn',
 backbone='sima_deit_small_patch16_224', num_classes=150, attn_type='softmax')``; keyword arguments the segmenter
 does not take go to the backbone, so ``attn_type`` swaps the attention as it does for a classifier.
+
+The released ADE20K models are tags (``semantic_fpn.agent_pvt_tiny_ade20k``, ...): a tag builds the network of the
+authors' mmseg config, and :func:`checkpoint_filter_fn` maps mmseg's files (``backbone.*`` through the backbone
+family's own filter, ``neck.*``, ``decode_head.*``, ``auxiliary_head.*``) onto it.
 """
 from __future__ import annotations
 
@@ -278,7 +285,8 @@ class Segmenter(nn.Module):
             logits = logits.contiguous()
         logits = F.interpolate(logits, size=size, mode="bilinear", align_corners=False)[..., :height, :width]
         if self.training and self.aux_head is not None:
-            aux = F.interpolate(self.aux_head(levels[2]), size=size, mode="bilinear", align_corners=False)
+            level = levels[2] if self.head == "fpn" else self.decoder.feature_norms[2](levels[2])  # UperNet's norm
+            aux = F.interpolate(self.aux_head(level), size=size, mode="bilinear", align_corners=False)
             return logits, aux[..., :height, :width]
         return logits
 
@@ -311,11 +319,11 @@ _MMSEG_HEADS = [
 ]
 
 
-def _upernet_level(match: "re.Match[str]", kind: str, last: int) -> str:
-    """mmseg's UPerHead lateral / FPN conv ``i`` (fine to coarse) is smp's block ``last - 1 - i``."""
-    block = "fpn_lateral_blocks.{}.conv_norm_relu" if kind == "lateral_convs" else "fpn_conv_blocks.{}"
+def _upernet_level(match: "re.Match[str]", laterals: int) -> str:
+    """mmseg's UPerHead lateral / FPN conv ``i`` (fine to coarse) is smp's block ``laterals - 1 - i``."""
+    block = "fpn_lateral_blocks.{}.conv_norm_relu" if match[1] == "lateral_convs" else "fpn_conv_blocks.{}"
     part = "0" if match[3] == "conv" else "1"
-    return f"decoder.{block.format(last - 1 - int(match[2]))}.{part}."
+    return f"decoder.{block.format(laterals - 1 - int(match[2]))}.{part}."
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Any], model: "Segmenter") -> Dict[str, torch.Tensor]:
@@ -335,7 +343,7 @@ def checkpoint_filter_fn(state_dict: Dict[str, Any], model: "Segmenter") -> Dict
             new = re.sub(pattern, repl, new)
         found = re.match(r"^decode_head\.(lateral_convs|fpn_convs)\.(\d+)\.(conv|bn)\.", new)
         if found and model.head == "upernet":
-            new = _upernet_level(found, found[1], levels) + new[found.end():]
+            new = _upernet_level(found, levels - 1) + new[found.end():]  # the coarsest level is the PPM's
         if new.startswith("backbone."):
             backbone[new[len("backbone."):]] = value
         elif new.startswith(body_prefix):
@@ -384,7 +392,10 @@ _TAG_ARGS = {
                                                      agent_grids=_PVT_AGENTS, decoder_channels=256,
                                                      segmentation_channels=128)
        for size in ("tiny", "small", "large")},
-    "upernet.agent_swin_tiny_ade20k": dict(backbone="agent_swin_tiny_patch4_window7_224", num_classes=150,
+    # always_partition: the last stage keeps Swin's shifted windows at every size, as mmseg's Swin (timm drops the
+    # shift where the grid at img_size is no larger than the window, 7×7 at 224 px, as Swin's ImageNet code)
+    "upernet.agent_swin_tiny_ade20k": dict(backbone="agent_swin_tiny_patch4_window7_224", always_partition=True,
+                                           num_classes=150,
                                            agent_grids=((9, 9), (12, 12), (14, 14)), decoder_channels=512,
                                            aux_channels=256),
 }
@@ -400,26 +411,28 @@ def _create(head: str, **kwargs: Any) -> Segmenter:
     if "backbone" not in kwargs:
         raise ValueError(f"a {head} segmenter needs backbone=<registered model name>")
     kwargs.setdefault("num_classes", 150)
+    name = f"{head}.{tag}" if isinstance(tag, str) and tag else head
+    if pretrained:
+        from .sources import pretrained_tag
+        if not overlay.get("file") and not pretrained_tag(name):
+            import timm
+            raise ValueError(f"{name} has no pretrained weights: name a tag "
+                             f"({', '.join(timm.list_pretrained(head + '.*'))}) or start the backbone from a file "
+                             "(--initial-checkpoint)")
     model = Segmenter(head=HEADS[head], **kwargs)
     if pretrained:
         from .factory import load_initial_weights
-        from .sources import pretrained_tag
-        name = f"{head}.{tag}" if isinstance(tag, str) and tag else head
-        if not overlay.get("file") and not pretrained_tag(name):
-            import timm
-            raise ValueError(f"{name} has no pretrained weights: name a tag ({', '.join(timm.list_pretrained(head + '.*'))}) "
-                             "or start the backbone from a file (--initial-checkpoint)")
         load_initial_weights(model, overlay.get("file") or name, strict=True)
     return model
 
 
 @register_model
 def semantic_fpn(**kwargs: Any) -> Segmenter:
-    """Semantic FPN (Kirillov et al., smp's FPN decoder) on ``backbone``."""
+    """Semantic FPN (Kirillov et al.; mmseg's FPN neck and FPNHead) on ``backbone``."""
     return _create("semantic_fpn", **kwargs)
 
 
 @register_model
 def upernet(**kwargs: Any) -> Segmenter:
-    """UperNet (PPM + FPN, smp's decoder) with an auxiliary FCN head on ``backbone``."""
+    """UperNet (PPM + FPN; mmseg's UPerHead, smp's decoder) with an auxiliary FCN head on ``backbone``."""
     return _create("upernet", **kwargs)
