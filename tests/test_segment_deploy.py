@@ -43,7 +43,7 @@ def make_weights(path: Path, *, dataset: str = "digits", data_dir=None, dataset_
         torch.manual_seed(seed)
         model = create_model("semantic_fpn", **TINY, num_classes=data.num_classes).eval()
     with torch.no_grad():
-        model.classifier[1].bias[0] += 2.0
+        model.classifier[1].bias[0] += 0.3  # about half the pixels (measured: 23 % at 0.2, 76 % at 0.5)
     mean, std = backbone_norm(TINY["backbone"])
     data_config = {"input_size": [3, *crop], "mean": list(mean), "std": list(std), "interpolation": "bilinear",
                    "crop_pct": 1.0}

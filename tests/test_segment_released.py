@@ -147,3 +147,24 @@ def test_pvt_position_embeddings_follow_the_input_grid_bilinearly_in_their_own_d
     pos = stage.pos_embed.reshape(1, 16, 16, -1).permute(0, 3, 1, 2)
     expected = F.interpolate(pos, size=grid, mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
     torch.testing.assert_close(seen["x"] - tokens, expected, rtol=0, atol=1e-15)
+
+
+def test_swin_windows_are_padded_before_the_shift_as_the_authors_dense_backbones():
+    """Where a stage grid is no multiple of the window (Swin-T's 16×16 last stage at 512 px), the block pads the map
+    to whole windows and then shifts it (mmseg's and mmdet's Swin): timm's window attention on the zero-padded map,
+    cropped; where no padding is needed, timm's block itself."""
+    from timm.models.swin_transformer import SwinTransformerBlock
+    from simattn.models.swin import PaddedWindowBlock
+
+    torch.manual_seed(0)
+    block = SwinTransformerBlock(8, (10, 10), num_heads=2, window_size=5, shift_size=2, always_partition=True,
+                                 dynamic_mask=True).double().eval()
+    padded = PaddedWindowBlock(8, (10, 10), num_heads=2, window_size=5, shift_size=2, always_partition=True,
+                               dynamic_mask=True).double().eval()
+    padded.load_state_dict(block.state_dict())
+    fits, odd = torch.randn(2, 10, 10, 8, dtype=torch.float64), torch.randn(2, 12, 12, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(padded._attn(fits), block._attn(fits))
+        expected = block._attn(F.pad(odd, (0, 0, 0, 3, 0, 3)))[:, :12, :12]
+        torch.testing.assert_close(padded._attn(odd), expected, rtol=0, atol=1e-14)
+        assert not torch.allclose(block._attn(odd), expected)  # timm shifts first, then pads
