@@ -54,7 +54,11 @@ def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: Union[in
                 num_prefix_tokens: int = 0) -> torch.Tensor:
     """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² (or a (rows, columns)
     grid) → (B, H, n, d)."""
-    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), pool_side), q.shape[1])
+    if isinstance(pool_side, int):
+        size = [pool_side, pool_side]
+    else:
+        size = [pool_side[0], pool_side[1]]
+    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), size), q.shape[1])
 
 
 def _aggregate(k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
@@ -198,9 +202,9 @@ class AgentAttention(GridAttention):
         side = self.pool_side
         if self.agent_grid != (side, side):  # the agent axis, a side×side grid, resized to the agents' grid
             two, h, _, tokens = both.shape
-            grid = both.reshape(two * h, side, side, tokens).permute(0, 3, 1, 2)
-            grid = F.interpolate(grid, size=self.agent_grid, mode="bilinear", align_corners=False)
-            both = grid.flatten(2).transpose(1, 2).reshape(two, h, -1, tokens)
+            agent_map = both.reshape(two * h, side, side, tokens).permute(0, 3, 1, 2)
+            agent_map = F.interpolate(agent_map, size=self.agent_grid, mode="bilinear", align_corners=False)
+            both = agent_map.flatten(2).transpose(1, 2).reshape(two, h, -1, tokens)
         return both[:1], both[1:].transpose(-2, -1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
