@@ -87,7 +87,7 @@ def test_classification_recipe_trains_two_updates(recipe, tmp_path):
 
 def _segment_overrides(shipped: SegmentConfig, tmp_path: Path) -> dict:
     """64 px scenes and crops (the stride-32 level of the pyramid keeps 2x2 pixels), a narrow backbone and head."""
-    head = {"aux_channels": 16} if shipped.model == "upernet" else {"segmentation_channels": 32}  # GroupNorm: 32
+    head = {"aux_channels": 16} if shipped.model == "upernet" else {"segmentation_channels": 32}
     overrides = {**RUN, "dataset": "digits", "dataset_kwargs": {"canvas": 64, "num_train": 8, "num_val": 2},
                  "model_kwargs": {"img_size": 64, "embed_dim": 48, "decoder_channels": 32, **head},
                  "crop_size": [64, 64], "img_scale": [128, 64], "batch_size": 4, "max_updates": 2,

@@ -19,9 +19,7 @@ from simattn.cli import main as simattn_main  # noqa: E402
 
 from cli_inputs import one_line_error  # noqa: E402
 
-#: the tiny segmenter; segmentation_channels=64 because smp's Semantic FPN normalises each level with
-#: GroupNorm(32 groups): at 32 channels the 1x1 stride-32 level of a 32x32 image has one value per group, which
-#: torch refuses for a batch of one image (the batch evaluation and deployed programs run)
+#: the tiny segmenter
 TINY = dict(backbone="sima_deit_tiny_patch16_224", img_size=32, patch_size=8, embed_dim=32, depth=4, num_heads=2,
             decoder_channels=16, segmentation_channels=64)
 DIGITS = {"canvas": 32, "num_val": 12, "num_train": 16}
@@ -45,7 +43,7 @@ def make_weights(path: Path, *, dataset: str = "digits", data_dir=None, dataset_
         torch.manual_seed(seed)
         model = create_model("semantic_fpn", **TINY, num_classes=data.num_classes).eval()
     with torch.no_grad():
-        model.classifier[1].bias[0] += 2.0
+        model.classifier[1].bias[0] += 0.3  # about half the pixels (measured: 23 % at 0.2, 76 % at 0.5)
     mean, std = backbone_norm(TINY["backbone"])
     data_config = {"input_size": [3, *crop], "mean": list(mean), "std": list(std), "interpolation": "bilinear",
                    "crop_pct": 1.0}

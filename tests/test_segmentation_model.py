@@ -28,7 +28,7 @@ def test_levels_have_strides_4_to_32(backbone):
 @pytest.mark.parametrize("backbone", sorted(BACKBONES))
 def test_segmenter_logits_and_gradients(head, backbone):
     torch.manual_seed(0)
-    model = create_model(head, backbone=backbone, num_classes=5, decoder_channels=16, segmentation_channels=32,  # GroupNorm(32)
+    model = create_model(head, backbone=backbone, num_classes=5, decoder_channels=16, segmentation_channels=32,
                          aux_channels=8, **BACKBONES[backbone])
     x = torch.randn(2, 3, 64, 64)
     out = model.train()(x)

@@ -80,10 +80,10 @@ def _pretrained() -> List[Dict[str, Any]]:
 
     from timm.models import get_arch_pretrained_cfgs
 
-    from .models import list_models
+    from .models import SEGMENTERS, list_models
     from .models.released import tag_top1
     rows = []
-    for model in list_models():
+    for model in [*list_models(), *SEGMENTERS]:
         for name, cfg in get_arch_pretrained_cfgs(model).items():
             if "." not in name:  # the untagged default: a recipe's preprocessing, no weights
                 continue

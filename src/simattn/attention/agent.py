@@ -26,7 +26,7 @@ module output, of magnitude 1 (the reference, from the same parameters: 4.4e-16)
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +50,15 @@ def _pool_side(name: str, agent_num: int) -> int:
     return side
 
 
-def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: int, num_prefix_tokens: int = 0) -> torch.Tensor:
-    """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² → (B, H, pool_side², d)."""
-    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), pool_side), q.shape[1])
+def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: Union[int, Tuple[int, int]],
+                num_prefix_tokens: int = 0) -> torch.Tensor:
+    """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² (or a (rows, columns)
+    grid) → (B, H, n, d)."""
+    if isinstance(pool_side, int):
+        size = [pool_side, pool_side]
+    else:
+        size = [pool_side[0], pool_side[1]]
+    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), size), q.shape[1])
 
 
 def _aggregate(k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
@@ -149,7 +155,10 @@ class AgentAttention(GridAttention):
     """Agent attention with timm's ``Attention`` signature: ``qkv`` and ``proj`` as timm's, plus the agent biases
     and the depthwise conv ``dwc``.
 
-    Options: ``agent_num`` (n, a square; 49 as Agent-DeiT), ``window`` (rows and columns of the row and column
+    Options: ``agent_num`` (n, a square; 49 as Agent-DeiT), ``agent_grid`` (rows, columns: the agents pooled to this
+    grid instead of √n×√n, each bias's agent axis, learned as √n×√n, resized bilinearly to it, as Agent's
+    segmentation and detection backbones take more agents than their ImageNet weights have; None: √n×√n),
+    ``window`` (rows and columns of the row and column
     biases: the grid they are learned for, 14 at 224 px with 16 px patches), ``block_bias_size`` (7),
     ``dwc_kernel`` (3; 0 = no conv), ``num_prefix_tokens`` (None = infer 0 or 1), ``backend`` ('auto' | 'torch' |
     'triton', :func:`agent_attention`). ``forward(x, grid_size=(H, W))``
@@ -162,12 +171,19 @@ class AgentAttention(GridAttention):
     exp_complexity = "HN"
     layout_options = ("num_prefix_tokens",)
 
-    def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49, window: int = 14,
+    def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49,
+                 agent_grid: Optional[Tuple[int, int]] = None, window: int = 14,
                  block_bias_size: int = 7, dwc_kernel: int = 3, backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
         self.pool_side = _pool_side(name, agent_num)
         self.agent_num = agent_num
+        if agent_grid is None:
+            agent_grid = (self.pool_side, self.pool_side)
+        if not isinstance(agent_grid, (tuple, list)) or len(agent_grid) != 2:
+            raise ValueError(f"{name}: agent_grid={agent_grid!r}; allowed: (rows, columns) of the pooled agents")
+        self.agent_grid = (check_count(name, "agent_grid[0]", agent_grid[0]),
+                           check_count(name, "agent_grid[1]", agent_grid[1]))
         self.window = check_count(name, "window", window)
         check_count(name, "block_bias_size", block_bias_size)
         check_count(name, "dwc_kernel", dwc_kernel, low=0)
@@ -200,13 +216,19 @@ class AgentAttention(GridAttention):
                 "built with num_prefix_tokens=0"
             front = torch.stack([self.agent_prefix_bias, self.query_prefix_bias]).expand(-1, -1, -1, prefix)
             both = torch.cat([front, both], dim=-1)
+        side = self.pool_side
+        if self.agent_grid != (side, side):  # the agent axis, a side×side grid, resized to the agents' grid
+            two, h, _, tokens = both.shape
+            agent_map = both.reshape(two * h, side, side, tokens).permute(0, 3, 1, 2)
+            agent_map = F.interpolate(agent_map, size=self.agent_grid, mode="bilinear", align_corners=False)
+            both = agent_map.flatten(2).transpose(1, 2).reshape(two, h, -1, tokens)
         return both[:1], both[1:].transpose(-2, -1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                grid_size: Optional[Tuple[int, int]] = None) -> torch.Tensor:
         grid, prefix = self.token_grid(q.shape[-2], grid_size)
         agent_bias, query_bias = self.biases(grid, prefix)
-        agents = pool_agents(q, grid, self.pool_side, prefix)
+        agents = pool_agents(q, grid, self.agent_grid, prefix)
         if torch.jit.is_scripting():  # autocast handling is Python
             out = _agent(q, k, v, agents, agent_bias, query_bias).to(v.dtype)
         else:
@@ -217,4 +239,5 @@ class AgentAttention(GridAttention):
         return out
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, agent_num={self.agent_num}, window={self.window}"
+        grid = "" if self.agent_grid == (self.pool_side,) * 2 else f", agent_grid={self.agent_grid}"
+        return f"{super().extra_repr()}, agent_num={self.agent_num}{grid}, window={self.window}"

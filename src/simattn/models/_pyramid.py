@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
@@ -15,8 +16,27 @@ from ..attention import fx_tracing
 from ._checks import image_batch_error
 from ._head import TokenPoolHead
 
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, grid: Grid, old_grid: Grid, num_prefix_tokens: int,
+                     interpolation: str) -> torch.Tensor:
+    """A (1, P + h·w, C) position embedding laid out for ``old_grid`` resized to ``grid``: 'bicubic' is timm's
+    ``resample_abs_pos_embed`` (antialiased, in fp32); 'bilinear' is ``F.interpolate`` without antialiasing,
+    align_corners=False, in the embedding's dtype (fp32 for half precision), as PVT's dense-prediction code."""
+    if interpolation == "bicubic":
+        return resample_abs_pos_embed(pos_embed, [grid[0], grid[1]], [old_grid[0], old_grid[1]],
+                                      num_prefix_tokens=num_prefix_tokens)
+    if (grid[0], grid[1]) == (old_grid[0], old_grid[1]):
+        return pos_embed
+    prefix, tokens = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    image = tokens.reshape(1, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)
+    work = image.float() if image.dtype in (torch.float16, torch.bfloat16) else image
+    image = F.interpolate(work, size=[grid[0], grid[1]], mode=interpolation, align_corners=False).to(image.dtype)
+    return torch.cat([prefix, image.flatten(2).transpose(1, 2)], dim=1)
+
+
 # FX records the resampling as one call: it branches on sizes in Python
-torch.fx.wrap("resample_abs_pos_embed")
+torch.fx.wrap("resize_pos_embed")
 
 __all__ = ["Grid", "GridBlock", "PyramidStage", "PyramidTransformer", "tokens_to_nchw", "check_size_fits",
            "drop_path_rates"]
@@ -77,10 +97,13 @@ class PyramidStage(nn.Module):
         class_token: prepend a learned CLS token (it takes part in attention but not in the grid).
         pos_embed_grid: grid size (H', W') at the model's ``img_size`` for a learned position embedding
             (CLS slot included); None for no position embedding.
+        pos_embed_interpolation: how it is resampled to another input's grid in forward ('bicubic': timm's,
+            antialiased; 'bilinear': without antialiasing, align_corners=False).
     """
 
     def __init__(self, patch_embed: nn.Module, blocks: Sequence[nn.Module], dim: int, *, class_token: bool = False,
-                 pos_embed_grid: Optional[Grid] = None, pos_drop: float = 0.) -> None:
+                 pos_embed_grid: Optional[Grid] = None, pos_drop: float = 0.,
+                 pos_embed_interpolation: str = "bicubic") -> None:
         super().__init__()
         self.patch_embed = patch_embed
         self.num_prefix_tokens = int(class_token)
@@ -93,6 +116,9 @@ class PyramidStage(nn.Module):
         self.grad_checkpointing = False
         # False: inputs have the grid pos_embed_grid, and the position embedding is added as it is
         self.dynamic_img_size = True
+        # how the position embedding follows another input grid in forward: timm's antialiased bicubic, or a
+        # family's own ('bilinear' for PVT, whose dense-prediction code resizes so)
+        self.pos_embed_interpolation = pos_embed_interpolation
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Grid]:
         """(B, C_in, H, W) → ((B, P + H'·W', C) tokens, (H', W'))."""
@@ -101,9 +127,8 @@ class PyramidStage(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
             if self.dynamic_img_size:
-                x = x + resample_abs_pos_embed(self.pos_embed, [grid[0], grid[1]],
-                                               [self.pos_embed_grid[0], self.pos_embed_grid[1]],
-                                               num_prefix_tokens=self.num_prefix_tokens)
+                x = x + resize_pos_embed(self.pos_embed, grid, self.pos_embed_grid, self.num_prefix_tokens,
+                                         self.pos_embed_interpolation)
             else:
                 x = x + self.pos_embed
         x = self.pos_drop(x)
@@ -177,8 +202,8 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
             grid = (img_size[0] // info["reduction"], img_size[1] // info["reduction"])
             if stage.pos_embed is not None and grid != stage.pos_embed_grid:
                 with torch.no_grad():
-                    resampled = resample_abs_pos_embed(stage.pos_embed, list(grid), list(stage.pos_embed_grid),
-                                                       num_prefix_tokens=stage.num_prefix_tokens)
+                    resampled = resize_pos_embed(stage.pos_embed, grid, stage.pos_embed_grid,
+                                                 stage.num_prefix_tokens, stage.pos_embed_interpolation)
                 stage.pos_embed = nn.Parameter(resampled, requires_grad=stage.pos_embed.requires_grad)
                 stage.pos_embed_grid = grid
             stage.dynamic_img_size = dynamic_img_size

@@ -332,18 +332,20 @@ def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
     return tuple(f"{n}." for n in names)
 
 
-def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool) -> Dict[str, torch.Tensor]:
+def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool,
+                        whole: bool = False) -> Dict[str, torch.Tensor]:
     """The network's tensors in a checkpoint of any of the layouts we start from.
 
     ``model``/``state_dict`` (ours, official SimA/XCiT/DeiT ``.pth``), ``teacher`` (official DINO), or a bare state
     dict (timm ``.safetensors``/``.bin``); inside, a ``backbone.`` prefix (a DINO network: backbone + projection
-    head) selects the backbone and drops the projection head.
+    head) selects the backbone and drops the projection head, unless ``whole`` (a model whose filter maps the
+    networks built around a backbone: a segmenter's, mmseg's ``backbone.`` + ``decode_head.``).
     """
     if not use_ema and not any(k in checkpoint for k in MODEL_ENTRIES) \
             and isinstance(checkpoint.get("teacher"), Mapping):
         checkpoint = checkpoint["teacher"]
     sd = extract_state_dict(checkpoint, use_ema=use_ema)
-    if any(k.startswith("backbone.") for k in sd):
+    if not whole and any(k.startswith("backbone.") for k in sd):
         sd = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
     return sd
 
@@ -370,7 +372,7 @@ def load_initial_weights(model: nn.Module, path: Union[str, Path, WeightsSource]
     path = source.path
     record = source.record
     checkpoint = source.checkpoint()
-    raw = _initial_state_dict(checkpoint, use_ema)
+    raw = _initial_state_dict(checkpoint, use_ema, getattr(model, "maps_whole_checkpoints", False))
     filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
     sd = filter_fn(dict(raw), model) if filter_fn is not None else dict(raw)
     own = model.state_dict()

@@ -243,7 +243,7 @@ class PyramidVisionTransformer(LoadsThroughSimattn, PyramidTransformer):
                                 norm_layer=norm_layer) for rate in rates]
             stages.append(PyramidStage(PatchEmbed(in_dim, dim, PATCH_STRIDES[i], embed_norm), blocks, dim,
                                        class_token=class_token and i == last, pos_embed_grid=grids[i],
-                                       pos_drop=pos_drop_rate))
+                                       pos_drop=pos_drop_rate, pos_embed_interpolation="bilinear"))
             in_dim = dim
         super().__init__(stages, embed_dims, reductions, in_chans=in_chans, num_classes=num_classes,
                          global_pool=global_pool, drop_rate=drop_rate, norm_layer=norm_layer)
@@ -444,10 +444,14 @@ _HYBRID = dict(class_token=False, global_pool="avg", final_norm=False, sr_ratios
 
 
 def _agent(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any]) -> PyramidVisionTransformer:
+    """``agent_grids``: each stage's agents pooled to a (rows, columns) grid, their biases resized to it (the
+    downstream shapes of Agent's segmentation configs, ``12-16-28-28``); default 3×3, 4×4, 7×7, 7×7."""
     kwargs = with_tag_args(variant, kwargs, _TAG_ARGS)
     img = kwargs.get("img_size", 224)
     side = img if isinstance(img, int) else img[0]
-    own = [dict(agent_num=n, window=max(1, side // r)) for n, r in zip((9, 16, 49, 49), (4, 8, 16, 32))]
+    grids = kwargs.pop("agent_grids", None) or [None] * 4
+    own = [dict(agent_num=n, window=max(1, side // r), **({"agent_grid": tuple(g)} if g else {}))
+           for n, r, g in zip((9, 16, 49, 49), (4, 8, 16, 32), grids)]
     return _pvt(variant, pretrained, size, kwargs, attn_type="agent", own_attn=("agent", own), **_HYBRID)
 
 

@@ -51,7 +51,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
 from timm.models import generate_default_cfgs, register_model
 from timm.models._manipulate import named_apply
-from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, window_partition, window_reverse
 from timm.models.swin_transformer import checkpoint_filter_fn as _timm_swin_filter
 from timm.models.vision_transformer import get_init_weights_vit
 
@@ -63,7 +63,7 @@ from .prepbn import PRepBN
 from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
 from .resample import resample_grids
 
-__all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
+__all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "PaddedWindowBlock", "checkpoint_filter_fn"]
 
 
 class GridSwinBlock(nn.Module):
@@ -106,6 +106,31 @@ class GridSwinBlock(nn.Module):
         return x.reshape(B, H, W, C)
 
 
+class PaddedWindowBlock(SwinTransformerBlock):
+    """timm's Swin block with the window order of Swin's segmentation and detection code: the map padded to whole
+    windows before the cyclic shift, not after, so that where a stage grid is no multiple of the window (Swin-T's
+    16×16 last stage at 512 px) its shifted windows and masks are those of the authors' mmseg and mmdet backbones;
+    the same values where no padding is needed (every ImageNet size). timm's stage builds the blocks; this class
+    adds no state."""
+
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        pad_h = (self.window_size[0] - H % self.window_size[0]) % self.window_size[0]
+        pad_w = (self.window_size[1] - W % self.window_size[1]) % self.window_size[1]
+        x = torch.nn.functional.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        has_shift = any(self.shift_size)
+        if has_shift:
+            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        _, Hp, Wp, _ = x.shape
+        windows = window_partition(x, self.window_size).view(-1, self.window_area, C)
+        attn_mask = self.get_attn_mask(x) if getattr(self, "dynamic_mask", False) else self.attn_mask
+        windows = self.attn(windows, mask=attn_mask).view(-1, self.window_size[0], self.window_size[1], C)
+        x = window_reverse(windows, self.window_size, Hp, Wp)
+        if has_shift:
+            x = torch.roll(x, shifts=self.shift_size, dims=(1, 2))
+        return x[:, :H, :W, :].contiguous()
+
+
 class TokenPRepBN(PRepBN):
     """:class:`~.prepbn.PRepBN` on timm's Swin maps (B, H, W, C) as on (B, H·W, C) tokens, the released layout."""
 
@@ -137,6 +162,9 @@ class SoftmaxFreeSwin(LoadsThroughSimattn, SwinTransformer):
         if len(stage_attn) not in (0, len(self.layers)):
             raise ValueError(f"{type(self).__name__}: stage_attn names {len(stage_attn)} stages, the model has "
                              f"{len(self.layers)}")
+        for block in self.modules():
+            if type(block) is SwinTransformerBlock:
+                block.__class__ = PaddedWindowBlock
         init = get_init_weights_vit(self.weight_init_mode, needs_reset=False)
         for i, attn_layer in enumerate(stage_attn):
             if attn_layer is None:
@@ -362,7 +390,9 @@ def _agent(variant: str, pretrained: bool, size: Dict[str, Any], stages: Sequenc
     ``img_size`` (the longer side); 3×3 conv on V."""
     args = dict(size, **with_tag_args(variant, kwargs, _TAG_ARGS))
     grids = _stage_grids(args.get("img_size", 224), args.get("patch_size", 4), len(args["depths"]))
-    own = [dict(agent_num=n, window=max(g), dwc_kernel=3) for n, g in zip((9, 16, 49), grids)]
+    agent_grids = args.pop("agent_grids", None) or [None] * 3  # Agent's segmentation configs' (9-12-14-7)
+    own = [dict(agent_num=n, window=max(g), dwc_kernel=3, **({"agent_grid": tuple(a)} if a else {}))
+           for n, g, a in zip((9, 16, 49), grids, agent_grids)]
     return _create(variant, pretrained, attn_type=args.pop("attn_type", "agent"), own_attn=("agent", own),
                    kind_stages=stages, **args)
 
