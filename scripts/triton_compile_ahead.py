@@ -44,6 +44,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator, List, Optional, Set
@@ -55,11 +56,15 @@ DEVICE_TRITON, DEVICE_PYTHON = "3.6.0", "3.12"
 VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "simattn" / "sm90-triton-3.6"
 VENV_PACKAGES = ["torch==2.11.0", f"triton=={DEVICE_TRITON}", "torchvision==0.26.0", "timm==1.0.31", "pillow",
                  "pyyaml", "tqdm", "safetensors", "segmentation_models_pytorch==0.6.0"]
-KEEP = (".cubin", ".json")  # what a cache hit reads: the binary, the metadata, the group file (__grp__*.json)
+#: what a cache hit reads: the binary, the metadata, the group file (__grp__*.json); Triton's launcher modules
+KEEP = (".cubin", ".json", ".so")
 MANIFEST = "manifest.json"
 
 
 # ------------------------------------------------------------------------------------------------ requests
+
+
+_paused: List[bool] = []  # not empty: launches go unrecorded
 
 
 def _recording(found: Set[str]):
@@ -71,6 +76,8 @@ def _recording(found: Set[str]):
     current = []
 
     def record_planned(key, build):
+        if _paused:
+            return planned(key, build)
         current.append(repr((key[0], key[1], key[4])))
         try:
             return planned(key, build)
@@ -78,6 +85,8 @@ def _recording(found: Set[str]):
             current.pop()
 
     def record_launch(self, kernel, grid, consts, mode):
+        if _paused:
+            return init(self, kernel, grid, consts, mode)
         fn = kernel
         while hasattr(fn, "fn"):
             fn = fn.fn
@@ -167,9 +176,11 @@ def _model(row: dict):
 
 
 def _model_inputs(row: dict):
-    """The row's training step on meta tensors: (attention module, its input shape) of each distinct call."""
+    """The row's attention modules and the input shape the model gives each (one forward on meta tensors, its own
+    launches not recorded): one (module, shape) per distinct pair."""
     import torch
 
+    from simattn.attention import SimAAttention
     from simattn.bench.model.runner import size_hw
 
     spec, model = _model(row)
@@ -178,12 +189,15 @@ def _model_inputs(row: dict):
     def hook(module, args):
         seen.setdefault((repr(module), tuple(args[0].shape)), (module, tuple(args[0].shape)))
 
-    hooks = [m.register_forward_pre_hook(hook) for m in model.modules() if type(m).__name__ == "SimAAttention"]
-    x = torch.empty(row["batch"], 3, *size_hw(spec.img_size), dtype=torch.bfloat16, device="meta")
-    out = model(x)
-    out.backward(torch.empty_like(out))
-    for h in hooks:
-        h.remove()
+    hooks = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, SimAAttention)]
+    _paused.append(True)
+    try:
+        with torch.no_grad():
+            model(torch.empty(row["batch"], 3, *size_hw(spec.img_size), dtype=torch.bfloat16, device="meta"))
+    finally:
+        _paused.pop()
+        for h in hooks:
+            h.remove()
     return list(seen.values())
 
 
@@ -265,8 +279,8 @@ def declarations() -> List[dict]:
 
 
 def _compile_only(compiled: list) -> None:
-    """Autotuned kernels compile every configuration and launch none; ``compiled`` collects (kernel, config,
-    shared memory bytes)."""
+    """Autotuned kernels compile every configuration and launch none; ``compiled`` collects the compiled
+    kernels."""
     from triton.runtime.autotuner import Autotuner
 
     def run(self, *args, **kwargs):
@@ -274,10 +288,45 @@ def _compile_only(compiled: list) -> None:
         kwargs.pop("warmup", None)
         for config in self.configs:
             kernel = self.fn.run(*args, grid=None, warmup=True, **kwargs, **config.all_kwargs())
-            compiled.append((self.fn.__name__, str(config), kernel.metadata.shared))
+            compiled.append(kernel)
         self.best_config = self.configs[0]  # what the launch plan reads after a tuned launch
 
     Autotuner.run = run
+
+
+def _launchers(compiled: list) -> int:
+    """Triton's C launcher of each compiled kernel's signature, and its CUDA utilities module, built into the cache
+    as the device would build them at a kernel's first launch (a C compile each; their cache key is the C source and
+    the platform, x86-64 Linux), linked against the stand-in libcuda.so.1 at ``TRITON_LIBCUDA_PATH`` (the device's
+    real one is loaded there), not loaded here; the number of signatures."""
+    from triton.backends.nvidia.driver import CudaLauncher, CudaUtils
+    from triton.runtime import build
+
+    class Unloaded:  # what a module built here stands for (loading it needs a GPU's libcuda)
+        def __getattr__(self, name):
+            return None
+
+    signatures = {}
+    for k in compiled:
+        key = (k.src.fn.__name__, repr(sorted(k.src.signature.items())), repr(sorted(k.src.constants.items())))
+        signatures.setdefault(key, k)
+    load, build._load_module_from_path = build._load_module_from_path, lambda name, path: Unloaded()
+    try:
+        CudaUtils()
+        for k in signatures.values():
+            CudaLauncher(k.src, k.metadata)
+    finally:
+        build._load_module_from_path = load
+    return len(signatures)
+
+
+def _libcuda_stand_in(folder: Path) -> None:
+    """An empty libcuda.so.1 in ``folder`` for Triton's C modules to link against (``TRITON_LIBCUDA_PATH``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(folder / "libcuda.so.1"), "-x",
+                    "c", "/dev/null"], check=True)
+    (folder / "libcuda.so").symlink_to("libcuda.so.1")
+    os.environ["TRITON_LIBCUDA_PATH"] = str(folder)  # the spawned processes inherit it
 
 
 def _job(kernels: dict):
@@ -291,15 +340,16 @@ def _job(kernels: dict):
     start = time.perf_counter()
     found: Set[str] = set()
     undo = _recording(found)
-    error = None
+    error, launchers = None, 0
     try:
         with host.hopper_stand_in(tune=True):
             compile_calls(kernels)("cpu")
+        launchers = _launchers(compiled)
     except Exception as e:  # noqa: BLE001 - reported with its declaration; the others still compile
         error = f"{type(e).__name__}: {e}"
     finally:
         undo()
-    return kernels, len(compiled), time.perf_counter() - start, sorted(found), error
+    return kernels, len(compiled), launchers, time.perf_counter() - start, sorted(found), error
 
 
 def fingerprint() -> dict:
@@ -381,7 +431,10 @@ def _device_python() -> Path:
     return python
 
 
-def build(cache: Path, jobs: int) -> int:
+def build(cache: Path, jobs: int, fresh: bool) -> int:
+    """Compile every declaration's calls in ``jobs`` processes into ``cache``: in a work folder beside it (what a
+    build cut short left there, and the entries of ``cache``, are hits; ``fresh``: start from nothing), then
+    pruned, with the manifest, put in place."""
     import triton
 
     from simattn.kernels import host
@@ -389,27 +442,36 @@ def build(cache: Path, jobs: int) -> int:
     if host.INTERPRETER:
         raise SystemExit("triton_compile_ahead: TRITON_INTERPRET=1 compiles nothing; unset it")
     work = cache.with_name(cache.name + ".tmp")
-    shutil.rmtree(work, ignore_errors=True)
+    if fresh:
+        shutil.rmtree(work, ignore_errors=True)
+    elif cache.is_dir():
+        shutil.copytree(cache, work, dirs_exist_ok=True)
+        relocate(work)
     os.environ["TRITON_CACHE_DIR"] = str(work)  # the spawned processes inherit it
+    stand_in = Path(tempfile.mkdtemp(prefix="libcuda_stand_in_"))
+    _libcuda_stand_in(stand_in)
     print(f"compiling for sm_90 with Triton {triton.__version__} (Python {sys.version.split()[0]}) into {cache}",
           flush=True)
     start, requests, failed = time.perf_counter(), set(), False
     todo = declarations()
     with multiprocessing.get_context("spawn").Pool(min(jobs, len(todo))) as pool:
-        for kernels, configs, seconds, found, error in pool.imap_unordered(_job, todo):
+        for kernels, configs, launchers, seconds, found, error in pool.imap_unordered(_job, todo):
             requests.update(found)
-            print(f"  {kernels}: {len(found)} launches, {configs} configurations compiled in {seconds:.0f} s"
+            print(f"  {kernels}: {len(found)} launches, {configs} configurations and {launchers} launchers "
+                  f"compiled in {seconds:.0f} s"
                   + (f"; failed: {error}" if error else ""), flush=True)
             failed = failed or error is not None
+    shutil.rmtree(stand_in)
     _prune(work)
     entries = sum(1 for _ in work.glob("*/__grp__*.json"))
+    launchers = sum(1 for _ in work.glob("*/*.so"))
     manifest = {"fingerprint": fingerprint(), "declarations": todo, "requests": sorted(requests)}
     (work / MANIFEST).write_text(json.dumps(manifest, indent=1))
     shutil.rmtree(cache, ignore_errors=True)
     work.rename(cache)
     size = sum(f.stat().st_size for f in cache.rglob("*") if f.is_file())
-    print(f"{entries} kernels ({size / 2**20:.1f} MiB) for {len(requests)} launches in "
-          f"{time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{entries} kernels and {launchers} launcher modules ({size / 2**20:.1f} MiB) for {len(requests)} launches "
+          f"in {time.perf_counter() - start:.0f} s", flush=True)
     return 1 if failed else 0
 
 
@@ -417,6 +479,8 @@ def main(argv: List[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cache", default=".triton_sm90", help="the Triton cache folder to write")
     p.add_argument("--jobs", type=int, default=2, help="processes compiling at once")
+    p.add_argument("--fresh", action="store_true", help="compile everything again (default: the cache's entries and "
+                   "what a build cut short left are reused)")
     p.add_argument("--check", metavar="CACHE", help="on the device: relocate a carried cache, compare its key")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -430,7 +494,8 @@ def main(argv: List[str]) -> int:
               f"{DEVICE_TRITON} (Python {DEVICE_PYTHON}): compiling in {VENV}", flush=True)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
         return subprocess.run([str(python), __file__, *argv], env=env).returncode
-    return build((ROOT / args.cache) if not Path(args.cache).is_absolute() else Path(args.cache), args.jobs)
+    return build((ROOT / args.cache) if not Path(args.cache).is_absolute() else Path(args.cache), args.jobs,
+                 args.fresh)
 
 
 if __name__ == "__main__":

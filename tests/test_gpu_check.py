@@ -92,7 +92,8 @@ def test_every_launch_the_check_asks_for_is_compiled_ahead(scripts, index):
 
 
 def test_a_launch_left_out_of_the_compile_fails_the_coverage(scripts, monkeypatch):
-    """The compile's sweep calls on contiguous q, k, v instead of the fused projection's views: other signatures."""
+    """The compile's sweep calls on contiguous q, k, v instead of the fused projection's views, and its model call
+    without the backward: launches the check asks for and the compile leaves out."""
     import torch
 
     gpu_check, ahead = scripts
@@ -101,6 +102,13 @@ def test_a_launch_left_out_of_the_compile_fails_the_coverage(scripts, monkeypatc
         torch.empty(b, gpu_check.HEADS, n, gpu_check.HEAD_DIM, dtype=torch.bfloat16).requires_grad_()
         for _ in range(3)])
     assert ahead.check_requests(kernels) - ahead.script_requests(kernels)
+
+    row = {"model": gpu_check.DEIT, "head": None, "img_size": 224, "batch": 8}
+    monkeypatch.setattr(torch.Tensor, "backward", lambda *args, **kwargs: None)
+    compiled = ahead.script_requests(row)
+    monkeypatch.undo()
+    missing = ahead.check_requests(row) - compiled
+    assert compiled and missing and all("backward" in m for m in missing)
 
 
 def test_a_carried_cache_is_pruned_relocated_and_its_key_compared(scripts, tmp_path, capsys):
