@@ -78,7 +78,6 @@ class Stage:
     limit: int
     commands: List[List[str]]
     kernels: List[dict] = field(default_factory=list)
-    env: Dict[str, str] = field(default_factory=dict)
     after: List[List[str]] = field(default_factory=list)  # quick commands on its results (verdicts), untimed
     pack: Optional[str] = None  # a folder under MODEL_DIR packed into $OUT/<folder>.tgz when the stage ends
 
@@ -116,22 +115,24 @@ def stages(run: int, out: str) -> List[Stage]:
                         kernels=[{"sweep": [b, list(tokens), list(kinds)]}])
                   for (b, tokens, kinds, repeats), name, limit in zip(SWEEPS, names, limits)]
         sweeps[-1].after = [_py("scripts/gpu_peers_check.py", f"{out}/attention_peers_b128.json")]
-        # the tests check results, not speed: one launch configuration per kernel, over 8 processes (their small
-        # shapes compile there); -o addopts: the suite's own options need plugins the GPU machine may lack. One
-        # inductor compile thread: its pool of compile processes outlives a test, which the suite counts as a leak
-        tests = _py("-m", "pytest", "-q", "-o", "addopts=-ra", "-p", "no:randomly", "-p", "no:cacheprovider", "-n",
-                    "8", "--dist", "load", "tests/test_sima_cuda.py", "tests/test_sima_triton.py",
-                    "tests/test_activation_triton.py", "tests/test_agent_triton.py",
-                    "tests/test_linear_kinds_triton.py",
-                    "-k", "cuda or activation_triton or agent_triton or linear_kinds_triton")
+        # the tests check results, not speed: one launch configuration per kernel (SIMATTN_TRITON_AUTOTUNE=0), over
+        # 8 processes (their small shapes compile there); -o addopts: the suite's own options need plugins the GPU
+        # machine may lack. One inductor compile thread: its pool of compile processes outlives a test, which the
+        # suite counts as a leak
+        tests = ["env", "SIMATTN_TRITON_AUTOTUNE=0", "TORCHINDUCTOR_COMPILE_THREADS=1", *_py(
+            "-m", "pytest", "-q", "-o", "addopts=-ra", "-p", "no:randomly", "-p", "no:cacheprovider", "-n", "8",
+            "--dist", "load", "tests/test_sima_cuda.py", "tests/test_sima_triton.py", "tests/test_activation_triton.py",
+            "tests/test_agent_triton.py", "tests/test_linear_kinds_triton.py",
+            "-k", "cuda or activation_triton or agent_triton or linear_kinds_triton")]
+        # the compiled rows' graphs into inductor's on-disk caches (one short run of each, thrown away), so that run
+        # 2's timed rows load them instead of compiling for a minute each, when run 2 lands on this machine
         warm = [_bench_model("--attn", "sima", "softmax", "--img-size", str(COMPILED[0]), "--batch-size",
                              str(COMPILED[1]), "--compile", "--compile-mode", mode, "--warmup", "1", "--repeats", "1",
                              "--timeout", "90", "--output", f"/tmp/simattn_warm_{mode}")
                 for mode in ("default", "reduce-overhead")]
         side = Stage("tests, compile check, compiled rows warmed", 100,
                      [tests, _py("scripts/gpu_compile_check.py", f"{out}/compile_check.json"), *warm],
-                     kernels=[_model_kernels(224, COMPILE_CHECK_BATCH)],
-                     env={"SIMATTN_TRITON_AUTOTUNE": "0", "TORCHINDUCTOR_COMPILE_THREADS": "1"})
+                     kernels=[_model_kernels(224, COMPILE_CHECK_BATCH)])
         return [carried, *sweeps, side]
     eager = Stage("model DeiT-S eager", 110, [_bench_model(
         "--attn", "sima", "triton=sima", "softmax", "--attn-kwargs", "triton.backend=triton", "--img-size",
@@ -164,7 +165,7 @@ def _run_stage(stage: Stage, out: Path, env: Dict[str, str]) -> None:
     for i, command in enumerate(stage.commands):
         log = open(out / f".stage{i}.log", "w+")
         logs.append(log)
-        procs.append(subprocess.Popen(command, cwd=ROOT, env={**env, **stage.env}, stdout=log,
+        procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
     codes = []
     for proc in procs:
