@@ -431,6 +431,18 @@ def _device_python() -> Path:
     return python
 
 
+def _jobs(kernels: List[dict]) -> List[dict]:
+    """The declarations as jobs: one per kind on Triton kernels of each sweep, so the processes share the work."""
+    jobs = []
+    for k in kernels:
+        if "sweep" in k:
+            b, tokens, kinds = k["sweep"]
+            jobs += [{"sweep": [b, tokens, [kind]]} for kind in kinds if kind.endswith("_triton")]
+        else:
+            jobs.append(k)
+    return jobs
+
+
 def build(cache: Path, jobs: int, fresh: bool) -> int:
     """Compile every declaration's calls in ``jobs`` processes into ``cache``: in a work folder beside it (what a
     build cut short left there, and the entries of ``cache``, are hits; ``fresh``: start from nothing), then
@@ -453,7 +465,7 @@ def build(cache: Path, jobs: int, fresh: bool) -> int:
     print(f"compiling for sm_90 with Triton {triton.__version__} (Python {sys.version.split()[0]}) into {cache}",
           flush=True)
     start, requests, failed = time.perf_counter(), set(), False
-    todo = declarations()
+    todo = _jobs(declarations())
     with multiprocessing.get_context("spawn").Pool(min(jobs, len(todo))) as pool:
         for kernels, configs, launchers, seconds, found, error in pool.imap_unordered(_job, todo):
             requests.update(found)
