@@ -26,11 +26,18 @@ fresh allocations, 16-byte aligned on both). The manifest written beside the ent
 machine-dependent parts (triton_key's hash, ptxas's version, the variables set); ``--check`` compares them with the
 device's, and points the entries' group files (absolute paths in Triton's layout) at the folder's place there.
 
-Only what a cache hit loads is kept (the cubin, the metadata JSON and the group file; not the IR texts), so the
-folder stays well under a device call's 64 MiB.
+At a kernel signature's first launch Triton also builds a C launcher module (and once its CUDA utilities module)
+with the machine's C compiler into the same cache, keyed by the sha256 of the C source (made from the signature)
+and the platform (x86-64 Linux): they are built here too, linked against a stand-in libcuda.so.1 (the device's real
+one is loaded there; this machine's glibc, 2.36, is older than the device image's). One that fails to load there
+is rebuilt by Triton, with a warning.
+
+Only what a cache hit loads is kept (the cubin, the metadata JSON, the group file, the launcher modules; not the
+IR texts), so the folder stays well under a device call's 64 MiB. A build reuses the folder's entries and what a
+build cut short left (``--fresh``: none).
 
 Usage, from the repo root (minutes; writes .triton_sm90/, ignored by git, carried with the device runs):
-    .venv/bin/python scripts/triton_compile_ahead.py [--cache .triton_sm90] [--jobs 2]
+    .venv/bin/python scripts/triton_compile_ahead.py [--cache .triton_sm90] [--jobs 2] [--fresh]
     python3 scripts/triton_compile_ahead.py --check .triton_sm90     (on the device: relocate and compare keys)
 """
 from __future__ import annotations
@@ -38,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -242,10 +250,13 @@ def check_requests(kernels: dict) -> Set[str]:
             return list(torch.empty(b, n, 3, heads, d, dtype=dtype).permute(2, 0, 3, 1, 4).unbind(0))
 
         def calls(device):
+            from gpu_check import HEAD_DIM, HEADS
+
             attention.make_qkv = on_meta
             try:
-                attention.run_gpu(list(tokens), list(kinds), b, 6, 64, torch.bfloat16, device, 1.0,
-                                  timer=lambda call: (call(), fake)[1])
+                with contextlib.redirect_stdout(io.StringIO()):  # (its progress lines)
+                    attention.run_gpu(list(tokens), list(kinds), b, HEADS, HEAD_DIM, torch.bfloat16, device, 1.0,
+                                      timer=lambda call: (call(), fake)[1])
             finally:
                 attention.make_qkv = made
         return _listed(calls)
