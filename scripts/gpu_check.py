@@ -35,12 +35,14 @@ Usage, from the repo root:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,7 +165,7 @@ def _run_stage(stage: Stage, out: Path, env: Dict[str, str]) -> None:
     logs = []
     procs = []
     for i, command in enumerate(stage.commands):
-        log = open(out / f".stage{i}.log", "w+")
+        log = tempfile.NamedTemporaryFile("w+", prefix=f"gpu_check_stage{i}_", suffix=".log", delete=False)
         logs.append(log)
         procs.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=log,
                                       stderr=subprocess.STDOUT, start_new_session=True))
@@ -176,6 +178,9 @@ def _run_stage(stage: Stage, out: Path, env: Dict[str, str]) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             codes.append(124)
+    for proc in procs:  # what a command left running (compile workers) would take the next stage's cores
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.monotonic() - start
     with open(out / "logs.txt", "a") as all_logs:
         for command, log in zip(stage.commands, logs):
