@@ -426,19 +426,21 @@ def carried_requests(cache: Path) -> Optional[Set[str]]:
 
 
 def _device_python() -> Path:
-    """The venv with the device's Triton (made here once: pip, from the package index)."""
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        base = shutil.which(f"python{DEVICE_PYTHON}") or str(Path.home() / ".pyenv" / "versions")
-        if not base.endswith(DEVICE_PYTHON) and Path(base).is_dir():
-            found = sorted(Path(base).glob(f"{DEVICE_PYTHON}.*/bin/python{DEVICE_PYTHON}"))
-            base = str(found[-1]) if found else ""
-        if not base:
+    """The venv with the device's Triton (made here once, with pip from the package index; a make cut short is
+    finished the next time)."""
+    python, done = VENV / "bin" / "python", VENV / "made"
+    if not done.exists():
+        candidates = [shutil.which(f"python{DEVICE_PYTHON}"), *sorted(
+            (Path.home() / ".pyenv" / "versions").glob(f"{DEVICE_PYTHON}.*/bin/python{DEVICE_PYTHON}"), reverse=True)]
+        base = next((c for c in candidates if c and subprocess.run([str(c), "-c", ""], capture_output=True,
+                                                                      check=False).returncode == 0), None)
+        if base is None:
             raise SystemExit(f"triton_compile_ahead: needs Python {DEVICE_PYTHON} (the device's, for its Triton "
-                             f"wheel); none found on PATH nor in ~/.pyenv")
+                             f"wheel) on PATH or in ~/.pyenv; install it, then run this again")
         print(f"making {VENV} (Python {DEVICE_PYTHON}, Triton {DEVICE_TRITON}, torch 2.11.0)", flush=True)
-        subprocess.run([base, "-m", "venv", str(VENV)], check=True)
+        subprocess.run([str(base), "-m", "venv", str(VENV)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", *VENV_PACKAGES], check=True)
+        done.touch()
     return python
 
 
