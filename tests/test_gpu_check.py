@@ -36,6 +36,8 @@ def test_each_run_fits_the_loan_and_its_dry_run_walks_every_stage(scripts, run, 
     logs = (tmp_path / "logs.txt").read_text()
     assert all(" ".join(c[1:]) in logs for s in stages for c in s.commands)
     assert f"stage limits add up to {sum(s.limit for s in stages)} s" in capsys.readouterr().out
+    limits = " + ".join(str(s.limit) for s in stages)
+    assert f"Run {run} (limits: {limits} = {sum(s.limit for s in stages)} s)" in gpu_check.__doc__
 
     monkeypatch.setattr(gpu_check, "stages", lambda *a: [*stages, gpu_check.Stage("one more", 1, [])])
     assert gpu_check.main(["--run", str(run), "--dry-run"]) == 1, "a run past 270 s must fail the dry run"
