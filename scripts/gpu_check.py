@@ -82,6 +82,7 @@ class Stage:
     kernels: List[dict] = field(default_factory=list)
     after: List[List[str]] = field(default_factory=list)  # quick commands on its results (verdicts), untimed
     pack: Optional[str] = None  # a folder under MODEL_DIR packed into $OUT/<folder>.tgz when the stage ends
+    summarized: bool = False  # its commands' output goes to summary.txt too (a verdict of a line or two)
 
 
 def _py(*args: str) -> List[str]:
@@ -108,7 +109,8 @@ def _model_kernels(img_size, batch: int, head: Optional[str] = None) -> dict:
 
 def stages(run: int, out: str) -> List[Stage]:
     """The stages of run 1 or 2, in order, writing to ``out``."""
-    carried = Stage("carried kernels", 10, [_py("scripts/triton_compile_ahead.py", "--check", CACHE)])
+    carried = Stage("carried kernels", 10, [_py("scripts/triton_compile_ahead.py", "--check", CACHE)],
+                    summarized=True)
     if run == 1:
         names = ("attention_b128.json", "attention_b8.json", "attention_peers_b128.json")
         limits = (60, 40, 60)
@@ -152,7 +154,7 @@ def stages(run: int, out: str) -> List[Stage]:
         "2", "--repeats", "5", "--timeout", "45", "--output", f"{MODEL_DIR}/model_fpn")],
         kernels=[_model_kernels(FPN[0], FPN[1], head="fpn")], pack="model_fpn",
         after=[_py("scripts/gpu_model_check.py", MODEL_DIR)])
-    return [Stage("carried kernels", 10, carried.commands), eager, *compiled, fpn]
+    return [carried, eager, *compiled, fpn]
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -182,15 +184,18 @@ def _run_stage(stage: Stage, out: Path, env: Dict[str, str]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     seconds = time.monotonic() - start
+    outputs = []
     with open(out / "logs.txt", "a") as all_logs:
         for command, log in zip(stage.commands, logs):
             log.seek(0)
-            all_logs.write(f"== {stage.name}: {shlex.join(command)}\n{log.read()}")
+            outputs.append(log.read())
+            all_logs.write(f"== {stage.name}: {shlex.join(command)}\n{outputs[-1]}")
             log.close()
             os.unlink(log.name)
     line = f"{stage.name}: exit {' '.join(map(str, codes))} in {seconds:.0f} s (limit {stage.limit} s)"
     print(line, flush=True)
-    verdicts = [subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True).stdout for c in stage.after]
+    verdicts = outputs if stage.summarized else []
+    verdicts += [subprocess.run(c, cwd=ROOT, env=env, capture_output=True, text=True).stdout for c in stage.after]
     with open(out / "summary.txt", "a") as summary:
         summary.write(line + "\n" + "".join(verdicts))
     print("".join(verdicts), end="", flush=True)
