@@ -47,7 +47,6 @@ import contextlib
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -55,7 +54,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Set
+from typing import Callable, Iterator, List, Optional, Set, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the GPU machine's Triton and Python (its image: torch 2.11.0, Triton 3.6.0, timm; Python 3.12)
@@ -341,8 +340,8 @@ def _libcuda_stand_in(folder: Path) -> None:
 
 
 def _job(kernels: dict):
-    """One declaration's calls compiled for sm_90 on CPU tensors; (declaration, configurations, seconds, the
-    launches listed)."""
+    """One declaration's calls compiled for sm_90 on CPU tensors: the configurations and launchers compiled, the
+    seconds, the launches listed, the error."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from simattn.kernels import host
 
@@ -360,7 +359,26 @@ def _job(kernels: dict):
         error = f"{type(e).__name__}: {e}"
     finally:
         undo()
-    return kernels, len(compiled), launchers, time.perf_counter() - start, sorted(found), error
+    return {"configs": len(compiled), "launchers": launchers, "seconds": time.perf_counter() - start,
+            "requests": sorted(found), "error": error}
+
+
+def _run_jobs(todo: List[dict], jobs: int) -> Iterator[Tuple[dict, dict]]:
+    """Each declaration's job in a process of its own, ``jobs`` at a time (one killed, by the kernel for memory,
+    say, is reported and the others go on); (declaration, its result) as each ends."""
+    waiting, running = list(todo), []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            kernels = waiting.pop(0)
+            running.append((kernels, subprocess.Popen([sys.executable, __file__, "--job", json.dumps(kernels)],
+                                                      stdout=subprocess.PIPE, text=True)))
+        time.sleep(0.5)
+        for kernels, proc in [r for r in running if r[1].poll() is not None]:
+            running.remove((kernels, proc))
+            lines = proc.stdout.read().splitlines()
+            yield kernels, (json.loads(lines[-1]) if proc.returncode == 0 and lines else {
+                "configs": 0, "launchers": 0, "seconds": 0, "requests": [],
+                "error": f"its process ended with code {proc.returncode} (killed for memory?)"})
 
 
 def fingerprint() -> dict:
@@ -479,13 +497,12 @@ def build(cache: Path, jobs: int, fresh: bool) -> int:
           flush=True)
     start, requests, failed = time.perf_counter(), set(), False
     todo = _jobs(declarations())
-    with multiprocessing.get_context("spawn").Pool(min(jobs, len(todo))) as pool:
-        for kernels, configs, launchers, seconds, found, error in pool.imap_unordered(_job, todo):
-            requests.update(found)
-            print(f"  {kernels}: {len(found)} launches, {configs} configurations and {launchers} launchers "
-                  f"compiled in {seconds:.0f} s"
-                  + (f"; failed: {error}" if error else ""), flush=True)
-            failed = failed or error is not None
+    for kernels, done in _run_jobs(todo, jobs):
+        requests.update(done["requests"])
+        print(f"  {kernels}: {len(done['requests'])} launches, {done['configs']} configurations and "
+              f"{done['launchers']} launchers compiled in {done['seconds']:.0f} s"
+              + (f"; failed: {done['error']}" if done["error"] else ""), flush=True)
+        failed = failed or done["error"] is not None
     shutil.rmtree(stand_in)
     _prune(work)
     entries = sum(1 for _ in work.glob("*/__grp__*.json"))
@@ -506,11 +523,17 @@ def main(argv: List[str]) -> int:
     p.add_argument("--jobs", type=int, default=2, help="processes compiling at once")
     p.add_argument("--fresh", action="store_true", help="compile everything again (default: the cache's entries and "
                    "what a build cut short left are reused)")
+    p.add_argument("--job", help=argparse.SUPPRESS)  # one declaration (JSON), compiled in this process
     p.add_argument("--check", metavar="CACHE", help="on the device: relocate a carried cache, compare its key")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT / "scripts"))
     if args.check:
         return check(Path(args.check))
+    if args.job:
+        with contextlib.redirect_stdout(sys.stderr):  # stdout: the result alone
+            done = _job(json.loads(args.job))
+        print(json.dumps(done))
+        return 0
     import triton
 
     if triton.__version__ != DEVICE_TRITON or not sys.version.startswith(DEVICE_PYTHON + "."):
