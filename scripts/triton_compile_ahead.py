@@ -501,13 +501,15 @@ def build(cache: Path, jobs: int, fresh: bool) -> int:
           flush=True)
     start, requests, failed = time.perf_counter(), set(), False
     todo = _jobs(declarations())
-    for kernels, done in _run_jobs(todo, jobs):
-        requests.update(done["requests"])
-        print(f"  {kernels}: {len(done['requests'])} launches, {done['configs']} configurations and "
-              f"{done['launchers']} launchers compiled in {done['seconds']:.0f} s"
-              + (f"; failed: {done['error']}" if done["error"] else ""), flush=True)
-        failed = failed or done["error"] is not None
-    shutil.rmtree(stand_in)
+    try:
+        for kernels, done in _run_jobs(todo, jobs):
+            requests.update(done["requests"])
+            print(f"  {kernels}: {len(done['requests'])} launches, {done['configs']} configurations and "
+                  f"{done['launchers']} launchers compiled in {done['seconds']:.0f} s"
+                  + (f"; failed: {done['error']}" if done["error"] else ""), flush=True)
+            failed = failed or done["error"] is not None
+    finally:
+        shutil.rmtree(stand_in)
     _prune(work)
     entries = sum(1 for _ in work.glob("*/__grp__*.json"))
     launchers = sum(1 for _ in work.glob("*/*.so"))
