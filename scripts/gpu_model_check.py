@@ -1,5 +1,5 @@
-"""The model-level GPU criteria, read off the ``bench model`` folders ``scripts/gpu_check.sh`` writes: one line per
-criterion with its numbers and PASS or FAIL (training images/s under bf16 autocast; ratios > 1 are faster).
+"""The model-level GPU criteria, read off the ``bench model`` folders ``scripts/gpu_check.py`` (run 2) writes: one
+line per criterion with its numbers and PASS or FAIL (training images/s under bf16 autocast; ratios > 1 are faster).
 
 * DeiT-S, eager, at each size: SimA ``auto`` over softmax at least 1.0× at 224 px, 1.3× at 512 and 2.0× at 1024;
   where the attention-free floor itself is under that ratio over softmax, no SimA can reach it, and the bar is

@@ -1,6 +1,6 @@
-"""The newer kinds' GPU criteria, read off the sweep ``scripts/gpu_check.sh`` writes (``attention_peers_b128.json``:
-``simattn bench attention --device cuda`` at B 128, H 6, d 64, bf16, eager times): one line per criterion with its
-numbers and PASS or FAIL.
+"""The newer kinds' GPU criteria, read off the sweep ``scripts/gpu_check.py`` (run 1) writes
+(``attention_peers_b128.json``: ``simattn bench attention --device cuda`` at B 128, H 6, d 64, bf16, eager times):
+one line per criterion with its numbers and PASS or FAIL.
 
 * Each linear-family kind on its kernels (SLAB, FLatten, InLine, PolaFormer, Agent): forward+backward at or under
   flash attention's time at every N ≥ 577.

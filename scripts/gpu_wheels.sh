@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Wheels of what the GPU check needs and the device image lacks, into .whl/ (ignored by git), for
-# scripts/gpu_check.sh to install there with no package index (the device reaches none): segmentation_models_pytorch,
-# the FPN rows' decoder, at the version this checkout's venv runs. It is pure Python (one wheel for any machine),
-# and what it requires (huggingface-hub, numpy, pillow, safetensors, timm, torch, torchvision, tqdm) is in the image.
+# scripts/gpu_check.py (run 2) to install there with no package index (the device reaches none):
+# segmentation_models_pytorch, the FPN rows' decoder, at the version this checkout's venv runs. It is pure Python
+# (one wheel for any machine), and what it requires (huggingface-hub, numpy, pillow, safetensors, timm, torch,
+# torchvision, tqdm) is in the image.
 # Run it here before a loan, and carry .whl with the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 """SimA's compiled Triton kernels on a GPU (skipped without CUDA): every launch plan against the plain reference in
 fp32, bf16 and fp16, ELU and XNorm on the same skeleton, the custom op under torch.compile(fullgraph=True) and
-captured in a CUDA graph, and tuned launch configurations reused. scripts/gpu_check.sh runs these on a lent GPU.
+captured in a CUDA graph, and tuned launch configurations reused. scripts/gpu_check.py (run 1) runs these on a lent GPU.
 
 Bounds: fp32 with TF32 off, rms error ratio ≤ 1e-4 (round-off ~1e-7); bf16 ≤ 2e-2 and fp16 ≤ 2e-3 against the fp64
 reference on the same rounded inputs (bf16 rounds W and the output to 8 significant bits, fp16 the output to 11,
