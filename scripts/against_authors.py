@@ -191,10 +191,10 @@ def step_fns(model, mode, images, labels):
 
 
 def timed(fn, calls):
-    start = time.perf_counter()
+    start = time.process_time()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls
+    return (time.process_time() - start) / calls
 
 
 def percentile(values, q):

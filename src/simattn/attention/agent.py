@@ -37,7 +37,7 @@ from ._common import check_count, check_qkv, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import TRITON_MAX_AGENTS, Call, check_backend, choose
 from .base import GridAttention
-from .grid import add_heads_image, head_images, head_tokens, heads_image, infer_grid
+from .grid import add_heads_image, heads_image, heads_tokens, infer_grid
 from .reference import agent_reference as agent_attention_reference
 
 __all__ = ["agent_attention", "agent_attention_reference", "pool_agents", "AgentAttention", "TRITON_MAX_AGENTS"]
@@ -51,8 +51,10 @@ def _pool_side(name: str, agent_num: int) -> int:
 
 
 def pool_agents(q: torch.Tensor, grid_size: Tuple[int, int], pool_side: int, num_prefix_tokens: int = 0) -> torch.Tensor:
-    """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² → (B, H, pool_side², d)."""
-    return head_tokens(F.adaptive_avg_pool2d(head_images(q, grid_size, num_prefix_tokens), pool_side), q.shape[1])
+    """The agents: the grid tokens of q (B, H, N, d) adaptively average-pooled to pool_side² → (B, H, pool_side², d).
+    Pooled as one channels-last image of every head's channels: on CPU several times faster than one image per
+    head."""
+    return heads_tokens(F.adaptive_avg_pool2d(heads_image(q, grid_size, num_prefix_tokens), pool_side), q.shape[1])
 
 
 def _aggregate(k: torch.Tensor, v: torch.Tensor, agents: torch.Tensor, agent_bias: Optional[torch.Tensor],
@@ -119,10 +121,11 @@ def agent_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
 
 
 def _resize(bias: torch.Tensor, size: Tuple[int, int]) -> torch.Tensor:
-    """(…, h, w) → (…, size): bilinear, align_corners=False (the same values where the size is unchanged)."""
+    """(…, h, w) → (…, size): bilinear, align_corners=False (the same values where the size is unchanged). The maps
+    go in as the channels of one image: on CPU, several times faster than as a batch of one-channel images."""
     if (bias.shape[-2], bias.shape[-1]) == (size[0], size[1]):
         return bias
-    flat = bias.reshape(-1, 1, bias.shape[-2], bias.shape[-1])
+    flat = bias.reshape(1, -1, bias.shape[-2], bias.shape[-1])
     out = F.interpolate(flat, size=size, mode="bilinear", align_corners=False)
     return out.reshape(list(bias.shape[:-2]) + [size[0], size[1]])
 

@@ -86,9 +86,11 @@ def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
 
 def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
-    conv over all of them."""
+    conv or a pooling over all of them; channels-last, the layout in which CPU's kernels run those several times
+    faster (a copy, cheaper than what it saves, where the tokens are not laid out so already)."""
     B, H, _, d = v.shape
-    return v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+    image = v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+    return image.contiguous(memory_format=torch.channels_last)
 
 
 def heads_tokens(image: torch.Tensor, heads: int) -> torch.Tensor:
