@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ._common import eager
+
 __all__ = ["infer_grid", "scripted_grid", "token_grid", "head_images", "head_tokens", "heads_image", "heads_tokens",
            "tokens_image", "image_tokens", "add_to_grid", "add_heads_image", "pool_landmarks"]
 
@@ -86,11 +88,11 @@ def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
 
 def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
-    conv or a pooling over all of them; channels-last, the layout in which CPU's kernels run those several times
-    faster (a copy, cheaper than what it saves, where the tokens are not laid out so already)."""
+    conv or a pooling over all of them; eagerly channels-last, the layout in which CPU's kernels run those several
+    times faster (a copy, cheaper than what it saves, where the tokens are not laid out so already)."""
     B, H, _, d = v.shape
     image = v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
-    return image.contiguous(memory_format=torch.channels_last)
+    return image.contiguous(memory_format=torch.channels_last) if eager() else image
 
 
 def heads_tokens(image: torch.Tensor, heads: int) -> torch.Tensor:
@@ -111,6 +113,8 @@ def image_tokens(image: torch.Tensor) -> torch.Tensor:
 
 def add_to_grid(x: torch.Tensor, tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """x (B, H, P + n, d) with ``tokens`` (…, n, d) added to its n grid tokens, the P prefix tokens unchanged."""
+    if num_prefix_tokens == 0:  # a pad by nothing would still copy
+        return x + tokens
     return x + F.pad(tokens, [0, 0, num_prefix_tokens, 0])
 
 
