@@ -75,9 +75,10 @@ def token_grid(n: int, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: 
 
 def head_images(x: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of x (B, H, N, d) as one image per head (B·H, d, gh, gw), for filters shared by the heads
-    (pooling, a conv of the head dim)."""
+    (pooling, a conv of the head dim); eagerly channels-last, as :func:`heads_image`."""
     B, H, _, d = x.shape
-    return x[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
+    images = x[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
+    return images.contiguous(memory_format=torch.channels_last) if eager() else images
 
 
 def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
