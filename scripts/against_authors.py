@@ -220,7 +220,7 @@ def compare(case, theirs, ours, modes, rounds, target_s):
         batch = images[:1] if mode == "fwd1" else images
         fns = {"authors": step_fns(theirs, mode, batch, labels[:len(batch)]),
                "simattn": step_fns(ours, mode, batch, labels[:len(batch)])}
-        first = {side: float(fn()) if mode == "train8" else None for side, fn in fns.items()}
+        first = {side: fn().item() if mode == "train8" else None for side, fn in fns.items()}
         warm = max(timed(fns["authors"], 1), timed(fns["simattn"], 1))
         calls = max(1, round(target_s / warm))
         times = {"authors": [], "simattn": []}
