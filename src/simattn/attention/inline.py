@@ -77,13 +77,14 @@ def local_conv(v: torch.Tensor, weights: torch.Tensor, grid: Tuple[int, int], pr
     (B, H, n, d)."""
     gh, gw = grid
     size = weights.shape[-1]
-    if eager():
-        # one depthwise conv of every image's channels (several times faster on CPU, forward and backward); its
-        # groups count the batch, which a captured graph would fix, hence the shifted products there
-        B, C = weights.shape[0], weights.shape[1]
-        img = heads_image(v, grid, prefix).reshape(1, B * C, gh, gw)
-        out = F.conv2d(img, weights.reshape(B * C, 1, size, size), padding=size // 2, groups=B * C)
-        return heads_tokens(out.reshape(B, C, gh, gw), v.shape[1])
+    if not torch.jit.is_scripting():  # TorchScript compiles none of this block
+        if eager():
+            # one depthwise conv of every image's channels (several times faster on CPU, forward and backward);
+            # its groups count the batch, which a captured graph would fix, hence the shifted products there
+            B, C = weights.shape[0], weights.shape[1]
+            img = heads_image(v, grid, prefix).reshape(1, B * C, gh, gw)
+            out = F.conv2d(img, weights.reshape(B * C, 1, size, size), padding=size // 2, groups=B * C)
+            return heads_tokens(out.reshape(B, C, gh, gw), v.shape[1])
     img = F.pad(heads_image(v, grid, prefix), [size // 2] * 4)
     out = torch.zeros_like(img[:, :, :gh, :gw])
     for a in range(size):
