@@ -75,6 +75,28 @@ def test_class_token_joins_the_attention_but_not_the_grid_ops(kind):
     assert (cls_moved[:, 1:] - moved[:, 1:]).abs().amax(-1).min() > 1e-4
 
 
+def test_inline_local_branch_eager_and_captured_are_each_images_own_conv():
+    """InLine's local branch eagerly (one depthwise conv, the batch in its groups) and in a captured graph (nine
+    shifted products, any batch): both each image's channels convolved with their own kernels, forward and
+    backward, the prefix tokens skipped."""
+    from torch.nn import functional as F
+    from simattn.attention.inline import local_conv
+
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(2, 2, 1 + 12, 3, generator=gen, dtype=torch.float64, requires_grad=True)  # B 2, H 2, d 3
+    w = torch.randn(2, 6, 3, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(2, 2, 12, 3, generator=gen, dtype=torch.float64)
+    images = v[:, :, 1:].transpose(-2, -1).reshape(2, 6, 3, 4)
+    expected = torch.stack([F.conv2d(images[b:b + 1], w[b].unsqueeze(1), padding=1, groups=6)[0] for b in range(2)])
+    expected = expected.reshape(2, 2, 3, 12).transpose(-2, -1)
+    captured = torch.jit.trace(lambda v, w: local_conv(v, w, (3, 4), 1), (v, w))
+    want = torch.autograd.grad(expected, (v, w), grad)
+    for out in (local_conv(v, w, (3, 4), 1), captured(v, w)):
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+        for got, ref in zip(torch.autograd.grad(out, (v, w), grad), want):
+            torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("kind", ["flatten", "slab", "polaformer"])
 def test_key_encoding_is_resampled_for_other_grids_as_timm_resamples_position_embeddings(kind):
     from timm.layers import resample_abs_pos_embed

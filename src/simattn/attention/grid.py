@@ -16,6 +16,8 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from ._common import eager
+
 __all__ = ["infer_grid", "scripted_grid", "token_grid", "head_images", "head_tokens", "heads_image", "heads_tokens",
            "tokens_image", "image_tokens", "add_to_grid", "add_heads_image", "pool_landmarks"]
 
@@ -71,11 +73,22 @@ def token_grid(n: int, grid_size: Optional[Tuple[int, int]], num_prefix_tokens: 
         return infer_grid(n, grid_size, num_prefix_tokens, name=name)
 
 
+def _channels_last_on_cpu(images: torch.Tensor) -> torch.Tensor:
+    """``images`` channels-last where they run eagerly on CPU, whose depthwise convs and poolings run several times
+    faster so (a copy, cheaper than what it saves, where the tokens are not laid out so already: a batch of one
+    gives the images a stride CPU's kernels do not take for channels-last); as they are elsewhere."""
+    if torch.jit.is_scripting():  # TorchScript compiles only this branch
+        return images
+    else:
+        return images.contiguous(memory_format=torch.channels_last) if images.is_cpu and eager() else images
+
+
 def head_images(x: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of x (B, H, N, d) as one image per head (B·H, d, gh, gw), for filters shared by the heads
-    (pooling, a conv of the head dim)."""
+    (pooling, a conv of the head dim); channels-last on CPU, as :func:`heads_image`."""
     B, H, _, d = x.shape
-    return x[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
+    images = x[:, :, num_prefix_tokens:].reshape(B * H, grid_size[0], grid_size[1], d).permute(0, 3, 1, 2)
+    return _channels_last_on_cpu(images)
 
 
 def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
@@ -86,9 +99,10 @@ def head_tokens(images: torch.Tensor, heads: int) -> torch.Tensor:
 
 def heads_image(v: torch.Tensor, grid_size: Tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
     """The grid tokens of v (B, H, N, d) as one image of every head's channels (B, H·d, gh, gw), for a depthwise
-    conv over all of them."""
+    conv or a pooling over all of them; channels-last on CPU (:func:`_channels_last_on_cpu`)."""
     B, H, _, d = v.shape
-    return v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+    image = v[:, :, num_prefix_tokens:].permute(0, 1, 3, 2).reshape(B, H * d, grid_size[0], grid_size[1])
+    return _channels_last_on_cpu(image)
 
 
 def heads_tokens(image: torch.Tensor, heads: int) -> torch.Tensor:
@@ -109,6 +123,8 @@ def image_tokens(image: torch.Tensor) -> torch.Tensor:
 
 def add_to_grid(x: torch.Tensor, tokens: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
     """x (B, H, P + n, d) with ``tokens`` (…, n, d) added to its n grid tokens, the P prefix tokens unchanged."""
+    if num_prefix_tokens == 0:  # a pad by nothing would still copy
+        return x + tokens
     return x + F.pad(tokens, [0, 0, num_prefix_tokens, 0])
 
 

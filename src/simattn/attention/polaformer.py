@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import linear as linear_kernels
-from ._common import acc_dtype, check_finite, check_positive, check_qkv, matmul_dtype, no_autocast
+from ._common import acc_dtype, check_finite, check_positive, check_qkv, eager, matmul_dtype, no_autocast
 from ._registry import register_attention
 from .backends import (EVERYWHERE, TRITON_MAX_HEAD_DIM, Call, Policy, dispatch, register_policy,
                        triton_limits)
@@ -157,6 +157,8 @@ class PolaFormerAttention(GridLinearAttention):
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         power, scale = self._power_and_scale()
+        if eager():  # heads laid out apart once, not by each of its eight products (as the released code does)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         return polaformer_attention(q, k, v, power=power, scale=scale, eps=self.eps, backend=self.backend)
 
     def core_plain(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
