@@ -159,12 +159,12 @@ def _sweep_calls(b: int, tokens: List[int], kinds: List[str]) -> Callable[[str],
     def calls(device: str) -> None:
         import torch
 
-        from simattn.bench.attention import gpu_fns
+        from gpu_check import HEAD_DIM, HEADS
+        from simattn.bench.attention.kinds import kind_fn
 
-        fns = gpu_fns([k for k in kinds if k.endswith("_triton")])
         for n in tokens:
             qkv = _fused_qkv(b, n, device)
-            for fn in fns.values():
+            for fn in [kind_fn(k, *qkv, HEADS, HEAD_DIM, sweep="cuda") for k in kinds if k.endswith("_triton")]:
                 with torch.no_grad():
                     fn(*qkv)
                 out = fn(*qkv)
