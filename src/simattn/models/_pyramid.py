@@ -206,6 +206,10 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
                                                  stage.num_prefix_tokens, stage.pos_embed_interpolation)
                 stage.pos_embed = nn.Parameter(resampled, requires_grad=stage.pos_embed.requires_grad)
                 stage.pos_embed_grid = grid
+            if not dynamic_img_size:  # key encodings on the stage grid (FLatten, SLAB, PolaFormer): fixed too
+                for module in stage.blocks.modules():
+                    if hasattr(module, "set_pos_grid"):
+                        module.set_pos_grid(grid)
             stage.dynamic_img_size = dynamic_img_size
         self.img_size = img_size
 
