@@ -133,7 +133,9 @@ class AgentAttention(GridAttention):
     and the depthwise conv ``dwc``.
 
     Options: ``agent_num`` (n, a square; 49 as Agent-DeiT), ``window`` (rows and columns of the row and column
-    biases: the grid they are learned for, 14 at 224 px with 16 px patches), ``block_bias_size`` (7),
+    biases: the grid they are learned for, 14 at 224 px with 16 px patches), ``downstream_agent_num`` (m, a square;
+    None = n: the agents pooled at run time; the biases, learned for n agents laid out √n×√n, are resized bilinearly
+    to √m×√m, as Agent's downstream segmentation and detection backbones do), ``block_bias_size`` (7),
     ``dwc_kernel`` (3; 0 = no conv), ``num_prefix_tokens`` (None = infer 0 or 1), ``backend`` ('auto' | 'torch' |
     'triton', :func:`agent_attention`). ``forward(x, grid_size=(H, W))``
     for non-square grids. No masks (the agents pool the whole grid); ``attn_drop > 0`` is rejected.
@@ -146,11 +148,14 @@ class AgentAttention(GridAttention):
     layout_options = ("num_prefix_tokens",)
 
     def __init__(self, dim: int, num_heads: int = 8, *, agent_num: int = 49, window: int = 14,
-                 block_bias_size: int = 7, dwc_kernel: int = 3, backend: str = "auto", **kwargs) -> None:
+                 downstream_agent_num: Optional[int] = None, block_bias_size: int = 7, dwc_kernel: int = 3,
+                 backend: str = "auto", **kwargs) -> None:
         super().__init__(dim, num_heads, **kwargs)
         name = type(self).__name__
-        self.pool_side = _pool_side(name, agent_num)
+        self.bias_side = _pool_side(name, agent_num)
         self.agent_num = agent_num
+        self.downstream_agent_num = agent_num if downstream_agent_num is None else downstream_agent_num
+        self.pool_side = _pool_side(name, self.downstream_agent_num)
         self.window = check_count(name, "window", window)
         check_count(name, "block_bias_size", block_bias_size)
         check_count(name, "dwc_kernel", dwc_kernel, low=0)
@@ -170,9 +175,10 @@ class AgentAttention(GridAttention):
         self.dwc = nn.Conv2d(dim, dim, dwc_kernel, padding=dwc_kernel // 2, groups=dim, **dd) if dwc_kernel else None
 
     def biases(self, grid: Tuple[int, int], prefix: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """The agent bias B₁ (1, H, n, N) and the query bias B₂ (1, H, N, n) for a grid after ``prefix`` tokens: on
+        """The agent bias B₁ (1, H, m, N) and the query bias B₂ (1, H, N, m) for a grid after ``prefix`` tokens: on
         each side the block bias resized to the grid + the row and column biases, the prefix tokens' in front (both
-        sides resized in one call each: fewer ops to run and to trace)."""
+        sides resized in one call each: fewer ops to run and to trace), then resized over the agents' square where
+        the run pools m ≠ n agents."""
         gh, gw = grid
         block = _resize(torch.stack([self.agent_block_bias, self.query_block_bias]), grid)
         rows = _resize(torch.stack([self.agent_row_bias, self.query_row_bias]).unsqueeze(-2), (1, gh)).squeeze(-2)
@@ -183,6 +189,10 @@ class AgentAttention(GridAttention):
                 "built with num_prefix_tokens=0"
             front = torch.stack([self.agent_prefix_bias, self.query_prefix_bias]).expand(-1, -1, -1, prefix)
             both = torch.cat([front, both], dim=-1)
+        if self.pool_side != self.bias_side:  # (2, H, n, N) → each token's n values as a √n×√n image → √m×√m
+            p, m = self.bias_side, self.pool_side
+            images = both.reshape(-1, p, p, both.shape[-1]).permute(0, 3, 1, 2)
+            both = _resize(images, (m, m)).flatten(-2).transpose(-2, -1).reshape(2, -1, m * m, both.shape[-1])
         return both[:1], both[1:].transpose(-2, -1)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
@@ -200,4 +210,5 @@ class AgentAttention(GridAttention):
         return out
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, agent_num={self.agent_num}, window={self.window}"
+        run = f", downstream_agent_num={self.downstream_agent_num}" if self.pool_side != self.bias_side else ""
+        return f"{super().extra_repr()}, agent_num={self.agent_num}, window={self.window}{run}"

@@ -7,7 +7,8 @@ a class token, take part in the attention but not in the grid's convolutions and
   head dim, shared by all heads (their ``Conv2d(d, d, k, groups=d)`` on (B·H, d, H, W)). FLatten calls it the rank
   restoration module.
 - ``positional_encoding``: a learned (1, H·W, C) encoding added to k (zero at initialization). Built for the grid
-  ``pos_grid``; other grids get it resampled bicubically (antialiased), as timm resamples position embeddings.
+  ``pos_grid``; other grids get it resampled bicubically on every forward (align_corners=False, no antialiasing:
+  the authors' resize of these encodings at load), or once for a fixed input size (``set_pos_grid``, before export).
 
 The grid, the prefix tokens and the flags (neither piece fits a token mask or keys of another length) are
 :class:`~simattn.attention.base.GridAttention`'s, the layouts :mod:`~simattn.attention.grid`'s; a kind adds its
@@ -45,14 +46,20 @@ def per_channel(owner: str, name: str, value, q: torch.Tensor):
     return value.reshape(1, H, 1, d)
 
 
+def resample_encoding(encoding: torch.Tensor, pos_grid: Tuple[int, int], grid: Tuple[int, int]) -> torch.Tensor:
+    """A learned (1, Hp·Wp, C) encoding of grid ``pos_grid`` on ``grid``: bicubic, align_corners=False, no
+    antialiasing (itself where the grids agree)."""
+    if grid[0] == pos_grid[0] and grid[1] == pos_grid[1]:
+        return encoding
+    return image_tokens(F.interpolate(tokens_image(encoding, pos_grid), size=(grid[0], grid[1]), mode="bicubic",
+                                      align_corners=False))
+
+
 def key_position(k: torch.Tensor, encoding: torch.Tensor, pos_grid: Tuple[int, int], grid: Tuple[int, int],
                  prefix: int) -> torch.Tensor:
     """k (B, H, N, d) with the learned (1, Hp·Wp, C) ``encoding`` of grid ``pos_grid`` added to its grid tokens
-    (resampled bicubically where the grid differs)."""
-    if grid[0] != pos_grid[0] or grid[1] != pos_grid[1]:
-        img = F.interpolate(tokens_image(encoding, pos_grid), size=(grid[0], grid[1]), mode="bicubic",
-                            align_corners=False, antialias=True)
-        encoding = image_tokens(img)
+    (resampled where the grid differs: :func:`resample_encoding`)."""
+    encoding = resample_encoding(encoding, pos_grid, grid)
     return add_to_grid(k, encoding.reshape(1, grid[0] * grid[1], k.shape[1], k.shape[-1]).transpose(1, 2), prefix)
 
 
@@ -89,6 +96,18 @@ class GridLinearAttention(GridAttention):
             self.positional_encoding = nn.Parameter(torch.zeros(1, gh * gw, dim))
         else:
             self.register_parameter("positional_encoding", None)
+
+    @torch.jit.ignore
+    def set_pos_grid(self, grid: Tuple[int, int]) -> None:
+        """Resample the key encoding to ``grid`` once, here, as the forward would: inputs of that grid then add it
+        as it is, with no resampling op (a graph exported at one size)."""
+        encoding = self.positional_encoding
+        if encoding is None or tuple(grid) == tuple(self.pos_grid):
+            return
+        with torch.no_grad():
+            resampled = resample_encoding(encoding, self.pos_grid, (int(grid[0]), int(grid[1])))
+        self.positional_encoding = nn.Parameter(resampled, requires_grad=encoding.requires_grad)
+        self.pos_grid = (int(grid[0]), int(grid[1]))
 
     def add_key_position(self, k: torch.Tensor, grid: Tuple[int, int], prefix: int) -> torch.Tensor:
         encoding = self.positional_encoding

@@ -77,10 +77,13 @@ class PyramidStage(nn.Module):
         class_token: prepend a learned CLS token (it takes part in attention but not in the grid).
         pos_embed_grid: grid size (H', W') at the model's ``img_size`` for a learned position embedding
             (CLS slot included); None for no position embedding.
+        pos_embed_resize: how the position embedding is resampled to another grid on every forward (timm's
+            ``resample_abs_pos_embed`` arguments: antialiased bicubic by default; PVT's code: bilinear).
     """
 
     def __init__(self, patch_embed: nn.Module, blocks: Sequence[nn.Module], dim: int, *, class_token: bool = False,
-                 pos_embed_grid: Optional[Grid] = None, pos_drop: float = 0.) -> None:
+                 pos_embed_grid: Optional[Grid] = None, pos_drop: float = 0.,
+                 pos_embed_resize: Optional[Dict[str, Any]] = None) -> None:
         super().__init__()
         self.patch_embed = patch_embed
         self.num_prefix_tokens = int(class_token)
@@ -89,6 +92,9 @@ class PyramidStage(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(
             1, self.num_prefix_tokens + pos_embed_grid[0] * pos_embed_grid[1], dim)) if pos_embed_grid else None
         self.pos_drop = nn.Dropout(pos_drop)
+        resize = dict(pos_embed_resize or {})
+        self.pos_embed_interpolation = str(resize.get("interpolation", "bicubic"))
+        self.pos_embed_antialias = bool(resize.get("antialias", True))
         self.blocks = nn.ModuleList(blocks)
         self.grad_checkpointing = False
         # False: inputs have the grid pos_embed_grid, and the position embedding is added as it is
@@ -103,7 +109,9 @@ class PyramidStage(nn.Module):
             if self.dynamic_img_size:
                 x = x + resample_abs_pos_embed(self.pos_embed, [grid[0], grid[1]],
                                                [self.pos_embed_grid[0], self.pos_embed_grid[1]],
-                                               num_prefix_tokens=self.num_prefix_tokens)
+                                               num_prefix_tokens=self.num_prefix_tokens,
+                                               interpolation=self.pos_embed_interpolation,
+                                               antialias=self.pos_embed_antialias)
             else:
                 x = x + self.pos_embed
         x = self.pos_drop(x)
@@ -169,8 +177,9 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
 
     @torch.jit.ignore
     def set_input_size(self, img_size: Union[int, Tuple[int, int]], dynamic_img_size: bool = False) -> None:
-        """Lay the model out for ``img_size``: position embeddings are resampled to each stage's grid once, here,
-        and with ``dynamic_img_size=False`` inputs of that size only are taken, with no resampling in forward."""
+        """Lay the model out for ``img_size``: position embeddings are resampled to each stage's grid once, here, as
+        the forward would resample them, and with ``dynamic_img_size=False`` inputs of that size only are taken,
+        with no resampling in forward."""
         img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         check_size_fits(type(self).__name__, *img_size, self.size_divisor)
         for stage, info in zip(self.stages, self.feature_info):
@@ -178,9 +187,15 @@ class PyramidTransformer(TokenPoolHead, nn.Module):
             if stage.pos_embed is not None and grid != stage.pos_embed_grid:
                 with torch.no_grad():
                     resampled = resample_abs_pos_embed(stage.pos_embed, list(grid), list(stage.pos_embed_grid),
-                                                       num_prefix_tokens=stage.num_prefix_tokens)
+                                                       num_prefix_tokens=stage.num_prefix_tokens,
+                                                       interpolation=stage.pos_embed_interpolation,
+                                                       antialias=stage.pos_embed_antialias)
                 stage.pos_embed = nn.Parameter(resampled, requires_grad=stage.pos_embed.requires_grad)
                 stage.pos_embed_grid = grid
+            if not dynamic_img_size:  # key encodings on the stage grid (FLatten, SLAB, PolaFormer): fixed too
+                for module in stage.blocks.modules():
+                    if hasattr(module, "set_pos_grid"):
+                        module.set_pos_grid(grid)
             stage.dynamic_img_size = dynamic_img_size
         self.img_size = img_size
 

@@ -72,7 +72,8 @@ from timm.models import generate_default_cfgs, register_model
 from ._build import LoadsThroughSimattn, build_family_model
 from ._kinds import kind_options
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, downstream_agents, released_names,
+                       with_tag_args)
 from .resample import resample_grids
 from ..attention import TokenAttention, attention_class, get_attention_class
 from ..attention._common import fx_call_whole, fx_tracing
@@ -85,6 +86,9 @@ _logger = logging.getLogger("simattn.models")
 
 #: the patch embeddings' strides: total strides 4, 8, 16, 32
 PATCH_STRIDES = (4, 2, 2, 2)
+#: an input of another size gets each stage's position embedding resampled on every forward as PVT's code does
+#: (``_get_pos_embed``, and Agent's downstream backbones): bilinear, align_corners=False, no antialiasing
+_PER_FORWARD_RESIZE = {"interpolation": "bilinear", "antialias": False}
 
 
 class PatchEmbed(nn.Module):
@@ -244,7 +248,7 @@ class PyramidVisionTransformer(LoadsThroughSimattn, PyramidTransformer):
                                 norm_layer=norm_layer) for rate in rates]
             stages.append(PyramidStage(PatchEmbed(in_dim, dim, PATCH_STRIDES[i], embed_norm), blocks, dim,
                                        class_token=class_token and i == last, pos_embed_grid=grids[i],
-                                       pos_drop=pos_drop_rate))
+                                       pos_drop=pos_drop_rate, pos_embed_resize=_PER_FORWARD_RESIZE))
             in_dim = dim
         super().__init__(stages, embed_dims, reductions, in_chans=in_chans, num_classes=num_classes,
                          global_pool=global_pool, drop_rate=drop_rate, norm_layer=norm_layer)
@@ -448,7 +452,9 @@ def _agent(variant: str, pretrained: bool, size: str, kwargs: Dict[str, Any]) ->
     kwargs = with_tag_args(variant, kwargs, _TAG_ARGS)
     img = kwargs.get("img_size", 224)
     side = img if isinstance(img, int) else img[0]
-    own = [dict(agent_num=n, window=max(1, side // r)) for n, r in zip((9, 16, 49, 49), (4, 8, 16, 32))]
+    run = downstream_agents(variant, kwargs.pop("downstream_agents", None), 4)
+    own = [dict(agent_num=n, window=max(1, side // r), **run[i]) for i, (n, r) in enumerate(zip((9, 16, 49, 49),
+                                                                                                 (4, 8, 16, 32)))]
     return _pvt(variant, pretrained, size, kwargs, attn_type="agent", own_attn=("agent", own), **_HYBRID)
 
 

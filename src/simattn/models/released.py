@@ -19,13 +19,13 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 __all__ = ["ConfigStandIn", "RELEASED_GLOBALS", "released_files_readable", "PAPERS", "TSINGHUA", "SLAB_RELEASES",
-           "POLAFORMER_HUB", "tag_top1", "with_tag_args", "unwrap", "released_names",
+           "POLAFORMER_HUB", "tag_top1", "with_tag_args", "downstream_agents", "unwrap", "released_names",
            "released_to_simattn"]
 
 
@@ -112,6 +112,18 @@ def with_tag_args(variant: str, kwargs: Dict[str, Any], asked: Mapping[str, Dict
     in) where not given; timm passes a tag to the model's function as ``pretrained_cfg``."""
     tag = kwargs.get("pretrained_cfg")
     return {**(asked.get(f"{variant}.{tag}", {}) if isinstance(tag, str) else {}), **kwargs}
+
+
+def downstream_agents(variant: str, counts: Optional[Sequence[int]], stages: int) -> List[Dict[str, Any]]:
+    """Each stage's ``downstream_agent_num`` option from an Agent model's ``downstream_agents`` (one count per stage,
+    as the ``downstream_agent_shapes`` of Agent's segmentation and detection configs: 144, 256, 784, 784 for
+    Agent-PVT, 81, 144, 196, 49 for Agent-Swin); empty options for None."""
+    if counts is None:
+        return [{} for _ in range(stages)]
+    if isinstance(counts, (str, bytes)) or not isinstance(counts, Sequence) or len(counts) != stages:
+        raise ValueError(f"{variant}: downstream_agents={counts!r}; allowed: {stages} square numbers, one per stage "
+                         "(e.g. [144, 256, 784, 784])")
+    return [{"downstream_agent_num": count} for count in counts]
 
 
 def unwrap(state_dict: Mapping[str, Any]) -> Dict[str, Any]:

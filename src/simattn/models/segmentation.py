@@ -119,6 +119,8 @@ class FeaturePyramid(nn.Module):
             sources = list(range(len(strides)))
         if hasattr(body, "prune_intermediate_layers"):
             body.prune_intermediate_layers(out_indices, prune_norm=True, prune_head=True)
+        if hasattr(body, "for_dense_prediction"):  # a family whose dense-prediction layout differs (Swin's windows)
+            body.for_dense_prediction()
         self.body = body
         self.out_indices = out_indices
         self.sources = sources

@@ -46,12 +46,13 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import to_2tuple
 from timm.models import generate_default_cfgs, register_model
 from timm.models._manipulate import named_apply
-from timm.models.swin_transformer import SwinTransformer
+from timm.models.swin_transformer import SwinTransformer, SwinTransformerBlock, window_partition, window_reverse
 from timm.models.swin_transformer import checkpoint_filter_fn as _timm_swin_filter
 from timm.models.vision_transformer import get_init_weights_vit
 
@@ -61,7 +62,8 @@ from ._kinds import kind_options
 from ..attention import attention_class, get_attention_class
 from ..attention._common import check_count, fx_tracing
 from .prepbn import PRepBN
-from .released import PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, released_names, with_tag_args
+from .released import (PAPERS, POLAFORMER_HUB, SLAB_RELEASES, TSINGHUA, downstream_agents, released_names,
+                       with_tag_args)
 from .resample import resample_grids
 
 __all__ = ["SoftmaxFreeSwin", "GridSwinBlock", "checkpoint_filter_fn"]
@@ -107,6 +109,28 @@ class GridSwinBlock(nn.Module):
         return x.reshape(B, H, W, C)
 
 
+class DenseSwinBlock(SwinTransformerBlock):
+    """timm's window block as mmseg's Swin (and Agent's downstream Swin) runs it at any input size: the normalized
+    map padded at the bottom and right to whole windows first, then shifted (timm shifts, then pads), the shift
+    mask laid over the padded map, the output cropped back. On a map of whole windows both are the same."""
+
+    def _attn(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, W, C = x.shape
+        pad_h = (self.window_size[0] - H % self.window_size[0]) % self.window_size[0]
+        pad_w = (self.window_size[1] - W % self.window_size[1]) % self.window_size[1]
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+        shift = self.shift_size[0] > 0 or self.shift_size[1] > 0
+        if shift:
+            x = torch.roll(x, shifts=(-self.shift_size[0], -self.shift_size[1]), dims=(1, 2))
+        mask = self.get_attn_mask(x) if self.dynamic_mask else self.attn_mask
+        windows = self.attn(window_partition(x, self.window_size).view(-1, self.window_area, C), mask=mask)
+        x = window_reverse(windows.view(-1, self.window_size[0], self.window_size[1], C), self.window_size,
+                           x.shape[1], x.shape[2])
+        if shift:
+            x = torch.roll(x, shifts=(self.shift_size[0], self.shift_size[1]), dims=(1, 2))
+        return x[:, :H, :W].contiguous()
+
+
 class TokenPRepBN(PRepBN):
     """:class:`~.prepbn.PRepBN` on timm's Swin maps (B, H, W, C) as on (B, H·W, C) tokens, the released layout."""
 
@@ -149,6 +173,17 @@ class SoftmaxFreeSwin(LoadsThroughSimattn, SwinTransformer):
             if kwargs.get("weight_init") != "skip":  # timm's init rule for the attention built here too
                 for j in range(min(count, len(stage.blocks))):
                     named_apply(init, stage.blocks[j].attn, name=f"layers.{i}.blocks.{j}.attn")
+
+    @torch.jit.ignore
+    def for_dense_prediction(self) -> None:
+        """Lay the model out as Swin's and the peers' segmentation and detection backbones run (mmseg/mmdet): every
+        window block pads its map to whole windows, then shifts (:class:`DenseSwinBlock`), at any input size, where
+        the classifier shrinks a window to a smaller stage grid and drops its shift (Swin-T's last stage at 224 px)."""
+        self.set_input_size(always_partition=True)
+        for stage in self.layers:
+            for block in stage.blocks:
+                if type(block) is SwinTransformerBlock:
+                    block.__class__ = DenseSwinBlock
 
     def _check_input(self, x: torch.Tensor) -> None:
         if fx_tracing():
@@ -360,10 +395,12 @@ def sima_swin_base_patch4_window7_224(pretrained: bool = False, **kwargs) -> Swi
 def _agent(variant: str, pretrained: bool, size: Dict[str, Any], stages: Sequence[Union[bool, int]],
            kwargs: Dict[str, Any]) -> SwinTransformer:
     """Agent-Swin: 9, 16, 49 agents in stages 1-3; the row and column biases learned on each stage's grid at
-    ``img_size`` (the longer side); 3×3 conv on V."""
+    ``img_size`` (the longer side); 3×3 conv on V. ``downstream_agents``: see :func:`.released.downstream_agents`."""
     args = dict(size, **with_tag_args(variant, kwargs, _TAG_ARGS))
     grids = _stage_grids(args.get("img_size", 224), args.get("patch_size", 4), len(args["depths"]))
-    own = [dict(agent_num=n, window=max(g), dwc_kernel=3) for n, g in zip((9, 16, 49), grids)]
+    run = downstream_agents(variant, args.pop("downstream_agents", None), len(args["depths"]))
+    own = [dict(agent_num=n, window=max(g), dwc_kernel=3, **run[i]) for i, (n, g) in enumerate(zip((9, 16, 49),
+                                                                                                  grids))]
     return _create(variant, pretrained, attn_type=args.pop("attn_type", "agent"), own_attn=("agent", own),
                    kind_stages=stages, **args)
 
