@@ -32,6 +32,17 @@ def _layout_state(tag):
             json.loads(path.read_text())["keys"].items()}
 
 
+def write_stand_in(tag, path):
+    """A file in the tag's released layout, seeded values (counters small positive integers), saved as the authors'
+    training scripts save theirs (``model``): the file a test puts where the tag's download would be cached."""
+    gen = torch.Generator().manual_seed(0)
+    state = {k: (torch.randint(1, 100, v.shape, generator=gen) if v.dtype == torch.int64 else
+                 (torch.randn(v.shape, generator=gen) * 0.02).to(v.dtype)) for k, v in _layout_state(tag).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": state}, path)
+    return state
+
+
 def _sizes(tag):
     return (288, 384, 512) if _family(tag) in ("pvt", "swin") else (288, 384)
 

@@ -2,7 +2,10 @@
 Agent's ImageNet-shaped biases resized on every forward to the grid and to a downstream agent count, PVT's position
 embeddings resized bilinearly per stage, Swin's window blocks padding before they shift, key encodings fixed once for
 an export; segmenter logits at the input's size for any shape."""
+import sys
+
 import pytest
+import timm
 import torch
 import torch.nn.functional as F
 from timm.models.swin_transformer import SwinTransformerBlock
@@ -12,6 +15,8 @@ from simattn.models.export_ready import prepare_for_export
 from simattn.models.factory import create_model
 from simattn.models.segmentation import FeaturePyramid
 from simattn.models.swin import DenseSwinBlock
+
+from test_any_size import TAGS, _family, _layout_state
 
 PVT = dict(embed_dims=(16, 16, 32, 32), depths=(1, 1, 1, 1), num_heads=(1, 1, 2, 2))
 SWIN = dict(embed_dim=16, depths=(1, 1, 1, 2), num_heads=(1, 1, 2, 2))
@@ -139,3 +144,31 @@ def test_an_export_fixes_key_encodings_and_position_embeddings_once():
         got = body.forward_intermediates(x, intermediates_only=True)
     for a, b in zip(got, expected):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+DENSE_TAGS = [t for t in TAGS if _family(t) in ("pvt", "swin")]
+
+
+@pytest.mark.parametrize("tag", DENSE_TAGS)
+def test_every_pvt_and_swin_tag_fills_a_segmenters_backbone(tag):
+    """What ``simattn segment --initial-checkpoint TAG`` loads (meta device: keys and shapes): the tag's released
+    layout through its family's filter covers the backbone the segmenter keeps, at the shape it has."""
+    filter_fn = sys.modules[timm.models.model_entrypoint(tag.split(".")[0]).__module__].checkpoint_filter_fn
+    head = "semantic_fpn" if _family(tag) == "pvt" else "upernet"
+    with torch.device("meta"):
+        backbone = create_model(head, backbone=tag.split(".")[0], num_classes=150).backbone
+    own = backbone.state_dict()
+    mapped = filter_fn(_layout_state(tag), backbone)
+    assert not set(own) - set(mapped), sorted(set(own) - set(mapped))[:5]
+    assert all(mapped[k].shape == own[k].shape for k in own)
+
+
+@pytest.mark.parametrize("recipe", ["seg_fpn_agent_pvt_tiny_ade20k", "seg_upernet_agent_swin_tiny_ade20k"])
+@pytest.mark.parametrize("kind", ["sima", "softmax"])
+def test_the_released_recipes_take_another_kind(recipe, kind):
+    from simattn.segment.config import SegmentConfig
+    from simattn.utils.recipe import load_recipe
+    cfg = load_recipe(SegmentConfig, recipe, {"model_kwargs": {"attn_type": kind}})
+    with torch.device("meta"):
+        model = create_model(cfg.model, **cfg.model_kwargs)
+    assert model.attn_type == kind

@@ -85,11 +85,28 @@ def test_classification_recipe_trains_two_updates(recipe, tmp_path):
     assert_finite(summary["history"][-1]["train_loss"], summary["final"]["loss"])
 
 
-def _segment_overrides(shipped: SegmentConfig, tmp_path: Path) -> dict:
-    """64 px scenes and crops (the stride-32 level of the pyramid keeps 2x2 pixels), a narrow backbone and head."""
+def _released_backbone(shipped, monkeypatch, tmp_path: Path) -> bool:
+    """Whether the recipe starts from a pretrained tag; if so, a stand-in file in the tag's released layout is where
+    its download would be cached (no network): the recipe's backbone keeps its width, to load it."""
+    from simattn.models import sources
+    from test_any_size import write_stand_in
+    tag = sources.pretrained_tag(shipped.initial_checkpoint) if shipped.initial_checkpoint else None
+    if tag is None:
+        return False
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(sources, "_resolves", lambda host: False)
+    write_stand_in(tag, sources.tag_cache_path(tag))
+    return True
+
+
+def _segment_overrides(shipped: SegmentConfig, tmp_path: Path, released: bool = False) -> dict:
+    """64 px scenes and crops (the stride-32 level of the pyramid keeps 2x2 pixels), a narrow backbone (the
+    released width where the recipe starts from a tag) and head."""
     head = {"aux_channels": 16} if shipped.model == "upernet" else {"segmentation_channels": 32}  # GroupNorm: 32
+    width = {} if released else {"embed_dim": 48}
     overrides = {**RUN, "dataset": "digits", "dataset_kwargs": {"canvas": 64, "num_train": 8, "num_val": 2},
-                 "model_kwargs": {"img_size": 64, "embed_dim": 48, "decoder_channels": 32, **head},
+                 "model_kwargs": {"img_size": 64, **width, "decoder_channels": 32, **head},
                  "crop_size": [64, 64], "img_scale": [128, 64], "batch_size": 4, "max_updates": 2,
                  "output": str(tmp_path / "run")}
     if shipped.eval.mode == "slide":
@@ -98,11 +115,13 @@ def _segment_overrides(shipped: SegmentConfig, tmp_path: Path) -> dict:
 
 
 @pytest.mark.parametrize("recipe", SEGMENT)
-def test_segmentation_recipe_trains_two_updates_on_digit_scenes(recipe, tmp_path):
+def test_segmentation_recipe_trains_two_updates_on_digit_scenes(recipe, tmp_path, monkeypatch):
     from simattn.segment.task import segment
     shipped = load_recipe(SegmentConfig, recipe)
-    cfg = load_recipe(SegmentConfig, recipe, _segment_overrides(shipped, tmp_path))
-    assert_kept(cfg, shipped, ["model", "model_kwargs.backbone", "model_kwargs.out_indices", "drop_path",
+    released = _released_backbone(shipped, monkeypatch, tmp_path)
+    cfg = load_recipe(SegmentConfig, recipe, _segment_overrides(shipped, tmp_path, released))
+    assert_kept(cfg, shipped, ["model", "model_kwargs.backbone", "model_kwargs.out_indices",
+                               "model_kwargs.downstream_agents", "initial_checkpoint", "drop_path",
                                "aux_loss_weight", "ratio_range", "cat_max_ratio", "hflip", "photometric", "sched",
                                "decay_rate", "warmup_epochs", "warmup_lr", "lr", "weight_decay", "eval.mode"])
     if shipped.dataset == "digits":
