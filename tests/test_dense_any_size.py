@@ -172,3 +172,27 @@ def test_the_released_recipes_take_another_kind(recipe, kind):
     with torch.device("meta"):
         model = create_model(cfg.model, **cfg.model_kwargs)
     assert model.attn_type == kind
+
+
+def test_a_detector_starts_its_backbone_from_a_tag(tmp_path, monkeypatch):
+    """``simattn detect`` with ``backbone_weights: TAG`` (a stand-in of the released file where its download is
+    cached, no network): Mask R-CNN over the released width at an image whose sides fit no stride. (The Swin tags
+    take the same path: the segmentation recipe test starts Agent-Swin-T from its tag.)"""
+    tag = "agent_pvt_tiny.in1k"
+    pytest.importorskip("pycocotools")
+    from simattn.detect import build_mask_rcnn
+    from simattn.models import sources
+    from test_any_size import write_stand_in
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(sources, "_resolves", lambda host: False)
+    state = write_stand_in(tag, sources.tag_cache_path(tag))
+    heads = {"rpn_pre_nms_top_n_test": 50, "rpn_post_nms_top_n_test": 20}
+    model = build_mask_rcnn({"backbone": tag.split(".")[0], "backbone_kwargs": {}, "backbone_weights": tag,
+                             "backbone_weights_partial": False, "drop_path_rate": 0.0, "out_indices": [0, 1, 2, 3],
+                             "strides": [4, 8, 16, 32], "fpn_channels": 16, "box_head_dim": 32,
+                             "mask_head_channels": 8, "min_size": 100, "max_size": 133, "maskrcnn": heads}, 3).eval()
+    body = model.backbone.body
+    assert torch.equal(body.stages[0].patch_embed.proj.weight, state["patch_embed1.proj.weight"])
+    with torch.no_grad():
+        out = model([torch.rand(3, 100, 133)])
+    assert set(out[0]) >= {"boxes", "labels", "scores", "masks"}
