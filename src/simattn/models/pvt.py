@@ -50,6 +50,12 @@ repository's evaluation transform, license, paper and the README's top-1 in each
 model its weights were trained in (Agent-PVT-M at 256 px: position embeddings and agent biases on 64/32/16/8 grids).
 InLine-PVT-L's README gives 50.2M; its released code builds 51.15M, as here.
 
+Any input whose sides are multiples of 32 runs without a rebuild: the position embeddings are resized to each stage's
+grid on every forward (bilinear, as PVT's ``_get_pos_embed``), Agent's biases and the key encodings by their
+attention modules. ``agent_pvt_*(downstream_agents=[144, 256, 784, 784])`` pools that many agents per stage, the
+ImageNet-shaped biases resized over the agents' square, as Agent's segmentation and detection configs
+(``downstream_agent_shapes``) run the released weights.
+
 :func:`checkpoint_filter_fn` maps the PVT authors' classification checkpoints (``patch_embed{i}``, ``pos_embed{i}``,
 ``block{i}``, ``cls_token``, separate ``q`` and ``kv``) and the hybrids' (Agent's ``an/na/ah/aw/ha/wa_bias``,
 FLatten's and PolaFormer's ``scale``, PolaFormer's ``qg``, SLAB's ``warm``/``iter``/``total_step`` counters) onto
