@@ -333,8 +333,9 @@ def _classifier_prefixes(model: nn.Module) -> Tuple[str, ...]:
 
 
 def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool,
-                        whole: bool = False) -> Dict[str, torch.Tensor]:
-    """The network's tensors in a checkpoint of any of the layouts we start from.
+                        whole: bool = False) -> Tuple[Optional[str], Dict[str, torch.Tensor]]:
+    """(the entry they came from, None for a bare state dict; the network's tensors) in a checkpoint of any of the
+    layouts we start from.
 
     ``model``/``state_dict`` (ours, official SimA/XCiT/DeiT ``.pth``), ``teacher`` (official DINO), or a bare state
     dict (timm ``.safetensors``/``.bin``); inside, a ``backbone.`` prefix (a DINO network: backbone + projection
@@ -343,11 +344,12 @@ def _initial_state_dict(checkpoint: Mapping[str, Any], use_ema: bool,
     """
     if not use_ema and not any(k in checkpoint for k in MODEL_ENTRIES) \
             and isinstance(checkpoint.get("teacher"), Mapping):
-        checkpoint = checkpoint["teacher"]
-    sd = extract_state_dict(checkpoint, use_ema=use_ema)
+        entry, sd = "teacher", extract_state_dict(checkpoint["teacher"])
+    else:
+        entry, sd = state_dict_entry(checkpoint, ema=use_ema), extract_state_dict(checkpoint, use_ema=use_ema)
     if not whole and any(k.startswith("backbone.") for k in sd):
         sd = {k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")}
-    return sd
+    return entry, sd
 
 
 def load_initial_weights(model: nn.Module, path: Union[str, Path, WeightsSource], *, model_name: Optional[str] = None,
@@ -372,15 +374,13 @@ def load_initial_weights(model: nn.Module, path: Union[str, Path, WeightsSource]
     path = source.path
     record = source.record
     checkpoint = source.checkpoint()
-    raw = _initial_state_dict(checkpoint, use_ema, getattr(model, "maps_whole_checkpoints", False))
+    entry, raw = _initial_state_dict(checkpoint, use_ema, getattr(model, "maps_whole_checkpoints", False))
     filter_fn = checkpoint_filter_for(model_name) if model_name else checkpoint_filter_for(model)
     sd = filter_fn(dict(raw), model) if filter_fn is not None else dict(raw)
     own = model.state_dict()
     heads = _classifier_prefixes(model)
     report = InitialWeightsReport(path=str(path), source_model=record.model if record else None,
-                                  entry=state_dict_entry(checkpoint, ema=use_ema) or
-                                  ("teacher" if "teacher" in checkpoint and not use_ema else None),
-                                  ema_left=None if use_ema else state_dict_entry(checkpoint, ema=True))
+                                  entry=entry, ema_left=None if use_ema else state_dict_entry(checkpoint, ema=True))
     keep: Dict[str, torch.Tensor] = {}
     wrong = []
     for key, value in sd.items():
