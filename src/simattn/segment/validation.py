@@ -95,19 +95,14 @@ def segmentation_source(path: str | os.PathLike) -> Optional[SegmentationSource]
     record = source.record
     if record is None:
         return None
-    segmenter = _is_segmenter(record.model)
-    if source.deployed:
-        if record.extra.get("task") != SEGMENT_TASK and not segmenter:
-            return None
-        return _from_extra(path, record.model, True, record.num_classes, record.data_config, record.extra, source)
-    if record.format == "train-state":
-        if record.producer != "simattn segment" and not segmenter:
-            return None
-        return _from_extra(path, record.model, False, record.num_classes, record.data_config,
-                           {**record.extra, "classes": None}, source)
-    if record.extra.get("task") != SEGMENT_TASK and not segmenter:
+    extra = record.extra
+    if record.format == "train-state":  # the run's whole configuration; the classes are not in a train state
+        says_so, extra = record.producer == "simattn segment", {**extra, "classes": None}
+    else:
+        says_so = extra.get("task") == SEGMENT_TASK
+    if not says_so and not _is_segmenter(record.model):
         return None
-    return _from_extra(path, record.model, False, record.num_classes, record.data_config, record.extra, source)
+    return _from_extra(path, record.model, source.deployed, record.num_classes, record.data_config, extra, source)
 
 
 def open_segmentation_dataset(source: SegmentationSource, *, dataset: Optional[str] = None,
