@@ -333,8 +333,8 @@ def load_checkpoint(path: PathLike, map_location: Union[str, torch.device] = "cp
         raise CheckpointError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict of tensors")
     shadowing = _shadowing_attribute(obj)
     if shadowing is not None:
-        raise CheckpointError(f"cannot read checkpoint {path}: a mapping in it (a config beside the weights) sets "
-                              f"the attribute {shadowing!r}, which is not plain data; save its state dict alone "
+        raise CheckpointError(f"cannot read checkpoint {path}: a mapping in it (such as a config beside the weights) "
+                              f"sets the attribute {shadowing!r}, which is not plain data; save its state dict alone "
                               "where the file is trusted")
     return dict(obj)
 
