@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
@@ -14,22 +15,24 @@ from timm.models._manipulate import checkpoint
 from ..attention import fx_tracing
 from ._checks import image_batch_error
 from ._head import TokenPoolHead
-from .resample import resample_pos_embed
+
 
 
 def resize_pos_embed(pos_embed: torch.Tensor, grid: Grid, old_grid: Grid, num_prefix_tokens: int,
                      interpolation: str) -> torch.Tensor:
     """A (1, P + h·w, C) position embedding laid out for ``old_grid`` resized to ``grid``: 'bicubic' is timm's
-    ``resample_abs_pos_embed`` (antialiased, in fp32); 'bilinear' is the load-time resampling of
-    :mod:`.resample` (``F.interpolate`` without antialiasing, align_corners=False, fp32 for half precision), as
-    PVT's dense-prediction code."""
+    ``resample_abs_pos_embed`` (antialiased, in fp32); 'bilinear' is ``F.interpolate`` without antialiasing,
+    align_corners=False, in the embedding's dtype (fp32 for half precision), as PVT's dense-prediction code."""
     if interpolation == "bicubic":
         return resample_abs_pos_embed(pos_embed, [grid[0], grid[1]], [old_grid[0], old_grid[1]],
                                       num_prefix_tokens=num_prefix_tokens)
     if (grid[0], grid[1]) == (old_grid[0], old_grid[1]):
         return pos_embed
-    return resample_pos_embed(pos_embed, (grid[0], grid[1]), num_prefix_tokens, interpolation,
-                              (old_grid[0], old_grid[1]))
+    prefix, tokens = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    image = tokens.reshape(1, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)
+    work = image.float() if image.dtype in (torch.float16, torch.bfloat16) else image
+    image = F.interpolate(work, size=[grid[0], grid[1]], mode=interpolation, align_corners=False).to(image.dtype)
+    return torch.cat([prefix, image.flatten(2).transpose(1, 2)], dim=1)
 
 
 # FX records the resampling as one call: it branches on sizes in Python

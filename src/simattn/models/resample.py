@@ -53,14 +53,10 @@ def _side(tokens: int, what: str) -> int:
     return side
 
 
-def resample_pos_embed(value: torch.Tensor, grid: Tuple[int, int], prefix: int, mode: str,
-                       old_grid: Optional[Tuple[int, int]] = None) -> torch.Tensor:
-    """(1, prefix + s·s, C) → (1, prefix + h·w, C): the grid tokens as an s×s image (an ``old_grid`` image where
-    given), ``mode`` interpolation."""
-    if old_grid is None:
-        side = _side(value.shape[1] - prefix, "pos_embed")
-        old_grid = (side, side)
-    image = value[:, prefix:].reshape(1, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)
+def resample_pos_embed(value: torch.Tensor, grid: Tuple[int, int], prefix: int, mode: str) -> torch.Tensor:
+    """(1, prefix + s·s, C) → (1, prefix + h·w, C): the grid tokens as an s×s image, ``mode`` interpolation."""
+    side = _side(value.shape[1] - prefix, "pos_embed")
+    image = value[:, prefix:].reshape(1, side, side, -1).permute(0, 3, 1, 2)
     grid_tokens = _interpolate(image, tuple(grid), mode).permute(0, 2, 3, 1).flatten(1, 2)
     return torch.cat([value[:, :prefix], grid_tokens], dim=1)
 
